@@ -1,0 +1,132 @@
+// csrc/cuda_api.cpp -- run-time loading of libcuda and libnvrtc.
+#include "cuda_api.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+
+namespace gpuos {
+namespace {
+
+std::vector<std::string>& nvrtc_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+std::mutex g_load_mu;
+
+// libnvrtc dlopens libnvrtc-builtins by soname; when NVRTC comes from a wheel its directory is not on the
+// loader path, so load the builtins that sit beside it first (the soname then resolves to this copy).
+void preload_builtins_beside(const std::string& lib_path) {
+  const auto slash = lib_path.find_last_of('/');
+  if (slash == std::string::npos) return;
+  const std::string dir = lib_path.substr(0, slash);
+  DIR* dp = opendir(dir.c_str());
+  if (!dp) return;
+  while (dirent* e = readdir(dp)) {
+    const std::string n = e->d_name;
+    if (n.rfind("libnvrtc-builtins.so.", 0) == 0 && n.find(".alt.") == std::string::npos)
+      dlopen((dir + "/" + n).c_str(), RTLD_NOW | RTLD_GLOBAL);
+  }
+  closedir(dp);
+}
+
+}  // namespace
+
+void throw_cuda(CUresult r, const char* call, const char* file, int line) {
+  const char* name = "CUDA_ERROR_UNKNOWN";
+  const char* text = "";
+  const Driver& d = driver();
+  if (d.cuGetErrorName) d.cuGetErrorName(r, &name);
+  if (d.cuGetErrorString) d.cuGetErrorString(r, &text);
+  std::string where = std::string(file);
+  auto slash = where.find_last_of('/');
+  if (slash != std::string::npos) where = where.substr(slash + 1);
+  throw CudaError(std::string(call) + " failed: " + name + " (" + std::to_string(r) + "): " + text + " [" +
+                  where + ":" + std::to_string(line) + "]");
+}
+
+const Driver& driver() {
+  static Driver d;
+  static std::string error;
+  static bool done = false;
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  if (!done) {
+    done = true;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      error = std::string("the NVIDIA driver library libcuda.so.1 could not be loaded (") + dlerror() +
+              "): this machine has no usable NVIDIA GPU driver, so GPUOS cannot run GPU work here";
+    } else {
+      std::string missing;
+#define GPUOS_LOAD(name, sym, type)                  \
+  d.name = reinterpret_cast<type>(dlsym(lib, sym)); \
+  if (!d.name) missing += std::string(" ") + sym;
+      GPUOS_DRIVER_FNS(GPUOS_LOAD)
+#undef GPUOS_LOAD
+      if (!missing.empty()) {
+        error = "libcuda.so.1 lacks entry points:" + missing + " (driver too old for CUDA 12 APIs)";
+      } else {
+        CUresult r = d.cuInit(0);
+        if (r != CUDA_SUCCESS) {
+          const char* name = "?";
+          d.cuGetErrorName(r, &name);
+          error = std::string("cuInit(0) failed: ") + name + ": no usable CUDA device on this machine";
+        }
+      }
+    }
+  }
+  if (!error.empty()) throw CudaError(error);
+  return d;
+}
+
+void set_nvrtc_search_dirs(std::vector<std::string> dirs) {
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  nvrtc_dirs() = std::move(dirs);
+}
+
+const Nvrtc& nvrtc() {
+  static Nvrtc n;
+  static std::string error;
+  static bool done = false;
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  if (!done) {
+    done = true;
+    std::vector<std::string> candidates;
+    if (const char* p = std::getenv("GPUOS_NVRTC_PATH"); p && *p) candidates.push_back(p);
+    static const char* kNames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+    for (const char* env : {"CUDA_HOME", "CUDA_PATH"}) {
+      if (const char* h = std::getenv(env); h && *h)
+        for (const char* nm : kNames) candidates.push_back(std::string(h) + "/lib64/" + nm);
+    }
+    for (const auto& dir : nvrtc_dirs())
+      for (const char* nm : kNames) candidates.push_back(dir + "/" + nm);
+    for (const char* nm : kNames) candidates.push_back(nm);
+    void* lib = nullptr;
+    std::string tried;
+    for (const auto& c : candidates) {
+      preload_builtins_beside(c);
+      lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib) { n.path = c; break; }
+      tried += "\n  " + c;
+    }
+    if (!lib) {
+      error = "NVRTC (libnvrtc) could not be loaded; tried:" + tried +
+              "\nFix: pip install nvidia-cuda-nvrtc, set CUDA_HOME to a CUDA toolkit, or set GPUOS_NVRTC_PATH "
+              "to libnvrtc.so";
+    } else {
+      std::string missing;
+#define GPUOS_LOAD(name, sym, type)                  \
+  n.name = reinterpret_cast<type>(dlsym(lib, sym)); \
+  if (!n.name) missing += std::string(" ") + sym;
+      GPUOS_NVRTC_FNS(GPUOS_LOAD)
+#undef GPUOS_LOAD
+      if (!missing.empty()) error = n.path + " lacks entry points:" + missing;
+    }
+  }
+  if (!error.empty()) throw CudaError(error);
+  return n;
+}
+
+}  // namespace gpuos

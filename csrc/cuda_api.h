@@ -1,0 +1,143 @@
+// csrc/cuda_api.h -- the CUDA driver API and NVRTC, loaded at run time (dlopen).
+// The extension builds with g++ alone (no CUDA toolkit) and imports on machines without a GPU; calls that
+// need the driver or NVRTC raise a typed error saying why they cannot run.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gpuos {
+
+// ---- the subset of cuda.h we use (ABI-stable driver types) ----
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+struct CUctx_st; struct CUmod_st; struct CUfunc_st; struct CUstream_st; struct CUevent_st;
+using CUcontext = CUctx_st*;
+using CUmodule = CUmod_st*;
+using CUfunction = CUfunc_st*;
+using CUstream = CUstream_st*;
+
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_NOT_READY = 600;
+constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 = 92;
+constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
+constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
+constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+constexpr unsigned CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1;
+constexpr unsigned CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2;
+constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0x0;
+constexpr unsigned CU_STREAM_WRITE_VALUE_DEFAULT = 0x0;
+
+union CUstreamBatchMemOpParams {
+  unsigned operation;
+  struct {
+    unsigned operation;
+    CUdeviceptr address;
+    union { uint32_t value; uint64_t value64; };
+    unsigned flags;
+    CUdeviceptr alias;
+  } waitValue, writeValue;
+  uint64_t pad[6];
+};
+static_assert(sizeof(CUstreamBatchMemOpParams) == 48, "CUstreamBatchMemOpParams ABI");
+
+// ---- errors (mapped to gpuos.CudaError / gpuos.CompileError in bindings.cpp) ----
+struct CudaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct CompileError : std::runtime_error {
+  CompileError(const std::string& msg, std::string log_, std::string arch_, std::string options_,
+               std::string source_path_)
+      : std::runtime_error(msg), log(std::move(log_)), arch(std::move(arch_)), options(std::move(options_)),
+        source_path(std::move(source_path_)) {}
+  std::string log, arch, options, source_path;
+};
+
+// ---- driver entry points ----
+template <class T>
+using FnPtr = T;
+struct Driver {
+#define GPUOS_DRIVER_FNS(X)                                                                              \
+  X(cuInit, "cuInit", CUresult (*)(unsigned))                                                           \
+  X(cuDriverGetVersion, "cuDriverGetVersion", CUresult (*)(int*))                                       \
+  X(cuDeviceGetCount, "cuDeviceGetCount", CUresult (*)(int*))                                           \
+  X(cuDeviceGet, "cuDeviceGet", CUresult (*)(CUdevice*, int))                                           \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", CUresult (*)(int*, int, CUdevice))                    \
+  X(cuDeviceGetName, "cuDeviceGetName", CUresult (*)(char*, int, CUdevice))                             \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult (*)(CUcontext*, CUdevice))           \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", CUresult (*)(CUdevice))                  \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", CUresult (*)(CUcontext))                                        \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", CUresult (*)(CUcontext*))                                       \
+  X(cuModuleLoadData, "cuModuleLoadData", CUresult (*)(CUmodule*, const void*))                         \
+  X(cuModuleUnload, "cuModuleUnload", CUresult (*)(CUmodule))                                           \
+  X(cuModuleGetFunction, "cuModuleGetFunction", CUresult (*)(CUfunction*, CUmodule, const char*))       \
+  X(cuLaunchKernel, "cuLaunchKernel",                                                                   \
+    CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,       \
+                 CUstream, void**, void**))                                                             \
+  X(cuMemAlloc, "cuMemAlloc_v2", CUresult (*)(CUdeviceptr*, size_t))                                    \
+  X(cuMemFree, "cuMemFree_v2", CUresult (*)(CUdeviceptr))                                               \
+  X(cuMemHostAlloc, "cuMemHostAlloc", CUresult (*)(void**, size_t, unsigned))                           \
+  X(cuMemFreeHost, "cuMemFreeHost", CUresult (*)(void*))                                                \
+  X(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2", CUresult (*)(CUdeviceptr*, void*, unsigned)) \
+  X(cuMemsetD8Async, "cuMemsetD8Async", CUresult (*)(CUdeviceptr, unsigned char, size_t, CUstream))     \
+  X(cuStreamCreate, "cuStreamCreate", CUresult (*)(CUstream*, unsigned))                                \
+  X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult (*)(CUstream))                                      \
+  X(cuStreamQuery, "cuStreamQuery", CUresult (*)(CUstream))                                             \
+  X(cuStreamBatchMemOp, "cuStreamBatchMemOp_v2",                                                        \
+    CUresult (*)(CUstream, unsigned, CUstreamBatchMemOpParams*, unsigned))                              \
+  X(cuGetErrorName, "cuGetErrorName", CUresult (*)(CUresult, const char**))                             \
+  X(cuGetErrorString, "cuGetErrorString", CUresult (*)(CUresult, const char**))
+#define GPUOS_DECL(name, sym, type) FnPtr<type> name = nullptr;
+  GPUOS_DRIVER_FNS(GPUOS_DECL)
+#undef GPUOS_DECL
+};
+
+// The driver, loaded and cuInit-ed once; throws CudaError naming what is missing.
+const Driver& driver();
+// "cuFoo(...) failed: CUDA_ERROR_X: text" -> CudaError.
+[[noreturn]] void throw_cuda(CUresult r, const char* call, const char* file, int line);
+
+#define GPUOS_CU(call)                                                        \
+  do {                                                                        \
+    ::gpuos::CUresult gpuos_r_ = (call);                                      \
+    if (gpuos_r_ != ::gpuos::CUDA_SUCCESS) ::gpuos::throw_cuda(gpuos_r_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// ---- NVRTC ----
+using nvrtcResult = int;
+struct _nvrtcProgram;
+using nvrtcProgram = _nvrtcProgram*;
+struct Nvrtc {
+#define GPUOS_NVRTC_FNS(X)                                                                               \
+  X(nvrtcVersion, "nvrtcVersion", nvrtcResult (*)(int*, int*))                                          \
+  X(nvrtcGetErrorString, "nvrtcGetErrorString", const char* (*)(nvrtcResult))                           \
+  X(nvrtcGetNumSupportedArchs, "nvrtcGetNumSupportedArchs", nvrtcResult (*)(int*))                      \
+  X(nvrtcGetSupportedArchs, "nvrtcGetSupportedArchs", nvrtcResult (*)(int*))                            \
+  X(nvrtcCreateProgram, "nvrtcCreateProgram",                                                           \
+    nvrtcResult (*)(nvrtcProgram*, const char*, const char*, int, const char* const*, const char* const*)) \
+  X(nvrtcDestroyProgram, "nvrtcDestroyProgram", nvrtcResult (*)(nvrtcProgram*))                         \
+  X(nvrtcCompileProgram, "nvrtcCompileProgram", nvrtcResult (*)(nvrtcProgram, int, const char* const*)) \
+  X(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", nvrtcResult (*)(nvrtcProgram, size_t*))           \
+  X(nvrtcGetProgramLog, "nvrtcGetProgramLog", nvrtcResult (*)(nvrtcProgram, char*))                     \
+  X(nvrtcGetCUBINSize, "nvrtcGetCUBINSize", nvrtcResult (*)(nvrtcProgram, size_t*))                     \
+  X(nvrtcGetCUBIN, "nvrtcGetCUBIN", nvrtcResult (*)(nvrtcProgram, char*))                               \
+  X(nvrtcGetPTXSize, "nvrtcGetPTXSize", nvrtcResult (*)(nvrtcProgram, size_t*))                         \
+  X(nvrtcGetPTX, "nvrtcGetPTX", nvrtcResult (*)(nvrtcProgram, char*))
+#define GPUOS_DECL(name, sym, type) FnPtr<type> name = nullptr;
+  GPUOS_NVRTC_FNS(GPUOS_DECL)
+#undef GPUOS_DECL
+  std::string path;  // the library that was loaded
+};
+
+// NVRTC, loaded once from GPUOS_NVRTC_PATH, CUDA_HOME, the nvidia-cuda-nvrtc wheel, or the loader path.
+// `search_dirs` are extra directories (from Python: the nvidia wheel's lib dirs). Throws CudaError.
+const Nvrtc& nvrtc();
+void set_nvrtc_search_dirs(std::vector<std::string> dirs);
+
+}  // namespace gpuos

@@ -1,0 +1,267 @@
+// csrc/jit.cpp -- NVRTC compile of the worker module; memory + disk cache; the "forbid compile" switch.
+#include "jit.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "cuda_api.h"
+#include "generated/embedded_sources.h"  // kEmbeddedSources[], kEmbeddedCount (setup.py)
+
+#ifndef GPUOS_VERSION
+#define GPUOS_VERSION "dev"
+#endif
+
+namespace gpuos {
+namespace {
+
+constexpr const char* kMainSource = "device_src/worker.cu";
+
+std::shared_mutex g_mem_mu;
+std::unordered_map<std::string, std::string> g_mem_cache;  // key -> image
+std::mutex g_stats_mu;
+JitStats g_stats;
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+void mkdirs(const std::string& path) {
+  std::string cur;
+  std::stringstream ss(path);
+  std::string part;
+  if (!path.empty() && path[0] == '/') cur = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    cur += part + "/";
+    ::mkdir(cur.c_str(), 0755);
+  }
+}
+
+bool read_file(const std::string& path, std::string& out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  out = ss.str();
+  return !out.empty();
+}
+
+// Write to a temp file in the same dir, then rename: readers never see a partial file.
+bool write_file_atomic(const std::string& path, const std::string& data) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return false;
+    f.write(data.data(), (std::streamsize)data.size());
+    if (!f) return false;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+void warn_once(const std::string& msg) {
+  static bool warned = false;
+  if (!warned) {
+    warned = true;
+    std::fprintf(stderr, "[gpuos] warning: %s\n", msg.c_str());
+  }
+}
+
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
+std::vector<std::string> compile_options(const std::string& arch) {
+  return {"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space"};
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+// NVRTC run. Returns the image; throws CompileError with log, arch, options and a dumped source path.
+std::string nvrtc_compile(const std::string& arch, const std::vector<std::string>& opts, uint64_t key) {
+  if (env_flag("GPUOS_FORBID_COMPILE"))
+    throw CompileError("gpuos: an NVRTC compile of " + std::string(kMainSource) + " for " + arch +
+                           " was requested but GPUOS_FORBID_COMPILE=1 forbids compiling (cache miss; key " +
+                           hex64(key) + ", cache dir '" + jit_cache_dir() +
+                           "'). Unset GPUOS_FORBID_COMPILE or warm the cache first.",
+                       "", arch, join(opts), "");
+  const Nvrtc& nv = nvrtc();
+  const auto& srcs = embedded_sources();
+  std::vector<const char*> hdr_names, hdr_texts;
+  for (auto& kv : srcs) {
+    if (kv.first == kMainSource) continue;
+    hdr_names.push_back(kv.first.c_str());
+    hdr_texts.push_back(kv.second.c_str());
+  }
+  const std::string& main_src = srcs.at(kMainSource);
+  nvrtcProgram prog = nullptr;
+  int r = nv.nvrtcCreateProgram(&prog, main_src.c_str(), kMainSource, (int)hdr_names.size(), hdr_texts.data(),
+                                hdr_names.data());
+  if (r != 0) throw CudaError(std::string("nvrtcCreateProgram failed: ") + nv.nvrtcGetErrorString(r));
+  struct ProgGuard {  // destroy the program on every path (the jiterator leak is the counter-example)
+    const Nvrtc& nv;
+    nvrtcProgram& p;
+    ~ProgGuard() { if (p) nv.nvrtcDestroyProgram(&p); }
+  } guard{nv, prog};
+  std::vector<const char*> copts;
+  for (auto& o : opts) copts.push_back(o.c_str());
+  r = nv.nvrtcCompileProgram(prog, (int)copts.size(), copts.data());
+  size_t log_size = 0;
+  nv.nvrtcGetProgramLogSize(prog, &log_size);
+  std::string log(log_size, '\0');
+  if (log_size > 1) nv.nvrtcGetProgramLog(prog, &log[0]);
+  while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+  if (r != 0) {
+    std::string dir = jit_cache_dir();
+    if (dir.empty()) dir = "/tmp";
+    std::string dump_dir = dir + "/failed";
+    mkdirs(dump_dir);
+    std::string dump = dump_dir + "/worker-" + arch + "-" + hex64(key) + ".cu";
+    std::string bundle;
+    for (auto& kv : srcs) bundle += "// ==== " + kv.first + "\n" + kv.second + "\n";
+    if (!write_file_atomic(dump, bundle)) dump = "(could not write " + dump + ")";
+    throw CompileError("NVRTC failed to compile " + std::string(kMainSource) + " for " + arch + ": " +
+                           nv.nvrtcGetErrorString(r) + "\noptions: " + join(opts) + "\nsource: " + dump +
+                           "\nlog:\n" + log,
+                       log, arch, join(opts), dump);
+  }
+  std::string image;
+  size_t n = 0;
+  if (arch.rfind("sm_", 0) == 0) {
+    nv.nvrtcGetCUBINSize(prog, &n);
+    image.resize(n);
+    nv.nvrtcGetCUBIN(prog, &image[0]);
+  } else {
+    nv.nvrtcGetPTXSize(prog, &n);
+    image.resize(n);
+    nv.nvrtcGetPTX(prog, &image[0]);
+  }
+  std::lock_guard<std::mutex> lk(g_stats_mu);
+  g_stats.compiles++;
+  return image;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  const unsigned char* p = (const unsigned char*)data;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+const std::map<std::string, std::string>& embedded_sources() {
+  static const std::map<std::string, std::string> m = [] {
+    std::map<std::string, std::string> r;
+    for (size_t i = 0; i < kEmbeddedCount; ++i) r[kEmbeddedSources[i].path] = kEmbeddedSources[i].text;
+    return r;
+  }();
+  return m;
+}
+
+std::string jit_cache_dir() {
+  if (env_flag("GPUOS_DISABLE_CACHE")) return "";
+  if (const char* d = std::getenv("GPUOS_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/gpuos";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/gpuos";
+  return "";
+}
+
+std::string jit_compile_arch(const std::string& arch) {
+  const Nvrtc& nv = nvrtc();
+  int vmaj = 0, vmin = 0;
+  nv.nvrtcVersion(&vmaj, &vmin);
+  const auto opts = compile_options(arch);
+  // Key: every embedded source (path + text), options, arch, NVRTC version, package version.
+  uint64_t h = fnv1a64("gpuos-jit-v1", 12);
+  for (auto& kv : embedded_sources()) {
+    h = fnv1a64(kv.first.data(), kv.first.size() + 1, h);
+    h = fnv1a64(kv.second.data(), kv.second.size() + 1, h);
+  }
+  std::string meta = join(opts) + "|" + arch + "|nvrtc" + std::to_string(vmaj) + "." + std::to_string(vmin) +
+                     "|" + GPUOS_VERSION;
+  h = fnv1a64(meta.data(), meta.size(), h);
+  const std::string key = hex64(h);
+  {
+    std::shared_lock<std::shared_mutex> lk(g_mem_mu);
+    auto it = g_mem_cache.find(key);
+    if (it != g_mem_cache.end()) {
+      std::lock_guard<std::mutex> sl(g_stats_mu);
+      g_stats.cache_hits++;
+      return it->second;
+    }
+  }
+  std::unique_lock<std::shared_mutex> lk(g_mem_mu);
+  auto it = g_mem_cache.find(key);  // re-check: another thread may have compiled it meanwhile
+  if (it != g_mem_cache.end()) {
+    std::lock_guard<std::mutex> sl(g_stats_mu);
+    g_stats.cache_hits++;
+    return it->second;
+  }
+  const std::string dir = jit_cache_dir();
+  const std::string file = dir.empty() ? "" : dir + "/worker-" + arch + "-" + key + (arch[0] == 's' ? ".cubin" : ".ptx");
+  std::string image;
+  if (!file.empty() && read_file(file, image)) {
+    std::lock_guard<std::mutex> sl(g_stats_mu);
+    g_stats.cache_hits++;
+    g_stats.disk_hits++;
+  } else {
+    image = nvrtc_compile(arch, opts, h);
+    if (!file.empty()) {
+      mkdirs(dir);
+      if (!write_file_atomic(file, image))
+        warn_once("JIT cache dir '" + dir + "' is not writable; compiled kernels will not be cached on disk "
+                  "(set GPUOS_CACHE_DIR to a writable directory or GPUOS_DISABLE_CACHE=1)");
+    }
+  }
+  g_mem_cache[key] = image;
+  return image;
+}
+
+std::string jit_worker_image(int cc_major, int cc_minor) {
+  const Nvrtc& nv = nvrtc();
+  int n = 0;
+  nv.nvrtcGetNumSupportedArchs(&n);
+  std::vector<int> archs(std::max(n, 0));
+  if (n > 0) nv.nvrtcGetSupportedArchs(archs.data());
+  const int want = cc_major * 10 + cc_minor;
+  if (std::find(archs.begin(), archs.end(), want) != archs.end())
+    return jit_compile_arch("sm_" + std::to_string(want));
+  // Newer than this NVRTC knows: PTX for the newest arch it supports; the driver JIT-compiles it.
+  int best = 0;
+  for (int a : archs)
+    if (a <= want) best = std::max(best, a);
+  if (best == 0)
+    throw CudaError("NVRTC at " + nv.path + " supports no arch <= sm_" + std::to_string(want) +
+                    "; install an NVRTC that matches this GPU (pip install nvidia-cuda-nvrtc)");
+  return jit_compile_arch("compute_" + std::to_string(best));
+}
+
+JitStats jit_stats() {
+  std::lock_guard<std::mutex> lk(g_stats_mu);
+  return g_stats;
+}
+
+}  // namespace gpuos

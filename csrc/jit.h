@@ -1,0 +1,31 @@
+// csrc/jit.h -- NVRTC compilation of the embedded device sources, with a memory + disk cache.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gpuos {
+
+struct JitStats {
+  uint64_t compiles = 0;    // NVRTC runs
+  uint64_t cache_hits = 0;  // memory or disk hits
+  uint64_t disk_hits = 0;
+};
+
+// The device_src/ files embedded at build time: path -> text.
+const std::map<std::string, std::string>& embedded_sources();
+
+// Image (cubin, or PTX for archs newer than NVRTC knows) of the worker module for compute capability
+// major.minor, or for an explicit arch string ("sm_90"). Cached by hash(sources, options, arch, NVRTC
+// version, package version). Throws CompileError / CudaError.
+std::string jit_worker_image(int cc_major, int cc_minor);
+std::string jit_compile_arch(const std::string& arch);
+
+JitStats jit_stats();
+std::string jit_cache_dir();  // "" when disabled
+
+// Stable 64-bit FNV-1a (never std::hash: not stable across builds).
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+
+}  // namespace gpuos

@@ -1,0 +1,421 @@
+// csrc/runtime.cpp -- per-device runtime: ring, publication, stream ordering, the elastic worker.
+//
+// Data path (DESIGN.md §3): record() appends 64-byte descriptors to a pinned ring; flush() writes one
+// BatchHeader per dependency level, then one cuStreamBatchMemOp on the user's stream that (a) writes each
+// level's ready word in device memory -- so the worker opens a level only after the stream work queued
+// before the flush -- and (b) makes the stream wait for the last level's done word -- so later stream work
+// sees the outputs. No host sync. The worker is launched on a side stream when the Dekker handshake says
+// none is running; it exits by itself after idle_us with nothing published.
+#include "runtime.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "jit.h"
+
+namespace gpuos {
+
+// ------------------------------------------------------------------ PtrSet
+static inline size_t hash_ptr(uintptr_t k) { return (size_t)((k >> 4) * 0x9E3779B97F4A7C15ull >> 20); }
+
+bool PtrSet::contains(uintptr_t k) const {
+  const size_t mask = keys_.size() - 1;
+  for (size_t i = hash_ptr(k) & mask;; i = (i + 1) & mask) {
+    if (tags_[i] != gen_) return false;
+    if (keys_[i] == k) return true;
+  }
+}
+
+void PtrSet::insert(uintptr_t k) {
+  if ((count_ + 1) * 2 > keys_.size()) grow(keys_.size() * 2);
+  const size_t mask = keys_.size() - 1;
+  for (size_t i = hash_ptr(k) & mask;; i = (i + 1) & mask) {
+    if (tags_[i] != gen_) { tags_[i] = gen_; keys_[i] = k; ++count_; return; }
+    if (keys_[i] == k) return;
+  }
+}
+
+void PtrSet::grow(size_t n) {
+  std::vector<uintptr_t> old_keys;
+  std::vector<uint32_t> old_tags;
+  old_keys.swap(keys_);
+  old_tags.swap(tags_);
+  keys_.assign(n, 0);
+  tags_.assign(n, 0);
+  const uint32_t g = gen_;
+  count_ = 0;
+  for (size_t i = 0; i < old_keys.size(); ++i)
+    if (old_tags[i] == g) insert(old_keys[i]);
+}
+
+// ------------------------------------------------------------------ setup / teardown
+Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
+    : device_(device), cfg_(cfg), stream_fn_(std::move(stream_fn)) {
+  const Driver& d = driver();
+  int count = 0;
+  GPUOS_CU(d.cuDeviceGetCount(&count));
+  if (device < 0 || device >= count)
+    throw CudaError("gpuos.init: CUDA device " + std::to_string(device) + " does not exist (" +
+                    std::to_string(count) + " visible)");
+  GPUOS_CU(d.cuDeviceGet(&cu_dev_, device));
+  GPUOS_CU(d.cuDevicePrimaryCtxRetain(&ctx_, cu_dev_));
+  make_current();
+  char name[256] = {0};
+  GPUOS_CU(d.cuDeviceGetName(name, sizeof name, cu_dev_));
+  name_ = name;
+  GPUOS_CU(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cu_dev_));
+  GPUOS_CU(d.cuDeviceGetAttribute(&cc_major_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, cu_dev_));
+  GPUOS_CU(d.cuDeviceGetAttribute(&cc_minor_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, cu_dev_));
+  int memops = 0;
+  GPUOS_CU(d.cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, cu_dev_));
+  if (!memops)
+    throw CudaError("gpuos.init: " + name_ + " does not support CUDA stream memory operations "
+                    "(cuStreamWriteValue32/cuStreamWaitValue32), which GPUOS needs for stream ordering");
+  if (cfg_.threads_per_block < 32 || cfg_.threads_per_block > 1024 || cfg_.threads_per_block % 32)
+    throw std::invalid_argument("gpuos.init: threads_per_block=" + std::to_string(cfg_.threads_per_block) +
+                                " must be a multiple of 32 in [32, 1024]");
+  if (cfg_.capacity < 64 || cfg_.capacity > (1u << 26))
+    throw std::invalid_argument("gpuos.init: capacity=" + std::to_string(cfg_.capacity) +
+                                " must be in [64, 67108864]");
+  grid_ = cfg_.worker_blocks ? cfg_.worker_blocks : (uint32_t)std::max(1, sms_ / 4);
+  grid_ = std::min<uint32_t>(grid_, (uint32_t)sms_);
+
+  // Module: worker + built-in ops, one generation (DESIGN F2). Loaded before any worker runs (F3).
+  const std::string image = jit_worker_image(cc_major_, cc_minor_);
+  GPUOS_CU(d.cuModuleLoadData(&module_, image.data()));
+  GPUOS_CU(d.cuModuleGetFunction(&worker_fn_, module_, "gpuos_worker"));
+  GPUOS_CU(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING));
+
+  // Queue memory: independent of any module (F4).
+  const unsigned hflags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+  void* p = nullptr;
+  GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(HostCtl), hflags));
+  hc_ = (HostCtl*)p;
+  std::memset((void*)hc_, 0, sizeof(HostCtl));
+  hc_->worker_state = kWorkerExiting;
+  GPUOS_CU(d.cuMemHostGetDevicePointer(&hc_d_, p, 0));
+  GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(SubOp) * (size_t)cfg_.capacity, hflags));
+  ring_ = (SubOp*)p;
+  GPUOS_CU(d.cuMemHostGetDevicePointer(&ring_d_, p, 0));
+  ref_capacity_ = std::max<uint32_t>(256, cfg_.capacity / 2);
+  GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(TensorRef) * (size_t)ref_capacity_, hflags));
+  refs_ = (TensorRef*)p;
+  GPUOS_CU(d.cuMemHostGetDevicePointer(&refs_d_, p, 0));
+  GPUOS_CU(d.cuMemAlloc(&dc_d_, sizeof(DevCtl)));
+  GPUOS_CU(d.cuMemsetD8Async(dc_d_, 0, sizeof(DevCtl), side_));
+  // DevCtl::next_seq starts at 1 (seq 0 means "none"): set it with a one-word memop.
+  CUstreamBatchMemOpParams w{};
+  w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  w.writeValue.address = dc_d_ + __builtin_offsetof(DevCtl, next_seq);
+  w.writeValue.value = 1;
+  w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  GPUOS_CU(d.cuStreamBatchMemOp(side_, 1, &w, 0));
+  alive_ = true;
+}
+
+Runtime::~Runtime() {
+  try {
+    shutdown(nullptr);  // legacy default stream: never calls back into Python
+  } catch (...) {
+    // Destructors never throw; shutdown() already reported through the explicit call path.
+  }
+}
+
+void Runtime::make_current() {
+  const Driver& d = driver();
+  CUcontext cur = nullptr;
+  d.cuCtxGetCurrent(&cur);
+  if (cur != ctx_) GPUOS_CU(d.cuCtxSetCurrent(ctx_));
+}
+
+std::string Runtime::describe() const {
+  return name_ + " (sm_" + std::to_string(cc_major_) + std::to_string(cc_minor_) + ", " + std::to_string(sms_) +
+         " SMs), worker grid " + std::to_string(grid_) + " x " + std::to_string(cfg_.threads_per_block);
+}
+
+RuntimeStats Runtime::stats() const { return st_; }
+
+// ------------------------------------------------------------------ recording
+bool Runtime::seq_done(uint32_t seq) const {
+  const uint32_t v = __atomic_load_n(&hc_->done[seq & (kMaxBatches - 1)], __ATOMIC_ACQUIRE);
+  return (int32_t)(v - seq) >= 0 && v != 0;
+}
+
+void Runtime::retire() {
+  while (!inflight_.empty() && seq_done(inflight_.front().seq)) {
+    desc_tail_ = inflight_.front().desc_end;
+    ref_tail_ = inflight_.front().ref_end;
+    inflight_.pop_front();
+  }
+}
+
+void Runtime::wait_seq(uint32_t seq, const char* what) {
+  if (seq_done(seq)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::duration<double>(cfg_.timeout_s);
+  for (uint32_t spin = 0;; ++spin) {
+    if (seq_done(seq)) return;
+    _mm_pause();
+    if ((spin & 255) == 0) {
+      if (std::chrono::steady_clock::now() - t0 > limit) {
+        const uint32_t done = hc_->done[seq & (kMaxBatches - 1)];
+        throw CudaError(std::string("gpuos: timed out after ") + std::to_string(cfg_.timeout_s) +
+                        " s waiting for batch " + std::to_string(seq) + " (" + what + ") on " + name_ +
+                        "; done word=" + std::to_string(done) + ", worker state=" +
+                        std::to_string(hc_->worker_state) +
+                        ". The stream it was flushed on may be blocked by other work; raise GPUOS_TIMEOUT_S "
+                        "if that work is legitimately long.");
+      }
+      if (spin > (1u << 16)) std::this_thread::yield();
+    }
+  }
+}
+
+void Runtime::ensure_room(uint32_t ndesc, uint32_t nref) {
+  retire();
+  auto fits = [&] {
+    return desc_head_ + ndesc - desc_tail_ <= cfg_.capacity && ref_head_ + nref - ref_tail_ <= ref_capacity_;
+  };
+  if (fits()) return;
+  // Full: publish what is pending (it may be what fills the ring), then wait for the oldest batches.
+  if (has_pending()) {
+    st_.full_queue_flushes++;
+    flush(stream_fn_());
+  }
+  while (!fits()) {
+    if (inflight_.empty())
+      throw std::logic_error("gpuos internal error: ring accounting broken (nothing in flight, no room)");
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, "room in the descriptor ring");
+    retire();
+  }
+}
+
+void Runtime::close_level() {
+  if (cur_count_ == 0) return;
+  levels_.push_back({cur_start_, cur_count_});
+  cur_start_ = desc_head_;
+  cur_count_ = 0;
+  reads_.clear();
+  writes_.clear();
+  // Batch slots are finite: publish before the pending levels plus those in flight could exhaust them.
+  if (levels_.size() + inflight_.size() >= kMaxBatches / 2) flush(stream_fn_());
+}
+
+// Merge dims (drop size-1, fuse contiguous-across-all-operands) and fill TensorRefs. Returns merged ndim;
+// ndim == 1 with all strides 1 means every operand is contiguous.
+uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs, int64_t numel) {
+  const int nd = ops[0].ndim;
+  int64_t sizes[64];
+  int64_t strides[4][64];
+  int m = 0;
+  for (int i = 0; i < nd; ++i) {
+    const int64_t sz = ops[0].sizes[i];
+    if (sz == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < nops && merge; ++k)
+      merge = strides[k][m - 1] == ops[k].strides[i] * sz;
+    if (merge) {
+      sizes[m - 1] *= sz;
+      for (int k = 0; k < nops; ++k) strides[k][m - 1] = ops[k].strides[i];
+    } else {
+      sizes[m] = sz;
+      for (int k = 0; k < nops; ++k) strides[k][m] = ops[k].strides[i];
+      ++m;
+    }
+  }
+  if (m == 0) {  // 0-d or all-ones shape: one element
+    sizes[0] = 1;
+    for (int k = 0; k < nops; ++k) strides[k][0] = 1;
+    m = 1;
+  }
+  if (m > (int)kMaxDims)
+    throw std::invalid_argument("gpuos: tensors with more than " + std::to_string(kMaxDims) +
+                                " non-mergeable dims are not supported; call .contiguous() first");
+  (void)numel;
+  for (int k = 0; k < nops; ++k) {
+    TensorRef& r = out_refs[k];
+    r.ptr = ops[k].ptr;
+    r.ndim = (uint32_t)m;
+    r.dtype = ops[k].dtype;
+    for (int i = 0; i < (int)kMaxDims; ++i) {
+      r.sizes[i] = i < m ? sizes[i] : 1;
+      r.strides[i] = i < m ? strides[k][i] : 0;
+    }
+  }
+  return (uint32_t)m;
+}
+
+void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, const Operand& b, int64_t numel) {
+  if (numel <= 0) return;
+  // Dependency levels: a sub-op that reads a storage written earlier in the open level, or writes one read
+  // or written there, starts a new level (the worker completes a level before opening the next).
+  const bool conflict = writes_.contains(a.storage) || writes_.contains(b.storage) ||
+                        writes_.contains(out.storage) || reads_.contains(out.storage);
+  if (conflict) {
+    st_.levels_split++;
+    close_level();
+  }
+  const Operand ops[3] = {out, a, b};
+  TensorRef refs[3];
+  bool strided = !(out.contiguous && a.contiguous && b.contiguous);
+  if (strided) {
+    const uint32_t m = merge_refs(ops, 3, refs, numel);
+    strided = !(m == 1 && refs[0].strides[0] == 1 && refs[1].strides[0] == 1 && refs[2].strides[0] == 1);
+  }
+  const bool vec = !strided && ((out.ptr | a.ptr | b.ptr) & 15) == 0;
+  const uint64_t tiles_total = ((uint64_t)numel + kTileElems - 1) / kTileElems;
+  uint64_t tile = 0;
+  while (tile < tiles_total) {
+    // An op larger than the ring goes in pieces; each piece carries its own TensorRefs.
+    const uint32_t piece = (uint32_t)std::min<uint64_t>(tiles_total - tile, cfg_.capacity / 2);
+    const uint32_t nref = strided ? 3 : 0;
+    ensure_room(piece, nref);
+    uint64_t ref_dev[3] = {0, 0, 0};
+    if (strided) {
+      for (int k = 0; k < 3; ++k) {
+        const uint32_t slot = (uint32_t)(ref_head_ % ref_capacity_);
+        refs_[slot] = refs[k];
+        ref_dev[k] = refs_d_ + (uint64_t)slot * sizeof(TensorRef);
+        ++ref_head_;
+      }
+    }
+    for (uint32_t t = 0; t < piece; ++t, ++tile) {
+      SubOp& d = ring_[desc_head_ % cfg_.capacity];
+      const uint64_t base = tile * kTileElems;
+      d.op = op;
+      d.flags = strided ? kFlagStrided : (vec ? kFlagVec : 0u);
+      d.n = (uint32_t)std::min<uint64_t>(kTileElems, (uint64_t)numel - base);
+      d.base = (uint32_t)base;
+      if (strided) {
+        d.out = ref_dev[0];
+        d.in[0] = ref_dev[1];
+        d.in[1] = ref_dev[2];
+      } else {
+        d.out = out.ptr;
+        d.in[0] = a.ptr;
+        d.in[1] = b.ptr;
+      }
+      d.in[2] = 0;
+      d.scalar[0] = d.scalar[1] = 0.f;
+      d.dtype = out.dtype;
+      d.reserved = 0;
+      ++desc_head_;
+      ++cur_count_;
+      st_.subops++;
+    }
+  }
+  reads_.insert(a.storage);
+  reads_.insert(b.storage);
+  writes_.insert(out.storage);
+  st_.submitted++;
+}
+
+// ------------------------------------------------------------------ publication
+uint32_t Runtime::flush(CUstream stream) {
+  close_level();
+  if (levels_.empty()) return 0;
+  make_current();
+  const Driver& d = driver();
+  // One header per level; then publish host_published (Dekker, host side: store, full fence, load).
+  std::vector<CUstreamBatchMemOpParams> ops;
+  ops.reserve(levels_.size() + 1);
+  for (const Level& lv : levels_) {
+    while (inflight_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
+      st_.room_waits++;
+      wait_seq(inflight_.front().seq, "a free batch slot");
+      retire();
+    }
+    const uint32_t seq = ++last_seq_;
+    const uint32_t slot = seq & (kMaxBatches - 1);
+    hc_->hdr[slot].seq = seq;
+    hc_->hdr[slot].start = (uint32_t)(lv.start % cfg_.capacity);
+    hc_->hdr[slot].count = lv.count;
+    CUstreamBatchMemOpParams w{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    w.writeValue.address = dc_d_ + __builtin_offsetof(DevCtl, ready) + 4ull * slot;
+    w.writeValue.value = seq;
+    w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    ops.push_back(w);
+    inflight_.push_back({seq, lv.start + lv.count, ref_head_});
+    st_.batches++;
+  }
+  levels_.clear();
+  CUstreamBatchMemOpParams wt{};
+  wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  wt.waitValue.address = hc_d_ + __builtin_offsetof(HostCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
+  wt.waitValue.value = last_seq_;
+  wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  ops.push_back(wt);
+
+  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // cuStreamBatchMemOp takes at most 256 operations per call.
+  for (size_t i = 0; i < ops.size(); i += 256) {
+    const unsigned n = (unsigned)std::min<size_t>(256, ops.size() - i);
+    GPUOS_CU(d.cuStreamBatchMemOp(stream, n, ops.data() + i, 0));
+  }
+  maybe_launch_worker();
+  st_.flushes++;
+  if (on_publish_) on_publish_();
+  return last_seq_;
+}
+
+void Runtime::maybe_launch_worker() {
+  if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
+  const Driver& d = driver();
+  __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);
+  WorkerArgs args{};
+  args.host_ctl = hc_d_;
+  args.dev_ctl = dc_d_;
+  args.ring = ring_d_;
+  args.capacity = cfg_.capacity;
+  args.gen = ++launches_;
+  args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
+  void* params[] = {&args};
+  GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid_, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
+  st_.worker_launches++;
+}
+
+void Runtime::wait_done(uint32_t seq) {
+  if (seq == 0) seq = last_seq_;
+  if (seq == 0) return;
+  wait_seq(seq, "flush(sync=True)");
+}
+
+void Runtime::shutdown(CUstream stream) {
+  if (!alive_) return;
+  const Driver& d = driver();
+  make_current();
+  if (has_pending()) flush(stream);
+  if (last_seq_) wait_seq(last_seq_, "shutdown: pending work");
+  inflight_.clear();
+  // Ask the worker to leave now that nothing is published, and wait for the side stream to drain (F3:
+  // freeing memory while it is resident would block).
+  __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    CUresult r = d.cuStreamQuery(side_);
+    if (r == CUDA_SUCCESS) break;
+    if (r != CUDA_ERROR_NOT_READY) GPUOS_CU(r);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(cfg_.timeout_s))
+      throw CudaError("gpuos.shutdown: timed out after " + std::to_string(cfg_.timeout_s) +
+                      " s waiting for the worker to exit on " + name_);
+    std::this_thread::yield();
+  }
+  alive_ = false;
+  d.cuStreamDestroy(side_);
+  d.cuMemFree(dc_d_);
+  d.cuMemFreeHost(refs_);
+  d.cuMemFreeHost(ring_);
+  d.cuMemFreeHost(hc_);
+  d.cuModuleUnload(module_);
+  d.cuDevicePrimaryCtxRelease(cu_dev_);
+}
+
+}  // namespace gpuos

@@ -1,0 +1,134 @@
+// csrc/runtime.h -- the per-device runtime: descriptor ring, batch publication, elastic worker.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_api.h"
+#include "device_src/types.h"
+
+namespace gpuos {
+
+struct Config {
+  uint32_t capacity = 4096;        // descriptor ring slots
+  uint32_t threads_per_block = 256;
+  uint32_t worker_blocks = 0;      // 0: about a quarter of the SMs (DESIGN F7)
+  double idle_us = 200.0;          // worker exits after this long with nothing published
+  double timeout_s = 60.0;         // every GPU wait
+};
+
+// One operand as the recorder sees it (filled by the binding layer from a tensor).
+struct Operand {
+  uint64_t ptr = 0;       // data pointer (storage offset applied)
+  uint32_t dtype = 0;     // DType
+  int ndim = 0;
+  const int64_t* sizes = nullptr;
+  const int64_t* strides = nullptr;
+  bool contiguous = true;
+  uintptr_t storage = 0;  // identity of the storage, for dependency tracking
+};
+
+struct RuntimeStats {
+  uint64_t submitted = 0, subops = 0, batches = 0, flushes = 0, worker_launches = 0, handovers = 0;
+  uint64_t full_queue_flushes = 0, room_waits = 0, levels_split = 0;
+};
+
+// Small open-addressing set of pointers, cleared in O(1) by bumping a generation tag.
+class PtrSet {
+ public:
+  PtrSet() { grow(256); }
+  bool contains(uintptr_t k) const;
+  void insert(uintptr_t k);
+  void clear() { ++gen_; count_ = 0; }
+
+ private:
+  void grow(size_t n);
+  std::vector<uintptr_t> keys_;
+  std::vector<uint32_t> tags_;
+  uint32_t gen_ = 1;
+  size_t count_ = 0;
+};
+
+class Runtime {
+ public:
+  using StreamFn = std::function<CUstream()>;  // the current (PyTorch) stream of this device
+  Runtime(int device, const Config& cfg, StreamFn stream_fn);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int device() const { return device_; }
+  const Config& config() const { return cfg_; }
+
+  // Record out = op(a, b) over `numel` elements (shapes already checked equal). Keeps nothing alive:
+  // the caller holds the tensors until the next flush (see keep()).
+  void record_binary(uint32_t op, const Operand& out, const Operand& a, const Operand& b, int64_t numel);
+  // Publish everything pending on `stream`; returns the last published seq (0 if nothing was pending).
+  uint32_t flush(CUstream stream);
+  // Wait (GIL must be released by the caller) until batch `seq` is done, or all in flight if seq == 0.
+  void wait_done(uint32_t seq);
+  bool has_pending() const { return !levels_.empty() || cur_count_ > 0; }
+  // Complete everything (pending work is published on `stream`; nullptr = legacy default stream), stop the
+  // worker, free the queue. Idempotent.
+  void shutdown(CUstream stream);
+
+  RuntimeStats stats() const;
+  std::string describe() const;  // device name, SMs, grid, arch
+
+  // Called (under mu) each time pending work is published: the binding layer drops its keep-alive refs.
+  void set_publish_hook(std::function<void()> f) { on_publish_ = std::move(f); }
+
+  std::mutex mu;  // guards everything below; never held while waiting for the GIL
+
+ private:
+  void ensure_room(uint32_t ndesc, uint32_t nref);
+  void close_level();
+  void retire();
+  bool seq_done(uint32_t seq) const;
+  void wait_seq(uint32_t seq, const char* what);
+  void maybe_launch_worker();
+  void make_current();
+  uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs, int64_t numel);
+
+  int device_;
+  Config cfg_;
+  StreamFn stream_fn_;
+  CUdevice cu_dev_ = 0;
+  CUcontext ctx_ = nullptr;
+  CUmodule module_ = nullptr;
+  CUfunction worker_fn_ = nullptr;
+  CUstream side_ = nullptr;
+  int sms_ = 0, cc_major_ = 0, cc_minor_ = 0;
+  uint32_t grid_ = 0;
+  std::string name_;
+
+  HostCtl* hc_ = nullptr;  // pinned, mapped
+  CUdeviceptr hc_d_ = 0;
+  SubOp* ring_ = nullptr;  // pinned, mapped
+  CUdeviceptr ring_d_ = 0;
+  TensorRef* refs_ = nullptr;  // pinned, mapped
+  CUdeviceptr refs_d_ = 0;
+  uint32_t ref_capacity_ = 0;
+  CUdeviceptr dc_d_ = 0;     // DevCtl
+
+  uint64_t desc_head_ = 0, desc_tail_ = 0;  // monotonic descriptor indices
+  uint64_t ref_head_ = 0, ref_tail_ = 0;
+  struct Level { uint64_t start; uint32_t count; };
+  std::vector<Level> levels_;       // closed, unpublished levels
+  uint64_t cur_start_ = 0;          // open level
+  uint32_t cur_count_ = 0;
+  struct InFlight { uint32_t seq; uint64_t desc_end, ref_end; };
+  std::deque<InFlight> inflight_;
+  uint32_t last_seq_ = 0;
+  uint32_t launches_ = 0;
+  PtrSet reads_, writes_;
+  std::function<void()> on_publish_;
+  RuntimeStats st_;
+  bool alive_ = false;
+};
+
+}  // namespace gpuos

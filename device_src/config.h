@@ -1,0 +1,33 @@
+// device_src/config.h -- no host-only code, no system #includes.
+// Compiled by g++ (host: csrc/ includes it) and by NVRTC (device: the worker module).
+// Constants shared by host and device live here and nowhere else.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define GPUOS_DEVICE_COMPILE 1
+#define GPUOS_HD __host__ __device__ __forceinline__
+#else
+#define GPUOS_HD inline
+#endif
+
+namespace gpuos {
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// Most dims a TensorRef holds after merging contiguous dims.
+constexpr u32 kMaxDims = 8;
+// Batch slots in flight (power of two). A batch = one dependency level of a flush.
+constexpr u32 kMaxBatches = 1024;
+// Largest number of elements one sub-op descriptor covers; bigger ops are split into tiles.
+constexpr u32 kTileElems = 4096;
+// Sub-op descriptors a block claims at once, per warp.
+constexpr u32 kClaimPerWarp = 4;
+// Worker state words (HostCtl::worker_state).
+constexpr u32 kWorkerExiting = 0;  // not running, or about to exit: the host must launch one
+constexpr u32 kWorkerRunning = 1;
+
+}  // namespace gpuos

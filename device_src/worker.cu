@@ -1,0 +1,270 @@
+// device_src/worker.cu -- no host-only code, no system #includes. CUDA-only: the elastic persistent worker.
+//
+// One launch = one bounded grid. Block 0 thread 0 is the grid's only poller: it watches the per-batch
+// ready words in device memory (written by a stream memory op on the user's stream, so a batch opens only
+// after the stream work before its flush), opens a batch by mirroring its header into device memory, and
+// exits after an idle period with nothing published (Dekker handshake with the host: see HostCtl).
+// Every block claims descriptors of the open batch in chunks, copies them from pinned memory into shared
+// memory with coalesced 16-byte loads, and runs one sub-op per warp. The block that finishes the last
+// chunk of a batch signals completion once, into pinned memory.
+#include "device_src/config.h"
+#include "device_src/types.h"
+#include "device_src/numeric.h"
+#include "device_src/functors.h"
+
+namespace gpuos {
+
+constexpr u32 kMaxWarps = 32;
+constexpr u32 kCmdRun = 1, kCmdExit = 2;
+
+__device__ __forceinline__ u64 globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ u32 ld_vol(const u32* p) { return *(const volatile u32*)p; }
+__device__ __forceinline__ void st_vol(u32* p, u32 v) { *(volatile u32*)p = v; }
+__device__ __forceinline__ uint4 ld_vol4(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// ---------------------------------------------------------------- element access
+__device__ __forceinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
+  i64 off = 0;
+  for (int d = (int)r.ndim - 1; d > 0; --d) {
+    const i64 s = r.sizes[d];
+    const i64 q = linear / s;
+    off += (linear - q * s) * r.strides[d];
+    linear = q;
+  }
+  return off + linear * r.strides[0];
+}
+
+template <class T> struct Vec;  // 16-byte vector of storage type T
+template <> struct Vec<float> {
+  static constexpr u32 N = 4;
+  static __device__ __forceinline__ void load(const void* p, float* f) {
+    float4 v = *(const float4*)p;
+    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+  }
+  static __device__ __forceinline__ void store(void* p, const float* f) {
+    *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
+  }
+};
+template <u32 DT> struct Vec16 {  // fp16 (DT=1) / bf16 (DT=2)
+  static constexpr u32 N = 8;
+  static __device__ __forceinline__ float cvt(u16 h) { return DT == 1 ? f16_to_f32(h) : bf16_to_f32(h); }
+  static __device__ __forceinline__ u16 rnd(float f) { return DT == 1 ? f32_to_f16(f) : f32_to_bf16(f); }
+  static __device__ __forceinline__ void load(const void* p, float* f) {
+    uint4 v = *(const uint4*)p;
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { f[2 * i] = cvt((u16)(w[i] & 0xffffu)); f[2 * i + 1] = cvt((u16)(w[i] >> 16)); }
+  }
+  static __device__ __forceinline__ void store(void* p, const float* f) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = (u32)rnd(f[2 * i]) | ((u32)rnd(f[2 * i + 1]) << 16);
+    *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+};
+
+template <class F, class V, u32 ES>
+__device__ __forceinline__ void binary_vec(const SubOp& d, u32 lane) {
+  const u64 boff = (u64)d.base * ES;
+  const char* a = (const char*)d.in[0] + boff;
+  const char* b = (const char*)d.in[1] + boff;
+  char* o = (char*)d.out + boff;
+  const u32 nv = d.n / V::N;
+  for (u32 v = lane; v < nv; v += 32) {
+    float x[V::N], y[V::N];
+    V::load(a + (u64)v * 16, x);
+    V::load(b + (u64)v * 16, y);
+#pragma unroll
+    for (u32 i = 0; i < V::N; ++i) x[i] = F::apply(x[i], y[i]);
+    V::store(o + (u64)v * 16, x);
+  }
+  for (u32 i = nv * V::N + lane; i < d.n; i += 32) {
+    const i64 e = (i64)d.base + i;
+    store_f32((void*)d.out, d.dtype, e, F::apply(load_f32((const void*)d.in[0], d.dtype, e),
+                                                   load_f32((const void*)d.in[1], d.dtype, e)));
+  }
+}
+
+template <class F>
+__device__ __forceinline__ void binary_op(const SubOp& d, const TensorRef* refs, u32 lane) {
+  if (d.flags & kFlagVec) {
+    if (d.dtype == kF32) binary_vec<F, Vec<float>, 4>(d, lane);
+    else if (d.dtype == kF16) binary_vec<F, Vec16<1>, 2>(d, lane);
+    else binary_vec<F, Vec16<2>, 2>(d, lane);
+  } else if (!(d.flags & kFlagStrided)) {
+    for (u32 i = lane; i < d.n; i += 32) {
+      const i64 e = (i64)d.base + i;
+      store_f32((void*)d.out, d.dtype, e, F::apply(load_f32((const void*)d.in[0], d.dtype, e),
+                                                     load_f32((const void*)d.in[1], d.dtype, e)));
+    }
+  } else {
+    const TensorRef& ro = refs[0];
+    const TensorRef& ra = refs[1];
+    const TensorRef& rb = refs[2];
+    for (u32 i = lane; i < d.n; i += 32) {
+      const i64 e = (i64)d.base + i;
+      const float x = load_f32((const void*)ra.ptr, d.dtype, ref_offset(ra, e));
+      const float y = load_f32((const void*)rb.ptr, d.dtype, ref_offset(rb, e));
+      store_f32((void*)ro.ptr, d.dtype, ref_offset(ro, e), F::apply(x, y));
+    }
+  }
+}
+
+// Copy the TensorRefs a strided sub-op points at into this warp's shared slots (skipped when unchanged).
+__device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 nops, u32 lane) {
+  constexpr u32 kWords = sizeof(TensorRef) / 4;
+  for (u32 k = 0; k < nops; ++k) {
+    const u64 src = k == 0 ? d.out : d.in[k - 1];
+    if (cached[k] == src) continue;
+    for (u32 w = lane; w < kWords; w += 32) ((u32*)&refs[k])[w] = ld_vol((const u32*)src + w);
+    cached[k] = src;
+  }
+  __syncwarp();
+}
+
+__device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane) {
+  if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, 3, lane);
+  switch (d.op) {
+#define GPUOS_OP(id, name, arity, functor) \
+  case id: binary_op<functor>(d, refs, lane); break;
+#include "device_src/ops.def"
+#undef GPUOS_OP
+    default: break;  // the host validates op ids; an unknown id is never published
+  }
+}
+
+// ---------------------------------------------------------------- claiming
+// Claim chunks of the open batch until it is exhausted. Returns after a claim past the end.
+__device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubOp* sdesc, TensorRef* wrefs,
+                           u64* cached, u64* s_claim) {
+  const SubOp* ring = (const SubOp*)args.ring;
+  const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u32 per_claim = nwarps * kClaimPerWarp;
+  for (;;) {
+    if (threadIdx.x == 0) *s_claim = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
+    __syncthreads();
+    const u64 c = *s_claim;
+    const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
+    const u32 count = ld_vol(&dc->bcount[slot]);
+    const u32 start = ld_vol(&dc->bstart[slot]);
+    __syncthreads();  // every thread has read s_claim before thread 0 may overwrite it
+    if (idx >= count) return;
+    const u32 k = count - idx < per_claim ? count - idx : per_claim;
+    cached[0] = cached[1] = cached[2] = 0;  // TensorRef slots are reused across batches: refetch per claim
+    for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
+      const u32 di = j >> 2, part = j & 3;
+      const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
+      ((uint4*)&sdesc[di])[part] = ld_vol4((const uint4*)(ring + ri) + part);
+    }
+    __syncthreads();
+    for (u32 di = warp; di < k; di += nwarps) exec_subop(sdesc[di], wrefs, cached, lane);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const u32 old = atomicSub(&dc->remaining[slot], k);
+      if (old == k) {  // this block finished the batch: signal once
+        __threadfence_system();
+        st_vol(&hc->done[slot], seq);
+      }
+    }
+  }
+}
+
+// Poller (block 0, thread 0): open the next ready batch, or decide to exit. Returns kCmdRun / kCmdExit.
+__device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& next, bool& opened_any) {
+  if (opened_any) {  // batches are dependency levels: the previous one completes before the next opens
+    const u32 prev = (next - 1) & (kMaxBatches - 1);
+    while (ld_vol(&dc->remaining[prev]) != 0) {
+    }
+  }
+  const u32 slot = next & (kMaxBatches - 1);
+  u64 t_idle = globaltimer();
+  u32 spins = 0;
+  for (;;) {
+    if (ld_vol(&dc->ready[slot]) == next) break;
+    if ((++spins & 1023u) != 0) continue;
+    const bool want_yield = ld_vol(&hc->yield_request) != 0;
+    if (!want_yield && globaltimer() - t_idle < args.idle_ns) continue;
+    // Dekker handshake: announce exit, then re-read what the host has published. The host stores
+    // host_published, fences, then reads worker_state: at least one side sees the other's store, so a
+    // published batch is either seen here (stay) or seen as "worker exiting" by the host (it relaunches).
+    st_vol(&hc->worker_state, kWorkerExiting);
+    __threadfence_system();
+    if (ld_vol(&hc->host_published) == next - 1) {
+      dc->next_seq = next;
+      st_vol(&dc->exit_flag, args.gen);
+      __threadfence();
+      return kCmdExit;
+    }
+    // Published but not ready: stream work before the flush is still running. Stay; check again later.
+    st_vol(&hc->worker_state, kWorkerRunning);
+    __threadfence_system();
+    t_idle = globaltimer();
+  }
+  __threadfence();
+  const u32 start = ld_vol(&hc->hdr[slot].start);
+  const u32 count = ld_vol(&hc->hdr[slot].count);
+  dc->bstart[slot] = start;
+  dc->bcount[slot] = count;
+  dc->remaining[slot] = count;
+  __threadfence();
+  atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);
+  __threadfence();
+  st_vol(&dc->epoch, next);
+  ++next;
+  dc->next_seq = next;
+  opened_any = true;
+  return kCmdRun;
+}
+
+}  // namespace gpuos
+
+extern "C" __global__ void __launch_bounds__(1024) gpuos_worker(gpuos::WorkerArgs args) {
+  using namespace gpuos;
+  __shared__ SubOp sdesc[kMaxWarps * kClaimPerWarp];
+  __shared__ TensorRef srefs[kMaxWarps][3];
+  __shared__ unsigned long long s_claim;
+  __shared__ u32 s_cmd;
+  HostCtl* hc = (HostCtl*)args.host_ctl;
+  DevCtl* dc = (DevCtl*)args.dev_ctl;
+  const u32 warp = threadIdx.x / 32;
+  u64 cached[3] = {0, 0, 0};  // per-warp: which TensorRefs srefs[warp] holds (all lanes agree)
+
+  u32 next = 0, seen = 0;
+  bool opened_any = false;
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) {
+      next = dc->next_seq;
+      st_vol(&hc->worker_state, kWorkerRunning);
+    }
+    seen = ld_vol(&dc->epoch);
+  }
+  for (;;) {
+    if (threadIdx.x == 0) {
+      u32 cmd;
+      if (blockIdx.x == 0) {
+        cmd = poll_next(args, dc, hc, next, opened_any);
+      } else {
+        for (;;) {
+          if (ld_vol(&dc->exit_flag) == args.gen) { cmd = kCmdExit; break; }
+          const u32 e = ld_vol(&dc->epoch);
+          if (e != seen) { seen = e; cmd = kCmdRun; break; }
+        }
+      }
+      s_cmd = cmd;
+    }
+    __syncthreads();
+    if (s_cmd == kCmdExit) return;
+    run_claims(args, dc, hc, sdesc, srefs[warp], cached, &s_claim);
+  }
+}

@@ -1,0 +1,86 @@
+"""GPUOS: run many small PyTorch GPU ops as batches on an elastic persistent worker.
+
+Explicit API (seed-compatible names)::
+
+    import gpuos
+    gpuos.init()                      # or gpuos_ext.init(capacity=4096, threads_per_block=256)
+    gpuos.submit_add(a, b, out)       # also submit_sub / submit_mul / submit_div
+    gpuos.submit_many("mul", A, B, C)
+    gpuos.flush()                     # stream-ordered on torch's current stream; sync=True waits
+
+See README.md for the design, measured results and limitations.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch  # noqa: F401  (loads libc10/libtorch before the extension)
+
+from ._nvrtc import nvrtc_search_dirs
+
+import gpuos_ext as _ext
+
+_ext._set_nvrtc_search_dirs(nvrtc_search_dirs())
+
+from gpuos_ext import (  # noqa: E402
+    CompileError,
+    CudaError,
+    GpuosError,
+    device_sources,
+    flush,
+    init,
+    is_initialized,
+    jit_cache_dir,
+    jit_compile,
+    nvrtc_version,
+    op_table,
+    runtime_info,
+    shutdown,
+    submit_add,
+    submit_div,
+    submit_many,
+    submit_mul,
+    submit_sub,
+)
+
+logger = logging.getLogger("gpuos")
+if os.environ.get("GPUOS_LOG"):
+    logging.basicConfig()
+    logger.setLevel(os.environ["GPUOS_LOG"].upper())
+
+__version__ = "0.1.0"
+
+
+def stats() -> dict:
+    """Runtime counters (see gpuos_ext.stats): submitted, batches, flushes, worker_launches, ..."""
+    return dict(_ext.stats())
+
+
+def supported_ops() -> list[str]:
+    """Names of the operators in the op table (device_src/ops.def)."""
+    return [row["name"] for row in op_table()]
+
+
+__all__ = [
+    "CompileError",
+    "CudaError",
+    "GpuosError",
+    "device_sources",
+    "flush",
+    "init",
+    "is_initialized",
+    "jit_cache_dir",
+    "jit_compile",
+    "nvrtc_version",
+    "op_table",
+    "runtime_info",
+    "shutdown",
+    "stats",
+    "submit_add",
+    "submit_div",
+    "submit_many",
+    "submit_mul",
+    "submit_sub",
+    "supported_ops",
+]
