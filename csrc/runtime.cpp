@@ -70,11 +70,8 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cu_dev_));
   GPUOS_CU(d.cuDeviceGetAttribute(&cc_major_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, cu_dev_));
   GPUOS_CU(d.cuDeviceGetAttribute(&cc_minor_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, cu_dev_));
-  int memops = 0;
-  GPUOS_CU(d.cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, cu_dev_));
-  if (!memops)
-    throw CudaError("gpuos.init: " + name_ + " does not support CUDA stream memory operations "
-                    "(cuStreamWriteValue32/cuStreamWaitValue32), which GPUOS needs for stream ordering");
+  // Stream memory ops (cuStreamBatchMemOp_v2) are part of the CUDA 12+ driver API on every supported GPU;
+  // should one fail, GPUOS_CU names it.
   if (cfg_.threads_per_block < 32 || cfg_.threads_per_block > 1024 || cfg_.threads_per_block % 32)
     throw std::invalid_argument("gpuos.init: threads_per_block=" + std::to_string(cfg_.threads_per_block) +
                                 " must be a multiple of 32 in [32, 1024]");
