@@ -24,7 +24,7 @@ PyObject* g_CompileError = nullptr;
 
 Config g_cfg;                            // config for runtimes created from now on
 Runtime* g_rt[kMaxDevices] = {nullptr};  // leaked at exit on purpose: atexit shutdown() releases them
-std::vector<at::Tensor> g_keep[kMaxDevices];  // keep-alive until the pending work is published
+std::vector<PyObject*> g_keep[kMaxDevices];  // strong refs (GIL held) until the pending work is published
 PyObject* g_raw_stream_fn = nullptr;          // torch._C._cuda_getCurrentRawStream
 
 // ------------------------------------------------------------------ errors
@@ -78,11 +78,27 @@ CUstream current_stream(int dev) {
   return reinterpret_cast<CUstream>(v);
 }
 
+// Publishing happens with the GIL held (every path into Runtime::flush comes from Python).
+void release_keep(int dev) {
+  for (PyObject* o : g_keep[dev]) Py_DECREF(o);
+  g_keep[dev].clear();
+}
+
+void keep3(int dev, PyObject* a, PyObject* b, PyObject* c) {
+  auto& k = g_keep[dev];
+  Py_INCREF(a);
+  Py_INCREF(b);
+  Py_INCREF(c);
+  k.push_back(a);
+  k.push_back(b);
+  k.push_back(c);
+}
+
 Runtime& runtime_for(int dev) {
   if (dev < 0 || dev >= kMaxDevices) throw py::value_error("gpuos: CUDA device index out of range");
   if (!g_rt[dev]) {
     auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
-    rt->set_publish_hook([dev] { g_keep[dev].clear(); });
+    rt->set_publish_hook([dev] { release_keep(dev); });
     g_rt[dev] = rt;
   }
   return *g_rt[dev];
@@ -176,15 +192,17 @@ void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, cons
                           shape_str(b) + ", out " + shape_str(out) + " (" + all() +
                           "). Fix: expand inputs to the output shape (a.expand(out.shape)) or allocate out "
                           "with the inputs' shape; submit_* does not broadcast.");
-  if (has_internal_overlap(out))
+  if (!out.is_contiguous() && has_internal_overlap(out))
     throw py::value_error(std::string(op) + ": out " + shape_str(out) + " has stride-0 (expanded) dims, so "
                           "several elements would write one location. Fix: pass a freshly allocated out.");
   if (out.numel() == 0) return;
-  uint64_t olo, ohi;
-  extent(out, olo, ohi);
+  const c10::StorageImpl* os = out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+  uint64_t olo = 0, ohi = 0;
+  bool have_out_extent = false;
   for (int i = 0; i < 2; ++i) {
     const at::Tensor& in = *ts[i];
-    if (in.numel() == 0) continue;
+    if (in.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() != os) continue;  // cheap common case
+    if (!have_out_extent) { extent(out, olo, ohi); have_out_extent = true; }
     uint64_t lo, hi;
     extent(in, lo, hi);
     const bool overlap = lo < ohi && olo < hi;
@@ -197,14 +215,15 @@ void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, cons
 }
 
 Operand operand(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   Operand o;
-  o.ptr = (uint64_t)(uintptr_t)t.data_ptr();
-  o.dtype = (uint32_t)dtype_code(t.scalar_type());
-  o.ndim = (int)t.dim();
-  o.sizes = t.sizes().data();
-  o.strides = t.strides().data();
-  o.contiguous = t.is_contiguous();
-  o.storage = (uintptr_t)t.storage().unsafeGetStorageImpl();
+  o.ptr = (uint64_t)(uintptr_t)impl->data();
+  o.dtype = (uint32_t)dtype_code(impl->dtype().toScalarType());
+  o.ndim = (int)impl->dim();
+  o.sizes = impl->sizes().data();
+  o.strides = impl->strides().data();
+  o.contiguous = impl->is_contiguous();
+  o.storage = (uintptr_t)impl->storage().unsafeGetStorageImpl();
   return o;
 }
 
@@ -219,17 +238,19 @@ const char* const kSubmitNames[] = {
 #undef GPUOS_OP
 };
 
-void record_one(uint32_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
-  check_binary(kSubmitNames[op], a, b, out);
-  if (out.numel() == 0) return;
+void record_one(uint32_t op, PyObject* pa, PyObject* pb, PyObject* pout) {
+  const char* nm = kSubmitNames[op];
+  const at::Tensor& a = as_tensor(pa, nm, "a");
+  const at::Tensor& b = as_tensor(pb, nm, "b");
+  const at::Tensor& out = as_tensor(pout, nm, "out");
+  check_binary(nm, a, b, out);
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
   std::lock_guard<std::mutex> lk(rt.mu);
-  rt.record_binary(op, operand(out), operand(a), operand(b), out.numel());
-  auto& keep = g_keep[dev];
-  keep.push_back(a);
-  keep.push_back(b);
-  keep.push_back(out);
+  rt.record_binary(op, operand(out), operand(a), operand(b), numel);
+  keep3(dev, pa, pb, pout);
 }
 
 template <uint32_t OP>
@@ -238,8 +259,7 @@ PyObject* submit_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (nargs != 3)
       throw py::type_error(std::string(kSubmitNames[OP]) + "(a, b, out) takes 3 positional arguments, got " +
                            std::to_string(nargs));
-    const char* nm = kSubmitNames[OP];
-    record_one(OP, as_tensor(args[0], nm, "a"), as_tensor(args[1], nm, "b"), as_tensor(args[2], nm, "out"));
+    record_one(OP, args[0], args[1], args[2]);
     Py_RETURN_NONE;
   } catch (...) {
     set_python_error();
@@ -299,10 +319,7 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
       lk = std::unique_lock<std::mutex>(rt->mu);
     }
     rt->record_binary(op, operand(out), operand(a), operand(b), out.numel());
-    auto& keep = g_keep[dev];
-    keep.push_back(a);
-    keep.push_back(b);
-    keep.push_back(out);
+    keep3(dev, ia[i], ib[i], ic[i]);
   }
 }
 
@@ -351,7 +368,7 @@ void shutdown() {
       std::lock_guard<std::mutex> lk(rt->mu);
       rt->shutdown(s);
     }
-    g_keep[dev].clear();
+    release_keep(dev);
     g_rt[dev] = nullptr;
     delete rt;
   }
@@ -365,6 +382,7 @@ py::dict stats() {
     s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
     s.worker_launches += r.worker_launches; s.handovers += r.handovers;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
+    s.dma_batches += r.dma_batches; s.inline_batches += r.inline_batches;
   }
   JitStats j = jit_stats();
   py::dict d;
@@ -380,6 +398,8 @@ py::dict stats() {
   d["full_queue_flushes"] = s.full_queue_flushes;
   d["room_waits"] = s.room_waits;
   d["levels_split"] = s.levels_split;
+  d["dma_batches"] = s.dma_batches;
+  d["inline_batches"] = s.inline_batches;
   return d;
 }
 

@@ -25,11 +25,13 @@ constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
 constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr unsigned CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1;
 constexpr unsigned CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2;
+constexpr unsigned CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5;
 constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0x0;
 constexpr unsigned CU_STREAM_WRITE_VALUE_DEFAULT = 0x0;
 
@@ -84,6 +86,7 @@ struct Driver {
   X(cuMemHostAlloc, "cuMemHostAlloc", CUresult (*)(void**, size_t, unsigned))                           \
   X(cuMemFreeHost, "cuMemFreeHost", CUresult (*)(void*))                                                \
   X(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2", CUresult (*)(CUdeviceptr*, void*, unsigned)) \
+  X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", CUresult (*)(CUdeviceptr, const void*, size_t, CUstream))  \
   X(cuMemsetD8Async, "cuMemsetD8Async", CUresult (*)(CUdeviceptr, unsigned char, size_t, CUstream))     \
   X(cuStreamCreate, "cuStreamCreate", CUresult (*)(CUstream*, unsigned))                                \
   X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult (*)(CUstream))                                      \

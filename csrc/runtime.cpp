@@ -70,8 +70,11 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cu_dev_));
   GPUOS_CU(d.cuDeviceGetAttribute(&cc_major_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, cu_dev_));
   GPUOS_CU(d.cuDeviceGetAttribute(&cc_minor_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, cu_dev_));
-  // Stream memory ops (cuStreamBatchMemOp_v2) are part of the CUDA 12+ driver API on every supported GPU;
-  // should one fail, GPUOS_CU names it.
+  int memops64 = 0;
+  GPUOS_CU(d.cuDeviceGetAttribute(&memops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, cu_dev_));
+  if (!memops64)
+    throw CudaError("gpuos.init: " + name_ + " does not support 64-bit CUDA stream memory operations "
+                    "(cuStreamBatchMemOp with WRITE_VALUE_64), which GPUOS uses to publish batches in stream order");
   if (cfg_.threads_per_block < 32 || cfg_.threads_per_block > 1024 || cfg_.threads_per_block % 32)
     throw std::invalid_argument("gpuos.init: threads_per_block=" + std::to_string(cfg_.threads_per_block) +
                                 " must be a multiple of 32 in [32, 1024]");
@@ -103,6 +106,7 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   refs_ = (TensorRef*)p;
   GPUOS_CU(d.cuMemHostGetDevicePointer(&refs_d_, p, 0));
   GPUOS_CU(d.cuMemAlloc(&dc_d_, sizeof(DevCtl)));
+  GPUOS_CU(d.cuMemAlloc(&ring_dev_, sizeof(SubOp) * (size_t)cfg_.capacity));
   GPUOS_CU(d.cuMemsetD8Async(dc_d_, 0, sizeof(DevCtl), side_));
   // DevCtl::next_seq starts at 1 (seq 0 means "none"): set it with a one-word memop.
   CUstreamBatchMemOpParams w{};
@@ -313,14 +317,28 @@ void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, c
 }
 
 // ------------------------------------------------------------------ publication
+// How a level's descriptors reach the worker (all in stream order, before the level's ready word):
+//   <= kInlineMax descriptors: 64-bit memop writes into the device ring (no PCIe read by the worker);
+//   >= kDmaMin: one async copy engine transfer into the device ring;
+//   otherwise: the worker reads them from the pinned ring with coalesced 16-byte loads.
+constexpr uint32_t kInlineMax = 2;
+constexpr uint32_t kDmaMin = 128;
+
 uint32_t Runtime::flush(CUstream stream) {
   close_level();
   if (levels_.empty()) return 0;
   make_current();
   const Driver& d = driver();
-  // One header per level; then publish host_published (Dekker, host side: store, full fence, load).
-  std::vector<CUstreamBatchMemOpParams> ops;
-  ops.reserve(levels_.size() + 1);
+  std::vector<CUstreamBatchMemOpParams>& ops = memops_;
+  ops.clear();
+  auto write64 = [&ops](CUdeviceptr addr, uint64_t v) {
+    CUstreamBatchMemOpParams w{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    w.writeValue.address = addr;
+    w.writeValue.value64 = v;
+    w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    ops.push_back(w);
+  };
   for (const Level& lv : levels_) {
     while (inflight_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
       st_.room_waits++;
@@ -329,15 +347,30 @@ uint32_t Runtime::flush(CUstream stream) {
     }
     const uint32_t seq = ++last_seq_;
     const uint32_t slot = seq & (kMaxBatches - 1);
-    hc_->hdr[slot].seq = seq;
-    hc_->hdr[slot].start = (uint32_t)(lv.start % cfg_.capacity);
+    const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
+    hc_->hdr[slot].seq = seq;  // for diagnostics; the worker takes count and source from the ready word
+    hc_->hdr[slot].start = start;
     hc_->hdr[slot].count = lv.count;
-    CUstreamBatchMemOpParams w{};
-    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    w.writeValue.address = dc_d_ + __builtin_offsetof(DevCtl, ready) + 4ull * slot;
-    w.writeValue.value = seq;
-    w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    ops.push_back(w);
+    uint32_t src = 0;
+    if (lv.count <= kInlineMax) {
+      for (uint32_t i = 0; i < lv.count; ++i) {
+        const uint32_t ri = (start + i) % cfg_.capacity;
+        const uint64_t* words = reinterpret_cast<const uint64_t*>(&ring_[ri]);
+        for (uint32_t w = 0; w < sizeof(SubOp) / 8; ++w) write64(ring_dev_ + (uint64_t)ri * sizeof(SubOp) + 8 * w, words[w]);
+      }
+      src = kReadyDevRing;
+      st_.inline_batches++;
+    } else if (lv.count >= kDmaMin) {
+      const uint32_t first = std::min(lv.count, cfg_.capacity - start);
+      GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
+                                   (size_t)first * sizeof(SubOp), stream));
+      if (first < lv.count)
+        GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(lv.count - first) * sizeof(SubOp), stream));
+      src = kReadyDevRing;
+      st_.dma_batches++;
+    }
+    write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
+            ((uint64_t)(lv.count | src) << 32) | seq);
     inflight_.push_back({seq, lv.start + lv.count, ref_head_});
     st_.batches++;
   }
@@ -349,6 +382,7 @@ uint32_t Runtime::flush(CUstream stream) {
   wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
   ops.push_back(wt);
 
+  // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
   __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // cuStreamBatchMemOp takes at most 256 operations per call.
@@ -371,6 +405,7 @@ void Runtime::maybe_launch_worker() {
   args.host_ctl = hc_d_;
   args.dev_ctl = dc_d_;
   args.ring = ring_d_;
+  args.ring_dev = ring_dev_;
   args.capacity = cfg_.capacity;
   args.gen = ++launches_;
   args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
@@ -408,6 +443,7 @@ void Runtime::shutdown(CUstream stream) {
   alive_ = false;
   d.cuStreamDestroy(side_);
   d.cuMemFree(dc_d_);
+  d.cuMemFree(ring_dev_);
   d.cuMemFreeHost(refs_);
   d.cuMemFreeHost(ring_);
   d.cuMemFreeHost(hc_);

@@ -35,6 +35,7 @@ struct Operand {
 struct RuntimeStats {
   uint64_t submitted = 0, subops = 0, batches = 0, flushes = 0, worker_launches = 0, handovers = 0;
   uint64_t full_queue_flushes = 0, room_waits = 0, levels_split = 0;
+  uint64_t dma_batches = 0, inline_batches = 0;
 };
 
 // Small open-addressing set of pointers, cleared in O(1) by bumping a generation tag.
@@ -114,6 +115,7 @@ class Runtime {
   CUdeviceptr refs_d_ = 0;
   uint32_t ref_capacity_ = 0;
   CUdeviceptr dc_d_ = 0;     // DevCtl
+  CUdeviceptr ring_dev_ = 0;  // device mirror of the ring (DMA / memop-delivered descriptors)
 
   uint64_t desc_head_ = 0, desc_tail_ = 0;  // monotonic descriptor indices
   uint64_t ref_head_ = 0, ref_tail_ = 0;
@@ -127,6 +129,7 @@ class Runtime {
   uint32_t launches_ = 0;
   PtrSet reads_, writes_;
   std::function<void()> on_publish_;
+  std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;
   bool alive_ = false;
 };

@@ -53,22 +53,29 @@ struct HostCtl {
 };
 
 // Lives in device memory; the worker's own bookkeeping, persistent across worker launches.
+// Ready word of a batch, written by a 64-bit stream memory op on the user's stream:
+//   low 32 bits: seq; high 32 bits: descriptor count | kReadyDevRing (descriptors are in the device ring).
+constexpr u32 kReadyDevRing = 0x80000000u;
+
 struct DevCtl {
-  u32 ready[kMaxBatches];      // ready[seq % kMaxBatches] = seq, written by a stream memory op
+  u64 ready[kMaxBatches];      // see kReadyDevRing
   u32 remaining[kMaxBatches];  // sub-ops of the batch not yet finished
   u32 bstart[kMaxBatches];
   u32 bcount[kMaxBatches];
+  u32 bsrc[kMaxBatches];       // 1: descriptors in the device ring, 0: read them from the pinned ring
   u64 claim;                   // (seq << 32) | next descriptor index of the open batch
   u32 next_seq;                // next batch the worker will open
   u32 epoch;                   // seq of the batch last opened for the grid
   u32 exit_flag;               // grid-wide: poller decided to exit
-  u32 reserved[11];
+  u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)
+  u32 reserved[10];
 };
 
 struct WorkerArgs {
   u64 host_ctl;   // HostCtl* (device pointer of the mapped pinned block)
   u64 dev_ctl;    // DevCtl*
   u64 ring;       // SubOp* (device pointer of the pinned descriptor ring)
+  u64 ring_dev;   // SubOp* device-memory mirror (filled by DMA or memops for batches flagged kReadyDevRing)
   u32 capacity;   // ring slots
   u32 gen;        // launch number: DevCtl::exit_flag == gen tells this launch's blocks to exit
   u64 idle_ns;    // exit after this long with nothing published
@@ -78,7 +85,7 @@ static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(BatchHeader) == 16, "BatchHeader layout");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches + 16 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 40, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 48, "WorkerArgs layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 
 }  // namespace gpuos

@@ -24,6 +24,12 @@ __device__ __forceinline__ u64 globaltimer() {
 }
 __device__ __forceinline__ u32 ld_vol(const u32* p) { return *(const volatile u32*)p; }
 __device__ __forceinline__ void st_vol(u32* p, u32 v) { *(volatile u32*)p = v; }
+__device__ __forceinline__ u64 ld_vol64(const u64* p) { return *(const volatile u64*)p; }
+__device__ __forceinline__ uint4 ld_cg4(const void* p) {  // L2 only: the device ring is rewritten per batch
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ uint4 ld_vol4(const void* p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -148,6 +154,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
 __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubOp* sdesc, TensorRef* wrefs,
                            u64* cached, u64* s_claim) {
   const SubOp* ring = (const SubOp*)args.ring;
+  const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 per_claim = nwarps * kClaimPerWarp;
   for (;;) {
@@ -157,6 +164,7 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
     const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
     const u32 count = ld_vol(&dc->bcount[slot]);
     const u32 start = ld_vol(&dc->bstart[slot]);
+    const bool dev_src = ld_vol(&dc->bsrc[slot]) != 0;
     __syncthreads();  // every thread has read s_claim before thread 0 may overwrite it
     if (idx >= count) return;
     const u32 k = count - idx < per_claim ? count - idx : per_claim;
@@ -164,7 +172,8 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
     for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
       const u32 di = j >> 2, part = j & 3;
       const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
-      ((uint4*)&sdesc[di])[part] = ld_vol4((const uint4*)(ring + ri) + part);
+      ((uint4*)&sdesc[di])[part] =
+          dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
     }
     __syncthreads();
     for (u32 di = warp; di < k; di += nwarps) exec_subop(sdesc[di], wrefs, cached, lane);
@@ -190,8 +199,10 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
   const u32 slot = next & (kMaxBatches - 1);
   u64 t_idle = globaltimer();
   u32 spins = 0;
+  u64 ready = 0;
   for (;;) {
-    if (ld_vol(&dc->ready[slot]) == next) break;
+    ready = ld_vol64(&dc->ready[slot]);
+    if ((u32)ready == next) break;
     if ((++spins & 1023u) != 0) continue;
     const bool want_yield = ld_vol(&hc->yield_request) != 0;
     if (!want_yield && globaltimer() - t_idle < args.idle_ns) continue;
@@ -212,10 +223,13 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
     t_idle = globaltimer();
   }
   __threadfence();
-  const u32 start = ld_vol(&hc->hdr[slot].start);
-  const u32 count = ld_vol(&hc->hdr[slot].count);
+  const u32 hi = (u32)(ready >> 32);
+  const u32 count = hi & ~kReadyDevRing;
+  const u32 start = dc->ring_pos;
+  dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
   dc->bstart[slot] = start;
   dc->bcount[slot] = count;
+  dc->bsrc[slot] = (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
   __threadfence();
   atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);

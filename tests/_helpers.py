@@ -1,0 +1,32 @@
+"""Small helpers shared by the test modules (not a test module itself)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: env vars that change runtime behaviour; stripped from subprocess environments unless given
+GPUOS_ENV_VARS = ["GPUOS_CACHE_DIR", "GPUOS_DISABLE_CACHE", "GPUOS_FORBID_COMPILE", "GPUOS_NVRTC_PATH",
+                  "GPUOS_TIMEOUT_S", "GPUOS_WORKER_BLOCKS", "GPUOS_IDLE_US"]
+
+
+def run_python(code, env_extra=None, timeout=180, cwd=None):
+    """Run `code` in a fresh interpreter with the repo importable (after any PYTHONPATH the caller
+    set, so an installed/overridden build keeps priority). Returns CompletedProcess."""
+    env = dict(os.environ)
+    for k in GPUOS_ENV_VARS:
+        if k == "GPUOS_NVRTC_PATH":  # keep: the user may need it to find NVRTC at all
+            continue
+        env.pop(k, None)
+    env.update(env_extra or {})
+    env["PYTHONPATH"] = (env["PYTHONPATH"] + os.pathsep if env.get("PYTHONPATH") else "") + REPO_ROOT
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                          cwd=cwd or tempfile.gettempdir(), env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def describe(proc):
+    return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"

@@ -1,0 +1,108 @@
+"""Shared pytest configuration for the GPUOS test suite.
+
+* marker ``gpu``: the test needs a CUDA GPU; it is skipped (reason "no CUDA GPU") without one.
+* fixture ``requires_gpu``: same skip, usable from any test as a fixture.
+* fixture ``requires_nvrtc``: skips when ``gpuos_ext.nvrtc_version()`` raises ``gpuos.CudaError``;
+  returns the (major, minor) NVRTC version.
+* fixture ``rt``: initialises the runtime, yields the ``gpuos_ext`` module, and at teardown flushes
+  with ``sync=True`` (and synchronises torch) so a test's GPU work cannot leak into the next test.
+* every ``gpu`` test runs under a faulthandler watchdog: if it hangs for longer than
+  ``GPUOS_TEST_WATCHDOG_S`` seconds (default 120; ``@pytest.mark.watchdog(s)`` overrides) all
+  thread stacks are dumped and the process exits with a non-zero status, so a hang becomes a
+  failure instead of an eternal wait.
+"""
+
+import atexit
+import faulthandler
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    # `python -m pytest` from the repo root already has it; plain `pytest` may not.
+    sys.path.append(REPO_ROOT)
+
+# Never let the test suite read or write the user's real JIT cache (~/.cache/gpuos) unless the
+# caller chose a directory explicitly. Must happen before gpuos_ext is imported.
+if "GPUOS_CACHE_DIR" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="gpuos-test-cache-")
+    os.environ["GPUOS_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+
+HAS_GPU = torch.cuda.is_available()
+WATCHDOG_S = float(os.environ.get("GPUOS_TEST_WATCHDOG_S", "120"))
+
+try:  # pytest-timeout is present on the GPU machine, maybe not here; we never depend on it.
+    import pytest_timeout  # noqa: F401
+
+    HAS_PYTEST_TIMEOUT = True
+except ImportError:
+    HAS_PYTEST_TIMEOUT = False
+
+#: decorator form, for tests outside the gpu-marked module
+requires_gpu_mark = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: test needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "watchdog(seconds): per-test hang watchdog for gpu tests "
+                                       "(default GPUOS_TEST_WATCHDOG_S or 120 s)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def requires_gpu():
+    if not HAS_GPU:
+        pytest.skip("no CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def requires_nvrtc():
+    import gpuos
+    import gpuos_ext
+
+    try:
+        return gpuos_ext.nvrtc_version()
+    except gpuos.CudaError as e:
+        pytest.skip(f"NVRTC not available: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _gpu_watchdog(request):
+    """Turn a hang in a gpu test into a process exit with stack dump (a failure)."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    m = request.node.get_closest_marker("watchdog")
+    seconds = float(m.args[0]) if m is not None else WATCHDOG_S
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def rt(requires_gpu):
+    """The initialised runtime (the gpuos_ext module). Flushes and syncs at teardown."""
+    import gpuos_ext
+
+    gpuos_ext.init()
+    assert gpuos_ext.is_initialized()
+    yield gpuos_ext
+    if gpuos_ext.is_initialized():
+        gpuos_ext.flush(sync=True)
+    torch.cuda.synchronize()

@@ -1,0 +1,174 @@
+"""NVRTC compilation of the embedded device sources. Needs NVRTC, not a GPU."""
+
+import os
+import re
+import struct
+
+import pytest
+
+import gpuos
+import gpuos_ext
+from _helpers import REPO_ROOT, describe, run_python
+
+ARCHS = ["sm_80", "sm_90"]
+EM_CUDA = 190
+# device_src must be self-contained: no system includes of any kind, not even NVRTC's own
+# (cuda_fp16.h is not built into NVRTC 13 and would need a toolkit include path).
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*(["<])([^">]+)[">]', re.M)
+
+
+@pytest.fixture(scope="module")
+def cubins(requires_nvrtc):
+    return {arch: gpuos_ext.jit_compile(arch) for arch in ARCHS}
+
+
+def test_nvrtc_version(requires_nvrtc):
+    v = requires_nvrtc
+    assert isinstance(v, tuple) and len(v) == 2, v
+    major, minor = v
+    assert isinstance(major, int) and isinstance(minor, int)
+    assert major >= 11 and minor >= 0, v
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_jit_compile_returns_cubin(cubins, arch):
+    cubin = cubins[arch]
+    assert isinstance(cubin, bytes)
+    assert len(cubin) > 64
+    assert cubin[:4] == b"\x7fELF", cubin[:16]
+    assert cubin[4] == 2, "expected a 64-bit ELF"
+    (e_machine,) = struct.unpack_from("<H", cubin, 18)
+    assert e_machine == EM_CUDA, f"e_machine {e_machine} is not EM_CUDA"
+    # the SM version is in e_flags: low byte (old CUDA ELF ABI) or second byte (CUDA 13 ABI)
+    (e_flags,) = struct.unpack_from("<I", cubin, 48)
+    sm = int(arch[3:])
+    assert sm in (e_flags & 0xFF, (e_flags >> 8) & 0xFF), f"e_flags {e_flags:#x} is not for {arch}"
+
+
+def test_cubins_differ_between_archs(cubins):
+    assert cubins["sm_80"] != cubins["sm_90"]
+
+
+def test_jit_compile_is_repeatable(cubins):
+    # a second compile (or a cache hit) gives a usable cubin for the same arch again
+    again = gpuos_ext.jit_compile("sm_90")
+    assert again[:4] == b"\x7fELF"
+    assert struct.unpack_from("<H", again, 18)[0] == EM_CUDA
+
+
+@pytest.mark.parametrize("bad_arch", ["sm_xyz", "sm_1", "compute_banana"])
+def test_invalid_arch_raises_compile_error_with_log(requires_nvrtc, bad_arch):
+    with pytest.raises(gpuos.CompileError) as ei:
+        gpuos_ext.jit_compile(bad_arch)
+    e = ei.value
+    assert isinstance(e, gpuos.GpuosError) and isinstance(e, RuntimeError)
+    assert isinstance(e.log, str) and e.log.strip(), f"empty log: {e.log!r}"
+    assert e.arch == bad_arch
+    # options: a string or a list of strings (the spec does not fix the type); holds the arch
+    if isinstance(e.options, str):
+        opts = e.options
+    else:
+        assert all(isinstance(o, str) for o in e.options), e.options
+        opts = " ".join(e.options)
+    assert bad_arch in opts, f"options do not show the arch: {e.options!r}"
+    assert isinstance(e.source_path, str)
+    if e.source_path:
+        assert os.path.exists(e.source_path), f"dumped source {e.source_path!r} does not exist"
+    assert bad_arch in str(e), f"message should name the arch: {e}"
+
+
+_FORBID_SCRIPT = """
+    import sys
+    import gpuos, gpuos_ext
+    try:
+        cubin = gpuos_ext.jit_compile("sm_80")
+    except gpuos.CompileError as e:
+        print("COMPILE_ERROR", e)
+        sys.exit(3)
+    assert cubin[:4] == b"\\x7fELF"
+    print("OK")
+"""
+
+
+@pytest.mark.parametrize("forbid", [False, True], ids=["allowed", "forbidden"])
+def test_forbid_compile_switch_with_empty_cache(requires_nvrtc, tmp_path, forbid):
+    env = {"GPUOS_CACHE_DIR": str(tmp_path / "empty-cache")}
+    if forbid:
+        env["GPUOS_FORBID_COMPILE"] = "1"
+    proc = run_python(_FORBID_SCRIPT, env)
+    if forbid:
+        assert proc.returncode == 3, describe(proc)
+    else:
+        assert proc.returncode == 0 and "OK" in proc.stdout, describe(proc)
+
+
+# ----------------------------------------------------------------------------- embedded sources
+
+@pytest.fixture(scope="module")
+def sources():
+    s = gpuos_ext.device_sources()
+    assert isinstance(s, dict) and s, "device_sources() must be a non-empty dict"
+    return s
+
+
+def _rel(path):
+    p = path.replace(os.sep, "/")
+    i = p.find("device_src/")
+    return p[i:] if i >= 0 else None
+
+
+def test_device_sources_types(sources):
+    for path, text in sources.items():
+        assert isinstance(path, str) and isinstance(text, str), (type(path), type(text))
+        assert text.strip(), f"{path} is empty"
+
+
+def test_device_sources_are_under_device_src(sources):
+    rels = [_rel(p) for p in sources]
+    assert any(rels), f"no path under device_src/: {sorted(sources)}"
+
+
+def test_device_sources_have_no_system_includes(sources):
+    for path, text in sources.items():
+        assert not re.search(r"#\s*include\s*<", text), f"{path} has a system #include <...>"
+
+
+def test_device_sources_quoted_includes_are_embedded(sources):
+    """Every `#include "x"` must resolve to an embedded file (nothing from the system)."""
+    basenames = {p.replace(os.sep, "/").rsplit("/", 1)[-1] for p in sources}
+    for path, text in sources.items():
+        for kind, inc in INCLUDE_RE.findall(text):
+            if kind == '"':
+                name = inc.replace(os.sep, "/").rsplit("/", 1)[-1]
+                assert name in basenames, f"{path} includes {inc!r}, which is not embedded"
+
+
+def test_embedded_sources_match_files_on_disk(sources):
+    """A stale build embeds old device code: compare with the checkout when it is present."""
+    on_disk = os.path.join(REPO_ROOT, "device_src")
+    if not os.path.isdir(on_disk):
+        pytest.skip("no device_src/ checkout next to the tests")
+    checked = 0
+    for path, text in sources.items():
+        rel = _rel(path)
+        if rel is None:
+            continue
+        f = os.path.join(REPO_ROOT, *rel.split("/"))
+        assert os.path.exists(f), f"embedded {path} has no file {f}"
+        with open(f, encoding="utf-8") as fh:
+            assert fh.read() == text, f"embedded {path} differs from {f}: rebuild the extension"
+        checked += 1
+    assert checked >= 1
+
+
+def test_every_device_file_on_disk_is_embedded(sources):
+    on_disk = os.path.join(REPO_ROOT, "device_src")
+    if not os.path.isdir(on_disk):
+        pytest.skip("no device_src/ checkout next to the tests")
+    embedded = {_rel(p) for p in sources}
+    for root, _dirs, files in os.walk(on_disk):
+        for name in files:
+            if name.startswith(".") or name.endswith((".pyc", "~")):
+                continue
+            rel = os.path.relpath(os.path.join(root, name), REPO_ROOT).replace(os.sep, "/")
+            assert rel in embedded, f"{rel} exists but is not embedded: rebuild the extension"
