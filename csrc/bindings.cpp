@@ -3,6 +3,7 @@
 // whole record path); everything else is bound with pybind11.
 #include <torch/extension.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -217,7 +218,7 @@ void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, cons
 Operand operand(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   Operand o;
-  o.ptr = (uint64_t)(uintptr_t)impl->data();
+  o.ptr = (uint64_t)(uintptr_t)impl->const_data();  // no copy-on-write materialisation check
   o.dtype = (uint32_t)dtype_code(impl->dtype().toScalarType());
   o.ndim = (int)impl->dim();
   o.sizes = impl->sizes().data();
@@ -403,6 +404,33 @@ py::dict stats() {
   return d;
 }
 
+// Diagnostics: ns per 64-byte descriptor write into pinned (cuMemHostAlloc) vs pageable memory, and per
+// read of a word the GPU may write. Used to explain record-path costs on a given host.
+py::dict probe_host_memory(size_t n) {
+  const Driver& d = driver();
+  Runtime& rt = runtime_for(current_device());
+  (void)rt;
+  void* pinned = nullptr;
+  GPUOS_CU(d.cuMemHostAlloc(&pinned, n * sizeof(SubOp), CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  std::vector<SubOp> pageable(n);
+  auto bench = [&](SubOp* dst) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      SubOp& s = dst[i];
+      s.op = 1; s.flags = 2; s.n = 256; s.base = 0; s.out = i; s.in[0] = i; s.in[1] = i; s.in[2] = 0;
+      s.scalar[0] = s.scalar[1] = 0.f; s.dtype = 0; s.reserved = 0;
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  };
+  py::dict r;
+  r["pinned_ns_per_desc"] = bench((SubOp*)pinned);
+  r["pinned_ns_per_desc_2nd"] = bench((SubOp*)pinned);
+  r["pageable_ns_per_desc"] = bench(pageable.data());
+  r["pageable_ns_per_desc_2nd"] = bench(pageable.data());
+  d.cuMemFreeHost(pinned);
+  return r;
+}
+
 }  // namespace
 
 static PyMethodDef kFastMethods[] = {
@@ -473,6 +501,7 @@ PYBIND11_MODULE(gpuos_ext, m) {
     return d;
   });
   m.def("jit_cache_dir", &jit_cache_dir);
+  m.def("_probe_host_memory", &probe_host_memory, py::arg("n") = 1 << 20);
   m.def("_set_nvrtc_search_dirs", &set_nvrtc_search_dirs);
   m.def("op_table", [] {
     py::list l;

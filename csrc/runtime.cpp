@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -321,8 +322,12 @@ void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, c
 //   <= kInlineMax descriptors: 64-bit memop writes into the device ring (no PCIe read by the worker);
 //   >= kDmaMin: one async copy engine transfer into the device ring;
 //   otherwise: the worker reads them from the pinned ring with coalesced 16-byte loads.
-constexpr uint32_t kInlineMax = 2;
-constexpr uint32_t kDmaMin = 128;
+static uint32_t env_u32(const char* name, uint32_t dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? (uint32_t)std::strtoul(v, nullptr, 10) : dflt;
+}
+static const uint32_t kInlineMax = env_u32("GPUOS_INLINE_MAX", 2);
+static const uint32_t kDmaMin = env_u32("GPUOS_DMA_MIN", 128);
 
 uint32_t Runtime::flush(CUstream stream) {
   close_level();
@@ -331,12 +336,14 @@ uint32_t Runtime::flush(CUstream stream) {
   const Driver& d = driver();
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();
-  auto write64 = [&ops](CUdeviceptr addr, uint64_t v) {
+  // Descriptor words need no barrier of their own: the level's ready write (default flags: preceded by a
+  // memory barrier) is what the worker acts on.
+  auto write64 = [&ops](CUdeviceptr addr, uint64_t v, unsigned flags) {
     CUstreamBatchMemOpParams w{};
     w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
     w.writeValue.address = addr;
     w.writeValue.value64 = v;
-    w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    w.writeValue.flags = flags;
     ops.push_back(w);
   };
   for (const Level& lv : levels_) {
@@ -356,7 +363,7 @@ uint32_t Runtime::flush(CUstream stream) {
       for (uint32_t i = 0; i < lv.count; ++i) {
         const uint32_t ri = (start + i) % cfg_.capacity;
         const uint64_t* words = reinterpret_cast<const uint64_t*>(&ring_[ri]);
-        for (uint32_t w = 0; w < sizeof(SubOp) / 8; ++w) write64(ring_dev_ + (uint64_t)ri * sizeof(SubOp) + 8 * w, words[w]);
+        for (uint32_t w = 0; w < sizeof(SubOp) / 8; ++w) write64(ring_dev_ + (uint64_t)ri * sizeof(SubOp) + 8 * w, words[w], CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
       }
       src = kReadyDevRing;
       st_.inline_batches++;
@@ -370,7 +377,7 @@ uint32_t Runtime::flush(CUstream stream) {
       st_.dma_batches++;
     }
     write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
-            ((uint64_t)(lv.count | src) << 32) | seq);
+            ((uint64_t)(lv.count | src) << 32) | seq, CU_STREAM_WRITE_VALUE_DEFAULT);
     inflight_.push_back({seq, lv.start + lv.count, ref_head_});
     st_.batches++;
   }
