@@ -218,7 +218,7 @@ void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, cons
 Operand operand(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   Operand o;
-  o.ptr = (uint64_t)(uintptr_t)impl->const_data();  // no copy-on-write materialisation check
+  o.ptr = (uint64_t)(uintptr_t)impl->data();  // const: no copy-on-write materialisation
   o.dtype = (uint32_t)dtype_code(impl->dtype().toScalarType());
   o.ndim = (int)impl->dim();
   o.sizes = impl->sizes().data();
