@@ -296,10 +296,34 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
   PyObject** ib = PySequence_Fast_ITEMS(fb);
   PyObject** ic = PySequence_Fast_ITEMS(fc);
   const char* nm = kSubmitNames[op];
-  // Validate everything first: a bad element leaves nothing half-recorded.
+  // Pass 1 validates everything (a bad element leaves nothing recorded) and extracts the operands, so pass 2
+  // never touches the tensor objects again. The objects are scattered in memory: prefetch ahead in stages
+  // (PyObject, then its TensorImpl, then the StorageImpl that holds the data pointer).
+  struct Rec { Operand out, a, b; int64_t numel; int dev; };
+  std::vector<Rec> recs((size_t)n);
+  PyObject** lists[3] = {ia, ib, ic};
+  auto impl_of = [](PyObject* o) -> const c10::TensorImpl* {
+    return THPVariable_Check(o) ? THPVariable_Unpack(o).unsafeGetTensorImpl() : nullptr;
+  };
   for (Py_ssize_t i = 0; i < n; ++i) {
+    if (i + 16 < n)
+      for (auto* l : lists) __builtin_prefetch(l[i + 16]);
+    if (i + 8 < n)
+      for (auto* l : lists)
+        if (const c10::TensorImpl* t = impl_of(l[i + 8])) {
+          __builtin_prefetch(t);
+          __builtin_prefetch((const char*)t + 64);
+          __builtin_prefetch((const char*)t + 128);
+        }
+    if (i + 4 < n)
+      for (auto* l : lists)
+        if (const c10::TensorImpl* t = impl_of(l[i + 4])) __builtin_prefetch(t->storage().unsafeGetStorageImpl());
     try {
-      check_binary(nm, as_tensor(ia[i], nm, "a"), as_tensor(ib[i], nm, "b"), as_tensor(ic[i], nm, "out"));
+      const at::Tensor& a = as_tensor(ia[i], nm, "a");
+      const at::Tensor& b = as_tensor(ib[i], nm, "b");
+      const at::Tensor& out = as_tensor(ic[i], nm, "out");
+      check_binary(nm, a, b, out);
+      recs[i] = {operand(out), operand(a), operand(b), out.numel(), out.get_device()};
     } catch (py::builtin_exception& e) {
       std::string msg = std::string("gpuos.submit_many element ") + std::to_string(i) + ": " + e.what();
       if (dynamic_cast<py::type_error*>(&e)) throw py::type_error(msg);
@@ -309,18 +333,15 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
   Runtime* rt = nullptr;
   std::unique_lock<std::mutex> lk;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    const at::Tensor& a = THPVariable_Unpack(ia[i]);
-    const at::Tensor& b = THPVariable_Unpack(ib[i]);
-    const at::Tensor& out = THPVariable_Unpack(ic[i]);
-    if (out.numel() == 0) continue;
-    const int dev = out.get_device();
-    if (!rt || rt->device() != dev) {
+    const Rec& r = recs[i];
+    if (r.numel == 0) continue;
+    if (!rt || rt->device() != r.dev) {
       if (lk.owns_lock()) lk.unlock();
-      rt = &runtime_for(dev);
+      rt = &runtime_for(r.dev);
       lk = std::unique_lock<std::mutex>(rt->mu);
     }
-    rt->record_binary(op, operand(out), operand(a), operand(b), out.numel());
-    keep3(dev, ia[i], ib[i], ic[i]);
+    rt->record_binary(op, r.out, r.a, r.b, r.numel);
+    keep3(r.dev, ia[i], ib[i], ic[i]);
   }
 }
 
@@ -383,7 +404,7 @@ py::dict stats() {
     s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
     s.worker_launches += r.worker_launches; s.handovers += r.handovers;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
-    s.dma_batches += r.dma_batches; s.inline_batches += r.inline_batches;
+    s.dma_batches += r.dma_batches;
   }
   JitStats j = jit_stats();
   py::dict d;
@@ -400,7 +421,6 @@ py::dict stats() {
   d["room_waits"] = s.room_waits;
   d["levels_split"] = s.levels_split;
   d["dma_batches"] = s.dma_batches;
-  d["inline_batches"] = s.inline_batches;
   return d;
 }
 

@@ -34,7 +34,6 @@ constexpr unsigned CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2;
 constexpr unsigned CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5;
 constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0x0;
 constexpr unsigned CU_STREAM_WRITE_VALUE_DEFAULT = 0x0;
-constexpr unsigned CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 0x1;
 
 union CUstreamBatchMemOpParams {
   unsigned operation;

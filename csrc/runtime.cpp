@@ -318,16 +318,16 @@ void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, c
 }
 
 // ------------------------------------------------------------------ publication
-// How a level's descriptors reach the worker (all in stream order, before the level's ready word):
-//   <= kInlineMax descriptors: 64-bit memop writes into the device ring (no PCIe read by the worker);
-//   >= kDmaMin: one async copy engine transfer into the device ring;
-//   otherwise: the worker reads them from the pinned ring with coalesced 16-byte loads.
+// How a level's descriptors reach the worker (in stream order, before the level's ready word):
+//   >= kDmaMin descriptors: one async copy-engine transfer into the device ring (PCIe at full rate);
+//   fewer: the worker reads them from the pinned ring with coalesced 16-byte loads (one PCIe round trip).
+// Measured on H200 (dev/rt_probe.py): delivering a 1-descriptor level by 64-bit memop writes instead made the
+// round trip slower (15.5 us vs 11.3 us), so small levels are read from pinned memory.
 static uint32_t env_u32(const char* name, uint32_t dflt) {
   const char* v = std::getenv(name);
   return v && *v ? (uint32_t)std::strtoul(v, nullptr, 10) : dflt;
 }
-static const uint32_t kInlineMax = env_u32("GPUOS_INLINE_MAX", 2);
-static const uint32_t kDmaMin = env_u32("GPUOS_DMA_MIN", 128);
+static const uint32_t kDmaMin = std::max<uint32_t>(1, env_u32("GPUOS_DMA_MIN", 128));
 
 uint32_t Runtime::flush(CUstream stream) {
   close_level();
@@ -336,8 +336,6 @@ uint32_t Runtime::flush(CUstream stream) {
   const Driver& d = driver();
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();
-  // Descriptor words need no barrier of their own: the level's ready write (default flags: preceded by a
-  // memory barrier) is what the worker acts on.
   auto write64 = [&ops](CUdeviceptr addr, uint64_t v, unsigned flags) {
     CUstreamBatchMemOpParams w{};
     w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
@@ -359,15 +357,7 @@ uint32_t Runtime::flush(CUstream stream) {
     hc_->hdr[slot].start = start;
     hc_->hdr[slot].count = lv.count;
     uint32_t src = 0;
-    if (lv.count <= kInlineMax) {
-      for (uint32_t i = 0; i < lv.count; ++i) {
-        const uint32_t ri = (start + i) % cfg_.capacity;
-        const uint64_t* words = reinterpret_cast<const uint64_t*>(&ring_[ri]);
-        for (uint32_t w = 0; w < sizeof(SubOp) / 8; ++w) write64(ring_dev_ + (uint64_t)ri * sizeof(SubOp) + 8 * w, words[w], CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
-      }
-      src = kReadyDevRing;
-      st_.inline_batches++;
-    } else if (lv.count >= kDmaMin) {
+    if (lv.count >= kDmaMin) {
       const uint32_t first = std::min(lv.count, cfg_.capacity - start);
       GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
                                    (size_t)first * sizeof(SubOp), stream));

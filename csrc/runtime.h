@@ -35,7 +35,7 @@ struct Operand {
 struct RuntimeStats {
   uint64_t submitted = 0, subops = 0, batches = 0, flushes = 0, worker_launches = 0, handovers = 0;
   uint64_t full_queue_flushes = 0, room_waits = 0, levels_split = 0;
-  uint64_t dma_batches = 0, inline_batches = 0;
+  uint64_t dma_batches = 0;
 };
 
 // Small open-addressing set of pointers, cleared in O(1) by bumping a generation tag.
