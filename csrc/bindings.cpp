@@ -225,6 +225,19 @@ Operand operand(const at::Tensor& t) {
   o.strides = impl->strides().data();
   o.contiguous = impl->is_contiguous();
   o.storage = (uintptr_t)impl->storage().unsafeGetStorageImpl();
+  const int64_t es = (int64_t)impl->itemsize();
+  if (o.contiguous) {
+    o.lo = o.ptr;
+    o.hi = o.ptr + (uint64_t)(impl->numel() * es);
+  } else {
+    int64_t mn = 0, mx = 0;
+    for (int i = 0; i < o.ndim; ++i) {
+      const int64_t span = o.strides[i] * (o.sizes[i] - 1);
+      if (span < 0) mn += span; else mx += span;
+    }
+    o.lo = o.ptr + mn * es;
+    o.hi = o.ptr + (mx + 1) * es;
+  }
   return o;
 }
 

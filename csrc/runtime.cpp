@@ -20,37 +20,57 @@
 
 namespace gpuos {
 
-// ------------------------------------------------------------------ PtrSet
+// ------------------------------------------------------------------ Footprint
 static inline size_t hash_ptr(uintptr_t k) { return (size_t)((k >> 4) * 0x9E3779B97F4A7C15ull >> 20); }
 
-bool PtrSet::contains(uintptr_t k) const {
-  const size_t mask = keys_.size() - 1;
+const Footprint::Entry* Footprint::find(uintptr_t k) const {
+  const size_t mask = e_.size() - 1;
   for (size_t i = hash_ptr(k) & mask;; i = (i + 1) & mask) {
-    if (tags_[i] != gen_) return false;
-    if (keys_[i] == k) return true;
+    if (e_[i].tag != gen_) return nullptr;
+    if (e_[i].key == k) return &e_[i];
   }
 }
 
-void PtrSet::insert(uintptr_t k) {
-  if ((count_ + 1) * 2 > keys_.size()) grow(keys_.size() * 2);
-  const size_t mask = keys_.size() - 1;
+bool Footprint::reads_overlap(uintptr_t k, uint64_t lo, uint64_t hi) const {
+  const Entry* e = find(k);
+  return e && e->rlo < hi && lo < e->rhi;
+}
+
+bool Footprint::writes_overlap(uintptr_t k, uint64_t lo, uint64_t hi) const {
+  const Entry* e = find(k);
+  return e && e->wlo < hi && lo < e->whi;
+}
+
+void Footprint::add(uintptr_t k, uint64_t lo, uint64_t hi, bool write) {
+  if ((count_ + 1) * 2 > e_.size()) grow(e_.size() * 2);
+  const size_t mask = e_.size() - 1;
   for (size_t i = hash_ptr(k) & mask;; i = (i + 1) & mask) {
-    if (tags_[i] != gen_) { tags_[i] = gen_; keys_[i] = k; ++count_; return; }
-    if (keys_[i] == k) return;
+    Entry& e = e_[i];
+    if (e.tag != gen_) {  // new entry: empty ranges are [max, 0)
+      e = Entry{k, gen_, ~0ull, 0, ~0ull, 0};
+      ++count_;
+    } else if (e.key != k) {
+      continue;
+    }
+    uint64_t& l = write ? e.wlo : e.rlo;
+    uint64_t& h = write ? e.whi : e.rhi;
+    l = std::min(l, lo);
+    h = std::max(h, hi);
+    return;
   }
 }
 
-void PtrSet::grow(size_t n) {
-  std::vector<uintptr_t> old_keys;
-  std::vector<uint32_t> old_tags;
-  old_keys.swap(keys_);
-  old_tags.swap(tags_);
-  keys_.assign(n, 0);
-  tags_.assign(n, 0);
+void Footprint::grow(size_t n) {
+  std::vector<Entry> old;
+  old.swap(e_);
+  e_.assign(n, Entry{0, 0, 0, 0, 0, 0});
   const uint32_t g = gen_;
   count_ = 0;
-  for (size_t i = 0; i < old_keys.size(); ++i)
-    if (old_tags[i] == g) insert(old_keys[i]);
+  for (const Entry& o : old) {
+    if (o.tag != g) continue;
+    if (o.rlo < o.rhi) add(o.key, o.rlo, o.rhi, false);
+    if (o.wlo < o.whi) add(o.key, o.wlo, o.whi, true);
+  }
 }
 
 // ------------------------------------------------------------------ setup / teardown
@@ -197,15 +217,18 @@ void Runtime::ensure_room(uint32_t ndesc, uint32_t nref) {
   }
 }
 
+// cuStreamBatchMemOp takes fewer than 256 operations: one ready write per level plus the final wait.
+constexpr size_t kMaxLevelsPerFlush = 200;
+
 void Runtime::close_level() {
   if (cur_count_ == 0) return;
   levels_.push_back({cur_start_, cur_count_});
   cur_start_ = desc_head_;
   cur_count_ = 0;
-  reads_.clear();
-  writes_.clear();
-  // Batch slots are finite: publish before the pending levels plus those in flight could exhaust them.
-  if (levels_.size() + inflight_.size() >= kMaxBatches / 2) flush(stream_fn_());
+  footprint_.clear();
+  // One flush publishes at most kMaxLevelsPerFlush levels in one driver call; batch slots are finite too.
+  if (levels_.size() >= kMaxLevelsPerFlush || levels_.size() + inflight_.size() >= kMaxBatches / 2)
+    flush(stream_fn_());
 }
 
 // Merge dims (drop size-1, fuse contiguous-across-all-operands) and fill TensorRefs. Returns merged ndim;
@@ -256,8 +279,10 @@ void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, c
   if (numel <= 0) return;
   // Dependency levels: a sub-op that reads a storage written earlier in the open level, or writes one read
   // or written there, starts a new level (the worker completes a level before opening the next).
-  const bool conflict = writes_.contains(a.storage) || writes_.contains(b.storage) ||
-                        writes_.contains(out.storage) || reads_.contains(out.storage);
+  const Footprint& f = footprint_;
+  const bool conflict = f.writes_overlap(a.storage, a.lo, a.hi) || f.writes_overlap(b.storage, b.lo, b.hi) ||
+                        f.writes_overlap(out.storage, out.lo, out.hi) ||
+                        f.reads_overlap(out.storage, out.lo, out.hi);
   if (conflict) {
     st_.levels_split++;
     close_level();
@@ -311,9 +336,9 @@ void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, c
       st_.subops++;
     }
   }
-  reads_.insert(a.storage);
-  reads_.insert(b.storage);
-  writes_.insert(out.storage);
+  footprint_.add_read(a.storage, a.lo, a.hi);
+  footprint_.add_read(b.storage, b.lo, b.hi);
+  footprint_.add_write(out.storage, out.lo, out.hi);
   st_.submitted++;
 }
 
@@ -344,12 +369,15 @@ uint32_t Runtime::flush(CUstream stream) {
     w.writeValue.flags = flags;
     ops.push_back(w);
   };
-  for (const Level& lv : levels_) {
-    while (inflight_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
-      st_.room_waits++;
-      wait_seq(inflight_.front().seq, "a free batch slot");
-      retire();
-    }
+  retire();
+  while (inflight_.size() + levels_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, "a free batch slot");
+    retire();
+  }
+  std::vector<Level> publishing;
+  publishing.swap(levels_);
+  for (const Level& lv : publishing) {
     const uint32_t seq = ++last_seq_;
     const uint32_t slot = seq & (kMaxBatches - 1);
     const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
@@ -371,7 +399,6 @@ uint32_t Runtime::flush(CUstream stream) {
     inflight_.push_back({seq, lv.start + lv.count, ref_head_});
     st_.batches++;
   }
-  levels_.clear();
   CUstreamBatchMemOpParams wt{};
   wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
   wt.waitValue.address = hc_d_ + __builtin_offsetof(HostCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
@@ -379,14 +406,20 @@ uint32_t Runtime::flush(CUstream stream) {
   wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
   ops.push_back(wt);
 
+  // One cuStreamBatchMemOp call publishes the whole flush (close_level keeps a flush under kMaxLevelsPerFlush
+  // levels; the API takes fewer than 256 operations). If it fails, nothing was published: undo the
+  // bookkeeping so the levels stay pending and no seq is left "published but never ready".
+  CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
+  if (r != CUDA_SUCCESS) {
+    for (size_t i = 0; i + 1 < ops.size(); ++i) inflight_.pop_back();
+    last_seq_ -= (uint32_t)(ops.size() - 1);
+    st_.batches -= ops.size() - 1;
+    levels_ = std::move(publishing);
+    throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
+  }
   // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
   __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  // cuStreamBatchMemOp takes at most 256 operations per call.
-  for (size_t i = 0; i < ops.size(); i += 256) {
-    const unsigned n = (unsigned)std::min<size_t>(256, ops.size() - i);
-    GPUOS_CU(d.cuStreamBatchMemOp(stream, n, ops.data() + i, 0));
-  }
   maybe_launch_worker();
   st_.flushes++;
   if (on_publish_) on_publish_();

@@ -30,6 +30,7 @@ struct Operand {
   const int64_t* strides = nullptr;
   bool contiguous = true;
   uintptr_t storage = 0;  // identity of the storage, for dependency tracking
+  uint64_t lo = 0, hi = 0;  // byte range the view can touch
 };
 
 struct RuntimeStats {
@@ -38,18 +39,25 @@ struct RuntimeStats {
   uint64_t dma_batches = 0;
 };
 
-// Small open-addressing set of pointers, cleared in O(1) by bumping a generation tag.
-class PtrSet {
+// Per-level access footprint: storage -> bounding byte ranges read and written in the open level.
+// Open addressing, cleared in O(1) by bumping a generation tag. Bounding ranges are exact for the common
+// patterns (distinct tensors; rows / slices of one buffer visited in order); anything else errs on the side
+// of a new dependency level, never of a missed dependency.
+class Footprint {
  public:
-  PtrSet() { grow(256); }
-  bool contains(uintptr_t k) const;
-  void insert(uintptr_t k);
+  Footprint() { grow(256); }
+  bool reads_overlap(uintptr_t storage, uint64_t lo, uint64_t hi) const;
+  bool writes_overlap(uintptr_t storage, uint64_t lo, uint64_t hi) const;
+  void add_read(uintptr_t storage, uint64_t lo, uint64_t hi) { add(storage, lo, hi, false); }
+  void add_write(uintptr_t storage, uint64_t lo, uint64_t hi) { add(storage, lo, hi, true); }
   void clear() { ++gen_; count_ = 0; }
 
  private:
+  struct Entry { uintptr_t key; uint32_t tag; uint64_t rlo, rhi, wlo, whi; };
+  const Entry* find(uintptr_t k) const;
+  void add(uintptr_t k, uint64_t lo, uint64_t hi, bool write);
   void grow(size_t n);
-  std::vector<uintptr_t> keys_;
-  std::vector<uint32_t> tags_;
+  std::vector<Entry> e_;
   uint32_t gen_ = 1;
   size_t count_ = 0;
 };
@@ -127,7 +135,7 @@ class Runtime {
   std::deque<InFlight> inflight_;
   uint32_t last_seq_ = 0;
   uint32_t launches_ = 0;
-  PtrSet reads_, writes_;
+  Footprint footprint_;
   std::function<void()> on_publish_;
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;
