@@ -6,7 +6,6 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <sstream>
 
 #include "cuda_api.h"
 #include "jit.h"
@@ -111,12 +110,12 @@ int current_device() {
 
 // ------------------------------------------------------------------ validation
 std::string shape_str(const at::Tensor& t) {
-  std::ostringstream ss;
-  ss << "(";
-  for (int64_t i = 0; i < t.dim(); ++i) ss << (i ? ", " : "") << t.size(i);
-  if (t.dim() == 1) ss << ",";
-  ss << ")";
-  return ss.str();
+  // No iostreams: torch wheels and this extension may carry different libstdc++ locale facets, and
+  // numeric ostream insertion crashed on torch 2.11 (seen on the H200 machine).
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  if (t.dim() == 1) s += ",";
+  return s + ")";
 }
 std::string dtype_str(const at::Tensor& t) {
   std::string s = c10::toString(t.scalar_type());

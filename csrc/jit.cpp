@@ -8,10 +8,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <shared_mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include "cuda_api.h"
@@ -36,37 +34,30 @@ bool env_flag(const char* name) {
   return v && *v && std::string(v) != "0";
 }
 
+// File helpers use stdio, not iostreams (see shape_str in bindings.cpp for why).
 void mkdirs(const std::string& path) {
-  std::string cur;
-  std::stringstream ss(path);
-  std::string part;
-  if (!path.empty() && path[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    ::mkdir(cur.c_str(), 0755);
-  }
+  for (size_t pos = 1; pos <= path.size(); ++pos)
+    if (pos == path.size() || path[pos] == '/') ::mkdir(path.substr(0, pos).c_str(), 0755);
 }
 
 bool read_file(const std::string& path, std::string& out) {
-  std::ifstream f(path, std::ios::binary);
+  FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  out = ss.str();
+  out.clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  std::fclose(f);
   return !out.empty();
 }
 
 // Write to a temp file in the same dir, then rename: readers never see a partial file.
 bool write_file_atomic(const std::string& path, const std::string& data) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return false;
-    f.write(data.data(), (std::streamsize)data.size());
-    if (!f) return false;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     return false;
   }
