@@ -56,7 +56,9 @@ def driver_version() -> str:
 
 
 def git_sha(repo: Path = REPO_ROOT) -> str:
-    """Short git sha of the GPUOS checkout, or "unknown" (e.g. no commits yet, no git)."""
+    """Short git sha of the GPUOS checkout ($GPUOS_GIT_SHA wins: copies without .git), or "unknown"."""
+    if os.environ.get("GPUOS_GIT_SHA"):
+        return os.environ["GPUOS_GIT_SHA"]
     out = _run_text(["git", "rev-parse", "--short", "HEAD"], cwd=repo)
     return out.splitlines()[0].strip() if out else "unknown"
 
