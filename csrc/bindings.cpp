@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cuda_api.h"
+#include "device_src/functors.h"
 #include "jit.h"
 #include "runtime.h"
 
@@ -115,6 +116,12 @@ std::string shape_str(const at::Tensor& t) {
   std::string s = "(";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   if (t.dim() == 1) s += ",";
+  return s + ")";
+}
+std::string shape_vec_str(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  if (v.size() == 1) s += ",";
   return s + ")";
 }
 std::string dtype_str(const at::Tensor& t) {
@@ -240,16 +247,37 @@ Operand operand(const at::Tensor& t) {
   return o;
 }
 
-const char* const kOpNames[] = {
-#define GPUOS_OP(id, name, arity, functor) #name,
+// The op table (device_src/ops.def), as the host sees it.
+struct OpInfo {
+  const char* name;
+  uint32_t arity, kind, nscalars;
+  const char* scalar_names;  // comma-separated
+  float d0, d1;
+  const char* aten;  // '|'-separated
+};
+const OpInfo kOps[] = {
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) {#name, arity, kind, ns, snames, d0, d1, aten},
 #include "device_src/ops.def"
 #undef GPUOS_OP
 };
+constexpr uint32_t kNumOpsHost = sizeof(kOps) / sizeof(kOps[0]);
 const char* const kSubmitNames[] = {
-#define GPUOS_OP(id, name, arity, functor) "gpuos.submit_" #name,
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) "gpuos.submit_" #name,
 #include "device_src/ops.def"
 #undef GPUOS_OP
 };
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t e = s.find(sep, start);
+    if (e == std::string::npos) e = s.size();
+    if (e > start) out.push_back(s.substr(start, e - start));
+    start = e + 1;
+  }
+  return out;
+}
 
 void record_one(uint32_t op, PyObject* pa, PyObject* pb, PyObject* pout) {
   const char* nm = kSubmitNames[op];
@@ -280,16 +308,17 @@ PyObject* submit_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
-uint32_t op_id(const std::string& name, const char* who) {
-  for (uint32_t i = 0; i < sizeof(kOpNames) / sizeof(kOpNames[0]); ++i)
-    if (name == kOpNames[i]) return i;
+uint32_t op_id(const std::string& name, const char* who, int kind = -1, uint32_t max_id = kNumOpsHost) {
+  for (uint32_t i = 0; i < max_id; ++i)
+    if (name == kOps[i].name && (kind < 0 || kOps[i].kind == (uint32_t)kind)) return i;
   std::string valid;
-  for (auto* n : kOpNames) valid += std::string(valid.empty() ? "" : ", ") + "'" + n + "'";
-  throw py::value_error(std::string(who) + ": unknown op '" + name + "'; valid ops: " + valid);
+  for (uint32_t i = 0; i < max_id; ++i)
+    if (kind < 0 || kOps[i].kind == (uint32_t)kind) valid += std::string(valid.empty() ? "" : ", ") + "'" + kOps[i].name + "'";
+  throw py::value_error(std::string(who) + ": unknown op '" + name + "'; supported: " + valid);
 }
 
 void submit_many(const std::string& opname, py::handle A, py::handle B, py::handle C) {
-  const uint32_t op = op_id(opname, "gpuos.submit_many");
+  const uint32_t op = op_id(opname, "gpuos.submit_many", -1, 4);  // the seed's binary ops
   for (auto* s : {&A, &B, &C})
     if (!PySequence_Check(s->ptr()))
       throw py::type_error("gpuos.submit_many: a_list, b_list and out_list must be lists or tuples of tensors");
@@ -356,6 +385,288 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
     }
     rt->record_binary(op, r.out, r.a, r.b, r.numel);
     keep3(r.dev, ia[i], ib[i], ic[i]);
+  }
+}
+
+const std::vector<const char*>& functor_names() {
+  static const std::vector<const char*> v = {
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) #functor,
+#include "device_src/ops.def"
+#undef GPUOS_OP
+  };
+  return v;
+}
+
+// ------------------------------------------------------------------ generic ops (issue 3)
+bool is_number(PyObject* o) { return PyFloat_Check(o) || PyLong_Check(o) || PyBool_Check(o); }
+
+void check_overlap(const char* who, const at::Tensor& out, const at::Tensor& in, const std::string& inname) {
+  if (in.numel() == 0 || out.numel() == 0) return;
+  if (in.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() !=
+      out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl())
+    return;
+  uint64_t lo, hi, olo, ohi;
+  extent(in, lo, hi);
+  extent(out, olo, ohi);
+  const bool identical = in.data_ptr() == out.data_ptr() && in.sizes() == out.sizes() && in.strides() == out.strides();
+  if (lo < ohi && olo < hi && !identical)
+    throw py::value_error(std::string(who) + ": out " + shape_str(out) + " partially overlaps " + inname + " " +
+                          shape_str(in) + "; only exact in-place is allowed. Fix: write to a separate tensor.");
+}
+
+void check_cuda_float(const char* who, const at::Tensor& t, const std::string& name) {
+  if (!t.is_cuda())
+    throw py::type_error(std::string(who) + ": " + name + " must be a CUDA tensor, got " + describe(name.c_str(), t) +
+                         ". Fix: move it to the GPU with .cuda().");
+  if (dtype_code(t.scalar_type()) < 0)
+    throw py::type_error(std::string(who) + ": " + name + " has dtype " + dtype_str(t) +
+                         "; supported: float32, float16, bfloat16. Fix: cast with .float() / .half() / .bfloat16().");
+}
+
+void submit_generic(const std::string& opname, py::handle inputs, py::handle pout, py::kwargs kwargs) {
+  const uint32_t op = op_id(opname, "gpuos.submit");
+  const OpInfo& info = kOps[op];
+  const std::string who = "gpuos.submit('" + opname + "')";
+  if (info.kind != 0)
+    throw py::value_error(who + ": '" + opname + "' is a reduction; use gpuos.submit_reduce(op, x, out)");
+  if (!PySequence_Check(inputs.ptr()) || PyUnicode_Check(inputs.ptr()))
+    throw py::type_error(who + ": inputs must be a list or tuple of tensors / numbers");
+  py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(inputs.ptr(), "inputs must be a sequence"));
+  if (!fast) throw py::error_already_set();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+  if ((uint32_t)n != info.arity)
+    throw py::value_error(who + " takes " + std::to_string(info.arity) + " input(s), got " + std::to_string(n));
+  // Scalars: table defaults, overridden by keyword (None -> unbounded for clamp's min/max).
+  const std::vector<std::string> snames = split(info.scalar_names, ',');
+  float sc[2] = {info.d0, info.d1};
+  for (auto item : kwargs) {
+    const std::string key = py::str(item.first);
+    size_t idx = 0;
+    while (idx < snames.size() && snames[idx] != key) ++idx;
+    if (idx == snames.size()) {
+      std::string valid;
+      for (auto& nm : snames) valid += (valid.empty() ? "" : ", ") + nm;
+      throw py::type_error(who + ": unexpected scalar '" + key + "'; this op takes: " + (valid.empty() ? "none" : valid));
+    }
+    if (item.second.is_none()) sc[idx] = idx == 0 ? -__builtin_huge_valf() : __builtin_huge_valf();
+    else sc[idx] = item.second.cast<float>();
+  }
+  PyObject* out_obj = pout.ptr();
+  const at::Tensor& out = as_tensor(out_obj, who.c_str(), "out");
+  check_cuda_float(who.c_str(), out, "out");
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  std::vector<at::Tensor> tens;
+  std::vector<int> tidx;
+  c10::optional<at::ScalarType> promoted;
+  std::vector<at::IntArrayRef> shapes;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    if (is_number(items[k])) continue;
+    const std::string nm = "input " + std::to_string(k);
+    const at::Tensor& t = as_tensor(items[k], who.c_str(), nm.c_str());
+    check_cuda_float(who.c_str(), t, nm);
+    if (t.get_device() != out.get_device())
+      throw py::value_error(who + ": " + nm + " is on " + t.device().str() + " but out is on " + out.device().str());
+    promoted = promoted ? c10::promoteTypes(*promoted, t.scalar_type()) : t.scalar_type();
+    tens.push_back(t);
+    tidx.push_back((int)k);
+  }
+  if (promoted && *promoted != out.scalar_type()) {
+    std::string got;
+    for (auto& t : tens) got += (got.empty() ? "" : ", ") + dtype_str(t);
+    throw py::type_error(who + ": out dtype " + dtype_str(out) + " is not the promoted dtype of the inputs (" + got +
+                         " -> " + std::string(c10::toString(*promoted)) + "). Fix: allocate out with that dtype.");
+  }
+  std::vector<int64_t> bshape;
+  if (!tens.empty()) {
+    bshape = tens[0].sizes().vec();
+    for (size_t i = 1; i < tens.size(); ++i) {
+      try {
+        bshape = at::infer_size(bshape, tens[i].sizes());
+      } catch (const c10::Error&) {
+        std::string shapes_s;
+        for (auto& t : tens) shapes_s += (shapes_s.empty() ? "" : ", ") + shape_str(t);
+        throw py::value_error(who + ": input shapes " + shapes_s + " do not broadcast together");
+      }
+    }
+    if (at::IntArrayRef(bshape) != out.sizes()) {
+      std::string shapes_s;
+      for (auto& t : tens) shapes_s += (shapes_s.empty() ? "" : ", ") + shape_str(t);
+      throw py::value_error(who + ": out shape " + shape_str(out) + " must equal the broadcast shape of the inputs (" +
+                            shapes_s + "). Fix: allocate out with the broadcast shape.");
+    }
+  }
+  if (!out.is_contiguous() && has_internal_overlap(out))
+    throw py::value_error(who + ": out " + shape_str(out) + " has stride-0 (expanded) dims. Fix: pass a fresh out.");
+  for (size_t i = 0; i < tens.size(); ++i) check_overlap(who.c_str(), out, tens[i], "input " + std::to_string(tidx[i]));
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
+  std::vector<at::Tensor> expanded;  // views with out's shape (stride 0 where broadcast)
+  expanded.reserve(tens.size());
+  Operand ins[3];
+  for (Py_ssize_t k = 0, t = 0; k < n; ++k) {
+    if (is_number(items[k])) {
+      ins[k].is_const = true;
+      ins[k].value = (float)PyFloat_AsDouble(items[k]);
+      continue;
+    }
+    const at::Tensor& src = tens[t++];
+    expanded.push_back(src.sizes() == out.sizes() ? src : src.expand(out.sizes()));
+    ins[k] = operand(expanded.back());
+  }
+  const int dev = out.get_device();
+  Runtime& rt = runtime_for(dev);
+  std::lock_guard<std::mutex> lk(rt.mu);
+  rt.record_ew(op, info.arity, operand(out), ins, sc[0], sc[1], numel);
+  auto& keep = g_keep[dev];
+  Py_INCREF(out_obj);
+  keep.push_back(out_obj);
+  for (Py_ssize_t k = 0; k < n; ++k)
+    if (!is_number(items[k])) {
+      Py_INCREF(items[k]);
+      keep.push_back(items[k]);
+    }
+}
+
+TensorRef make_ref(const at::Tensor& t, int ndim) {
+  TensorRef r{};
+  r.ptr = (uint64_t)(uintptr_t)t.data_ptr();
+  r.ndim = (uint32_t)ndim;
+  r.dtype = (uint32_t)dtype_code(t.scalar_type());
+  for (int i = 0; i < (int)kMaxDims; ++i) {
+    r.sizes[i] = i < ndim ? t.size(i) : 1;
+    r.strides[i] = i < ndim ? t.stride(i) : 0;
+  }
+  return r;
+}
+
+void submit_reduce(const std::string& opname, py::handle px, py::handle pout, bool keepdim) {
+  const uint32_t op = op_id(opname, "gpuos.submit_reduce", 1);
+  const std::string who = "gpuos.submit_reduce('" + opname + "')";
+  const at::Tensor& x = as_tensor(px.ptr(), who.c_str(), "x");
+  const at::Tensor& out = as_tensor(pout.ptr(), who.c_str(), "out");
+  check_cuda_float(who.c_str(), x, "x");
+  check_cuda_float(who.c_str(), out, "out");
+  if (x.scalar_type() != out.scalar_type())
+    throw py::type_error(who + ": out dtype " + dtype_str(out) + " must equal x dtype " + dtype_str(x));
+  if (x.get_device() != out.get_device()) throw py::value_error(who + ": x and out are on different devices");
+  if (x.dim() < 1 || x.dim() > (int64_t)kMaxDims)
+    throw py::value_error(who + ": x must have 1.." + std::to_string(kMaxDims) + " dims, got " + shape_str(x));
+  const bool row_out = opname == "softmax" || opname == "log_softmax";
+  std::vector<int64_t> want = x.sizes().vec();
+  if (!row_out) {
+    want.pop_back();
+    if (keepdim) want.push_back(1);
+  }
+  if (at::IntArrayRef(want) != out.sizes())
+    throw py::value_error(who + ": out shape " + shape_str(out) + " must be " +
+                          shape_vec_str(want) + " for x " +
+                          shape_str(x) + (row_out ? "" : (keepdim ? " with keepdim=True" : " with keepdim=False")));
+  const int64_t cols = x.size(-1);
+  if ((opname == "amax" || opname == "amin") && cols == 0 && out.numel() > 0)
+    throw py::value_error(who + ": the last dim of x " + shape_str(x) + " is empty; amax/amin have no identity");
+  if (!out.is_contiguous() && has_internal_overlap(out))
+    throw py::value_error(who + ": out " + shape_str(out) + " has stride-0 (expanded) dims");
+  if (row_out) check_overlap(who.c_str(), out, x, "x");
+  else if (out.numel() && x.numel() &&
+           out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() ==
+               x.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl()) {
+    uint64_t lo, hi, olo, ohi;
+    extent(x, lo, hi);
+    extent(out, olo, ohi);
+    if (lo < ohi && olo < hi) throw py::value_error(who + ": out overlaps x. Fix: write to a separate tensor.");
+  }
+  const int64_t rows = cols == 0 ? out.numel() : x.numel() / cols;
+  if (rows == 0 || out.numel() == 0) return;
+  const TensorRef xr = make_ref(x, (int)x.dim());
+  TensorRef orf = make_ref(out, row_out ? (int)out.dim() : (int)x.dim() - 1);
+  if (!row_out && keepdim) orf = make_ref(out.squeeze(-1), (int)x.dim() - 1);
+  const int dev = out.get_device();
+  Runtime& rt = runtime_for(dev);
+  std::lock_guard<std::mutex> lk(rt.mu);
+  rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
+  keep3(dev, px.ptr(), pout.ptr(), pout.ptr());
+}
+
+// ---- CPU evaluation of the same functors (numerics tests without a GPU) ----
+template <class F>
+void cpu_ew(const std::vector<const at::Tensor*>& ins, const std::vector<float>& consts, at::Tensor& out, float s0, float s1) {
+  const int64_t n = out.numel();
+  const uint32_t dto = (uint32_t)dtype_code(out.scalar_type());
+  void* op = out.data_ptr();
+  for (int64_t i = 0; i < n; ++i) {
+    float v[3] = {0.f, 0.f, 0.f};
+    for (size_t k = 0; k < ins.size(); ++k)
+      v[k] = ins[k] ? load_f32(ins[k]->data_ptr(), (uint32_t)dtype_code(ins[k]->scalar_type()), i) : consts[k];
+    store_f32(op, dto, i, F::apply(v[0], v[1], v[2], s0, s1));
+  }
+}
+
+void cpu_apply(const std::string& opname, py::sequence inputs, at::Tensor out, float s0, float s1) {
+  const uint32_t op = op_id(opname, "gpuos_ext._cpu_apply", 0);
+  const OpInfo& info = kOps[op];
+  if ((uint32_t)inputs.size() != info.arity) throw py::value_error("_cpu_apply: wrong arity");
+  if (out.is_cuda() || !out.is_contiguous() || dtype_code(out.scalar_type()) < 0)
+    throw py::type_error("_cpu_apply: out must be a contiguous CPU float32/float16/bfloat16 tensor");
+  std::vector<at::Tensor> hold;
+  std::vector<const at::Tensor*> ins;
+  std::vector<float> consts;
+  hold.reserve(3);
+  for (auto item : inputs) {
+    if (is_number(item.ptr())) {
+      ins.push_back(nullptr);
+      consts.push_back(item.cast<float>());
+      continue;
+    }
+    at::Tensor t = item.cast<at::Tensor>();
+    if (t.is_cuda() || t.sizes() != out.sizes() || !t.is_contiguous() || dtype_code(t.scalar_type()) < 0)
+      throw py::type_error("_cpu_apply: inputs must be contiguous CPU float tensors with out's shape");
+    hold.push_back(t);
+    ins.push_back(&hold.back());
+    consts.push_back(0.f);
+  }
+  switch (op) {
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
+  case id: if constexpr (kind == 0) cpu_ew<functor>(ins, consts, out, s0, s1); break;
+#include "device_src/ops.def"
+#undef GPUOS_OP
+    default: break;
+  }
+}
+
+template <class R>
+void cpu_reduce_rows(uint32_t op, const at::Tensor& x, at::Tensor& out) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const uint32_t dt = (uint32_t)dtype_code(x.scalar_type());
+  const void* xp = x.data_ptr();
+  void* op_ = out.data_ptr();
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc = R::init();
+    for (int64_t j = 0; j < cols; ++j) acc = R::combine(acc, load_f32(xp, dt, r * cols + j));
+    if (op == kOp_softmax || op == kOp_log_softmax) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < cols; ++j) sum += m_exp(load_f32(xp, dt, r * cols + j) - acc);
+      const float lse = m_log(sum);
+      for (int64_t j = 0; j < cols; ++j) {
+        const float v = load_f32(xp, dt, r * cols + j) - acc;
+        store_f32(op_, dt, r * cols + j, op == kOp_softmax ? m_exp(v) / sum : v - lse);
+      }
+    } else {
+      store_f32(op_, dt, r, op == kOp_mean ? acc / (float)cols : acc);
+    }
+  }
+}
+
+void cpu_reduce(const std::string& opname, at::Tensor x, at::Tensor out) {
+  const uint32_t op = op_id(opname, "gpuos_ext._cpu_reduce", 1);
+  if (x.is_cuda() || x.dim() != 2 || !x.is_contiguous() || !out.is_contiguous() || x.scalar_type() != out.scalar_type() ||
+      dtype_code(x.scalar_type()) < 0)
+    throw py::type_error("_cpu_reduce: x must be a contiguous 2-D CPU float tensor and out contiguous of x's dtype");
+  switch (op) {
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
+  case id: if constexpr (kind == 1) cpu_reduce_rows<functor>(op, x, out); break;
+#include "device_src/ops.def"
+#undef GPUOS_OP
+    default: break;
   }
 }
 
@@ -468,12 +779,12 @@ py::dict probe_host_memory(size_t n) {
 }  // namespace
 
 static PyMethodDef kFastMethods[] = {
-#define GPUOS_OP(id, name, arity, functor)                                                  \
-  {"submit_" #name, (PyCFunction)(void (*)(void))submit_fast<id>, METH_FASTCALL,             \
+#define GPUOS_SEED_OP(name, id)                                                                   \
+  {"submit_" #name, (PyCFunction)(void (*)(void))submit_fast<id>, METH_FASTCALL,                   \
    "submit_" #name "(a, b, out)\n\nRecord out = " #name "(a, b) for CUDA tensors of one dtype (float32, "  \
    "float16, bfloat16) and equal shape, any strides. Runs at the next flush()."},
-#include "device_src/ops.def"
-#undef GPUOS_OP
+    GPUOS_SEED_OP(add, kOp_add) GPUOS_SEED_OP(sub, kOp_sub) GPUOS_SEED_OP(mul, kOp_mul) GPUOS_SEED_OP(div, kOp_div)
+#undef GPUOS_SEED_OP
     {nullptr, nullptr, 0, nullptr}};
 
 PYBIND11_MODULE(gpuos_ext, m) {
@@ -539,12 +850,29 @@ PYBIND11_MODULE(gpuos_ext, m) {
   m.def("_set_nvrtc_search_dirs", &set_nvrtc_search_dirs);
   m.def("op_table", [] {
     py::list l;
-#define GPUOS_OP(id, name, arity, functor) \
-  l.append(py::dict(py::arg("id") = id, py::arg("name") = #name, py::arg("arity") = arity, py::arg("functor") = #functor));
-#include "device_src/ops.def"
-#undef GPUOS_OP
+    for (uint32_t i = 0; i < kNumOpsHost; ++i) {
+      const OpInfo& o = kOps[i];
+      py::list defaults;
+      if (o.nscalars > 0) defaults.append(o.d0);
+      if (o.nscalars > 1) defaults.append(o.d1);
+      py::list sn, aten;
+      for (auto& x : split(o.scalar_names, ',')) sn.append(x);
+      for (auto& x : split(o.aten, '|')) aten.append(x);
+      l.append(py::dict(py::arg("id") = i, py::arg("name") = o.name, py::arg("arity") = o.arity,
+                        py::arg("kind") = o.kind == 0 ? "ew" : "reduce", py::arg("functor") = functor_names()[i],
+                        py::arg("scalars") = sn, py::arg("defaults") = defaults, py::arg("aten") = aten));
+    }
     return l;
   });
+  m.def("submit", &submit_generic, py::arg("op"), py::arg("inputs"), py::arg("out"),
+        "submit(op, inputs, out, **scalars): record out = op(*inputs) for any elementwise op of the table; "
+        "inputs are CUDA tensors (broadcast to out.shape, mixed float dtypes) or Python numbers.");
+  m.def("submit_reduce", &submit_reduce, py::arg("op"), py::arg("x"), py::arg("out"), py::arg("keepdim") = false,
+        "submit_reduce(op, x, out, keepdim=False): last-dim sum / mean / amax / amin / softmax / log_softmax.");
+  m.def("_cpu_apply", &cpu_apply, py::arg("op"), py::arg("inputs"), py::arg("out"), py::arg("s0") = 0.0f,
+        py::arg("s1") = 0.0f, "Evaluate an op's device functor on the CPU with g++ (numerics tests).");
+  m.def("_cpu_reduce", &cpu_reduce, py::arg("op"), py::arg("x"), py::arg("out"),
+        "Evaluate a reduction's row rule on the CPU (x: contiguous 2-D).");
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     try {
       shutdown();

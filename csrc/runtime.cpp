@@ -16,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "device_src/numeric.h"
 #include "jit.h"
 
 namespace gpuos {
@@ -231,9 +232,9 @@ void Runtime::close_level() {
     flush(stream_fn_());
 }
 
-// Merge dims (drop size-1, fuse contiguous-across-all-operands) and fill TensorRefs. Returns merged ndim;
-// ndim == 1 with all strides 1 means every operand is contiguous.
-uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs, int64_t numel) {
+// Merge dims (drop size-1, fuse dims contiguous across all operands) and fill TensorRefs. Returns the merged
+// ndim; ndim == 1 with every stride 1 means every operand is contiguous.
+uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs) {
   const int nd = ops[0].ndim;
   int64_t sizes[64];
   int64_t strides[4][64];
@@ -242,8 +243,7 @@ uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs, 
     const int64_t sz = ops[0].sizes[i];
     if (sz == 1) continue;
     bool merge = m > 0;
-    for (int k = 0; k < nops && merge; ++k)
-      merge = strides[k][m - 1] == ops[k].strides[i] * sz;
+    for (int k = 0; k < nops && merge; ++k) merge = strides[k][m - 1] == ops[k].strides[i] * sz;
     if (merge) {
       sizes[m - 1] *= sz;
       for (int k = 0; k < nops; ++k) strides[k][m - 1] = ops[k].strides[i];
@@ -261,7 +261,6 @@ uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs, 
   if (m > (int)kMaxDims)
     throw std::invalid_argument("gpuos: tensors with more than " + std::to_string(kMaxDims) +
                                 " non-mergeable dims are not supported; call .contiguous() first");
-  (void)numel;
   for (int k = 0; k < nops; ++k) {
     TensorRef& r = out_refs[k];
     r.ptr = ops[k].ptr;
@@ -275,70 +274,123 @@ uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs, 
   return (uint32_t)m;
 }
 
-void Runtime::record_binary(uint32_t op, const Operand& out, const Operand& a, const Operand& b, int64_t numel) {
-  if (numel <= 0) return;
-  // Dependency levels: a sub-op that reads a storage written earlier in the open level, or writes one read
-  // or written there, starts a new level (the worker completes a level before opening the next).
+// Dependency levels: a sub-op that reads memory written earlier in the open level, or writes memory read or
+// written there, starts a new level (the worker completes a level before opening the next).
+bool Runtime::conflicts(const Operand& out, const Operand* ins, uint32_t nin) const {
   const Footprint& f = footprint_;
-  const bool conflict = f.writes_overlap(a.storage, a.lo, a.hi) || f.writes_overlap(b.storage, b.lo, b.hi) ||
-                        f.writes_overlap(out.storage, out.lo, out.hi) ||
-                        f.reads_overlap(out.storage, out.lo, out.hi);
-  if (conflict) {
-    st_.levels_split++;
-    close_level();
-  }
-  const Operand ops[3] = {out, a, b};
-  TensorRef refs[3];
-  bool strided = !(out.contiguous && a.contiguous && b.contiguous);
-  if (strided) {
-    const uint32_t m = merge_refs(ops, 3, refs, numel);
-    strided = !(m == 1 && refs[0].strides[0] == 1 && refs[1].strides[0] == 1 && refs[2].strides[0] == 1);
-  }
-  const bool vec = !strided && ((out.ptr | a.ptr | b.ptr) & 15) == 0;
-  const uint64_t tiles_total = ((uint64_t)numel + kTileElems - 1) / kTileElems;
+  if (f.writes_overlap(out.storage, out.lo, out.hi) || f.reads_overlap(out.storage, out.lo, out.hi)) return true;
+  for (uint32_t k = 0; k < nin; ++k)
+    if (!ins[k].is_const && f.writes_overlap(ins[k].storage, ins[k].lo, ins[k].hi)) return true;
+  return false;
+}
+
+void Runtime::note_access(const Operand& out, const Operand* ins, uint32_t nin) {
+  for (uint32_t k = 0; k < nin; ++k)
+    if (!ins[k].is_const) footprint_.add_read(ins[k].storage, ins[k].lo, ins[k].hi);
+  footprint_.add_write(out.storage, out.lo, out.hi);
+}
+
+void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref) {
+  const uint64_t tiles_total = (total + per_tile - 1) / per_tile;
   uint64_t tile = 0;
   while (tile < tiles_total) {
-    // An op larger than the ring goes in pieces; each piece carries its own TensorRefs.
     const uint32_t piece = (uint32_t)std::min<uint64_t>(tiles_total - tile, cfg_.capacity / 2);
-    const uint32_t nref = strided ? 3 : 0;
     ensure_room(piece, nref);
-    uint64_t ref_dev[3] = {0, 0, 0};
-    if (strided) {
-      for (int k = 0; k < 3; ++k) {
+    if (nref) {
+      uint64_t dev[4] = {0, 0, 0, 0};
+      for (uint32_t k = 0; k < nref; ++k) {
         const uint32_t slot = (uint32_t)(ref_head_ % ref_capacity_);
         refs_[slot] = refs[k];
-        ref_dev[k] = refs_d_ + (uint64_t)slot * sizeof(TensorRef);
+        dev[k] = refs_d_ + (uint64_t)slot * sizeof(TensorRef);
         ++ref_head_;
       }
+      proto.out = dev[0];
+      for (uint32_t k = 0; k + 1 < nref; ++k)
+        if (!(proto.flags & (kFlagConst0 << k))) proto.in[k] = dev[k + 1];
     }
     for (uint32_t t = 0; t < piece; ++t, ++tile) {
       SubOp& d = ring_[desc_head_ % cfg_.capacity];
-      const uint64_t base = tile * kTileElems;
-      d.op = op;
-      d.flags = strided ? kFlagStrided : (vec ? kFlagVec : 0u);
-      d.n = (uint32_t)std::min<uint64_t>(kTileElems, (uint64_t)numel - base);
+      d = proto;
+      const uint64_t base = tile * per_tile;
+      d.n = (uint32_t)std::min<uint64_t>(per_tile, total - base);
       d.base = (uint32_t)base;
-      if (strided) {
-        d.out = ref_dev[0];
-        d.in[0] = ref_dev[1];
-        d.in[1] = ref_dev[2];
-      } else {
-        d.out = out.ptr;
-        d.in[0] = a.ptr;
-        d.in[1] = b.ptr;
-      }
-      d.in[2] = 0;
-      d.scalar[0] = d.scalar[1] = 0.f;
-      d.dtype = out.dtype;
-      d.reserved = 0;
       ++desc_head_;
       ++cur_count_;
       st_.subops++;
     }
   }
-  footprint_.add_read(a.storage, a.lo, a.hi);
-  footprint_.add_read(b.storage, b.lo, b.hi);
-  footprint_.add_write(out.storage, out.lo, out.hi);
+}
+
+void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const Operand* ins, float s0, float s1,
+                        int64_t numel) {
+  if (numel <= 0) return;
+  if (conflicts(out, ins, arity)) {
+    st_.levels_split++;
+    close_level();
+  }
+  SubOp proto{};
+  proto.op = op;
+  proto.scalar[0] = s0;
+  proto.scalar[1] = s1;
+  proto.dtype = out.dtype;
+  // Tensor operands (out first) for dim merging; constants travel in the descriptor.
+  Operand tens[4] = {out};
+  int nt = 1;
+  bool contiguous = out.contiguous, one_dtype = true;
+  uint64_t ptr_bits = out.ptr;
+  for (uint32_t k = 0; k < arity; ++k) {
+    proto.dtype |= (ins[k].is_const ? 0u : ins[k].dtype) << (8 * (k + 1));
+    if (ins[k].is_const) {
+      proto.flags |= kFlagConst0 << k;
+      proto.in[k] = f32_bits(ins[k].value);
+      one_dtype = false;
+      continue;
+    }
+    tens[nt++] = ins[k];
+    contiguous &= ins[k].contiguous;
+    one_dtype &= ins[k].dtype == out.dtype;
+    ptr_bits |= ins[k].ptr;
+  }
+  TensorRef refs[4];
+  bool strided = !contiguous;
+  if (strided) {
+    const uint32_t m = merge_refs(tens, nt, refs);
+    strided = m != 1;
+    for (int k = 0; k < nt && !strided; ++k) strided = refs[k].strides[0] != 1;
+  }
+  if (strided) {
+    proto.flags |= kFlagStrided;
+    // Refs in operand order: out, then each input slot (constants keep a zero ref that is never read).
+    TensorRef slots[4] = {refs[0]};
+    for (uint32_t k = 0, t = 1; k < arity; ++k) slots[k + 1] = ins[k].is_const ? TensorRef{} : refs[t++];
+    append_tiles(proto, (uint64_t)numel, kTileElems, slots, arity + 1);
+  } else {
+    if (one_dtype && (ptr_bits & 15) == 0) proto.flags |= kFlagVec;
+    proto.out = out.ptr;
+    for (uint32_t k = 0; k < arity; ++k)
+      if (!ins[k].is_const) proto.in[k] = ins[k].ptr;
+    append_tiles(proto, (uint64_t)numel, kTileElems, nullptr, 0);
+  }
+  note_access(out, ins, arity);
+  st_.submitted++;
+}
+
+void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
+                            const TensorRef& x_ref, int64_t rows, int64_t cols) {
+  if (rows <= 0) return;
+  if (conflicts(out, &x, 1)) {
+    st_.levels_split++;
+    close_level();
+  }
+  SubOp proto{};
+  proto.op = op;
+  proto.flags = kFlagStrided;
+  proto.dtype = out.dtype | (x.dtype << 8);
+  const TensorRef refs[2] = {out_ref, x_ref};
+  // One warp per row, rows of a tile processed in turn: about kTileElems elements per descriptor.
+  const uint64_t per_tile = (uint64_t)std::max<int64_t>(1, std::min<int64_t>(32, (int64_t)kTileElems / std::max<int64_t>(cols, 1)));
+  append_tiles(proto, (uint64_t)rows, per_tile, refs, 2);
+  note_access(out, &x, 1);
   st_.submitted++;
 }
 

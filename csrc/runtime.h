@@ -31,6 +31,8 @@ struct Operand {
   bool contiguous = true;
   uintptr_t storage = 0;  // identity of the storage, for dependency tracking
   uint64_t lo = 0, hi = 0;  // byte range the view can touch
+  bool is_const = false;    // a scalar operand (Tensor-Scalar forms): `value`, no memory
+  float value = 0.0f;
 };
 
 struct RuntimeStats {
@@ -73,9 +75,17 @@ class Runtime {
   int device() const { return device_; }
   const Config& config() const { return cfg_; }
 
-  // Record out = op(a, b) over `numel` elements (shapes already checked equal). Keeps nothing alive:
-  // the caller holds the tensors until the next flush (see keep()).
-  void record_binary(uint32_t op, const Operand& out, const Operand& a, const Operand& b, int64_t numel);
+  // Record out = op(ins...; s0, s1) over `numel` elements: every input already has out's shape (broadcast
+  // inputs arrive as stride-0 views). Keeps nothing alive: the caller holds tensors until publication.
+  void record_ew(uint32_t op, uint32_t arity, const Operand& out, const Operand* ins, float s0, float s1,
+                 int64_t numel);
+  void record_binary(uint32_t op, const Operand& out, const Operand& a, const Operand& b, int64_t numel) {
+    const Operand ins[2] = {a, b};
+    record_ew(op, 2, out, ins, 1.0f, 0.0f, numel);
+  }
+  // Record a last-dim reduction of x's `rows` rows; refs describe x (all dims) and out (see worker.cu).
+  void record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
+                     const TensorRef& x_ref, int64_t rows, int64_t cols);
   // Publish everything pending on `stream`; returns the last published seq (0 if nothing was pending).
   uint32_t flush(CUstream stream);
   // Wait (GIL must be released by the caller) until batch `seq` is done, or all in flight if seq == 0.
@@ -101,7 +111,12 @@ class Runtime {
   void wait_seq(uint32_t seq, const char* what);
   void maybe_launch_worker();
   void make_current();
-  uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs, int64_t numel);
+  uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
+  bool conflicts(const Operand& out, const Operand* ins, uint32_t nin) const;
+  void note_access(const Operand& out, const Operand* ins, uint32_t nin);
+  // Append ceil(total / per_tile) tiles of `proto`; with nref > 0, refs[0..nref) go to the TensorRef arena
+  // (again for every piece of an op larger than the ring) and proto's pointer fields point at them.
+  void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref);
 
   int device_;
   Config cfg_;

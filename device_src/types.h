@@ -18,9 +18,12 @@ struct TensorRef {
 
 // Sub-op descriptor flags.
 constexpr u32 kFlagStrided = 1u;  // ptr fields point at TensorRefs (device-visible), not data
-constexpr u32 kFlagVec = 2u;      // contiguous and every pointer 16-byte aligned: vector loads allowed
+constexpr u32 kFlagVec = 2u;      // contiguous, one dtype, every pointer 16-byte aligned: vector loads
+constexpr u32 kFlagConst0 = 1u << 8;  // in[k] holds an fp32 constant (bits in the low word): kFlagConst0 << k
 
-// One sub-op tile: out[base .. base+n) = op(in0, in1, ...). 64 bytes: 4 coalesced 16-byte loads.
+// One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
+// index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).
+// 64 bytes: 4 coalesced 16-byte loads.
 struct SubOp {
   u32 op;        // op id (device_src/ops.def)
   u32 flags;     // kFlag*
@@ -29,7 +32,7 @@ struct SubOp {
   u64 out;       // data pointer, or TensorRef* if kFlagStrided
   u64 in[3];     // same, per input
   float scalar[2];
-  u32 dtype;     // all operands share it (issue 2 scope)
+  u32 dtype;     // packed DType per operand: out | in0 << 8 | in1 << 16 | in2 << 24
   u32 reserved;
 };
 

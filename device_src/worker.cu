@@ -79,59 +79,120 @@ template <u32 DT> struct Vec16 {  // fp16 (DT=1) / bf16 (DT=2)
   }
 };
 
-template <class F, class V, u32 ES>
-__device__ __forceinline__ void binary_vec(const SubOp& d, u32 lane) {
+__device__ __forceinline__ u32 dt_of(const SubOp& d, u32 k) { return (d.dtype >> (8 * k)) & 0xffu; }
+
+// Operand k (0-based input index) at linear element e.
+__device__ __forceinline__ float operand(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
+  if (d.flags & (kFlagConst0 << k)) return bits_f32((u32)d.in[k]);
+  const u32 dt = dt_of(d, k + 1);
+  if (d.flags & kFlagStrided) return load_f32((const void*)refs[k + 1].ptr, dt, ref_offset(refs[k + 1], e));
+  return load_f32((const void*)d.in[k], dt, e);
+}
+
+template <class F, u32 A, class V, u32 ES>
+__device__ __forceinline__ void ew_vec(const SubOp& d, u32 lane) {
   const u64 boff = (u64)d.base * ES;
-  const char* a = (const char*)d.in[0] + boff;
-  const char* b = (const char*)d.in[1] + boff;
-  char* o = (char*)d.out + boff;
   const u32 nv = d.n / V::N;
+  const float s0 = d.scalar[0], s1 = d.scalar[1];
   for (u32 v = lane; v < nv; v += 32) {
-    float x[V::N], y[V::N];
-    V::load(a + (u64)v * 16, x);
-    V::load(b + (u64)v * 16, y);
+    float x[3][V::N];
 #pragma unroll
-    for (u32 i = 0; i < V::N; ++i) x[i] = F::apply(x[i], y[i]);
-    V::store(o + (u64)v * 16, x);
+    for (u32 k = 0; k < A; ++k) V::load((const char*)d.in[k] + boff + (u64)v * 16, x[k]);
+#pragma unroll
+    for (u32 i = 0; i < V::N; ++i)
+      x[0][i] = F::apply(x[0][i], A > 1 ? x[1][i] : 0.0f, A > 2 ? x[2][i] : 0.0f, s0, s1);
+    V::store((char*)d.out + boff + (u64)v * 16, x[0]);
   }
   for (u32 i = nv * V::N + lane; i < d.n; i += 32) {
     const i64 e = (i64)d.base + i;
-    store_f32((void*)d.out, d.dtype, e, F::apply(load_f32((const void*)d.in[0], d.dtype, e),
-                                                   load_f32((const void*)d.in[1], d.dtype, e)));
+    float x[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (u32 k = 0; k < A; ++k) x[k] = load_f32((const void*)d.in[k], d.dtype & 0xffu, e);
+    store_f32((void*)d.out, d.dtype & 0xffu, e, F::apply(x[0], x[1], x[2], s0, s1));
   }
 }
 
-template <class F>
-__device__ __forceinline__ void binary_op(const SubOp& d, const TensorRef* refs, u32 lane) {
+template <class F, u32 A>
+__device__ __forceinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
   if (d.flags & kFlagVec) {
-    if (d.dtype == kF32) binary_vec<F, Vec<float>, 4>(d, lane);
-    else if (d.dtype == kF16) binary_vec<F, Vec16<1>, 2>(d, lane);
-    else binary_vec<F, Vec16<2>, 2>(d, lane);
-  } else if (!(d.flags & kFlagStrided)) {
-    for (u32 i = lane; i < d.n; i += 32) {
-      const i64 e = (i64)d.base + i;
-      store_f32((void*)d.out, d.dtype, e, F::apply(load_f32((const void*)d.in[0], d.dtype, e),
-                                                     load_f32((const void*)d.in[1], d.dtype, e)));
+    const u32 dt = d.dtype & 0xffu;
+    if (dt == kF32) ew_vec<F, A, Vec<float>, 4>(d, lane);
+    else if (dt == kF16) ew_vec<F, A, Vec16<1>, 2>(d, lane);
+    else ew_vec<F, A, Vec16<2>, 2>(d, lane);
+    return;
+  }
+  const bool strided = (d.flags & kFlagStrided) != 0;
+  const u32 dto = d.dtype & 0xffu;
+  void* optr = strided ? (void*)refs[0].ptr : (void*)d.out;
+  for (u32 i = lane; i < d.n; i += 32) {
+    const i64 e = (i64)d.base + i;
+    float x[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (u32 k = 0; k < A; ++k) x[k] = operand(d, refs, k, e);
+    store_f32(optr, dto, strided ? ref_offset(refs[0], e) : e, F::apply(x[0], x[1], x[2], d.scalar[0], d.scalar[1]));
+  }
+}
+
+// ---------------------------------------------------------------- last-dim reductions, one warp per row
+__device__ __forceinline__ i64 row_offset(const TensorRef& r, u32 nouter, i64 row) {
+  i64 off = 0;
+  for (int k = (int)nouter - 1; k >= 0; --k) {
+    const i64 s = r.sizes[k];
+    const i64 q = row / s;
+    off += (row - q * s) * r.strides[k];
+    row = q;
+  }
+  return off;
+}
+
+template <class R>
+__device__ __forceinline__ float warp_combine(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = R::combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <class R, u32 OP>
+__device__ __forceinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, u32 lane) {
+  const TensorRef& ro = refs[0];
+  const TensorRef& rx = refs[1];
+  const u32 nd = rx.ndim;
+  const i64 cols = rx.sizes[nd - 1], xs = rx.strides[nd - 1];
+  const u32 dtx = dt_of(d, 1), dto = d.dtype & 0xffu;
+  constexpr bool kRowOut = OP == kOp_softmax || OP == kOp_log_softmax;
+  for (u32 r = 0; r < d.n; ++r) {
+    const i64 row = (i64)d.base + r;
+    const void* xp = (const void*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * (dtx == kF32 ? 4 : 2)));
+    float acc = R::init();
+    for (i64 j = lane; j < cols; j += 32) acc = R::combine(acc, load_f32(xp, dtx, j * xs));
+    acc = warp_combine<R>(acc);
+    if (!kRowOut) {
+      if (lane == 0) {
+        const float v = OP == kOp_mean ? acc / (float)cols : acc;
+        store_f32((void*)ro.ptr, dto, row_offset(ro, ro.ndim, row), v);
+      }
+      continue;
     }
-  } else {
-    const TensorRef& ro = refs[0];
-    const TensorRef& ra = refs[1];
-    const TensorRef& rb = refs[2];
-    for (u32 i = lane; i < d.n; i += 32) {
-      const i64 e = (i64)d.base + i;
-      const float x = load_f32((const void*)ra.ptr, d.dtype, ref_offset(ra, e));
-      const float y = load_f32((const void*)rb.ptr, d.dtype, ref_offset(rb, e));
-      store_f32((void*)ro.ptr, d.dtype, ref_offset(ro, e), F::apply(x, y));
+    const float mx = acc;  // softmax / log_softmax: max, then sum of exp(x - max), then write
+    float sum = 0.0f;
+    for (i64 j = lane; j < cols; j += 32) sum += m_exp(load_f32(xp, dtx, j * xs) - mx);
+    sum = warp_combine<SumR>(sum);
+    const i64 obase = row_offset(ro, ro.ndim - 1, row), os = ro.strides[ro.ndim - 1];
+    const float lse = m_log(sum);
+    for (i64 j = lane; j < cols; j += 32) {
+      const float x = load_f32(xp, dtx, j * xs) - mx;
+      store_f32((void*)ro.ptr, dto, obase + j * os, OP == kOp_softmax ? m_exp(x) / sum : x - lse);
     }
   }
 }
 
 // Copy the TensorRefs a strided sub-op points at into this warp's shared slots (skipped when unchanged).
-__device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 nops, u32 lane) {
+__device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 lane) {
   constexpr u32 kWords = sizeof(TensorRef) / 4;
-  for (u32 k = 0; k < nops; ++k) {
+  for (u32 k = 0; k < 4; ++k) {
+    if (k > 0 && (d.flags & (kFlagConst0 << (k - 1)))) continue;
     const u64 src = k == 0 ? d.out : d.in[k - 1];
-    if (cached[k] == src) continue;
+    if (src == 0 || cached[k] == src) continue;
     for (u32 w = lane; w < kWords; w += 32) ((u32*)&refs[k])[w] = ld_vol((const u32*)src + w);
     cached[k] = src;
   }
@@ -139,10 +200,13 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
 }
 
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane) {
-  if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, 3, lane);
+  if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane);
   switch (d.op) {
-#define GPUOS_OP(id, name, arity, functor) \
-  case id: binary_op<functor>(d, refs, lane); break;
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
+  case id:                                                              \
+    if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
+    else reduce_rows<functor, id>(d, refs, lane);                       \
+    break;
 #include "device_src/ops.def"
 #undef GPUOS_OP
     default: break;  // the host validates op ids; an unknown id is never published
@@ -168,7 +232,7 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
     __syncthreads();  // every thread has read s_claim before thread 0 may overwrite it
     if (idx >= count) return;
     const u32 k = count - idx < per_claim ? count - idx : per_claim;
-    cached[0] = cached[1] = cached[2] = 0;  // TensorRef slots are reused across batches: refetch per claim
+    cached[0] = cached[1] = cached[2] = cached[3] = 0;  // TensorRef slots are reused: refetch per claim
     for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
       const u32 di = j >> 2, part = j & 3;
       const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
@@ -246,13 +310,13 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
 extern "C" __global__ void __launch_bounds__(1024) gpuos_worker(gpuos::WorkerArgs args) {
   using namespace gpuos;
   __shared__ SubOp sdesc[kMaxWarps * kClaimPerWarp];
-  __shared__ TensorRef srefs[kMaxWarps][3];
+  __shared__ TensorRef srefs[kMaxWarps][4];
   __shared__ unsigned long long s_claim;
   __shared__ u32 s_cmd;
   HostCtl* hc = (HostCtl*)args.host_ctl;
   DevCtl* dc = (DevCtl*)args.dev_ctl;
   const u32 warp = threadIdx.x / 32;
-  u64 cached[3] = {0, 0, 0};  // per-warp: which TensorRefs srefs[warp] holds (all lanes agree)
+  u64 cached[4] = {0, 0, 0, 0};  // per-warp: which TensorRefs srefs[warp] holds (all lanes agree)
 
   u32 next = 0, seen = 0;
   bool opened_any = false;

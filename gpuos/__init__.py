@@ -6,6 +6,8 @@ Explicit API (seed-compatible names)::
     gpuos.init()                      # or gpuos_ext.init(capacity=4096, threads_per_block=256)
     gpuos.submit_add(a, b, out)       # also submit_sub / submit_mul / submit_div
     gpuos.submit_many("mul", A, B, C)
+    gpuos.submit("gelu", [x], out)    # any table op; broadcasting, mixed dtypes, scalars
+    gpuos.submit_reduce("softmax", x, out)
     gpuos.flush()                     # stream-ordered on torch's current stream; sync=True waits
 
 See README.md for the design, measured results and limitations.
@@ -37,10 +39,12 @@ from gpuos_ext import (  # noqa: E402
     op_table,
     runtime_info,
     shutdown,
+    submit,
     submit_add,
     submit_div,
     submit_many,
     submit_mul,
+    submit_reduce,
     submit_sub,
 )
 
@@ -77,10 +81,12 @@ __all__ = [
     "runtime_info",
     "shutdown",
     "stats",
+    "submit",
     "submit_add",
     "submit_div",
     "submit_many",
     "submit_mul",
+    "submit_reduce",
     "submit_sub",
     "supported_ops",
 ]
