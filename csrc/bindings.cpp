@@ -810,6 +810,20 @@ PYBIND11_MODULE(gpuos_ext, m) {
     }
   });
   PyModule_AddFunctions(m.ptr(), kFastMethods);
+  // NVRTC may come from the nvidia-cuda-nvrtc wheel (CUDA builds of torch install it): find its lib dirs.
+  try {
+    py::object spec = py::module_::import("importlib.util").attr("find_spec")("nvidia");
+    std::vector<std::string> dirs;
+    if (!spec.is_none() && !spec.attr("submodule_search_locations").is_none()) {
+      py::object glob = py::module_::import("glob").attr("glob");
+      for (auto base : spec.attr("submodule_search_locations"))
+        for (auto lib : glob(py::str(base) + py::str("/*/lib/libnvrtc.so*")))
+          dirs.push_back(py::str(py::module_::import("os.path").attr("dirname")(lib)));
+    }
+    set_nvrtc_search_dirs(std::move(dirs));
+  } catch (py::error_already_set& e) {
+    // No nvidia namespace package: CUDA_HOME / GPUOS_NVRTC_PATH / the loader path still apply.
+  }
 
   m.def("init", &init, py::arg("capacity") = 4096, py::arg("threads_per_block") = 256,
         py::arg("worker_blocks") = 0, py::arg("idle_us") = 200.0,

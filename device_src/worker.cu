@@ -112,8 +112,10 @@ __device__ __forceinline__ void ew_vec(const SubOp& d, u32 lane) {
   }
 }
 
+// __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
+// op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
 template <class F, u32 A>
-__device__ __forceinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
+__device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
   if (d.flags & kFlagVec) {
     const u32 dt = d.dtype & 0xffu;
     if (dt == kF32) ew_vec<F, A, Vec<float>, 4>(d, lane);
@@ -153,7 +155,7 @@ __device__ __forceinline__ float warp_combine(float v) {
 }
 
 template <class R, u32 OP>
-__device__ __forceinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, u32 lane) {
+__device__ __noinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, u32 lane) {
   const TensorRef& ro = refs[0];
   const TensorRef& rx = refs[1];
   const u32 nd = rx.ndim;

@@ -19,11 +19,7 @@ import os
 
 import torch  # noqa: F401  (loads libc10/libtorch before the extension)
 
-from ._nvrtc import nvrtc_search_dirs
-
 import gpuos_ext as _ext
-
-_ext._set_nvrtc_search_dirs(nvrtc_search_dirs())
 
 from gpuos_ext import (  # noqa: E402
     CompileError,
