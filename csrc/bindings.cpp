@@ -688,13 +688,16 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
   runtime_for(dev);
 }
 
-void flush(bool sync) {
+// stream: a raw cudaStream_t (torch.cuda.Stream.cuda_stream) to publish on; None = the current stream.
+void flush(bool sync, py::object stream) {
   for (int dev = 0; dev < kMaxDevices; ++dev) {
     Runtime* rt = g_rt[dev];
     if (!rt) continue;
     uint32_t seq;
     {
-      CUstream s = rt->has_pending() ? current_stream(dev) : nullptr;  // Python call: before taking mu
+      CUstream s = nullptr;  // Python call: before taking mu
+      if (rt->has_pending())
+        s = stream.is_none() ? current_stream(dev) : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
       std::lock_guard<std::mutex> lk(rt->mu);
       seq = s || rt->has_pending() ? rt->flush(s ? s : current_stream(dev)) : 0;
     }
@@ -832,7 +835,15 @@ PYBIND11_MODULE(gpuos_ext, m) {
         "idle_us: the worker exits after this long with nothing to do.");
   m.def("submit_many", &submit_many, py::arg("op"), py::arg("a_list"), py::arg("b_list"), py::arg("out_list"),
         "Record out_list[i] = op(a_list[i], b_list[i]) for every i; op in ('add', 'sub', 'mul', 'div').");
-  m.def("flush", &flush, py::arg("sync") = false,
+  m.def("pending", [] {
+    size_t n = 0;
+    for (auto* r : g_rt) if (r) n += r->has_pending() ? 1 : 0;
+    return n;
+  }, "Number of devices with recorded, unpublished work.");
+  m.def("yield_worker", [] {
+    for (auto* r : g_rt) if (r) r->request_yield();
+  }, "Ask resident workers to exit as soon as nothing published is pending (before foreign heavy kernels).");
+  m.def("flush", &flush, py::arg("sync") = false, py::arg("stream") = py::none(),
         "Publish pending work on the current stream (stream-ordered, no host sync); sync=True also waits.");
   m.def("shutdown", &shutdown, "Complete pending work, stop the worker and free the queue. init() may follow.");
   m.def("stats", &stats, "Counters: submitted, batches, flushes, worker_launches, handovers, jit_compiles, ...");

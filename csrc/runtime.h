@@ -91,6 +91,8 @@ class Runtime {
   // Wait (GIL must be released by the caller) until batch `seq` is done, or all in flight if seq == 0.
   void wait_done(uint32_t seq);
   bool has_pending() const { return !levels_.empty() || cur_count_ > 0; }
+  // The worker exits at its next poll once nothing published is pending (reset by the next launch).
+  void request_yield() { if (alive_) __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST); }
   // Complete everything (pending work is published on `stream`; nullptr = legacy default stream), stop the
   // worker, free the queue. Idempotent.
   void shutdown(CUstream stream);

@@ -51,10 +51,15 @@ if os.environ.get("GPUOS_LOG"):
 
 __version__ = "0.1.0"
 
+from .scheduler import GpuosScheduler, intercepted_ops, scheduler_context, scheduler_stats  # noqa: E402
+
 
 def stats() -> dict:
-    """Runtime counters (see gpuos_ext.stats): submitted, batches, flushes, worker_launches, ..."""
-    return dict(_ext.stats())
+    """Runtime counters (gpuos_ext.stats: submitted, batches, flushes, worker_launches, jit_compiles, ...)
+    plus the scheduler's: ops_intercepted, fallbacks (by reason), flushes_by_cause, mean_batch_size."""
+    d = dict(_ext.stats())
+    d.update(scheduler_stats())
+    return d
 
 
 def supported_ops() -> list[str]:
@@ -63,6 +68,10 @@ def supported_ops() -> list[str]:
 
 
 __all__ = [
+    "GpuosScheduler",
+    "intercepted_ops",
+    "scheduler_context",
+    "scheduler_stats",
     "CompileError",
     "CudaError",
     "GpuosError",

@@ -1,0 +1,382 @@
+"""Transparent scheduler: run ordinary PyTorch code with its small elementwise ops and last-dim reductions
+batched onto the GPUOS worker.
+
+    with gpuos.scheduler_context():
+        y = torch.nn.functional.gelu(x @ w + b)   # matmul falls back to eager; + and gelu are batched
+        print(y.sum().item())                     # a host read: pending work is flushed first
+
+When to use it: latency-bound inference code made of many small ops (decode loops, micro-batched models)
+where launch overhead dominates. Not for training (ops that autograd must record fall back to eager) nor for
+large tensors (ops above ``size_threshold`` elements fall back to eager, where one kernel is already efficient).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gpuos_ext as _ext
+
+aten = torch.ops.aten
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FALLBACK = object()  # handler result: "run this op eagerly"
+# Ops whose kernels need whole SMs (cuBLAS / cuDNN): the resident worker yields before they are issued.
+_HEAVY = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.matmul.default,
+          aten.linear.default, aten.convolution.default, aten._scaled_dot_product_efficient_attention.default,
+          aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default}
+
+
+class _Stats:
+    """Scheduler counters, merged into gpuos.stats()."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.intercepted = 0
+        self.fallbacks: collections.Counter = collections.Counter()
+        self.flushes: collections.Counter = collections.Counter()
+        self.flushed_ops = 0
+
+    def as_dict(self) -> dict:
+        with self.lock:
+            nflush = sum(self.flushes.values())
+            return {
+                "ops_intercepted": self.intercepted,
+                "fallbacks": dict(self.fallbacks),
+                "flushes_by_cause": dict(self.flushes),
+                "mean_batch_size": (self.flushed_ops / nflush) if nflush else 0.0,
+            }
+
+
+STATS = _Stats()
+
+
+def _tensors(args, kwargs):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    yield x
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            yield a
+
+
+class GpuosScheduler(TorchDispatchMode):
+    """TorchDispatchMode that records supported small ops into GPUOS batches (see module docstring).
+
+    Parameters
+    ----------
+    capacity, threads_per_block
+        Passed to ``gpuos_ext.init`` the first time a runtime is needed.
+    size_threshold
+        Ops whose output has more elements than this run eagerly.
+    auto_flush_ms
+        Pending work older than this is flushed by a background timer (0 disables the timer).
+    """
+
+    def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
+                 auto_flush_ms: float = 2.0) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.threads_per_block = threads_per_block
+        self.size_threshold = size_threshold
+        self.auto_flush_ms = auto_flush_ms
+        self._pending = 0            # ops recorded since the last flush by this mode
+        self._oldest = 0.0           # perf_counter of the oldest pending op
+        self._stream = None          # raw stream the pending ops were recorded under
+        self._lock = threading.RLock()
+        self._timer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._depth = 0
+
+    # ----------------------------------------------------------------- context management
+    def __enter__(self):
+        with self._lock:
+            self._depth += 1
+            if self._depth == 1:
+                _ext.init(capacity=self.capacity, threads_per_block=self.threads_per_block) \
+                    if torch.cuda.is_available() else None
+                if self.auto_flush_ms > 0 and torch.cuda.is_available():
+                    self._stop.clear()
+                    self._timer = threading.Thread(target=self._timer_loop, name="gpuos-flush-timer", daemon=True)
+                    self._timer.start()
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.flush("exit")
+        finally:
+            with self._lock:
+                self._depth -= 1
+                last = self._depth == 0
+            if last and self._timer is not None:
+                self._stop.set()
+                self._timer.join()
+                self._timer = None
+            super().__exit__(exc_type, exc, tb)
+
+    # ----------------------------------------------------------------- flushing
+    def flush(self, cause: str = "explicit") -> None:
+        """Publish pending work (stream-ordered, no host sync)."""
+        with self._lock:
+            if not self._pending:
+                return
+            n, stream = self._pending, self._stream
+            self._pending = 0
+            self._stream = None
+        _ext.flush(False, stream)
+        with STATS.lock:
+            STATS.flushes[cause] += 1
+            STATS.flushed_ops += n
+
+    def _timer_loop(self) -> None:
+        period = self.auto_flush_ms / 1000.0
+        while not self._stop.wait(period / 2):
+            with self._lock:
+                due = self._pending and time.perf_counter() - self._oldest >= period
+            if due:
+                self.flush("timer")
+
+    def _recorded(self) -> None:
+        with self._lock:
+            if not self._pending:
+                self._oldest = time.perf_counter()
+                self._stream = torch.cuda.current_stream().cuda_stream
+            self._pending += 1
+        with STATS.lock:
+            STATS.intercepted += 1
+        if self._pending * 4 >= self.capacity:
+            self.flush("size")
+
+    # ----------------------------------------------------------------- dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        reason = "unsupported_op"
+        if handler is not None:
+            reason = self._eligible(args, kwargs)
+            if reason is None:
+                try:
+                    result = handler(self, args, kwargs)
+                except (TypeError, ValueError) as e:  # outside what GPUOS takes (e.g. int dtypes): eager
+                    result, reason = _FALLBACK, "rejected:" + type(e).__name__
+                if result is not _FALLBACK:
+                    self._recorded()
+                    return result
+                reason = reason if reason != "unsupported_op" else "unsupported_args"
+        with STATS.lock:
+            STATS.fallbacks[reason] += 1
+        # Everything eager (incl. host reads: .item(), .cpu(), print) runs after the pending batch, which is
+        # published in stream order first; heavy kernels get the SMs back from the worker.
+        self.flush("dependency")
+        if func in _HEAVY:
+            _ext.yield_worker()
+        return func(*args, **kwargs)
+
+    def _eligible(self, args, kwargs) -> str | None:
+        for t in _tensors(args, kwargs):
+            if not t.is_cuda:
+                return "not_cuda"
+            if t.dtype not in _FLOAT_DTYPES:
+                return "dtype"
+            if t.numel() > self.size_threshold:
+                return "size"
+            if t.requires_grad and torch.is_grad_enabled():
+                return "autograd"
+        return None
+
+
+# --------------------------------------------------------------------- handlers
+def _result_dtype(inputs) -> torch.dtype:
+    tens = [x for x in inputs if isinstance(x, torch.Tensor)]
+    dt = tens[0].dtype
+    for t in tens[1:]:
+        dt = torch.promote_types(dt, t.dtype)
+    return dt
+
+
+def _shape(inputs):
+    return torch.broadcast_shapes(*[x.shape for x in inputs if isinstance(x, torch.Tensor)])
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, bool)) and not isinstance(x, torch.Tensor)
+
+
+def _ew(name: str, nin: int, scalars: Callable[[tuple, dict], dict] | None = None, mode: str = "functional"):
+    """Handler for an elementwise op: functional (allocate out), inplace (out = self), or out= form."""
+
+    def handler(sched, args, kwargs):
+        inputs = list(args[:nin])
+        if not all(isinstance(x, torch.Tensor) or _number(x) for x in inputs):
+            return _FALLBACK
+        sc = scalars(args, kwargs) if scalars else {}
+        if sc is None:
+            return _FALLBACK
+        if mode == "inplace":
+            out = inputs[0]
+            if _shape(inputs) != out.shape or _result_dtype(inputs) != out.dtype:
+                return _FALLBACK
+        elif mode == "out":
+            out = kwargs.get("out")
+            if out is None or _shape(inputs) != out.shape or _result_dtype(inputs) != out.dtype:
+                return _FALLBACK
+        else:
+            first = next(x for x in inputs if isinstance(x, torch.Tensor))
+            out = torch.empty(_shape(inputs), dtype=_result_dtype(inputs), device=first.device)
+        _ext.submit(name, inputs, out, **sc)
+        return out
+
+    return handler
+
+
+def _reduce(name: str, kind: str):
+    def handler(sched, args, kwargs):
+        x = args[0]
+        if kind == "softmax":  # _softmax(self, dim, half_to_float)
+            dim, half_to_float = args[1], args[2]
+            if half_to_float or dim not in (-1, x.dim() - 1):
+                return _FALLBACK
+            keepdim = False
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        else:  # sum.dim_IntList(self, dim, keepdim=False, *, dtype=None) / mean.dim / amax / amin
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            if kwargs.get("dtype") is not None or x.dim() == 0:
+                return _FALLBACK
+            dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+            if len(dims) != 1 or dims[0] not in (-1, x.dim() - 1):
+                return _FALLBACK
+            shape = list(x.shape[:-1]) + ([1] if keepdim else [])
+            out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        _ext.submit_reduce(name, x, out, keepdim)
+        return out
+
+    return handler
+
+
+def _alpha(args, kwargs):
+    a = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+    return {"alpha": float(a)} if _number(a) else None
+
+
+def _div_mode(args, kwargs):
+    return {} if kwargs.get("rounding_mode") is None else None
+
+
+def _build_handlers() -> dict:
+    h: dict = {}
+
+    def family(name, nin, overloads, scalars=None):
+        for ov, mode in overloads:
+            h[ov] = _ew(name, nin, scalars, mode)
+
+    family("add", 2, [(aten.add.Tensor, "functional"), (aten.add.Scalar, "functional"),
+                      (aten.add_.Tensor, "inplace"), (aten.add_.Scalar, "inplace"), (aten.add.out, "out")], _alpha)
+    family("sub", 2, [(aten.sub.Tensor, "functional"), (aten.sub.Scalar, "functional"),
+                      (aten.sub_.Tensor, "inplace"), (aten.sub_.Scalar, "inplace"), (aten.sub.out, "out")], _alpha)
+    family("mul", 2, [(aten.mul.Tensor, "functional"), (aten.mul.Scalar, "functional"),
+                      (aten.mul_.Tensor, "inplace"), (aten.mul_.Scalar, "inplace"), (aten.mul.out, "out")])
+    family("div", 2, [(aten.div.Tensor, "functional"), (aten.div.Scalar, "functional"),
+                      (aten.div_.Tensor, "inplace"), (aten.div_.Scalar, "inplace"), (aten.div.out, "out")], _div_mode)
+    family("maximum", 2, [(aten.maximum.default, "functional"), (aten.maximum.out, "out")])
+    family("minimum", 2, [(aten.minimum.default, "functional"), (aten.minimum.out, "out")])
+    family("pow", 2, [(aten.pow.Tensor_Tensor, "functional"), (aten.pow.Tensor_Scalar, "functional"),
+                      (aten.pow_.Tensor, "inplace"), (aten.pow_.Scalar, "inplace")])
+    for name in ("neg", "reciprocal", "abs", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "erf",
+                 "silu", "hardsigmoid", "hardswish"):
+        ovs = [(getattr(aten, name).default, "functional"), (getattr(aten, name + "_").default, "inplace")]
+        if hasattr(getattr(aten, name), "out"):
+            ovs.append((getattr(aten, name).out, "out"))
+        family(name, 1, ovs)
+    family("relu", 1, [(aten.relu.default, "functional"), (aten.relu_.default, "inplace")])
+
+    def gelu_handler(mode):
+        def handler(sched, args, kwargs):
+            approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+            name = "gelu_tanh" if approx == "tanh" else "gelu"
+            return _ew(name, 1, None, mode)(sched, args[:1], {k: v for k, v in kwargs.items() if k == "out"})
+        return handler
+
+    h[aten.gelu.default] = gelu_handler("functional")
+    h[aten.gelu_.default] = gelu_handler("inplace")
+
+    def pos(i, key, default):
+        return lambda args, kwargs: kwargs.get(key, args[i] if len(args) > i else default)
+
+    def scal(**spec):
+        def f(args, kwargs):
+            out = {}
+            for key, (i, default) in spec.items():
+                v = kwargs.get(key, args[i] if len(args) > i else default)
+                if v is None and key in ("min", "max"):
+                    out[key] = None
+                    continue
+                if not _number(v):
+                    return None
+                out[key] = float(v)
+            return out
+        return f
+
+    family("leaky_relu", 1, [(aten.leaky_relu.default, "functional"), (aten.leaky_relu_.default, "inplace")],
+           scal(negative_slope=(1, 0.01)))
+    family("hardtanh", 1, [(aten.hardtanh.default, "functional"), (aten.hardtanh_.default, "inplace")],
+           scal(min_val=(1, -1.0), max_val=(2, 1.0)))
+
+    def elu_scalars(args, kwargs):
+        alpha, scale, input_scale = (list(args[1:4]) + [1.0, 1.0, 1.0])[:3]
+        return {"alpha": float(alpha)} if scale == 1 and input_scale == 1 else None
+
+    family("elu", 1, [(aten.elu.default, "functional")], elu_scalars)
+    family("softplus", 1, [(aten.softplus.default, "functional")], scal(beta=(1, 1.0), threshold=(2, 20.0)))
+    family("clamp", 1, [(aten.clamp.default, "functional"), (aten.clamp_.default, "inplace")],
+           scal(min=(1, None), max=(2, None)))
+    family("clamp_min", 1, [(aten.clamp_min.default, "functional")], scal(min=(1, 0.0)))
+    family("clamp_max", 1, [(aten.clamp_max.default, "functional")], scal(max=(1, 0.0)))
+
+    def clamp_tensor(sched, args, kwargs):
+        x = args[0]
+        lo = args[1] if len(args) > 1 else kwargs.get("min")
+        hi = args[2] if len(args) > 2 else kwargs.get("max")
+        if not isinstance(lo, torch.Tensor) or not isinstance(hi, torch.Tensor):
+            return _FALLBACK
+        return _ew("clamp_tensor", 3)(sched, (x, lo, hi), {})
+
+    h[aten.clamp.Tensor] = clamp_tensor
+
+    h[aten.sum.dim_IntList] = _reduce("sum", "reduce")
+    h[aten.mean.dim] = _reduce("mean", "reduce")
+    h[aten.amax.default] = _reduce("amax", "reduce")
+    h[aten.amin.default] = _reduce("amin", "reduce")
+    h[aten._softmax.default] = _reduce("softmax", "softmax")
+    h[aten._log_softmax.default] = _reduce("log_softmax", "softmax")
+    return h
+
+
+_HANDLERS = _build_handlers()
+
+
+def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
+                      auto_flush_ms: float = 2.0) -> GpuosScheduler:
+    """Context manager: ``with gpuos.scheduler_context(): ...`` batches supported small ops (see module doc)."""
+    return GpuosScheduler(capacity=capacity, threads_per_block=threads_per_block, size_threshold=size_threshold,
+                          auto_flush_ms=auto_flush_ms)
+
+
+def scheduler_stats() -> dict:
+    return STATS.as_dict()
+
+
+def intercepted_ops() -> list[str]:
+    """The aten overloads the scheduler can batch."""
+    return sorted(str(k) for k in _HANDLERS)
+
+
+__all__ = ["GpuosScheduler", "intercepted_ops", "scheduler_context", "scheduler_stats"]
