@@ -466,10 +466,16 @@ void submit_generic(const std::string& opname, py::handle inputs, py::handle pou
     check_cuda_float(who.c_str(), t, nm);
     if (t.get_device() != out.get_device())
       throw py::value_error(who + ": " + nm + " is on " + t.device().str() + " but out is on " + out.device().str());
-    promoted = promoted ? c10::promoteTypes(*promoted, t.scalar_type()) : t.scalar_type();
     tens.push_back(t);
     tidx.push_back((int)k);
   }
+  // PyTorch's rule (all our dtypes are floats, one category): 0-d tensors take part in promotion only when
+  // no dimensioned tensor is present.
+  bool any_dimensioned = false;
+  for (auto& t : tens) any_dimensioned |= t.dim() > 0;
+  for (auto& t : tens)
+    if (!any_dimensioned || t.dim() > 0)
+      promoted = promoted ? c10::promoteTypes(*promoted, t.scalar_type()) : t.scalar_type();
   if (promoted && *promoted != out.scalar_type()) {
     std::string got;
     for (auto& t : tens) got += (got.empty() ? "" : ", ") + dtype_str(t);

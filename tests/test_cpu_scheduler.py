@@ -1,0 +1,387 @@
+"""Transparent scheduler without a GPU: gpuos.scheduler_context() must be invisible to code whose tensors
+the scheduler cannot batch (CPU tensors, int dtypes, autograd). Every snippet is run eagerly and under the
+context from identical inputs; results must be bit-identical (torch.equal), since all of it falls back to
+the same eager kernels. Also: context life cycle (re-entry, nesting, exceptions), the public signature of
+gpuos.scheduler_context, the scheduler keys of gpuos.stats(), and the GpuosScheduler class.
+
+Runs everywhere (also on a GPU machine, where entering the context starts the runtime).
+"""
+
+import inspect
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+import gpuos
+from gpuos.scheduler import GpuosScheduler
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _no_mode_left():
+    assert _get_current_dispatch_mode() is None, "a dispatch mode was left on the stack"
+
+
+# ============================================================================ snippets
+# Each snippet: make() -> dict of inputs (fresh random CPU tensors); run(inputs) -> tensor or tuple of tensors.
+
+def _mlp_gelu_make():
+    return dict(x=torch.randn(4, 16), w1=torch.randn(16, 32), b1=torch.randn(32), w2=torch.randn(32, 8),
+                b2=torch.randn(8))
+
+
+def _mlp_gelu(d):
+    h = F.gelu(d["x"] @ d["w1"] + d["b1"])
+    return h @ d["w2"] + d["b2"], F.gelu(h, approximate="tanh")
+
+
+def _mlp_silu_make():
+    return dict(x=torch.randn(3, 16), w1=torch.randn(16, 24), w3=torch.randn(16, 24), w2=torch.randn(24, 16))
+
+
+def _mlp_silu(d):
+    return (F.silu(d["x"] @ d["w1"]) * (d["x"] @ d["w3"])) @ d["w2"]
+
+
+def _softmax_make():
+    return dict(x=torch.randn(5, 33))
+
+
+def _softmax(d):
+    x = d["x"]
+    m = x.amax(-1, keepdim=True)
+    e = torch.exp(x - m)
+    return torch.softmax(x, -1), F.log_softmax(x, dim=-1), e / e.sum(-1, keepdim=True), torch.softmax(x, 0)
+
+
+def _layernorm_make():
+    return dict(x=torch.randn(6, 40), g=torch.randn(40), b=torch.randn(40))
+
+
+def _layernorm(d):
+    x = d["x"]
+    xc = x - x.mean(-1, keepdim=True)
+    var = (xc * xc).mean(-1, keepdim=True)
+    return xc / torch.sqrt(var + 1e-5) * d["g"] + d["b"]
+
+
+def _inplace_make():
+    return dict(x=torch.randn(7, 9), y=torch.randn(7, 9))
+
+
+def _inplace(d):
+    x, y = d["x"], d["y"]
+    r1 = x.add_(y)
+    r2 = x.mul_(2)
+    r3 = x.relu_()
+    assert r1 is x and r2 is x and r3 is x, "in-place ops must return their self tensor"
+    x.sub_(0.5, alpha=2).clamp_(-1.0, 3.0)
+    return x
+
+
+def _int_make():
+    return dict(a=torch.randint(-50, 50, (5, 8)), b=torch.randint(1, 9, (5, 8)), c=torch.randint(-3, 3, (8,),
+                                                                                                  dtype=torch.int32))
+
+
+def _int(d):
+    a, b, c = d["a"], d["b"], d["c"]
+    s = a + b * 3 - c
+    s.add_(1)
+    return s, a // b, a.sum(-1), torch.maximum(a, b), (a > 0).sum(-1), torch.relu(a)
+
+
+def _mixed_make():
+    return dict(a=torch.randn(4, 10), b=torch.randn(4, 10, dtype=torch.float64))
+
+
+def _mixed(d):
+    return d["a"].half() + d["b"].float(), (d["a"].bfloat16() * 2).float() - d["b"], d["a"] + d["b"]
+
+
+def _chain_make():
+    return dict(x=torch.randn(8, 12) * 3, lo=torch.full((12,), -0.7), hi=torch.full((12,), 0.9))
+
+
+def _chain(d):
+    x = d["x"]
+    y = F.leaky_relu(F.hardtanh(x.clamp(-2.0, 2.0) * 1.5, -1.2, 1.2), 0.05)
+    return (y, torch.clamp(x, d["lo"], d["hi"]), x.clamp(min=0.25), x.clamp(max=-0.25), F.elu(x), F.softplus(x),
+            F.hardswish(x), F.hardsigmoid(x), x.pow(2), torch.rsqrt(x.abs() + 1), torch.reciprocal(x + 10))
+
+
+def _control_make():
+    return dict(x=torch.randn(64))
+
+
+def _control(d):
+    x = d["x"].clone()
+    decisions = []
+    for _ in range(8):
+        npos = int((x > 0).sum().item())
+        up = npos > x.numel() // 2
+        decisions.append(up)
+        x = torch.tanh((x - 0.3 if up else x + 0.2) * 1.3)
+    return x, torch.tensor(decisions)
+
+
+def _views_make():
+    return dict(x=torch.randn(6, 5))
+
+
+def _views(d):
+    y = d["x"] + 1
+    z = y[1:]
+    z.mul_(3)
+    t = y.t() * 2
+    return y, t, y[:, ::2].sum(-1)
+
+
+SNIPPETS = {
+    "mlp_gelu": (_mlp_gelu_make, _mlp_gelu),
+    "mlp_silu": (_mlp_silu_make, _mlp_silu),
+    "softmax": (_softmax_make, _softmax),
+    "layernorm": (_layernorm_make, _layernorm),
+    "inplace": (_inplace_make, _inplace),
+    "int_tensors": (_int_make, _int),
+    "mixed_dtypes": (_mixed_make, _mixed),
+    "clamp_chain": (_chain_make, _chain),
+    "item_control_flow": (_control_make, _control),
+    "views": (_views_make, _views),
+}
+
+
+def _as_tuple(r):
+    return r if isinstance(r, tuple) else (r,)
+
+
+def _clone(d):
+    return {k: v.clone() for k, v in d.items()}
+
+
+def _assert_identical(got, exp):
+    got, exp = _as_tuple(got), _as_tuple(exp)
+    assert len(got) == len(exp)
+    for i, (g, e) in enumerate(zip(got, exp)):
+        assert g.dtype == e.dtype and g.shape == e.shape and g.device == e.device, \
+            f"output {i}: {g.dtype}{tuple(g.shape)}@{g.device} vs eager {e.dtype}{tuple(e.shape)}@{e.device}"
+        assert torch.equal(g, e), f"output {i} differs from eager"
+
+
+@pytest.mark.parametrize("name", list(SNIPPETS))
+def test_cpu_snippet_matches_eager_exactly(name):
+    make, run = SNIPPETS[name]
+    inputs = make()
+    eager_in, sched_in = _clone(inputs), _clone(inputs)
+    expected = run(eager_in)
+    with gpuos.scheduler_context():
+        got = run(sched_in)
+    _no_mode_left()
+    _assert_identical(got, expected)
+    # in-place snippets mutate their inputs: the mutations must match too
+    for k in inputs:
+        assert torch.equal(sched_in[k], eager_in[k]), f"input {k!r} mutated differently"
+
+
+def test_cpu_tensors_are_not_intercepted():
+    x = torch.randn(32)
+    before = gpuos.stats()
+    with gpuos.scheduler_context():
+        y = (x + 1) * 2
+        z = torch.relu(y).sum(-1)
+    after = gpuos.stats()
+    assert after["ops_intercepted"] == before["ops_intercepted"], "CPU ops must never be batched"
+    nc = after["fallbacks"].get("not_cuda", 0) - before["fallbacks"].get("not_cuda", 0)
+    assert nc >= 4, f"expected >= 4 'not_cuda' fallbacks, stats: {after['fallbacks']}"
+    assert torch.equal(z, torch.relu((x + 1) * 2).sum(-1))
+
+
+def test_unsupported_op_is_counted():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    before = gpuos.stats()["fallbacks"].get("unsupported_op", 0)
+    with gpuos.scheduler_context():
+        c = a @ b
+    assert gpuos.stats()["fallbacks"].get("unsupported_op", 0) > before
+    assert torch.equal(c, a @ b)
+
+
+# ============================================================================ autograd
+
+def test_requires_grad_backward_inside_context():
+    torch.manual_seed(1)
+    x0, w0, b0 = torch.randn(4, 8), torch.randn(8, 6), torch.randn(6)
+
+    def run():
+        x = x0.clone().requires_grad_(True)
+        w = w0.clone().requires_grad_(True)
+        b = b0.clone().requires_grad_(True)
+        h = F.gelu(x @ w + b)
+        y = torch.softmax(h * 2, -1)
+        loss = (y * torch.sigmoid(h)).sum()
+        loss.backward()
+        return loss.detach(), x.grad, w.grad, b.grad
+
+    expected = run()
+    assert torch.is_grad_enabled()
+    with gpuos.scheduler_context():
+        got = run()
+    _assert_identical(got, expected)
+
+
+def test_graph_built_inside_backward_outside():
+    x0 = torch.randn(5, 7)
+    x = x0.clone().requires_grad_(True)
+    with gpuos.scheduler_context():
+        y = (torch.tanh(x) * x + 1).mean(-1)
+    y.sum().backward()
+    xe = x0.clone().requires_grad_(True)
+    (torch.tanh(xe) * xe + 1).mean(-1).sum().backward()
+    assert torch.equal(y.detach(), (torch.tanh(x0) * x0 + 1).mean(-1))
+    assert torch.equal(x.grad, xe.grad)
+
+
+# ============================================================================ life cycle
+
+def test_enter_exit_repeatedly():
+    x = torch.randn(16)
+    ctx = gpuos.scheduler_context()
+    for i in range(20):
+        with ctx:
+            y = x * i + 1
+        _no_mode_left()
+        assert torch.equal(y, x * i + 1)
+    for i in range(20):  # fresh contexts each time
+        with gpuos.scheduler_context() as c:
+            assert isinstance(c, GpuosScheduler)
+            assert _get_current_dispatch_mode() is c
+            y = torch.sigmoid(x) - i
+        _no_mode_left()
+        assert torch.equal(y, torch.sigmoid(x) - i)
+
+
+def test_nested_contexts():
+    x = torch.randn(3, 11)
+    with gpuos.scheduler_context() as outer:
+        a = x + 1
+        with gpuos.scheduler_context(size_threshold=16, auto_flush_ms=0) as inner:
+            assert _get_current_dispatch_mode() is inner
+            b = torch.softmax(a, -1) * 2
+        assert _get_current_dispatch_mode() is outer
+        c = b - a
+    _no_mode_left()
+    assert torch.equal(c, torch.softmax(x + 1, -1) * 2 - (x + 1))
+
+
+def test_nested_same_instance():
+    x = torch.randn(10)
+    ctx = gpuos.scheduler_context()
+    with ctx:
+        with ctx:
+            y = x * 3
+        z = y + 1
+    _no_mode_left()
+    assert torch.equal(z, x * 3 + 1)
+
+
+class _Boom(Exception):
+    pass
+
+
+def test_exception_propagates_and_context_stays_usable():
+    x = torch.randn(8)
+    ctx = gpuos.scheduler_context()
+    with pytest.raises(_Boom):
+        with ctx:
+            _ = x + 1
+            raise _Boom("raised inside the context")
+    _no_mode_left()
+    # a torch error raised by an op inside the context propagates unchanged
+    with pytest.raises(RuntimeError):
+        with gpuos.scheduler_context():
+            _ = torch.randn(3) + torch.randn(4)
+    _no_mode_left()
+    # the same instance and a fresh one are usable afterwards
+    with ctx:
+        y = torch.relu(x) * 2
+    with gpuos.scheduler_context():
+        z = torch.exp(x) + y
+    _no_mode_left()
+    assert torch.equal(y, torch.relu(x) * 2)
+    assert torch.equal(z, torch.exp(x) + torch.relu(x) * 2)
+
+
+def test_exception_inside_nested_contexts():
+    with pytest.raises(KeyError):
+        with gpuos.scheduler_context():
+            with gpuos.scheduler_context():
+                raise KeyError("inner")
+    _no_mode_left()
+
+
+def test_flush_without_pending_is_noop():
+    ctx = gpuos.scheduler_context()
+    ctx.flush()
+    ctx.flush("explicit")
+    with ctx:
+        ctx.flush()
+    _no_mode_left()
+
+
+# ============================================================================ public API surface
+
+def test_scheduler_context_signature():
+    sig = inspect.signature(gpuos.scheduler_context)
+    params = sig.parameters
+    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms"]
+    assert params["capacity"].default == 8192
+    assert params["threads_per_block"].default == 256
+    assert params["size_threshold"].default == 1 << 15
+    assert params["auto_flush_ms"].default == 2.0
+    assert isinstance(params["auto_flush_ms"].default, float)
+    for p in params.values():
+        assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+def test_scheduler_context_returns_configured_mode():
+    ctx = gpuos.scheduler_context(capacity=1024, threads_per_block=128, size_threshold=99, auto_flush_ms=0.5)
+    assert isinstance(ctx, GpuosScheduler)
+    assert (ctx.capacity, ctx.threads_per_block, ctx.size_threshold, ctx.auto_flush_ms) == (1024, 128, 99, 0.5)
+    d = gpuos.scheduler_context()
+    assert (d.capacity, d.threads_per_block, d.size_threshold, d.auto_flush_ms) == (8192, 256, 1 << 15, 2.0)
+
+
+def test_stats_has_scheduler_keys():
+    st = gpuos.stats()
+    for k in ("ops_intercepted", "fallbacks", "flushes_by_cause", "mean_batch_size"):
+        assert k in st, f"gpuos.stats() lacks {k!r}: {sorted(st)}"
+    assert isinstance(st["ops_intercepted"], int)
+    assert isinstance(st["fallbacks"], dict)
+    assert isinstance(st["flushes_by_cause"], dict)
+    assert isinstance(st["mean_batch_size"], float)
+    assert all(isinstance(v, int) for v in st["fallbacks"].values())
+    ss = gpuos.scheduler_stats()
+    assert set(ss) >= {"ops_intercepted", "fallbacks", "flushes_by_cause", "mean_batch_size"}
+
+
+def test_gpuos_scheduler_class():
+    assert issubclass(GpuosScheduler, TorchDispatchMode)
+    assert gpuos.GpuosScheduler is GpuosScheduler
+    assert GpuosScheduler.__doc__ and len(GpuosScheduler.__doc__.strip()) > 20
+    assert gpuos.scheduler_context.__doc__
+    for name in ("GpuosScheduler", "scheduler_context", "scheduler_stats", "intercepted_ops"):
+        assert name in gpuos.__all__
+
+
+def test_intercepted_ops_lists_core_overloads():
+    ops = gpuos.intercepted_ops()
+    assert ops == sorted(ops)
+    for name in ("aten.add.Tensor", "aten.mul.Tensor", "aten.add_.Tensor", "aten.gelu.default",
+                 "aten._softmax.default", "aten._log_softmax.default", "aten.sum.dim_IntList", "aten.mean.dim",
+                 "aten.amax.default", "aten.relu_.default"):
+        assert name in ops, f"{name} not in gpuos.intercepted_ops()"
