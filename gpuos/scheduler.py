@@ -196,6 +196,8 @@ class GpuosScheduler(TorchDispatchMode):
 # --------------------------------------------------------------------- handlers
 def _result_dtype(inputs) -> torch.dtype:
     tens = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if any(t.dim() > 0 for t in tens):  # 0-d tensors promote only without dimensioned ones (float category)
+        tens = [t for t in tens if t.dim() > 0]
     dt = tens[0].dtype
     for t in tens[1:]:
         dt = torch.promote_types(dt, t.dtype)
