@@ -124,8 +124,8 @@ std::string shape_vec_str(const std::vector<int64_t>& v) {
   if (v.size() == 1) s += ",";
   return s + ")";
 }
-std::string dtype_str(const at::Tensor& t) {
-  std::string s = c10::toString(t.scalar_type());
+std::string dtype_name(at::ScalarType st) {
+  std::string s = c10::toString(st);
   // c10 names: Float, Half, BFloat16, Long ... -> torch names
   if (s == "Float") return "float32";
   if (s == "Half") return "float16";
@@ -136,6 +136,7 @@ std::string dtype_str(const at::Tensor& t) {
   if (s == "Bool") return "bool";
   return s;
 }
+std::string dtype_str(const at::Tensor& t) { return dtype_name(t.scalar_type()); }
 std::string describe(const char* name, const at::Tensor& t) {
   return std::string(name) + ": " + t.device().str() + " " + dtype_str(t) + " " + shape_str(t);
 }
@@ -480,7 +481,7 @@ void submit_generic(const std::string& opname, py::handle inputs, py::handle pou
     std::string got;
     for (auto& t : tens) got += (got.empty() ? "" : ", ") + dtype_str(t);
     throw py::type_error(who + ": out dtype " + dtype_str(out) + " is not the promoted dtype of the inputs (" + got +
-                         " -> " + std::string(c10::toString(*promoted)) + "). Fix: allocate out with that dtype.");
+                         " -> " + dtype_name(*promoted) + "). Fix: allocate out with that dtype.");
   }
   std::vector<int64_t> bshape;
   if (!tens.empty()) {
