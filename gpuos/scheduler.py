@@ -25,6 +25,12 @@ aten = torch.ops.aten
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FALLBACK = object()  # handler result: "run this op eagerly"
+# Ops that read no tensor data (views, metadata, allocation): they run eagerly without flushing the batch.
+_NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int, aten.permute.default,
+            aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
+            aten.squeeze.default, aten.detach.default, aten.alias.default, aten.as_strided.default,
+            aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.unbind.int,
+            aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
 # Ops whose kernels need whole SMs (cuBLAS / cuDNN): the resident worker yields before they are issued.
 _HEAVY = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.matmul.default,
           aten.linear.default, aten.convolution.default, aten._scaled_dot_product_efficient_attention.default,
@@ -99,10 +105,10 @@ class GpuosScheduler(TorchDispatchMode):
     # ----------------------------------------------------------------- context management
     def __enter__(self):
         with self._lock:
+            if self._depth == 0 and torch.cuda.is_available():
+                _ext.init(capacity=self.capacity, threads_per_block=self.threads_per_block)
             self._depth += 1
             if self._depth == 1:
-                _ext.init(capacity=self.capacity, threads_per_block=self.threads_per_block) \
-                    if torch.cuda.is_available() else None
                 if self.auto_flush_ms > 0 and torch.cuda.is_available():
                     self._stop.clear()
                     self._timer = threading.Thread(target=self._timer_loop, name="gpuos-flush-timer", daemon=True)
@@ -124,14 +130,17 @@ class GpuosScheduler(TorchDispatchMode):
 
     # ----------------------------------------------------------------- flushing
     def flush(self, cause: str = "explicit") -> None:
-        """Publish pending work (stream-ordered, no host sync)."""
-        with self._lock:
+        """Publish pending work on the stream it was recorded under (stream-ordered, no host sync); if the
+        caller's current stream is another one, it is made to wait for that stream."""
+        with self._lock:  # held across the publish: a concurrent timer flush cannot hide pending work
             if not self._pending:
                 return
             n, stream = self._pending, self._stream
+            _ext.flush(False, stream)
             self._pending = 0
             self._stream = None
-        _ext.flush(False, stream)
+        if torch.cuda.current_stream().cuda_stream != stream:
+            torch.cuda.current_stream().wait_stream(torch.cuda.ExternalStream(stream))
         with STATS.lock:
             STATS.flushes[cause] += 1
             STATS.flushed_ops += n
@@ -144,15 +153,15 @@ class GpuosScheduler(TorchDispatchMode):
             if due:
                 self.flush("timer")
 
-    def _recorded(self) -> None:
+    def _recorded(self, stream: int) -> None:
         with self._lock:
             if not self._pending:
                 self._oldest = time.perf_counter()
-                self._stream = torch.cuda.current_stream().cuda_stream
+                self._stream = stream
             self._pending += 1
         with STATS.lock:
             STATS.intercepted += 1
-        if self._pending * 4 >= self.capacity:
+        if self._pending * 8 >= self.capacity:  # ops up to size_threshold use up to 8 ring tiles each
             self.flush("size")
 
     # ----------------------------------------------------------------- dispatch
@@ -163,14 +172,20 @@ class GpuosScheduler(TorchDispatchMode):
         if handler is not None:
             reason = self._eligible(args, kwargs)
             if reason is None:
+                stream = torch.cuda.current_stream().cuda_stream
+                if self._pending and stream != self._stream:  # batches are recorded per stream
+                    self.flush("stream_change")
                 try:
                     result = handler(self, args, kwargs)
-                except (TypeError, ValueError) as e:  # outside what GPUOS takes (e.g. int dtypes): eager
+                except (TypeError, ValueError) as e:  # outside what GPUOS takes: eager
                     result, reason = _FALLBACK, "rejected:" + type(e).__name__
                 if result is not _FALLBACK:
-                    self._recorded()
+                    self._recorded(stream)
                     return result
-                reason = reason if reason != "unsupported_op" else "unsupported_args"
+                if reason is None:
+                    reason = "unsupported_args"
+        if func in _NO_DATA:  # metadata / allocation only: reads no data, needs no flush
+            return func(*args, **kwargs)
         with STATS.lock:
             STATS.fallbacks[reason] += 1
         # Everything eager (incl. host reads: .item(), .cpu(), print) runs after the pending batch, which is
@@ -184,6 +199,8 @@ class GpuosScheduler(TorchDispatchMode):
         for t in _tensors(args, kwargs):
             if not t.is_cuda:
                 return "not_cuda"
+            if t.layout != torch.strided:
+                return "layout"
             if t.dtype not in _FLOAT_DTYPES:
                 return "dtype"
             if t.numel() > self.size_threshold:
@@ -196,6 +213,8 @@ class GpuosScheduler(TorchDispatchMode):
 # --------------------------------------------------------------------- handlers
 def _result_dtype(inputs) -> torch.dtype:
     tens = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if len(tens) == 1 or all(t.dtype == tens[0].dtype for t in tens):
+        return tens[0].dtype
     if any(t.dim() > 0 for t in tens):  # 0-d tensors promote only without dimensioned ones (float category)
         tens = [t for t in tens if t.dim() > 0]
     dt = tens[0].dtype
@@ -205,7 +224,12 @@ def _result_dtype(inputs) -> torch.dtype:
 
 
 def _shape(inputs):
-    return torch.broadcast_shapes(*[x.shape for x in inputs if isinstance(x, torch.Tensor)])
+    shapes = [x.shape for x in inputs if isinstance(x, torch.Tensor)]
+    out = shapes[0]
+    for sh in shapes[1:]:
+        if sh != out:
+            out = torch.Size(torch._C._infer_size(out, sh))
+    return out
 
 
 def _number(x) -> bool:
@@ -232,7 +256,10 @@ def _ew(name: str, nin: int, scalars: Callable[[tuple, dict], dict] | None = Non
                 return _FALLBACK
         else:
             first = next(x for x in inputs if isinstance(x, torch.Tensor))
-            out = torch.empty(_shape(inputs), dtype=_result_dtype(inputs), device=first.device)
+            shape = _shape(inputs)
+            if shape.numel() > sched.size_threshold:  # broadcasting small inputs to a large output
+                return _FALLBACK
+            out = torch.empty(shape, dtype=_result_dtype(inputs), device=first.device)
         _ext.submit(name, inputs, out, **sc)
         return out
 
