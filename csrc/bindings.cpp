@@ -79,11 +79,51 @@ CUstream current_stream(int dev) {
   return reinterpret_cast<CUstream>(v);
 }
 
-// Publishing happens with the GIL held (every path into Runtime::flush comes from Python).
-void release_keep(int dev) {
-  for (PyObject* o : g_keep[dev]) Py_DECREF(o);
+// Lock discipline (GIL vs Runtime::mu): a thread never waits for mu while holding the GIL (lock_rt releases
+// it while waiting), and code holding mu never runs Python that could hand the GIL to another thread. So
+// keep-alive references are not dropped under mu (a tensor's dealloc can run arbitrary Python, e.g. GC):
+// publication moves them to g_release, and drain_release() drops them after mu is released. Breaking this
+// deadlocked the scheduler's timer thread against a recording thread.
+std::vector<PyObject*> g_release[kMaxDevices];
+
+void move_keep_to_release(int dev) {
+  auto& r = g_release[dev];
+  r.insert(r.end(), g_keep[dev].begin(), g_keep[dev].end());
   g_keep[dev].clear();
 }
+
+void drain_release() {
+  for (auto& r : g_release) {
+    if (r.empty()) continue;
+    std::vector<PyObject*> batch;
+    batch.swap(r);
+    for (PyObject* o : batch) Py_DECREF(o);
+  }
+}
+
+void release_keep(int dev) {
+  move_keep_to_release(dev);
+  drain_release();
+}
+
+std::unique_lock<std::mutex> lock_rt(Runtime& rt) {
+  std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    py::gil_scoped_release nogil;
+    lk.lock();
+  }
+  return lk;
+}
+
+// Holds a runtime's lock for a binding call; drops released keep-alive references after unlocking.
+struct RtLock {
+  std::unique_lock<std::mutex> lk;
+  explicit RtLock(Runtime& rt) : lk(lock_rt(rt)) {}
+  ~RtLock() {
+    if (lk.owns_lock()) lk.unlock();
+    drain_release();
+  }
+};
 
 void keep3(int dev, PyObject* a, PyObject* b, PyObject* c) {
   auto& k = g_keep[dev];
@@ -99,7 +139,7 @@ Runtime& runtime_for(int dev) {
   if (dev < 0 || dev >= kMaxDevices) throw py::value_error("gpuos: CUDA device index out of range");
   if (!g_rt[dev]) {
     auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
-    rt->set_publish_hook([dev] { release_keep(dev); });
+    rt->set_publish_hook([dev] { move_keep_to_release(dev); });
     g_rt[dev] = rt;
   }
   return *g_rt[dev];
@@ -290,7 +330,7 @@ void record_one(uint32_t op, PyObject* pa, PyObject* pb, PyObject* pout) {
   if (numel == 0) return;
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
-  std::lock_guard<std::mutex> lk(rt.mu);
+  RtLock lk(rt);
   rt.record_binary(op, operand(out), operand(a), operand(b), numel);
   keep3(dev, pa, pb, pout);
 }
@@ -375,14 +415,14 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
     }
   }
   Runtime* rt = nullptr;
-  std::unique_lock<std::mutex> lk;
+  std::unique_ptr<RtLock> lk;
   for (Py_ssize_t i = 0; i < n; ++i) {
     const Rec& r = recs[i];
     if (r.numel == 0) continue;
     if (!rt || rt->device() != r.dev) {
-      if (lk.owns_lock()) lk.unlock();
+      lk.reset();
       rt = &runtime_for(r.dev);
-      lk = std::unique_lock<std::mutex>(rt->mu);
+      lk = std::make_unique<RtLock>(*rt);
     }
     rt->record_binary(op, r.out, r.a, r.b, r.numel);
     keep3(r.dev, ia[i], ib[i], ic[i]);
@@ -522,7 +562,7 @@ void submit_generic(const std::string& opname, py::handle inputs, py::handle pou
   }
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
-  std::lock_guard<std::mutex> lk(rt.mu);
+  RtLock lk(rt);
   rt.record_ew(op, info.arity, operand(out), ins, sc[0], sc[1], numel);
   auto& keep = g_keep[dev];
   Py_INCREF(out_obj);
@@ -589,7 +629,7 @@ void submit_reduce(const std::string& opname, py::handle px, py::handle pout, bo
   if (!row_out && keepdim) orf = make_ref(out.squeeze(-1), (int)x.dim() - 1);
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
-  std::lock_guard<std::mutex> lk(rt.mu);
+  RtLock lk(rt);
   rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
   keep3(dev, px.ptr(), pout.ptr(), pout.ptr());
 }
@@ -705,7 +745,7 @@ void flush(bool sync, py::object stream) {
       CUstream s = nullptr;  // Python call: before taking mu
       if (rt->has_pending())
         s = stream.is_none() ? current_stream(dev) : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
-      std::lock_guard<std::mutex> lk(rt->mu);
+      RtLock lk(*rt);
       seq = s || rt->has_pending() ? rt->flush(s ? s : current_stream(dev)) : 0;
     }
     if (sync) {
@@ -721,8 +761,7 @@ void shutdown() {
     if (!rt) continue;
     CUstream s = current_stream(dev);
     {
-      // The GIL stays held: publishing drops keep-alive tensors, whose release may touch Python objects.
-      std::lock_guard<std::mutex> lk(rt->mu);
+      RtLock lk(*rt);
       rt->shutdown(s);
     }
     release_keep(dev);
