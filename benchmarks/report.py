@@ -38,12 +38,13 @@ def _values(doc: dict) -> list[str]:
     vals = [r for r in doc["rows"] if "value" in r]
     seen, out = set(), []
     for r in vals:
-        key = (r["config"], r.get("size"))
+        key = (r["config"], r.get("size"), r.get("for_config"))
         if key in seen:
             continue
         seen.add(key)
-        size = f" (n={r['size']})" if r.get("size") else ""
-        out.append(f"- `{r['config']}`{size}: **{r['value']:.3g} {r['unit']}**")
+        size = f" (size {r['size']})" if r.get("size") else ""
+        who = f" [{r['for_config']}]" if r.get("for_config") else ""
+        out.append(f"- `{r['config']}`{who}{size}: **{r['value']:.3g} {r['unit']}**")
     return out
 
 
