@@ -404,3 +404,28 @@ def parse_int_list(values: Sequence[str]) -> list:
             if part:
                 out.append(int(part))
     return out
+
+
+def parse_capacity(arg, need: int, error) -> "int | None":
+    """--capacity: 'auto' (a power of two >= need and >= 4096), 'default' (None: the runtime default) or an int.
+    `error` is argparse's parser.error."""
+    cap = str(arg).strip().lower()
+    if cap == "auto":
+        return max(4096, 1 << max(0, int(need - 1).bit_length()))
+    if cap == "default":
+        return None
+    try:
+        return int(cap)
+    except ValueError:
+        error("--capacity must be 'auto', 'default' or an integer")
+
+
+def select_configs(values, choices, error) -> list:
+    """--configs values (space- or comma-separated) validated against `choices`; all of them when None."""
+    if not values:
+        return list(choices)
+    picked = [c.strip() for v in values for c in v.split(",") if c.strip()]
+    bad = [c for c in picked if c not in choices]
+    if bad:
+        error(f"unknown config(s) {bad}; choose from {list(choices)}")
+    return picked

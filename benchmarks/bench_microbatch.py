@@ -610,26 +610,10 @@ def parse_args(argv=None):
         args.reps = 5 if args.quick else 20
     if args.roundtrip_iters is None:
         args.roundtrip_iters = 500 if args.quick else 2000
-    if args.configs:
-        args.configs = [c.strip() for v in args.configs for c in v.split(",") if c.strip()]
-        bad = [c for c in args.configs if c not in CONFIGS]
-        if bad:
-            p.error(f"unknown config(s) {bad}; choose from {CONFIGS}")
-    else:
-        args.configs = list(CONFIGS)
+    args.configs = C.select_configs(args.configs, CONFIGS, p.error)
     if min(args.sizes) <= 0 or args.count <= 0 or args.reps <= 0 or args.subop_batch <= 0:
         p.error("sizes, --count, --reps and --subop-batch must be positive")
-    cap = str(args.capacity).strip().lower()
-    if cap == "auto":
-        need = args.count * max(math.ceil(n / TILE_ELEMS) for n in args.sizes)
-        args.capacity_value = max(4096, pow2_at_least(need))
-    elif cap == "default":
-        args.capacity_value = None
-    else:
-        try:
-            args.capacity_value = int(cap)
-        except ValueError:
-            p.error("--capacity must be 'auto', 'default' or an integer")
+    args.capacity_value = C.parse_capacity(args.capacity, args.count * max(math.ceil(n / TILE_ELEMS) for n in args.sizes), p.error)
     return args
 
 

@@ -544,26 +544,10 @@ def parse_args(argv=None):
         args.count = 100 if args.quick else 1000
     if args.reps is None:
         args.reps = 5 if args.quick else 20
-    if args.configs:
-        args.configs = [c.strip() for v in args.configs for c in v.split(",") if c.strip()]
-        bad = [c for c in args.configs if c not in CONFIGS]
-        if bad:
-            p.error(f"unknown config(s) {bad}; choose from {CONFIGS}")
-    else:
-        args.configs = list(CONFIGS)
+    args.configs = C.select_configs(args.configs, CONFIGS, p.error)
     if args.count <= 0 or args.reps <= 0 or args.warmup < 0:
         p.error("--count and --reps must be positive, --warmup >= 0")
-    cap = str(args.capacity).strip().lower()
-    if cap == "auto":
-        need = args.count * max(math.ceil(r * c / TILE_ELEMS) for r, c in args.shapes)
-        args.capacity_value = max(4096, 1 << max(0, int(need - 1).bit_length()))
-    elif cap == "default":
-        args.capacity_value = None
-    else:
-        try:
-            args.capacity_value = int(cap)
-        except ValueError:
-            p.error("--capacity must be an integer, 'auto' or 'default'")
+    args.capacity_value = C.parse_capacity(args.capacity, args.count * max(math.ceil(r * c / TILE_ELEMS) for r, c in args.shapes), p.error)
     return args
 
 

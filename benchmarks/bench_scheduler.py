@@ -500,13 +500,7 @@ def parse_args(argv=None):
         args.reps = 3 if args.quick else 10
     if args.decode_steps is None:
         args.decode_steps = 64 if args.quick else 256
-    if args.configs:
-        args.configs = [c.strip() for v in args.configs for c in v.split(",") if c.strip()]
-        bad = [c for c in args.configs if c not in CONFIGS]
-        if bad:
-            p.error(f"unknown config(s) {bad}; choose from {CONFIGS}")
-    else:
-        args.configs = list(CONFIGS)
+    args.configs = C.select_configs(args.configs, CONFIGS, p.error)
     if args.iters <= 0 or args.reps <= 0 or args.warmup < 0 or args.decode_steps <= 0 or args.kv_len <= 0:
         p.error("--iters, --reps, --decode-steps, --kv-len must be positive, --warmup >= 0")
     if args.dim % args.heads:

@@ -10,12 +10,12 @@ ways. Without a GPU it says so, checks that CPU tensors pass through the context
 import faulthandler
 import os
 import sys
-import time
 
 import torch
 
 os.environ.setdefault("GPUOS_TIMEOUT_S", "10")
 import gpuos  # noqa: E402
+from _timing import timed  # noqa: E402
 
 OPS = {"sum": torch.sum, "mean": torch.mean}
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -64,19 +64,6 @@ def compare(label, got, xs):
             print(f"  {label}: {op} keepdim={keepdim} {name}: MISMATCH {' '.join(str(e).split())[:200]}")
     print(f"  {label:<22} {len(got) - bad}/{len(got)} results match eager")
     return bad == 0
-
-
-def timed(fn, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def cpu_only() -> int:

@@ -10,13 +10,13 @@ checks that CPU tensors pass through the context unchanged, and exits 0.
 import faulthandler
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("GPUOS_TIMEOUT_S", "10")
 import gpuos  # noqa: E402
+from _timing import timed  # noqa: E402
 
 
 def make_inputs(device):
@@ -95,19 +95,6 @@ def compare(got, exp, exact=False):
             except AssertionError as err:
                 bad.append(f"{name}[{i}]: {' '.join(str(err).split())[:200]}")
     return bad
-
-
-def timed(fn, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def cpu_only() -> int:

@@ -10,13 +10,13 @@ pass through the context unchanged, and exits 0.
 import faulthandler
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("GPUOS_TIMEOUT_S", "10")  # a stuck GPU wait becomes an error, not a hang
 import gpuos  # noqa: E402
+from _timing import timed  # noqa: E402
 
 
 def mlp_block(x, p):
@@ -37,19 +37,6 @@ def small_ops(a, b, c, iters):
         y = x * c
         out = torch.sigmoid(torch.relu(y)) - 0.25
     return out
-
-
-def timed(fn, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def under_scheduler(fn):
