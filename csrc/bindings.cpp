@@ -743,8 +743,10 @@ void flush(bool sync, py::object stream) {
     uint32_t seq;
     {
       CUstream s = nullptr;  // Python call: before taking mu
+      // An explicit stream belongs to the current device; other devices publish on their own current stream.
       if (rt->has_pending())
-        s = stream.is_none() ? current_stream(dev) : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
+        s = stream.is_none() || dev != current_device() ? current_stream(dev)
+                                                        : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
       RtLock lk(*rt);
       seq = s || rt->has_pending() ? rt->flush(s ? s : current_stream(dev)) : 0;
     }
