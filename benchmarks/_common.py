@@ -429,3 +429,26 @@ def select_configs(values, choices, error) -> list:
     if bad:
         error(f"unknown config(s) {bad}; choose from {list(choices)}")
     return picked
+
+
+def capture_cuda_graph(warmup, capture):
+    """Run warmup() on a side stream (as the CUDA graphs docs recommend), then capture one capture() call into
+    a torch.cuda.CUDAGraph. Returns (graph, capture()'s result, capture time in ms)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warmup()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    try:  # thread_local: a runtime helper thread touching CUDA must not invalidate our capture
+        ctx = torch.cuda.graph(g, capture_error_mode="thread_local")
+    except TypeError:
+        ctx = torch.cuda.graph(g)
+    with ctx:
+        result = capture()
+    torch.cuda.synchronize()
+    return g, result, (time.perf_counter() - t0) * 1e3

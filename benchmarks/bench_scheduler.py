@@ -238,22 +238,9 @@ class Runner:
             return fn
 
         def setup_graph():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up off the capture, as the CUDA graphs docs recommend
-                w2_loop(w2_step, a, b, c, d, 3)
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            t0 = time.perf_counter()
-            try:  # thread_local: a runtime helper thread touching CUDA must not invalidate our capture
-                ctx = torch.cuda.graph(g, capture_error_mode="thread_local")
-            except TypeError:
-                ctx = torch.cuda.graph(g)
-            with ctx:
-                static_out = w2_loop(w2_step, a, b, c, d, iters)
-            torch.cuda.synchronize()
-            extra_g["capture_ms"] = C._r((time.perf_counter() - t0) * 1e3, 2)
+            g, static_out, ms = C.capture_cuda_graph(lambda: w2_loop(w2_step, a, b, c, d, 3),
+                                                     lambda: w2_loop(w2_step, a, b, c, d, iters))
+            extra_g["capture_ms"] = C._r(ms, 2)
             keep.append(g)
 
             def fn():
