@@ -90,16 +90,20 @@ _FORBID_SCRIPT = """
 """
 
 
-@pytest.mark.parametrize("forbid", [False, True], ids=["allowed", "forbidden"])
-def test_forbid_compile_switch_with_empty_cache(requires_nvrtc, tmp_path, forbid):
-    env = {"GPUOS_CACHE_DIR": str(tmp_path / "empty-cache")}
-    if forbid:
-        env["GPUOS_FORBID_COMPILE"] = "1"
-    proc = run_python(_FORBID_SCRIPT, env)
-    if forbid:
-        assert proc.returncode == 3, describe(proc)
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-cache", "empty-cache"])
+def test_forbid_compile_switch(requires_nvrtc, tmp_path, warm):
+    """With GPUOS_FORBID_COMPILE=1 a warm cache serves the image (no compile), an empty cache raises
+    CompileError: the switch forbids exactly the compiles, so warm starts can be proven compile-free."""
+    if warm:
+        gpuos_ext.jit_compile("sm_80")  # this session's cache (conftest's GPUOS_CACHE_DIR) now holds sm_80
+        cache = os.environ["GPUOS_CACHE_DIR"]
     else:
+        cache = str(tmp_path / "empty-cache")
+    proc = run_python(_FORBID_SCRIPT, {"GPUOS_CACHE_DIR": cache, "GPUOS_FORBID_COMPILE": "1"})
+    if warm:
         assert proc.returncode == 0 and "OK" in proc.stdout, describe(proc)
+    else:
+        assert proc.returncode == 3, describe(proc)
 
 
 # ----------------------------------------------------------------------------- embedded sources
