@@ -398,7 +398,7 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
 // How a level's descriptors reach the worker (in stream order, before the level's ready word):
 //   >= kDmaMin descriptors: one async copy-engine transfer into the device ring (PCIe at full rate);
 //   fewer: the worker reads them from the pinned ring with coalesced 16-byte loads (one PCIe round trip).
-// Measured on H200 (dev/rt_probe.py): delivering a 1-descriptor level by 64-bit memop writes instead made the
+// Measured on H200 (tools/roundtrip_probe.py): delivering a 1-descriptor level by 64-bit memop writes instead made the
 // round trip slower (15.5 us vs 11.3 us), so small levels are read from pinned memory.
 static uint32_t env_u32(const char* name, uint32_t dflt) {
   const char* v = std::getenv(name);

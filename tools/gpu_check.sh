@@ -21,6 +21,7 @@ for f in examples/*.py; do
 done
 fi
 if [ "$MODE" != tests ]; then
+timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
 timeout 240 python3 benchmarks/bench_microbatch.py --reps 10 --plain > "$OUT/bench_microbatch.log" 2>&1; tail -12 "$OUT/bench_microbatch.log"
 timeout 100 python3 benchmarks/bench_reduce.py --plain > "$OUT/bench_reduce.log" 2>&1; tail -12 "$OUT/bench_reduce.log"
 timeout 150 python3 benchmarks/bench_scheduler.py --plain > "$OUT/bench_scheduler.log" 2>&1; tail -12 "$OUT/bench_scheduler.log"
