@@ -13,6 +13,7 @@ python3 -m pip install --no-build-isolation -e . > "$OUT/build.log" 2>&1 || { ta
 # Warm the JIT cache once (the suite's own cold-start tests use private cache dirs).
 python3 -c "import gpuos; gpuos.init(); print(gpuos.runtime_info())" 2>&1 | tail -2
 if [ "$MODE" != bench ]; then
+timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
 GPUOS_TIMEOUT_S=20 timeout 420 python3 -m pytest -q --tb=short tests -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -20
 for f in examples/*.py; do
@@ -21,7 +22,6 @@ for f in examples/*.py; do
 done
 fi
 if [ "$MODE" != tests ]; then
-timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
 timeout 240 python3 benchmarks/bench_microbatch.py --reps 10 --plain > "$OUT/bench_microbatch.log" 2>&1; tail -12 "$OUT/bench_microbatch.log"
 timeout 100 python3 benchmarks/bench_reduce.py --plain > "$OUT/bench_reduce.log" 2>&1; tail -12 "$OUT/bench_reduce.log"
 timeout 150 python3 benchmarks/bench_scheduler.py --plain > "$OUT/bench_scheduler.log" 2>&1; tail -12 "$OUT/bench_scheduler.log"
