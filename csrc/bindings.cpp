@@ -4,11 +4,13 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
 #include "cuda_api.h"
 #include "device_src/functors.h"
+#include "device_src/interp.h"
 #include "jit.h"
 #include "runtime.h"
 
@@ -717,6 +719,41 @@ void cpu_reduce(const std::string& opname, at::Tensor x, at::Tensor out) {
   }
 }
 
+// Evaluate interpreter bytecode (device_src/interp.h, built by gpuos.fusion) on CPU tensors.
+void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
+  const std::string blob = program;
+  if (blob.size() != sizeof(Program))
+    throw py::value_error("_cpu_run_program: program must be " + std::to_string(sizeof(Program)) + " bytes, got " +
+                          std::to_string(blob.size()));
+  Program p;
+  std::memcpy(&p, blob.data(), sizeof p);
+  if (p.ninputs != (uint32_t)inputs.size() || p.ninputs > kProgMaxInputs || p.ninstr > kProgMaxInstr ||
+      p.out_reg >= kProgMaxRegs)
+    throw py::value_error("_cpu_run_program: malformed program or wrong number of inputs");
+  for (uint32_t i = 0; i < p.ninstr; ++i) {
+    const Instr& I = p.code[i];
+    bool ok = I.dst < kProgMaxRegs && I.nsrc <= 3 && (I.op == kOpConst || (I.op < kNumOpsHost && kOps[I.op].kind == 0));
+    for (uint32_t k = 0; k < I.nsrc; ++k) ok &= I.src[k] < kProgMaxRegs;
+    if (!ok) throw py::value_error("_cpu_run_program: malformed instruction " + std::to_string(i));
+  }
+  if (out.is_cuda() || !out.is_contiguous() || dtype_code(out.scalar_type()) < 0)
+    throw py::type_error("_cpu_run_program: out must be a contiguous CPU float32/float16/bfloat16 tensor");
+  std::vector<at::Tensor> ins;
+  for (auto item : inputs) {
+    at::Tensor t = item.cast<at::Tensor>();
+    if (t.is_cuda() || t.sizes() != out.sizes() || !t.is_contiguous() || dtype_code(t.scalar_type()) < 0)
+      throw py::type_error("_cpu_run_program: inputs must be contiguous CPU float tensors with out's shape");
+    ins.push_back(t);
+  }
+  const int64_t n = out.numel();
+  float v[kProgMaxInputs];
+  for (int64_t e = 0; e < n; ++e) {
+    for (size_t k = 0; k < ins.size(); ++k)
+      v[k] = load_f32(ins[k].data_ptr(), (uint32_t)dtype_code(ins[k].scalar_type()), e);
+    store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), e, run_program(p, v));
+  }
+}
+
 // ------------------------------------------------------------------ module-level API
 void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks, double idle_us) {
   driver();  // a clear CudaError on machines without a driver / GPU
@@ -944,6 +981,8 @@ PYBIND11_MODULE(gpuos_ext, m) {
         "submit_reduce(op, x, out, keepdim=False): last-dim sum / mean / amax / amin / softmax / log_softmax.");
   m.def("_cpu_apply", &cpu_apply, py::arg("op"), py::arg("inputs"), py::arg("out"), py::arg("s0") = 0.0f,
         py::arg("s1") = 0.0f, "Evaluate an op's device functor on the CPU with g++ (numerics tests).");
+  m.def("_cpu_run_program", &cpu_run_program, py::arg("program"), py::arg("inputs"), py::arg("out"),
+        "Evaluate fused-chain bytecode (gpuos.fusion) with the device functors on the CPU.");
   m.def("_cpu_reduce", &cpu_reduce, py::arg("op"), py::arg("x"), py::arg("out"),
         "Evaluate a reduction's row rule on the CPU (x: contiguous 2-D).");
   py::module_::import("atexit").attr("register")(py::cpp_function([] {

@@ -11,6 +11,7 @@
 #include "device_src/types.h"
 #include "device_src/numeric.h"
 #include "device_src/functors.h"
+#include "device_src/interp.h"  // parsed here so NVRTC checks it; the fused sub-op kind is issue #5
 
 namespace gpuos {
 

@@ -1,0 +1,125 @@
+"""Fused-chain bytecode (gpuos.fusion, device_src/interp.h) against torch on the CPU, through the same
+functors the worker uses. No GPU needed."""
+import random
+
+import pytest
+import torch
+
+import gpuos_ext
+from gpuos.fusion import MAX_INSTR, Chain
+
+from _opref import full_scalars, reference
+
+UNARY = ["neg", "abs", "relu", "sigmoid", "tanh", "sin", "cos", "erf", "silu", "hardsigmoid", "hardswish",
+         "gelu", "gelu_tanh", "leaky_relu", "hardtanh", "elu", "softplus", "clamp"]
+BINARY = ["add", "sub", "mul", "maximum", "minimum"]
+
+
+def _run(prog, inputs, dtype=torch.float32):
+    out = torch.full_like(inputs[0], float("nan"), dtype=dtype)
+    gpuos_ext._cpu_run_program(prog, inputs, out)
+    return out
+
+
+def _random_chain(rng, ninputs, nops):
+    """Build the same random chain twice: as a Chain and as a torch reference (fp32, op by op)."""
+    ch = Chain(ninputs)
+    xs = [torch.randn(257, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+          for _ in range(ninputs)]
+    vals, refs = list(ch.inputs), list(xs)
+    for _ in range(nops):
+        if rng.random() < 0.4:
+            op = rng.choice(BINARY)
+            i, j = rng.randrange(len(vals)), rng.randrange(len(vals))
+            if rng.random() < 0.3:  # a Python-number operand becomes a constant register
+                c = round(rng.uniform(-2, 2), 3)
+                vals.append(ch.op(op, vals[i], c))
+                refs.append(reference(op, [refs[i], c], full_scalars(op)))
+            else:
+                vals.append(ch.op(op, vals[i], vals[j]))
+                refs.append(reference(op, [refs[i], refs[j]], full_scalars(op)))
+        else:
+            op = rng.choice(UNARY)
+            i = rng.randrange(len(vals))
+            vals.append(ch.op(op, vals[i]))
+            refs.append(reference(op, [refs[i]], full_scalars(op)))
+    return ch, vals[-1], xs, refs[-1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_chain_matches_torch(seed):
+    rng = random.Random(seed)
+    ch, out, xs, ref = _random_chain(rng, ninputs=rng.randint(1, 4), nops=rng.randint(2, 12))
+    got = _run(ch.compile(out), xs)
+    torch.testing.assert_close(got, ref.float(), rtol=2e-5, atol=2e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chain_half_inputs_and_output(dtype):
+    ch = Chain(2)
+    x, y = ch.inputs
+    z = ch.op("gelu_tanh", ch.op("add", ch.op("mul", x, y), 1.5))
+    a, b = torch.randn(300).to(dtype), torch.randn(300).to(dtype)
+    ref = torch.nn.functional.gelu(a.float() * b.float() + 1.5, approximate="tanh").to(dtype)
+    torch.testing.assert_close(_run(ch.compile(z), [a, b], dtype), ref)
+
+
+def test_scalars_and_clamp_bounds():
+    ch = Chain(1)
+    (x,) = ch.inputs
+    z = ch.op("clamp", ch.op("leaky_relu", x, negative_slope=0.2), min=-0.5, max=None)
+    a = torch.randn(500) * 3
+    ref = torch.clamp(torch.nn.functional.leaky_relu(a, 0.2), min=-0.5)
+    torch.testing.assert_close(_run(ch.compile(z), [a]), ref)
+
+
+def test_registers_are_reused_for_long_chains():
+    ch = Chain(1)
+    v = ch.inputs[0]
+    for _ in range(MAX_INSTR):  # 24 live-once temporaries fit in 16 registers
+        v = ch.op("sin", v)
+    a = torch.randn(64)
+    ref = a
+    for _ in range(MAX_INSTR):
+        ref = torch.sin(ref)
+    torch.testing.assert_close(_run(ch.compile(v), [a]), ref)
+
+
+def test_too_many_instructions_is_an_error():
+    ch = Chain(1)
+    v = ch.inputs[0]
+    for _ in range(MAX_INSTR + 1):
+        v = ch.op("neg", v)
+    with pytest.raises(ValueError, match="instructions"):
+        ch.compile(v)
+
+
+def test_unused_nodes_are_not_emitted():
+    ch = Chain(2)
+    x, y = ch.inputs
+    ch.op("exp", y)  # dead: not part of the result
+    z = ch.op("mul", x, x)
+    prog = ch.compile(z)
+    assert int.from_bytes(prog[:4], "little") == 1
+
+
+def test_builder_errors():
+    ch = Chain(1)
+    with pytest.raises(ValueError, match="unknown elementwise op"):
+        ch.op("sum", ch.inputs[0])
+    with pytest.raises(ValueError, match="takes 2 operand"):
+        ch.op("add", ch.inputs[0])
+    with pytest.raises(TypeError, match="scalars"):
+        ch.op("relu", ch.inputs[0], alpha=2.0)
+    with pytest.raises(ValueError):
+        Chain(0)
+
+
+def test_malformed_program_is_rejected():
+    ch = Chain(1)
+    prog = bytearray(ch.compile(ch.op("neg", ch.inputs[0])))
+    prog[16] = 200  # op id outside the table
+    with pytest.raises(ValueError, match="malformed"):
+        _run(bytes(prog), [torch.randn(4)])
+    with pytest.raises(ValueError, match="bytes"):
+        _run(bytes(prog[:-1]), [torch.randn(4)])
