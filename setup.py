@@ -49,6 +49,8 @@ setup(
             define_macros=[("GPUOS_VERSION", f'"{VERSION}"')],
             extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
             libraries=["dl"],
+            # Installed beside the `torch` package: `import gpuos_ext` finds libc10/libtorch without torch imported.
+            extra_link_args=["-Wl,-rpath,$ORIGIN/torch/lib"],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=bool(os.environ.get("GPUOS_USE_NINJA")))},
