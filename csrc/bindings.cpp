@@ -200,16 +200,32 @@ const at::Tensor& as_tensor(PyObject* o, const char* op, const char* argname) {
 }
 
 // Byte range [lo, hi) a strided view can touch.
-void extent(const at::Tensor& t, uint64_t& lo, uint64_t& hi) {
+void extent(uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es, uint64_t& lo,
+            uint64_t& hi) {
   int64_t mn = 0, mx = 0;
-  for (int64_t i = 0; i < t.dim(); ++i) {
-    const int64_t span = t.stride(i) * (t.size(i) - 1);
+  for (int i = 0; i < ndim; ++i) {
+    const int64_t span = strides[i] * (sizes[i] - 1);
     if (span < 0) mn += span; else mx += span;
   }
-  const int64_t es = (int64_t)t.element_size();
-  const uint64_t p = (uint64_t)(uintptr_t)t.data_ptr();
-  lo = p + mn * es;
-  hi = p + (mx + 1) * es;
+  lo = ptr + mn * es;
+  hi = ptr + (mx + 1) * es;
+}
+
+// Does `in` share memory with `out` other than as exactly the same view (the allowed in-place case)?
+bool partially_overlaps(const at::Tensor& out, const at::Tensor& in, bool allow_identical = true) {
+  if (in.numel() == 0 || out.numel() == 0) return false;
+  if (in.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() !=
+      out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl())
+    return false;  // the common case, without touching sizes or strides
+  uint64_t lo, hi, olo, ohi;
+  extent((uint64_t)(uintptr_t)in.data_ptr(), (int)in.dim(), in.sizes().data(), in.strides().data(),
+         (int64_t)in.element_size(), lo, hi);
+  extent((uint64_t)(uintptr_t)out.data_ptr(), (int)out.dim(), out.sizes().data(), out.strides().data(),
+         (int64_t)out.element_size(), olo, ohi);
+  if (!(lo < ohi && olo < hi)) return false;
+  const bool identical =
+      in.data_ptr() == out.data_ptr() && in.sizes() == out.sizes() && in.strides() == out.strides();
+  return !(allow_identical && identical);
 }
 
 bool has_internal_overlap(const at::Tensor& t) {
@@ -245,23 +261,11 @@ void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, cons
   if (!out.is_contiguous() && has_internal_overlap(out))
     throw py::value_error(std::string(op) + ": out " + shape_str(out) + " has stride-0 (expanded) dims, so "
                           "several elements would write one location. Fix: pass a freshly allocated out.");
-  if (out.numel() == 0) return;
-  const c10::StorageImpl* os = out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
-  uint64_t olo = 0, ohi = 0;
-  bool have_out_extent = false;
-  for (int i = 0; i < 2; ++i) {
-    const at::Tensor& in = *ts[i];
-    if (in.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() != os) continue;  // cheap common case
-    if (!have_out_extent) { extent(out, olo, ohi); have_out_extent = true; }
-    uint64_t lo, hi;
-    extent(in, lo, hi);
-    const bool overlap = lo < ohi && olo < hi;
-    const bool identical = in.data_ptr() == out.data_ptr() && in.strides() == out.strides();
-    if (overlap && !identical)
+  for (int i = 0; i < 2; ++i)
+    if (partially_overlaps(out, *ts[i]))
       throw py::value_error(std::string(op) + ": out partially overlaps input '" + names[i] + "' (" + all() +
                             "); only exact in-place (out is the same view as the input) is allowed. Fix: "
                             "write to a separate tensor, or clone the input first.");
-  }
 }
 
 Operand operand(const at::Tensor& t) {
@@ -279,13 +283,7 @@ Operand operand(const at::Tensor& t) {
     o.lo = o.ptr;
     o.hi = o.ptr + (uint64_t)(impl->numel() * es);
   } else {
-    int64_t mn = 0, mx = 0;
-    for (int i = 0; i < o.ndim; ++i) {
-      const int64_t span = o.strides[i] * (o.sizes[i] - 1);
-      if (span < 0) mn += span; else mx += span;
-    }
-    o.lo = o.ptr + mn * es;
-    o.hi = o.ptr + (mx + 1) * es;
+    extent(o.ptr, o.ndim, o.sizes, o.strides, es, o.lo, o.hi);
   }
   return o;
 }
@@ -444,15 +442,7 @@ const std::vector<const char*>& functor_names() {
 bool is_number(PyObject* o) { return PyFloat_Check(o) || PyLong_Check(o) || PyBool_Check(o); }
 
 void check_overlap(const char* who, const at::Tensor& out, const at::Tensor& in, const std::string& inname) {
-  if (in.numel() == 0 || out.numel() == 0) return;
-  if (in.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() !=
-      out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl())
-    return;
-  uint64_t lo, hi, olo, ohi;
-  extent(in, lo, hi);
-  extent(out, olo, ohi);
-  const bool identical = in.data_ptr() == out.data_ptr() && in.sizes() == out.sizes() && in.strides() == out.strides();
-  if (lo < ohi && olo < hi && !identical)
+  if (partially_overlaps(out, in))
     throw py::value_error(std::string(who) + ": out " + shape_str(out) + " partially overlaps " + inname + " " +
                           shape_str(in) + "; only exact in-place is allowed. Fix: write to a separate tensor.");
 }
@@ -615,15 +605,9 @@ void submit_reduce(const std::string& opname, py::handle px, py::handle pout, bo
     throw py::value_error(who + ": the last dim of x " + shape_str(x) + " is empty; amax/amin have no identity");
   if (!out.is_contiguous() && has_internal_overlap(out))
     throw py::value_error(who + ": out " + shape_str(out) + " has stride-0 (expanded) dims");
-  if (row_out) check_overlap(who.c_str(), out, x, "x");
-  else if (out.numel() && x.numel() &&
-           out.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() ==
-               x.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl()) {
-    uint64_t lo, hi, olo, ohi;
-    extent(x, lo, hi);
-    extent(out, olo, ohi);
-    if (lo < ohi && olo < hi) throw py::value_error(who + ": out overlaps x. Fix: write to a separate tensor.");
-  }
+  if (row_out) check_overlap(who.c_str(), out, x, "x");  // in-place softmax is allowed
+  else if (partially_overlaps(out, x, /*allow_identical=*/false))
+    throw py::value_error(who + ": out overlaps x. Fix: write to a separate tensor.");
   const int64_t rows = cols == 0 ? out.numel() : x.numel() / cols;
   if (rows == 0 || out.numel() == 0) return;
   const TensorRef xr = make_ref(x, (int)x.dim());
