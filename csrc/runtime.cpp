@@ -1,7 +1,7 @@
 // csrc/runtime.cpp -- per-device runtime: ring, publication, stream ordering, the elastic worker.
 //
-// Data path (DESIGN.md §3): record() appends 64-byte descriptors to a pinned ring; flush() writes one
-// BatchHeader per dependency level, then one cuStreamBatchMemOp on the user's stream that (a) writes each
+// Data path (DESIGN.md §3): record() appends 64-byte descriptors to a pinned ring; flush() issues one
+// cuStreamBatchMemOp on the user's stream that (a) writes each
 // level's ready word in device memory -- so the worker opens a level only after the stream work queued
 // before the flush -- and (b) makes the stream wait for the last level's done word -- so later stream work
 // sees the outputs. No host sync. The worker is launched on a side stream when the Dekker handshake says
@@ -433,9 +433,6 @@ uint32_t Runtime::flush(CUstream stream) {
     const uint32_t seq = ++last_seq_;
     const uint32_t slot = seq & (kMaxBatches - 1);
     const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
-    hc_->hdr[slot].seq = seq;  // for diagnostics; the worker takes count and source from the ready word
-    hc_->hdr[slot].start = start;
-    hc_->hdr[slot].count = lv.count;
     uint32_t src = 0;
     if (lv.count >= kDmaMin) {
       const uint32_t first = std::min(lv.count, cfg_.capacity - start);

@@ -36,23 +36,14 @@ struct SubOp {
   u32 reserved;
 };
 
-// Host-written header of one batch (a dependency level): descriptors [start, start+count) mod capacity.
-struct BatchHeader {
-  u32 seq;
-  u32 start;
-  u32 count;
-  u32 reserved;
-};
-
-// Lives in pinned, device-mapped host memory. The host writes host_published and the headers; the worker
-// writes worker_state and done[]. Never in a module global: it outlives every worker generation.
+// Lives in pinned, device-mapped host memory. The host writes host_published and yield_request; the worker
+// writes worker_state and done[]. (A batch's seq and descriptor count travel in its DevCtl::ready word.) Never in a module global: it outlives every worker generation.
 struct HostCtl {
   u32 host_published;  // last seq the host has published (plain CPU store, then a full fence)
   u32 worker_state;    // kWorkerRunning / kWorkerExiting
   u32 yield_request;   // != 0: exit as soon as nothing published is pending
   u32 reserved[13];
   u32 done[kMaxBatches];  // done[seq % kMaxBatches] = seq once the batch has completed
-  BatchHeader hdr[kMaxBatches];
 };
 
 // Lives in device memory; the worker's own bookkeeping, persistent across worker launches.
@@ -86,8 +77,7 @@ struct WorkerArgs {
 
 static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
-static_assert(sizeof(BatchHeader) == 16, "BatchHeader layout");
-static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches + 16 * kMaxBatches, "HostCtl layout");
+static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
 static_assert(sizeof(WorkerArgs) == 48, "WorkerArgs layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 
