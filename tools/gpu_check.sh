@@ -14,7 +14,7 @@ python3 -m pip install --no-build-isolation -e . > "$OUT/build.log" 2>&1 || { ta
 python3 -c "import gpuos; gpuos.init(); print(gpuos.runtime_info())" 2>&1 | tail -2
 if [ "$MODE" != bench ]; then
 timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
-GPUOS_TIMEOUT_S=20 timeout 420 python3 -m pytest -q --tb=short tests -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --tb=short --durations=12 tests -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -20
 for f in examples/*.py; do
   case "$f" in */_*) continue ;; esac
