@@ -26,6 +26,12 @@ constexpr u32 kMaxBatches = 1024;
 constexpr u32 kTileElems = 4096;
 // Sub-op descriptors a block claims at once, per warp.
 constexpr u32 kClaimPerWarp = 4;
+// Op id space (SubOp::op): built-in ops of device_src/ops.def are 0 .. kFirstUserOp-1; ops registered at run
+// time (issue #5: register_elementwise / register_op / install) take kFirstUserOp .. kMaxOps-1; kOpFused marks
+// a fused elementwise chain run by the interpreter (device_src/interp.h).
+constexpr u32 kFirstUserOp = 64;
+constexpr u32 kMaxOps = 255;
+constexpr u32 kOpFused = 255;
 // Worker state words (HostCtl::worker_state).
 constexpr u32 kWorkerExiting = 0;  // not running, or about to exit: the host must launch one
 constexpr u32 kWorkerRunning = 1;
