@@ -11,8 +11,14 @@
 #include "cuda_api.h"
 #include "device_src/functors.h"
 #include "device_src/interp.h"
+#include "fusion.h"
 #include "jit.h"
 #include "runtime.h"
+
+#include <array>
+#include <functional>
+#include <map>
+#include <unordered_map>
 
 namespace py = pybind11;
 using namespace gpuos;
@@ -87,12 +93,18 @@ CUstream current_stream(int dev) {
 // publication moves them to g_release, and drain_release() drops them after mu is released. Breaking this
 // deadlocked the scheduler's timer thread against a recording thread.
 std::vector<PyObject*> g_release[kMaxDevices];
+std::vector<at::Tensor> g_keep_t[kMaxDevices], g_release_t[kMaxDevices];  // the same, for lowered deferred ops
 
 void move_keep_to_release(int dev) {
   auto& r = g_release[dev];
   r.insert(r.end(), g_keep[dev].begin(), g_keep[dev].end());
   g_keep[dev].clear();
+  auto& rt = g_release_t[dev];
+  for (auto& t : g_keep_t[dev]) rt.push_back(std::move(t));
+  g_keep_t[dev].clear();
 }
+
+void keep_tensor(int dev, const at::Tensor& t) { g_keep_t[dev].push_back(t); }
 
 void drain_release() {
   for (auto& r : g_release) {
@@ -101,12 +113,19 @@ void drain_release() {
     batch.swap(r);
     for (PyObject* o : batch) Py_DECREF(o);
   }
+  for (auto& r : g_release_t) {
+    if (r.empty()) continue;
+    std::vector<at::Tensor> batch;
+    batch.swap(r);
+  }
 }
 
 void release_keep(int dev) {
   move_keep_to_release(dev);
   drain_release();
 }
+
+void lower_deferred(int dev, Runtime& rt);  // the scheduler's deferred ops (below)
 
 std::unique_lock<std::mutex> lock_rt(Runtime& rt) {
   std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
@@ -331,6 +350,7 @@ void record_one(uint32_t op, PyObject* pa, PyObject* pb, PyObject* pout) {
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
+  lower_deferred(dev, rt);
   rt.record_binary(op, operand(out), operand(a), operand(b), numel);
   keep3(dev, pa, pb, pout);
 }
@@ -423,6 +443,7 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
       lk.reset();
       rt = &runtime_for(r.dev);
       lk = std::make_unique<RtLock>(*rt);
+      lower_deferred(r.dev, *rt);
     }
     rt->record_binary(op, r.out, r.a, r.b, r.numel);
     keep3(r.dev, ia[i], ib[i], ic[i]);
@@ -454,6 +475,26 @@ void check_cuda_float(const char* who, const at::Tensor& t, const std::string& n
   if (dtype_code(t.scalar_type()) < 0)
     throw py::type_error(std::string(who) + ": " + name + " has dtype " + dtype_str(t) +
                          "; supported: float32, float16, bfloat16. Fix: cast with .float() / .half() / .bfloat16().");
+}
+
+// Record out = op(ins; s0, s1) (undefined ins[k]: constant cv[k]) once validated; inputs broadcast to out's
+// shape as stride-0 views. The one lowering of an elementwise op: submit() and the scheduler both use it.
+void record_ew_tensors(Runtime& rt, uint32_t op, uint32_t arity, const at::Tensor& out, const at::Tensor* ins,
+                       const float* cv, float s0, float s1) {
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
+  at::Tensor expanded[3];
+  Operand opnd[3];
+  for (uint32_t k = 0; k < arity; ++k) {
+    if (!ins[k].defined()) {
+      opnd[k].is_const = true;
+      opnd[k].value = cv[k];
+      continue;
+    }
+    expanded[k] = ins[k].sizes() == out.sizes() ? ins[k] : ins[k].expand(out.sizes());
+    opnd[k] = operand(expanded[k]);
+  }
+  rt.record_ew(op, arity, operand(out), opnd, s0, s1, numel);
 }
 
 void submit_generic(const std::string& opname, py::handle inputs, py::handle pout, py::kwargs kwargs) {
@@ -537,25 +578,18 @@ void submit_generic(const std::string& opname, py::handle inputs, py::handle pou
   if (!out.is_contiguous() && has_internal_overlap(out))
     throw py::value_error(who + ": out " + shape_str(out) + " has stride-0 (expanded) dims. Fix: pass a fresh out.");
   for (size_t i = 0; i < tens.size(); ++i) check_overlap(who.c_str(), out, tens[i], "input " + std::to_string(tidx[i]));
-  const int64_t numel = out.numel();
-  if (numel == 0) return;
-  std::vector<at::Tensor> expanded;  // views with out's shape (stride 0 where broadcast)
-  expanded.reserve(tens.size());
-  Operand ins[3];
+  if (out.numel() == 0) return;
+  at::Tensor ins[3];
+  float cv[3] = {0.f, 0.f, 0.f};
   for (Py_ssize_t k = 0, t = 0; k < n; ++k) {
-    if (is_number(items[k])) {
-      ins[k].is_const = true;
-      ins[k].value = (float)PyFloat_AsDouble(items[k]);
-      continue;
-    }
-    const at::Tensor& src = tens[t++];
-    expanded.push_back(src.sizes() == out.sizes() ? src : src.expand(out.sizes()));
-    ins[k] = operand(expanded.back());
+    if (is_number(items[k])) cv[k] = (float)PyFloat_AsDouble(items[k]);
+    else ins[k] = tens[t++];
   }
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
-  rt.record_ew(op, info.arity, operand(out), ins, sc[0], sc[1], numel);
+  lower_deferred(dev, rt);
+  record_ew_tensors(rt, op, info.arity, out, ins, cv, sc[0], sc[1]);
   auto& keep = g_keep[dev];
   Py_INCREF(out_obj);
   keep.push_back(out_obj);
@@ -576,6 +610,18 @@ TensorRef make_ref(const at::Tensor& t, int ndim) {
     r.strides[i] = i < ndim ? t.stride(i) : 0;
   }
   return r;
+}
+
+// Record a validated last-dim reduction (the one lowering: submit_reduce() and the scheduler use it).
+void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const at::Tensor& out, bool keepdim) {
+  const bool row_out = kOps[op].name == std::string("softmax") || kOps[op].name == std::string("log_softmax");
+  const int64_t cols = x.size(-1);
+  const int64_t rows = cols == 0 ? out.numel() : x.numel() / cols;
+  if (rows == 0 || out.numel() == 0) return;
+  const TensorRef xr = make_ref(x, (int)x.dim());
+  TensorRef orf = make_ref(out, row_out ? (int)out.dim() : (int)x.dim() - 1);
+  if (!row_out && keepdim) orf = make_ref(out.squeeze(-1), (int)x.dim() - 1);
+  rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
 }
 
 void submit_reduce(const std::string& opname, py::handle px, py::handle pout, bool keepdim) {
@@ -608,16 +654,512 @@ void submit_reduce(const std::string& opname, py::handle px, py::handle pout, bo
   if (row_out) check_overlap(who.c_str(), out, x, "x");  // in-place softmax is allowed
   else if (partially_overlaps(out, x, /*allow_identical=*/false))
     throw py::value_error(who + ": out overlaps x. Fix: write to a separate tensor.");
-  const int64_t rows = cols == 0 ? out.numel() : x.numel() / cols;
-  if (rows == 0 || out.numel() == 0) return;
-  const TensorRef xr = make_ref(x, (int)x.dim());
-  TensorRef orf = make_ref(out, row_out ? (int)out.dim() : (int)x.dim() - 1);
-  if (!row_out && keepdim) orf = make_ref(out.squeeze(-1), (int)x.dim() - 1);
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
-  rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
+  lower_deferred(dev, rt);
+  record_reduce_tensors(rt, op, x, out, keepdim);
   keep3(dev, px.ptr(), pout.ptr(), pout.ptr());
+}
+
+// ------------------------------------------------------------------ scheduler record path (issues 4, 5)
+// gpuos.scheduler_context's handlers call sched_ew / sched_reduce: one C++ call validates, allocates the
+// output and defers the op. Deferred ops are lowered into sub-ops when they are flushed (or before anything
+// else is recorded on the device); lowering fuses chains of elementwise ops whose intermediates nothing else
+// can read (only our references to the tensor and its storage remain) into one interpreter sub-op, so those
+// intermediates are never written. Everything here runs under Runtime::mu except the argument checks.
+enum SchedReason : int { kRNotCuda = 1, kRLayout, kRDtype, kRSize, kRAutograd, kRArgs, kRDevice };
+enum SchedMode : int { kModeFunctional = 0, kModeInplace = 1, kModeOut = 2 };
+
+struct DeferredOp {
+  uint32_t op = 0, nin = 0;
+  bool reduce = false, keepdim = false, fresh = false;  // fresh: out was allocated by the scheduler
+  float s0 = 0.f, s1 = 0.f;
+  at::Tensor out;
+  at::Tensor in[3];  // undefined: constant cv[k]
+  float cv[3] = {0.f, 0.f, 0.f};
+};
+
+struct Deferred {
+  std::vector<DeferredOp> ops;
+  CUstream stream = nullptr;
+  std::chrono::steady_clock::time_point oldest;
+};
+Deferred g_def[kMaxDevices];
+
+struct SchedStats {
+  uint64_t intercepted = 0, flushed_ops = 0, fused_groups = 0, fused_ops = 0, flushes = 0;
+  std::map<std::string, uint64_t> by_cause;
+} g_sched;
+bool g_fusion = true;
+
+const c10::TensorImpl* impl_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+const void* storage_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl(); }
+
+// offset(e) = ((e / div) % mod) * stride of `t` read at linear index e of `shape` (t broadcast to it).
+bool fused_rule(const at::Tensor& t, at::IntArrayRef shape, FusedOperand& r) {
+  const int64_t nd = (int64_t)shape.size(), td = t.dim();
+  r.ptr = (uint64_t)(uintptr_t)t.data_ptr();
+  r.stride = 0;
+  r.div = 1;
+  r.mod = 0;
+  int64_t inner = 1;      // product of sizes inside the current dim
+  int64_t blk_lo = -1, blk_hi = -1, blk_stride = 0, expect = 0;
+  bool outer_bcast = false;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    const int64_t sz = shape[d];
+    const int64_t td_i = d - (nd - td);
+    const int64_t st = (td_i >= 0 && t.size(td_i) != 1) ? t.stride(td_i) : 0;
+    if (sz == 1) continue;
+    if (st != 0) {
+      if (blk_lo >= 0 && blk_lo != d + 1 && blk_hi >= 0) {
+        // a second block of strided dims (a zero-stride dim sits between): not one block
+        bool gap = false;
+        for (int64_t g = d + 1; g < blk_lo; ++g) gap |= shape[g] != 1;
+        if (gap) return false;
+      }
+      if (blk_lo < 0) {
+        blk_hi = d;
+        blk_stride = st;
+        expect = st;
+        r.div = (uint32_t)inner;
+      }
+      if (st != expect) return false;
+      expect = st * sz;
+      blk_lo = d;
+    } else if (blk_lo >= 0) {
+      outer_bcast = true;
+    }
+    inner *= sz;
+  }
+  if (blk_lo < 0) return true;  // every dim broadcast: one element
+  int64_t blk = 1;
+  for (int64_t d = blk_lo; d <= blk_hi; ++d) blk *= shape[d];
+  r.stride = blk_stride;
+  r.mod = outer_bcast ? (uint32_t)blk : 0u;
+  if (inner > 0xffffffffll) return false;
+  return true;
+}
+
+struct Lowering {
+  std::vector<int> child[3];  // per op, per input: index of the fused producer, or -1
+};
+
+void keep_tensor(int dev, const at::Tensor& t);
+
+// Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
+// (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
+bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
+  const DeferredOp& root = ops[r];
+  std::vector<ExprNode> nodes;
+  std::vector<const at::Tensor*> leaves;
+  std::function<uint32_t(int)> visit;  // returns the value index (inputs numbered later: fix-up below)
+  struct Ref { bool leaf; uint32_t idx; };
+  std::vector<Ref> refs_of_node;  // unused
+  // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index.
+  visit = [&](int i) -> uint32_t {
+    const DeferredOp& o = ops[i];
+    ExprNode n{};
+    n.op = o.op;
+    n.nsrc = o.nin;
+    n.s0 = o.s0;
+    n.s1 = o.s1;
+    n.round = (i == r) ? (uint32_t)kF32 : (uint32_t)dtype_code(o.out.scalar_type());
+    for (uint32_t k = 0; k < o.nin; ++k) {
+      if (child[i][k] >= 0) {
+        n.src[k] = visit(child[i][k]);
+      } else if (!o.in[k].defined()) {
+        ExprNode c{};
+        c.op = kOpConst;
+        c.s0 = o.cv[k];
+        c.round = kF32;
+        nodes.push_back(c);
+        n.src[k] = (uint32_t)(nodes.size() - 1);
+      } else {
+        const at::Tensor& t = o.in[k];
+        size_t li = 0;
+        for (; li < leaves.size(); ++li)
+          if (leaves[li]->data_ptr() == t.data_ptr() && leaves[li]->sizes() == t.sizes() &&
+              leaves[li]->strides() == t.strides() && leaves[li]->scalar_type() == t.scalar_type())
+            break;
+        if (li == leaves.size()) leaves.push_back(&t);
+        n.src[k] = (1u << 20) + (uint32_t)li;
+      }
+    }
+    nodes.push_back(n);
+    return (uint32_t)(nodes.size() - 1);
+  };
+  const uint32_t outv = visit(r);
+  const uint32_t nin = (uint32_t)leaves.size();
+  if (nin < 1 || nin > kProgMaxInputs) return false;
+  for (auto& n : nodes)
+    for (uint32_t k = 0; k < n.nsrc; ++k) n.src[k] = n.src[k] >= (1u << 20) ? n.src[k] - (1u << 20) : n.src[k] + nin;
+  FusedArgs fa;
+  std::memset((void*)&fa, 0, sizeof fa);
+  const at::IntArrayRef shape = root.out.sizes();
+  if (!fused_rule(root.out, shape, fa.opnd[0]) || (fa.opnd[0].mod != 0 || fa.opnd[0].div != 1)) return false;
+  fa.dtype[0] = (uint8_t)dtype_code(root.out.scalar_type());
+  Operand ins[kProgMaxInputs];
+  at::Tensor expanded[kProgMaxInputs];
+  for (uint32_t k = 0; k < nin; ++k) {
+    const at::Tensor& t = *leaves[k];
+    if (!fused_rule(t, shape, fa.opnd[1 + k])) return false;
+    // A leaf in the output's storage must be the output's exact view (read and write at the same index).
+    if (storage_of(t) == storage_of(root.out) &&
+        !(t.data_ptr() == root.out.data_ptr() && t.sizes() == shape && t.strides() == root.out.strides()))
+      return false;
+    fa.dtype[1 + k] = (uint8_t)dtype_code(t.scalar_type());
+    expanded[k] = t.sizes() == shape ? t : t.expand(shape);
+    ins[k] = operand(expanded[k]);
+  }
+  Program prog;
+  try {
+    prog = build_program(nin, nodes, nin + outv);
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  const int32_t pid = rt.program_id(prog);
+  if (pid < 0) return false;
+  fa.prog = (uint32_t)pid;
+  fa.ninputs = nin;
+  rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel());
+  return true;
+}
+
+void emit_plain(Runtime& rt, const DeferredOp& o) {
+  if (o.reduce) record_reduce_tensors(rt, o.op, o.in[0], o.out, o.keepdim);
+  else record_ew_tensors(rt, o.op, o.nin, o.out, o.in, o.cv, o.s0, o.s1);
+}
+
+// Emit the tree rooted at r op by op (its producers first), materialising every intermediate.
+void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
+  for (uint32_t k = 0; k < ops[r].nin; ++k)
+    if (child[r][k] >= 0) emit_unfused(rt, ops, child, child[r][k]);
+  emit_plain(rt, ops[r]);
+}
+
+void lower_deferred(int dev, Runtime& rt) {
+  auto& ops = g_def[dev].ops;
+  if (ops.empty()) return;
+  const int n = (int)ops.size();
+  std::vector<std::array<int, 3>> child(n, {-1, -1, -1});
+  std::vector<char> fused_away(n, 0);
+  if (g_fusion && n > 1) {
+    // Readers of each op's output (by TensorImpl, the producer being the latest writer before the reader).
+    std::unordered_map<const c10::TensorImpl*, int> producer;
+    producer.reserve((size_t)n * 2);
+    std::vector<int> readers(n, 0);
+    std::vector<std::array<int, 3>> prod_of(n, {-1, -1, -1});
+    for (int j = 0; j < n; ++j) {
+      const DeferredOp& o = ops[j];
+      for (uint32_t k = 0; k < o.nin; ++k) {
+        if (!o.in[k].defined()) continue;
+        auto it = producer.find(impl_of(o.in[k]));
+        if (it != producer.end()) {
+          readers[it->second]++;
+          prod_of[j][k] = it->second;
+        }
+      }
+      producer[impl_of(o.out)] = j;
+    }
+    // Leaf storages of each subtree (for the write hazard check) and instruction budget.
+    std::vector<std::vector<const void*>> leaf_st(n);
+    std::vector<int> size(n, 1), first(n);
+    for (int j = 0; j < n; ++j) {
+      DeferredOp& o = ops[j];
+      first[j] = j;
+      for (uint32_t k = 0; k < o.nin; ++k)
+        if (o.in[k].defined() && prod_of[j][k] < 0) leaf_st[j].push_back(storage_of(o.in[k]));
+      if (o.reduce) continue;
+      for (uint32_t k = 0; k < o.nin; ++k) {
+        const int i = prod_of[j][k];
+        if (i < 0) continue;
+        const DeferredOp& p = ops[i];
+        bool ok = !p.reduce && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
+                  o.in[k].sizes() == o.out.sizes() && p.out.use_count() == 2 &&
+                  p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
+        // Nothing between the subtree's first op and j may write memory the subtree reads (it is evaluated
+        // at j's position).
+        for (int m = first[i] + 1; ok && m < j; ++m) {
+          if (ops[m].fresh) continue;
+          const void* w = storage_of(ops[m].out);
+          for (const void* st : leaf_st[i]) ok &= st != w;
+        }
+        if (!ok) {
+          if (i >= 0) leaf_st[j].push_back(storage_of(o.in[k]));
+          continue;
+        }
+        child[j][k] = i;
+        fused_away[i] = 1;
+        size[j] += size[i];
+        first[j] = std::min(first[j], first[i]);
+        leaf_st[j].insert(leaf_st[j].end(), leaf_st[i].begin(), leaf_st[i].end());
+      }
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    if (fused_away[j]) continue;
+    const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0;
+    if (!has_child) {
+      emit_plain(rt, ops[j]);
+      continue;
+    }
+    if (emit_fused(rt, ops, child, j)) {
+      int members = 0;
+      std::function<void(int)> count = [&](int i) {
+        ++members;
+        for (int c : child[i]) if (c >= 0) count(c);
+      };
+      count(j);
+      g_sched.fused_groups++;
+      g_sched.fused_ops += members;
+    } else {
+      emit_unfused(rt, ops, child, j);
+    }
+  }
+  // Keep every tensor alive until publication (the publish hook moves them to the release list).
+  for (auto& o : ops) {
+    keep_tensor(dev, o.out);
+    for (auto& t : o.in) if (t.defined()) keep_tensor(dev, t);
+  }
+  g_sched.flushed_ops += ops.size();
+  ops.clear();
+}
+
+// Lower and publish the device's deferred ops on the stream they were recorded under (mu held).
+void sched_publish(int dev, Runtime& rt, const char* cause) {
+  Deferred& D = g_def[dev];
+  if (D.ops.empty()) return;
+  CUstream s = D.stream;
+  lower_deferred(dev, rt);
+  rt.flush(s);
+  g_sched.flushes++;
+  g_sched.by_cause[cause]++;
+}
+
+PyObject* reason(int r) { return PyLong_FromLong(r); }
+
+// sched_ew(op, mode, inputs: tuple, out: Tensor | None, s0, s1, size_threshold) -> Tensor | int (reason)
+PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 7) throw py::type_error("sched_ew takes 7 arguments");
+    const uint32_t op = (uint32_t)PyLong_AsUnsignedLong(args[0]);
+    const int mode = (int)PyLong_AsLong(args[1]);
+    PyObject* tup = args[2];
+    PyObject* pout = args[3];
+    const float s0 = (float)PyFloat_AsDouble(args[4]), s1 = (float)PyFloat_AsDouble(args[5]);
+    const int64_t thr = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) return nullptr;
+    if (op >= kNumOpsHost || kOps[op].kind != 0 || !PyTuple_Check(tup) ||
+        (uint32_t)PyTuple_GET_SIZE(tup) != kOps[op].arity)
+      return reason(kRArgs);
+    const uint32_t nin = kOps[op].arity;
+    const bool grad = at::GradMode::is_enabled();
+    const at::Tensor* ts[3] = {nullptr, nullptr, nullptr};
+    float cv[3] = {0.f, 0.f, 0.f};
+    int first = -1;
+    bool same_shape = true, any_dim = false;
+    for (uint32_t k = 0; k < nin; ++k) {
+      PyObject* o = PyTuple_GET_ITEM(tup, k);
+      if (THPVariable_Check(o)) {
+        const at::Tensor& t = THPVariable_Unpack(o);
+        if (!t.is_cuda()) return reason(kRNotCuda);
+        if (t.layout() != at::kStrided) return reason(kRLayout);
+        if (dtype_code(t.scalar_type()) < 0) return reason(kRDtype);
+        if (t.numel() > thr) return reason(kRSize);
+        if (grad && t.requires_grad()) return reason(kRAutograd);
+        if (first < 0) first = (int)k;
+        else same_shape &= t.sizes() == ts[first]->sizes();
+        any_dim |= t.dim() > 0;
+        ts[k] = &t;
+      } else if (is_number(o)) {
+        cv[k] = (float)PyFloat_AsDouble(o);
+      } else {
+        return reason(kRArgs);
+      }
+    }
+    if (first < 0) return reason(kRArgs);
+    const at::Tensor& t0 = *ts[first];
+    at::ScalarType dt = t0.scalar_type();
+    bool have = false;
+    for (uint32_t k = 0; k < nin; ++k) {
+      if (!ts[k]) continue;
+      if (ts[k]->get_device() != t0.get_device()) return reason(kRDevice);
+      if (any_dim && ts[k]->dim() == 0) continue;  // 0-d tensors promote only without dimensioned ones
+      dt = have ? c10::promoteTypes(dt, ts[k]->scalar_type()) : ts[k]->scalar_type();
+      have = true;
+    }
+    std::vector<int64_t> shape_v;
+    at::IntArrayRef shape = t0.sizes();
+    if (!same_shape) {
+      shape_v = t0.sizes().vec();
+      try {
+        for (uint32_t k = 0; k < nin; ++k)
+          if (ts[k]) shape_v = at::infer_size(shape_v, ts[k]->sizes());
+      } catch (const c10::Error&) {
+        return reason(kRArgs);
+      }
+      shape = shape_v;
+    }
+    at::Tensor out;
+    PyObject* ret = nullptr;
+    if (mode == kModeFunctional) {
+      int64_t numel = 1;
+      for (int64_t s : shape) numel *= s;
+      if (numel > thr) return reason(kRSize);
+      out = at::empty(shape, t0.options().dtype(dt));
+    } else {
+      PyObject* o = mode == kModeInplace ? PyTuple_GET_ITEM(tup, 0) : pout;
+      if (!THPVariable_Check(o)) return reason(kRArgs);
+      const at::Tensor& ot = THPVariable_Unpack(o);
+      if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return reason(kRDevice);
+      if (ot.scalar_type() != dt || ot.sizes() != shape) return reason(kRArgs);
+      if (!ot.is_contiguous() && has_internal_overlap(ot)) return reason(kRArgs);
+      for (uint32_t k = 0; k < nin; ++k)
+        if (ts[k] && partially_overlaps(ot, *ts[k])) return reason(kRArgs);
+      out = ot;
+      ret = o;
+    }
+    const int dev = out.get_device();
+    Runtime& rt = runtime_for(dev);
+    CUstream s = current_stream(dev);  // a Python call: before taking mu
+    {
+      RtLock lk(rt);
+      Deferred& D = g_def[dev];
+      if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
+      if (D.ops.empty()) {
+        D.stream = s;
+        D.oldest = std::chrono::steady_clock::now();
+      }
+      D.ops.emplace_back();
+      DeferredOp& d = D.ops.back();
+      d.op = op;
+      d.nin = nin;
+      d.fresh = mode == kModeFunctional;
+      d.s0 = s0;
+      d.s1 = s1;
+      d.out = out;
+      for (uint32_t k = 0; k < nin; ++k) {
+        if (ts[k]) d.in[k] = *ts[k];
+        d.cv[k] = cv[k];
+      }
+      g_sched.intercepted++;
+      if (D.ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+    }
+    if (ret) {
+      Py_INCREF(ret);
+      return ret;
+    }
+    return THPVariable_Wrap(std::move(out));
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+// sched_reduce(op, x, keepdim, size_threshold) -> Tensor | int (reason); last dim only (the handler checks dim).
+PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 4) throw py::type_error("sched_reduce takes 4 arguments");
+    const uint32_t op = (uint32_t)PyLong_AsUnsignedLong(args[0]);
+    PyObject* px = args[1];
+    const bool keepdim = PyObject_IsTrue(args[2]) == 1;
+    const int64_t thr = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return nullptr;
+    if (op >= kNumOpsHost || kOps[op].kind != 1 || !THPVariable_Check(px)) return reason(kRArgs);
+    const at::Tensor& x = THPVariable_Unpack(px);
+    if (!x.is_cuda()) return reason(kRNotCuda);
+    if (x.layout() != at::kStrided) return reason(kRLayout);
+    if (dtype_code(x.scalar_type()) < 0) return reason(kRDtype);
+    if (x.numel() > thr) return reason(kRSize);
+    if (at::GradMode::is_enabled() && x.requires_grad()) return reason(kRAutograd);
+    if (x.dim() < 1 || x.dim() > (int64_t)kMaxDims) return reason(kRArgs);
+    const std::string name = kOps[op].name;
+    const bool row_out = name == "softmax" || name == "log_softmax";
+    if ((name == "amax" || name == "amin") && x.size(-1) == 0) return reason(kRArgs);
+    at::Tensor out;
+    if (row_out) {
+      out = at::empty(x.sizes(), x.options());
+    } else {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.pop_back();
+      if (keepdim) shape.push_back(1);
+      out = at::empty(shape, x.options());
+    }
+    const int dev = x.get_device();
+    Runtime& rt = runtime_for(dev);
+    CUstream s = current_stream(dev);
+    {
+      RtLock lk(rt);
+      Deferred& D = g_def[dev];
+      if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
+      if (D.ops.empty()) {
+        D.stream = s;
+        D.oldest = std::chrono::steady_clock::now();
+      }
+      D.ops.emplace_back();
+      DeferredOp& d = D.ops.back();
+      d.op = op;
+      d.nin = 1;
+      d.reduce = true;
+      d.keepdim = keepdim;
+      d.fresh = true;
+      d.out = out;
+      d.in[0] = x;
+      g_sched.intercepted++;
+      if (D.ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+    }
+    return THPVariable_Wrap(std::move(out));
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+// Publish every device's deferred ops (cause counted). Returns the raw streams published on.
+py::list sched_flush(const std::string& cause) {
+  py::list streams;
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = g_rt[dev];
+    if (!rt) continue;
+    RtLock lk(*rt);
+    if (g_def[dev].ops.empty()) continue;
+    streams.append((uintptr_t)g_def[dev].stream);
+    sched_publish(dev, *rt, cause.c_str());
+  }
+  return streams;
+}
+
+// Timer: publish deferred ops older than age_s. Returns how many devices were flushed.
+int sched_flush_due(double age_s) {
+  int n = 0;
+  const auto now = std::chrono::steady_clock::now();
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = g_rt[dev];
+    if (!rt) continue;
+    RtLock lk(*rt);
+    Deferred& D = g_def[dev];
+    if (D.ops.empty() || std::chrono::duration<double>(now - D.oldest).count() < age_s) continue;
+    sched_publish(dev, *rt, "timer");
+    ++n;
+  }
+  return n;
+}
+
+py::dict sched_stats() {
+  py::dict d;
+  d["ops_intercepted"] = g_sched.intercepted;
+  d["flushed_ops"] = g_sched.flushed_ops;
+  d["sched_flushes"] = g_sched.flushes;
+  d["fused_groups"] = g_sched.fused_groups;
+  d["fused_ops"] = g_sched.fused_ops;
+  py::dict c;
+  for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;
+  d["flushes_by_cause"] = c;
+  size_t pending = 0;
+  for (auto& D : g_def) pending += D.ops.size();
+  d["deferred"] = pending;
+  return d;
 }
 
 // ---- CPU evaluation of the same functors (numerics tests without a GPU) ----
@@ -765,6 +1307,10 @@ void flush(bool sync, py::object stream) {
     {
       CUstream s = nullptr;  // Python call: before taking mu
       // An explicit stream belongs to the current device; other devices publish on their own current stream.
+      if (!g_def[dev].ops.empty()) {  // the scheduler's deferred ops go out on the stream they were recorded on
+        RtLock lk(*rt);
+        sched_publish(dev, *rt, "explicit");
+      }
       if (rt->has_pending())
         s = stream.is_none() || dev != current_device() ? current_stream(dev)
                                                         : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
@@ -785,6 +1331,7 @@ void shutdown() {
     CUstream s = current_stream(dev);
     {
       RtLock lk(*rt);
+      sched_publish(dev, *rt, "exit");
       rt->shutdown(s);
     }
     release_keep(dev);
@@ -802,6 +1349,8 @@ py::dict stats() {
     s.worker_launches += r.worker_launches; s.handovers += r.handovers;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
     s.dma_batches += r.dma_batches;
+    s.fused_subops += r.fused_subops;
+    s.programs += r.programs;
   }
   JitStats j = jit_stats();
   py::dict d;
@@ -818,6 +1367,8 @@ py::dict stats() {
   d["room_waits"] = s.room_waits;
   d["levels_split"] = s.levels_split;
   d["dma_batches"] = s.dma_batches;
+  d["fused_subops"] = s.fused_subops;
+  d["programs"] = s.programs;
   return d;
 }
 
@@ -857,6 +1408,11 @@ static PyMethodDef kFastMethods[] = {
    "float16, bfloat16) and equal shape, any strides. Runs at the next flush()."},
     GPUOS_SEED_OP(add, kOp_add) GPUOS_SEED_OP(sub, kOp_sub) GPUOS_SEED_OP(mul, kOp_mul) GPUOS_SEED_OP(div, kOp_div)
 #undef GPUOS_SEED_OP
+    {"sched_ew", (PyCFunction)(void (*)(void))sched_ew, METH_FASTCALL,
+     "sched_ew(op_id, mode, inputs, out, s0, s1, size_threshold) -> Tensor | int\n\nThe scheduler's record path "
+     "(gpuos/scheduler.py): validates, allocates the output and defers the op; an int is the fallback reason."},
+    {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
+     "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
 
 PYBIND11_MODULE(gpuos_ext, m) {
@@ -906,7 +1462,8 @@ PYBIND11_MODULE(gpuos_ext, m) {
         "Record out_list[i] = op(a_list[i], b_list[i]) for every i; op in ('add', 'sub', 'mul', 'div').");
   m.def("pending", [] {
     size_t n = 0;
-    for (auto* r : g_rt) if (r) n += r->has_pending() ? 1 : 0;
+    for (int dev = 0; dev < kMaxDevices; ++dev)
+      if (g_rt[dev]) n += g_rt[dev]->has_pending() || !g_def[dev].ops.empty() ? 1 : 0;
     return n;
   }, "Number of devices with recorded, unpublished work.");
   m.def("yield_worker", [] {
@@ -961,6 +1518,33 @@ PYBIND11_MODULE(gpuos_ext, m) {
   m.def("submit", &submit_generic, py::arg("op"), py::arg("inputs"), py::arg("out"),
         "submit(op, inputs, out, **scalars): record out = op(*inputs) for any elementwise op of the table; "
         "inputs are CUDA tensors (broadcast to out.shape, mixed float dtypes) or Python numbers.");
+  m.def("sched_flush", &sched_flush, py::arg("cause") = "explicit",
+        "Publish the scheduler's deferred ops (lowered, fused) on the streams they were recorded on; returns those "
+        "streams.");
+  m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
+  m.def("sched_stats", &sched_stats);
+  m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
+        "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
+  m.def("fusion_enabled", [] { return g_fusion; });
+  m.def("_build_program", [](uint32_t ninputs, py::list nodes, uint32_t out) {
+    std::vector<ExprNode> v;
+    for (auto item : nodes) {
+      py::tuple t = item.cast<py::tuple>();
+      ExprNode n{};
+      n.op = t[0].cast<uint32_t>();
+      py::list srcs = t[1].cast<py::list>();
+      if (srcs.size() > 3) throw py::value_error("_build_program: at most 3 operands per node");
+      n.nsrc = (uint32_t)srcs.size();
+      for (size_t k = 0; k < srcs.size(); ++k) n.src[k] = srcs[k].cast<uint32_t>();
+      n.s0 = t[2].cast<float>();
+      n.s1 = t[3].cast<float>();
+      n.round = t.size() > 4 ? t[4].cast<uint32_t>() : (uint32_t)kF32;
+      v.push_back(n);
+    }
+    const Program p = build_program(ninputs, v, out);
+    return py::bytes((const char*)&p, sizeof p);
+  }, py::arg("ninputs"), py::arg("nodes"), py::arg("out"),
+        "Bytecode (device_src/interp.h Program) for nodes [(op, [srcs], s0, s1[, round_dtype])].");
   m.def("submit_reduce", &submit_reduce, py::arg("op"), py::arg("x"), py::arg("out"), py::arg("keepdim") = false,
         "submit_reduce(op, x, out, keepdim=False): last-dim sum / mean / amax / amin / softmax / log_softmax.");
   m.def("_cpu_apply", &cpu_apply, py::arg("op"), py::arg("inputs"), py::arg("out"), py::arg("s0") = 0.0f,

@@ -129,6 +129,10 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuMemHostGetDevicePointer(&refs_d_, p, 0));
   GPUOS_CU(d.cuMemAlloc(&dc_d_, sizeof(DevCtl)));
   GPUOS_CU(d.cuMemAlloc(&ring_dev_, sizeof(SubOp) * (size_t)cfg_.capacity));
+  GPUOS_CU(d.cuMemAlloc(&progs_d_, sizeof(Program) * (size_t)kMaxPrograms));
+  GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(Program) * (size_t)kMaxPrograms, CU_MEMHOSTALLOC_PORTABLE));
+  progs_h_ = (Program*)p;
+  GPUOS_CU(d.cuStreamCreate(&ctl_, CU_STREAM_NON_BLOCKING));
   GPUOS_CU(d.cuMemsetD8Async(dc_d_, 0, sizeof(DevCtl), side_));
   // DevCtl::next_seq starts at 1 (seq 0 means "none"): set it with a one-word memop.
   CUstreamBatchMemOpParams w{};
@@ -291,11 +295,14 @@ void Runtime::note_access(const Operand& out, const Operand* ins, uint32_t nin) 
 }
 
 void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref) {
+  // A fused sub-op's FusedArgs spans two arena slots that must be adjacent: at the ring's end, skip a slot.
+  const bool span = (proto.flags & kFlagFused) != 0;
   const uint64_t tiles_total = (total + per_tile - 1) / per_tile;
   uint64_t tile = 0;
   while (tile < tiles_total) {
     const uint32_t piece = (uint32_t)std::min<uint64_t>(tiles_total - tile, cfg_.capacity / 2);
-    ensure_room(piece, nref);
+    ensure_room(piece, nref + (span ? 1 : 0));
+    if (span && ref_head_ % ref_capacity_ == ref_capacity_ - 1) ++ref_head_;
     if (nref) {
       uint64_t dev[4] = {0, 0, 0, 0};
       for (uint32_t k = 0; k < nref; ++k) {
@@ -305,8 +312,9 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
         ++ref_head_;
       }
       proto.out = dev[0];
-      for (uint32_t k = 0; k + 1 < nref; ++k)
-        if (!(proto.flags & (kFlagConst0 << k))) proto.in[k] = dev[k + 1];
+      if (!span)
+        for (uint32_t k = 0; k + 1 < nref; ++k)
+          if (!(proto.flags & (kFlagConst0 << k))) proto.in[k] = dev[k + 1];
     }
     for (uint32_t t = 0; t < piece; ++t, ++tile) {
       SubOp& d = ring_[desc_head_ % cfg_.capacity];
@@ -392,6 +400,58 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   append_tiles(proto, (uint64_t)rows, per_tile, refs, 2);
   note_access(out, &x, 1);
   st_.submitted++;
+}
+
+void Runtime::sync_ctl(const char* what) {
+  const Driver& d = driver();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t spin = 0;; ++spin) {
+    CUresult r = d.cuStreamQuery(ctl_);
+    if (r == CUDA_SUCCESS) return;
+    if (r != CUDA_ERROR_NOT_READY) GPUOS_CU(r);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(cfg_.timeout_s))
+      throw CudaError("gpuos: timed out after " + std::to_string(cfg_.timeout_s) + " s waiting for " + what +
+                      " on " + name_);
+    if (spin > 64) std::this_thread::yield();
+  }
+}
+
+int32_t Runtime::program_id(const Program& p) {
+  std::string key((const char*)&p, sizeof(Program));
+  auto it = prog_ids_.find(key);
+  if (it != prog_ids_.end()) return it->second;
+  if (prog_ids_.size() >= kMaxPrograms) return -1;
+  const int32_t id = (int32_t)prog_ids_.size();
+  progs_h_[id] = p;
+  // Uploaded once, on a control stream the resident worker does not occupy, and complete before any
+  // descriptor naming it can be published (so no stream of the user needs ordering with it).
+  make_current();
+  const Driver& d = driver();
+  GPUOS_CU(d.cuMemcpyHtoDAsync(progs_d_ + (uint64_t)id * sizeof(Program), &progs_h_[id], sizeof(Program), ctl_));
+  sync_ctl("a fused-chain program upload");
+  prog_ids_.emplace(std::move(key), id);
+  st_.programs++;
+  return id;
+}
+
+void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
+                           int64_t numel) {
+  if (numel <= 0) return;
+  if (conflicts(out, ins, nin)) {
+    st_.levels_split++;
+    close_level();
+  }
+  SubOp proto{};
+  proto.op = kOpFused;
+  proto.flags = kFlagFused;
+  proto.in[0] = prog;
+  proto.dtype = out.dtype;
+  TensorRef slots[2];
+  std::memcpy((void*)slots, (const void*)&fa, sizeof(FusedArgs));
+  append_tiles(proto, (uint64_t)numel, kTileElems, slots, 2);
+  note_access(out, ins, nin);
+  st_.submitted++;
+  st_.fused_subops++;
 }
 
 // ------------------------------------------------------------------ publication
@@ -488,6 +548,7 @@ void Runtime::maybe_launch_worker() {
   args.capacity = cfg_.capacity;
   args.gen = ++launches_;
   args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
+  args.progs = progs_d_;
   void* params[] = {&args};
   GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid_, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
   st_.worker_launches++;
@@ -523,6 +584,9 @@ void Runtime::shutdown(CUstream stream) {
   d.cuStreamDestroy(side_);
   d.cuMemFree(dc_d_);
   d.cuMemFree(ring_dev_);
+  d.cuMemFree(progs_d_);
+  d.cuMemFreeHost(progs_h_);
+  d.cuStreamDestroy(ctl_);
   d.cuMemFreeHost(refs_);
   d.cuMemFreeHost(ring_);
   d.cuMemFreeHost(hc_);

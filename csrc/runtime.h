@@ -10,6 +10,8 @@
 
 #include "cuda_api.h"
 #include "device_src/types.h"
+#include "device_src/interp.h"
+#include <unordered_map>
 
 namespace gpuos {
 
@@ -39,6 +41,7 @@ struct RuntimeStats {
   uint64_t submitted = 0, subops = 0, batches = 0, flushes = 0, worker_launches = 0, handovers = 0;
   uint64_t full_queue_flushes = 0, room_waits = 0, levels_split = 0;
   uint64_t dma_batches = 0;
+  uint64_t fused_subops = 0, programs = 0;
 };
 
 // Per-level access footprint: storage -> bounding byte ranges read and written in the open level.
@@ -86,6 +89,12 @@ class Runtime {
   // Record a last-dim reduction of x's `rows` rows; refs describe x (all dims) and out (see worker.cu).
   void record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
                      const TensorRef& x_ref, int64_t rows, int64_t cols);
+  // Record a fused chain: out = program(ins...) over `numel` elements. `fa` holds every operand's pointer,
+  // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels.
+  void record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
+                    int64_t numel);
+  // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
+  int32_t program_id(const Program& p);
   // Publish everything pending on `stream`; returns the last published seq (0 if nothing was pending).
   uint32_t flush(CUstream stream);
   // Wait (GIL must be released by the caller) until batch `seq` is done, or all in flight if seq == 0.
@@ -112,6 +121,7 @@ class Runtime {
   bool seq_done(uint32_t seq) const;
   void wait_seq(uint32_t seq, const char* what);
   void maybe_launch_worker();
+  void sync_ctl(const char* what);  // wait (with timeout) for the control stream
   void make_current();
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
   bool conflicts(const Operand& out, const Operand* ins, uint32_t nin) const;
@@ -141,6 +151,10 @@ class Runtime {
   uint32_t ref_capacity_ = 0;
   CUdeviceptr dc_d_ = 0;     // DevCtl
   CUdeviceptr ring_dev_ = 0;  // device mirror of the ring (DMA / memop-delivered descriptors)
+  CUdeviceptr progs_d_ = 0;   // device program table (kMaxPrograms Programs)
+  Program* progs_h_ = nullptr;  // pinned host copy (source of the uploads; never rewritten once assigned)
+  CUstream ctl_ = nullptr;      // non-blocking control stream: uploads that must not queue behind the worker
+  std::unordered_map<std::string, int32_t> prog_ids_;  // program bytes -> id
 
   uint64_t desc_head_ = 0, desc_tail_ = 0;  // monotonic descriptor indices
   uint64_t ref_head_ = 0, ref_tail_ = 0;

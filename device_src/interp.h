@@ -5,13 +5,18 @@
 #pragma once
 #include "device_src/config.h"
 #include "device_src/functors.h"
+#include "device_src/numeric.h"
 
 namespace gpuos {
 
 constexpr u32 kProgMaxRegs = 16;
 constexpr u32 kProgMaxInstr = 24;
 constexpr u32 kProgMaxInputs = 8;
-constexpr u32 kOpConst = 0xffu;  // pseudo-op: r[dst] = s0 (scalar operands of a chain)
+constexpr u32 kOpConst = 0xffu;      // pseudo-op: r[dst] = s0 (scalar operands of a chain)
+constexpr u32 kOpRoundF16 = 0xfeu;   // pseudo-op: r[dst] = fp16-rounded r[src0] (eager stores fp16 intermediates)
+constexpr u32 kOpRoundBF16 = 0xfdu;  // pseudo-op: r[dst] = bf16-rounded r[src0]
+// Programs the device program table holds (ids 0 .. kMaxPrograms-1; a new program is uploaded once).
+constexpr u32 kMaxPrograms = 1024;
 
 // One instruction: r[dst] = op(r[src0], r[src1], r[src2]; s0, s1). 16 bytes.
 struct Instr {
@@ -65,6 +70,14 @@ GPUOS_HD float run_program(const Program& p, const float* in) {
     const Instr& I = p.code[i];
     if (I.op == kOpConst) {
       r[I.dst] = I.s0;
+      continue;
+    }
+    if (I.op == kOpRoundF16) {
+      r[I.dst] = f16_to_f32(f32_to_f16(r[I.src[0]]));
+      continue;
+    }
+    if (I.op == kOpRoundBF16) {
+      r[I.dst] = bf16_to_f32(f32_to_bf16(r[I.src[0]]));
       continue;
     }
     const float a = r[I.src[0]];

@@ -16,9 +16,33 @@ struct TensorRef {
   i64 strides[kMaxDims];
 };
 
+// One operand of a fused chain, addressed by a one-block broadcast rule over the output's linear index e:
+//   offset(e) = ((e / div) % mod) * stride   (mod == 0: no modulo; stride 0: a single element)
+// Covers contiguous and stepped operands, scalars, and a broadcast of any contiguous block of dims (bias rows,
+// per-row scales). Other layouts are not fused (the scheduler runs those ops unfused).
+struct FusedOperand {
+  u64 ptr;
+  i64 stride;
+  u32 div;
+  u32 mod;
+};
+
+constexpr u32 kFusedMaxOperands = 9;  // out + up to 8 inputs (interp.h kProgMaxInputs)
+
+// Arguments of a fused sub-op; occupies two consecutive TensorRef slots of the arena.
+struct FusedArgs {
+  FusedOperand opnd[kFusedMaxOperands];  // [0] = out, [1 + k] = program input k
+  u8 dtype[kFusedMaxOperands];           // DType per operand
+  u8 reserved0[3];
+  u32 prog;                              // program id in the device program table
+  u32 ninputs;
+  u32 reserved1[13];
+};
+
 // Sub-op descriptor flags.
 constexpr u32 kFlagStrided = 1u;  // ptr fields point at TensorRefs (device-visible), not data
 constexpr u32 kFlagVec = 2u;      // contiguous, one dtype, every pointer 16-byte aligned: vector loads
+constexpr u32 kFlagFused = 4u;   // op == kOpFused: `out` points at a FusedArgs (device-visible), in[0] = program id
 constexpr u32 kFlagConst0 = 1u << 8;  // in[k] holds an fp32 constant (bits in the low word): kFlagConst0 << k
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
@@ -51,6 +75,20 @@ struct HostCtl {
 //   low 32 bits: seq; high 32 bits: descriptor count | kReadyDevRing (descriptors are in the device ring).
 constexpr u32 kReadyDevRing = 0x80000000u;
 
+// Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
+// registered code, 1: an installed alternative). Two versions of the per-op choice: the host rewrites the
+// version not in use (only once no batch that may have read it is still running), then flips `ver`. The
+// poller copies `ver` into bver[] when it opens a batch and warps read slot[bver & 1][op]: a batch, and with
+// it every sub-op, runs wholly on one version. Lives in DevCtl (device memory; GPU reads of pinned memory
+// cost ~1 us each, DESIGN F5) and so outlives every generation.
+constexpr u32 kAliasActive = 2u;  // `ver` bit: some op selects slot 1 in the version in use
+struct AliasCtl {
+  u32 ver;                  // bit 0: version in use; kAliasActive: that version is not all slot 0
+  u32 reserved[31];
+  u32 bver[kMaxBatches];    // `ver` as the poller saw it when it opened the batch in this slot
+  u8 slot[2][256];          // slot[version][op id]: 0 or 1 (indexed by u8 op ids, kMaxOps < 256)
+};
+
 struct DevCtl {
   u64 ready[kMaxBatches];      // see kReadyDevRing
   u32 remaining[kMaxBatches];  // sub-ops of the batch not yet finished
@@ -63,6 +101,7 @@ struct DevCtl {
   u32 exit_flag;               // grid-wide: poller decided to exit
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)
   u32 reserved[10];
+  AliasCtl alias;              // dual-slot alias table (zero = every op on slot 0)
 };
 
 struct WorkerArgs {
@@ -73,13 +112,17 @@ struct WorkerArgs {
   u32 capacity;   // ring slots
   u32 gen;        // launch number: DevCtl::exit_flag == gen tells this launch's blocks to exit
   u64 idle_ns;    // exit after this long with nothing published
+  u64 progs;      // Program* device program table (interp.h; fused sub-ops)
 };
 
 static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
+static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
+static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 48, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 56, "WorkerArgs layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
+static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");
 
 }  // namespace gpuos
 
@@ -87,5 +130,7 @@ static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a pow
 namespace gpuos {
 static_assert(__builtin_offsetof(SubOp, out) == 16 && __builtin_offsetof(SubOp, scalar) == 48, "SubOp offsets");
 static_assert(__builtin_offsetof(HostCtl, done) == 64, "HostCtl offsets");
+static_assert(__builtin_offsetof(DevCtl, alias) % 16 == 0 && __builtin_offsetof(AliasCtl, slot) % 16 == 0,
+              "alias table rows are read as 16-byte aligned words");
 }  // namespace gpuos
 #endif

@@ -11,11 +11,14 @@
 #include "device_src/types.h"
 #include "device_src/numeric.h"
 #include "device_src/functors.h"
-#include "device_src/interp.h"  // parsed here so NVRTC checks it; the fused sub-op kind is issue #5
+#include "device_src/interp.h"
+#include "device_src/user_ops.h"  // this generation's injected ops (issue #5); generated per generation
 
 namespace gpuos {
 
 constexpr u32 kMaxWarps = 32;
+constexpr u32 kWarpSlots = 5;  // per-warp TensorRef slots in shared memory: 4 operand refs, or FusedArgs + Program
+static_assert(sizeof(FusedArgs) + sizeof(Program) <= kWarpSlots * sizeof(TensorRef), "fused scratch fits");
 constexpr u32 kCmdRun = 1, kCmdExit = 2;
 
 __device__ __forceinline__ u64 globaltimer() {
@@ -218,6 +221,48 @@ __device__ __noinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, 
   }
 }
 
+// ---------------------------------------------------------------- fused chains (interpreter tier)
+__device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
+  i64 q = o.div > 1 ? e / (i64)o.div : e;
+  if (o.mod) q %= (i64)o.mod;
+  return q * o.stride;
+}
+
+// out[e] = program(in_0[e], ..., in_k[e]) for the tile's elements: any never-seen chain runs at once.
+__device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
+  const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
+  for (u32 i = lane; i < d.n; i += 32) {
+    const i64 e = (i64)d.base + i;
+    float x[kProgMaxInputs];
+    for (u32 k = 0; k < nin; ++k)
+      x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
+    store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), run_program(p, x));
+  }
+}
+
+// A fused sub-op's FusedArgs (pinned arena) and Program (device table) go into the warp's shared slots:
+// FusedArgs in slots 0-1, the Program from slot 2 on (slots 2-4). Tags in cached[] keep a later strided
+// sub-op of the same claim from mistaking those bytes for its TensorRefs.
+__device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
+                                           const Program* progs) {
+  constexpr u64 kProgTag = 1ull << 63;
+  const u32 prog = (u32)d.in[0];
+  if (cached[0] != d.out) {
+    for (u32 w = lane; w < sizeof(FusedArgs) / 4; w += 32) ((u32*)&refs[0])[w] = ld_vol((const u32*)d.out + w);
+    cached[0] = d.out;
+  }
+  cached[1] = kProgTag;  // slot 1 holds the second half of the FusedArgs
+  Program* sp = (Program*)&refs[2];
+  if (cached[2] != (kProgTag | prog)) {
+    const u32* src = (const u32*)(progs + prog);
+    for (u32 w = lane; w < sizeof(Program) / 4; w += 32) ((u32*)sp)[w] = __ldcg(src + w);
+    cached[2] = cached[3] = kProgTag | prog;
+  }
+  __syncwarp();
+  fused_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
+  __syncwarp();  // the next sub-op of this warp may overwrite the slots
+}
+
 // Copy the TensorRefs a strided sub-op points at into this warp's shared slots (skipped when unchanged).
 __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 lane) {
   constexpr u32 kWords = sizeof(TensorRef) / 4;
@@ -231,7 +276,12 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
   __syncwarp();
 }
 
-__device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane) {
+__device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
+                                           const Program* progs) {
+  if (d.op == kOpFused) {
+    exec_fused(d, refs, cached, lane, progs);
+    return;
+  }
   if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane);
   switch (d.op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
@@ -245,6 +295,41 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   }
 }
 
+// ---------------------------------------------------------------- injected ops and the dual-slot alias
+// Run (op, slot) if this generation has code for it (device_src/user_ops.h). Returns false otherwise.
+__device__ __forceinline__ bool user_exec(const SubOp& d, const TensorRef* refs, u32 lane, u32 slot) {
+  switch (d.op * 2u + slot) {
+#define GPUOS_USER_CASE(op, sl, arity, functor) \
+  case (op) * 2u + (sl):                        \
+    ew_op<functor, arity>(d, refs, lane);       \
+    return true;
+    GPUOS_USER_OPS(GPUOS_USER_CASE)
+#undef GPUOS_USER_CASE
+    default: break;
+  }
+  return false;
+}
+
+// Dispatch one sub-op through the alias table: `alias` (shared memory, nullptr when every op is on slot 0)
+// is the batch's version of the per-op slot choice, read once per sub-op (warp-uniform). Injected ops
+// (kFirstUserOp..kMaxOps-1) and built-ins switched to slot 1 run their generated functor; the rest (built-ins,
+// fused chains) go through exec_subop. The host publishes a sub-op only to a generation that has its code.
+__device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
+                                            const Program* progs, const u8* alias) {
+  const u32 op = d.op;
+  const u32 slot = (alias != nullptr && op < kMaxOps) ? (u32)alias[op] : 0u;
+  const bool user = op >= kFirstUserOp && op < kMaxOps;
+  if (user || slot != 0) {
+    if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane);
+    if (user_exec(d, refs, lane, slot)) return;
+    if (user) {  // slot 1 not in this generation: its slot 0 (never published that way by the host)
+      if (slot != 0) user_exec(d, refs, lane, 0);
+      return;
+    }
+  }
+  exec_subop(d, refs, cached, lane, progs);
+}
+
 // ---------------------------------------------------------------- claiming
 // Claim chunks of the open batch until it is exhausted. Returns after a claim past the end.
 __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubOp* sdesc, TensorRef* wrefs,
@@ -253,6 +338,7 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 per_claim = nwarps * kClaimPerWarp;
+  __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
   for (;;) {
     if (threadIdx.x == 0) *s_claim = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
     __syncthreads();
@@ -261,8 +347,12 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
     const u32 count = ld_vol(&dc->bcount[slot]);
     const u32 start = ld_vol(&dc->bstart[slot]);
     const bool dev_src = ld_vol(&dc->bsrc[slot]) != 0;
+    const u32 bver = ld_vol(&dc->alias.bver[slot]);
     __syncthreads();  // every thread has read s_claim before thread 0 may overwrite it
     if (idx >= count) return;
+    if (bver & kAliasActive)  // L2 loads: the host rewrites a version while it is not in use
+      for (u32 j = threadIdx.x; j < 64; j += blockDim.x)
+        s_alias[j] = __ldcg((const unsigned int*)&dc->alias.slot[bver & 1u][0] + j);
     const u32 k = count - idx < per_claim ? count - idx : per_claim;
     cached[0] = cached[1] = cached[2] = cached[3] = 0;  // TensorRef slots are reused: refetch per claim
     for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
@@ -272,7 +362,9 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
           dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
     }
     __syncthreads();
-    for (u32 di = warp; di < k; di += nwarps) exec_subop(sdesc[di], wrefs, cached, lane);
+    const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
+    for (u32 di = warp; di < k; di += nwarps)
+      exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -327,6 +419,7 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
   dc->bcount[slot] = count;
   dc->bsrc[slot] = (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
+  dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
   __threadfence();
   atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);
   __threadfence();
@@ -342,7 +435,7 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
 extern "C" __global__ void __launch_bounds__(1024) gpuos_worker(gpuos::WorkerArgs args) {
   using namespace gpuos;
   __shared__ SubOp sdesc[kMaxWarps * kClaimPerWarp];
-  __shared__ TensorRef srefs[kMaxWarps][4];
+  __shared__ TensorRef srefs[kMaxWarps][kWarpSlots];
   __shared__ unsigned long long s_claim;
   __shared__ u32 s_cmd;
   HostCtl* hc = (HostCtl*)args.host_ctl;

@@ -4,8 +4,8 @@ A :class:`Chain` records elementwise ops of the op table over a few inputs; :met
 into the register bytecode of ``device_src/interp.h`` (``Program``), with registers reused once a value is
 dead. ``gpuos_ext._cpu_run_program`` evaluates a program with the same functors the worker uses.
 
-Status: the interpreter and this generator are tested on the CPU against torch; running programs in the GPU
-worker (a fused sub-op kind) is the next step of issue #5.
+The worker runs programs as fused sub-ops (kOpFused); the scheduler builds them at flush time from chains of
+recorded ops (csrc/bindings.cpp lower_deferred). This class is the explicit way to build one, used by the tests.
 
     ch = Chain(ninputs=2)
     x, y = ch.inputs
@@ -14,7 +14,6 @@ worker (a fused sub-op kind) is the next step of issue #5.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import gpuos_ext as _ext
@@ -23,9 +22,7 @@ MAX_REGS = 16
 MAX_INSTR = 24
 MAX_INPUTS = 8
 OP_CONST = 0xFF
-_INSTR = struct.Struct("<BB3BB2xff")  # op, dst, src[3], nsrc, pad, s0, s1  (device_src/interp.h Instr)
-_HEADER = struct.Struct("<IIII")      # ninstr, ninputs, out_reg, reserved
-PROGRAM_BYTES = _HEADER.size + MAX_INSTR * _INSTR.size
+PROGRAM_BYTES = 16 + MAX_INSTR * 16  # device_src/interp.h Program
 
 
 @dataclass(frozen=True)
@@ -75,43 +72,11 @@ class Chain:
         return Value(self.ninputs + len(self._nodes) - 1)
 
     def compile(self, out: Value) -> bytes:
-        """Bytecode for computing `out` (only the nodes it depends on), registers reused after last use."""
-        n_in = self.ninputs
-        needed = set()
-        stack = [out.index]
-        while stack:  # nodes `out` depends on
-            i = stack.pop()
-            if i >= n_in and i not in needed:
-                needed.add(i)
-                stack.extend(v.index for v in self._nodes[i - n_in][1])
-        order = sorted(needed)
-        last_use = {}
-        for pos, i in enumerate(order):
-            for v in self._nodes[i - n_in][1]:
-                last_use[v.index] = pos
-        last_use[out.index] = len(order)
-        reg = {i: i for i in range(n_in)}
-        free = [r for r in range(MAX_REGS - 1, n_in - 1, -1)]
-        code = []
-        for pos, i in enumerate(order):
-            op, vals, s0, s1 = self._nodes[i - n_in]
-            srcs = [reg[v.index] for v in vals]
-            for v in vals:  # operands dead after this instruction give their register back
-                if last_use.get(v.index) == pos and v.index >= n_in and reg[v.index] not in free:
-                    free.append(reg[v.index])
-            if not free:
-                raise ValueError(f"gpuos.fusion: chain needs more than {MAX_REGS} live registers")
-            dst = free.pop()
-            reg[i] = dst
-            code.append((op, dst, srcs, s0, s1))
-        if len(code) > MAX_INSTR:
-            raise ValueError(f"gpuos.fusion: chain has {len(code)} instructions; at most {MAX_INSTR} fit")
-        blob = bytearray(_HEADER.pack(len(code), n_in, reg[out.index], 0))
-        for op, dst, srcs, s0, s1 in code:
-            s = (srcs + [0, 0, 0])[:3]
-            blob += _INSTR.pack(op, dst, s[0], s[1], s[2], len(srcs), s0, s1)
-        blob += bytes(PROGRAM_BYTES - len(blob))
-        return bytes(blob)
+        """Bytecode for computing `out` (only the nodes it depends on), registers reused after last use.
+
+        The builder is the C++ one the scheduler's flush-time fusion uses (csrc/fusion.cpp)."""
+        nodes = [(op, [v.index for v in vals], s0, s1) for op, vals, s0, s1 in self._nodes]
+        return _ext._build_program(self.ninputs, nodes, out.index)
 
 
 __all__ = ["Chain", "Value", "MAX_INPUTS", "MAX_INSTR", "MAX_REGS"]

@@ -24,7 +24,6 @@ import gpuos_ext as _ext
 aten = torch.ops.aten
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_FALLBACK = object()  # handler result: "run this op eagerly"
 # Ops that read no tensor data (views, metadata, allocation): they run eagerly without flushing the batch.
 _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int, aten.permute.default,
             aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
@@ -42,36 +41,31 @@ class _Stats:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.intercepted = 0
         self.fallbacks: collections.Counter = collections.Counter()
-        self.flushes: collections.Counter = collections.Counter()
-        self.flushed_ops = 0
 
     def as_dict(self) -> dict:
+        c = _ext.sched_stats()  # intercepted ops, flushes and fusion are counted in C++ (the record path)
         with self.lock:
-            nflush = sum(self.flushes.values())
-            return {
-                "ops_intercepted": self.intercepted,
-                "fallbacks": dict(self.fallbacks),
-                "flushes_by_cause": dict(self.flushes),
-                "mean_batch_size": (self.flushed_ops / nflush) if nflush else 0.0,
-            }
+            fallbacks = dict(self.fallbacks)
+        n = c["sched_flushes"]
+        return {
+            "ops_intercepted": c["ops_intercepted"],
+            "fallbacks": fallbacks,
+            "flushes_by_cause": c["flushes_by_cause"],
+            "mean_batch_size": (c["flushed_ops"] / n) if n else 0.0,
+            "fused_groups": c["fused_groups"],
+            "fused_ops": c["fused_ops"],
+        }
 
 
 STATS = _Stats()
 
 
-def _tensors(args, kwargs):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                if isinstance(x, torch.Tensor):
-                    yield x
-    for a in kwargs.values():
-        if isinstance(a, torch.Tensor):
-            yield a
+_EMPTY: dict = {}
+# sched_ew / sched_reduce return an int when an op must run eagerly (csrc/bindings.cpp SchedReason).
+_REASONS = {1: "not_cuda", 2: "layout", 3: "dtype", 4: "size", 5: "autograd", 6: "unsupported_args", 7: "device"}
+_MODES = {"functional": 0, "inplace": 1, "out": 2}
+_TABLE = {row["name"]: row for row in _ext.op_table()}
 
 
 class GpuosScheduler(TorchDispatchMode):
@@ -94,9 +88,6 @@ class GpuosScheduler(TorchDispatchMode):
         self.threads_per_block = threads_per_block
         self.size_threshold = size_threshold
         self.auto_flush_ms = auto_flush_ms
-        self._pending = 0            # ops recorded since the last flush by this mode
-        self._oldest = 0.0           # perf_counter of the oldest pending op
-        self._stream = None          # raw stream the pending ops were recorded under
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -130,60 +121,34 @@ class GpuosScheduler(TorchDispatchMode):
 
     # ----------------------------------------------------------------- flushing
     def flush(self, cause: str = "explicit") -> None:
-        """Publish pending work on the stream it was recorded under (stream-ordered, no host sync); if the
-        caller's current stream is another one, it is made to wait for that stream."""
-        with self._lock:  # held across the publish: a concurrent timer flush cannot hide pending work
-            if not self._pending:
-                return
-            n, stream = self._pending, self._stream
-            _ext.flush(False, stream)
-            self._pending = 0
-            self._stream = None
-        if torch.cuda.current_stream().cuda_stream != stream:
-            torch.cuda.current_stream().wait_stream(torch.cuda.ExternalStream(stream))
-        with STATS.lock:
-            STATS.flushes[cause] += 1
-            STATS.flushed_ops += n
+        """Publish deferred work (lowered, chains fused) on the stream it was recorded under: stream-ordered, no
+        host sync; if the caller's current stream is another one, it is made to wait for that stream."""
+        streams = _ext.sched_flush(cause)
+        if streams:
+            cur = torch.cuda.current_stream()
+            for s in streams:
+                if s != cur.cuda_stream:
+                    cur.wait_stream(torch.cuda.ExternalStream(s))
 
     def _timer_loop(self) -> None:
         period = self.auto_flush_ms / 1000.0
         while not self._stop.wait(period / 2):
-            with self._lock:
-                due = self._pending and time.perf_counter() - self._oldest >= period
-            if due:
-                self.flush("timer")
-
-    def _recorded(self, stream: int) -> None:
-        with self._lock:
-            if not self._pending:
-                self._oldest = time.perf_counter()
-                self._stream = stream
-            self._pending += 1
-        with STATS.lock:
-            STATS.intercepted += 1
-        if self._pending * 8 >= self.capacity:  # ops up to size_threshold use up to 8 ring tiles each
-            self.flush("size")
+            _ext.sched_flush_due(period)
 
     # ----------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs = kwargs or _EMPTY
         handler = _HANDLERS.get(func)
-        reason = "unsupported_op"
         if handler is not None:
-            reason = self._eligible(args, kwargs)
-            if reason is None:
-                stream = torch.cuda.current_stream().cuda_stream
-                if self._pending and stream != self._stream:  # batches are recorded per stream
-                    self.flush("stream_change")
-                try:
-                    result = handler(self, args, kwargs)
-                except (TypeError, ValueError) as e:  # outside what GPUOS takes: eager
-                    result, reason = _FALLBACK, "rejected:" + type(e).__name__
-                if result is not _FALLBACK:
-                    self._recorded(stream)
-                    return result
-                if reason is None:
-                    reason = "unsupported_args"
+            try:
+                r = handler(self.size_threshold, args, kwargs)
+            except (TypeError, ValueError) as e:  # outside what GPUOS takes: eager
+                r = "rejected:" + type(e).__name__
+            if r.__class__ is not int and r.__class__ is not str:
+                return r  # recorded: the output tensor
+            reason = _REASONS[r] if r.__class__ is int else r
+        else:
+            reason = "unsupported_op"
         if func in _NO_DATA:  # metadata / allocation only: reads no data, needs no flush
             return func(*args, **kwargs)
         with STATS.lock:
@@ -195,98 +160,65 @@ class GpuosScheduler(TorchDispatchMode):
             _ext.yield_worker()
         return func(*args, **kwargs)
 
-    def _eligible(self, args, kwargs) -> str | None:
-        for t in _tensors(args, kwargs):
-            if not t.is_cuda:
-                return "not_cuda"
-            if t.layout != torch.strided:
-                return "layout"
-            if t.dtype not in _FLOAT_DTYPES:
-                return "dtype"
-            if t.numel() > self.size_threshold:
-                return "size"
-            if t.requires_grad and torch.is_grad_enabled():
-                return "autograd"
-        return None
-
 
 # --------------------------------------------------------------------- handlers
-def _result_dtype(inputs) -> torch.dtype:
-    tens = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if len(tens) == 1 or all(t.dtype == tens[0].dtype for t in tens):
-        return tens[0].dtype
-    if any(t.dim() > 0 for t in tens):  # 0-d tensors promote only without dimensioned ones (float category)
-        tens = [t for t in tens if t.dim() > 0]
-    dt = tens[0].dtype
-    for t in tens[1:]:
-        dt = torch.promote_types(dt, t.dtype)
-    return dt
-
-
-def _shape(inputs):
-    shapes = [x.shape for x in inputs if isinstance(x, torch.Tensor)]
-    out = shapes[0]
-    for sh in shapes[1:]:
-        if sh != out:
-            out = torch.Size(torch._C._infer_size(out, sh))
-    return out
-
-
+# A handler maps (size_threshold, args, kwargs) to the output tensor (recorded), or to an int / str reason to
+# run eagerly. The work -- checks, broadcasting, type promotion, allocation, recording -- is one C++ call.
 def _number(x) -> bool:
     return isinstance(x, (int, float, bool)) and not isinstance(x, torch.Tensor)
 
 
 def _ew(name: str, nin: int, scalars: Callable[[tuple, dict], dict] | None = None, mode: str = "functional"):
     """Handler for an elementwise op: functional (allocate out), inplace (out = self), or out= form."""
+    row = _TABLE[name]
+    op, m, snames = row["id"], _MODES[mode], row["scalars"]
+    d0, d1 = (list(row["defaults"]) + [0.0, 0.0])[:2]
+    sched_ew = _ext.sched_ew
 
-    def handler(sched, args, kwargs):
-        inputs = list(args[:nin])
-        if not all(isinstance(x, torch.Tensor) or _number(x) for x in inputs):
-            return _FALLBACK
-        sc = scalars(args, kwargs) if scalars else {}
-        if sc is None:
-            return _FALLBACK
-        if mode == "inplace":
-            out = inputs[0]
-            if _shape(inputs) != out.shape or _result_dtype(inputs) != out.dtype:
-                return _FALLBACK
-        elif mode == "out":
-            out = kwargs.get("out")
-            if out is None or _shape(inputs) != out.shape or _result_dtype(inputs) != out.dtype:
-                return _FALLBACK
+    if scalars is None:
+        if mode == "out":
+            def handler(thr, args, kwargs):
+                return sched_ew(op, m, args[:nin], kwargs.get("out"), d0, d1, thr)
         else:
-            first = next(x for x in inputs if isinstance(x, torch.Tensor))
-            shape = _shape(inputs)
-            if shape.numel() > sched.size_threshold:  # broadcasting small inputs to a large output
-                return _FALLBACK
-            out = torch.empty(shape, dtype=_result_dtype(inputs), device=first.device)
-        _ext.submit(name, inputs, out, **sc)
-        return out
+            def handler(thr, args, kwargs):
+                return sched_ew(op, m, args[:nin], None, d0, d1, thr)
+        return handler
+
+    def handler(thr, args, kwargs):
+        sc = scalars(args, kwargs)
+        if sc is None:
+            return 6
+        v = [d0, d1]
+        for key, val in sc.items():
+            i = snames.index(key)
+            v[i] = (float("-inf") if i == 0 else float("inf")) if val is None else val
+        return sched_ew(op, m, args[:nin], kwargs.get("out") if mode == "out" else None, v[0], v[1], thr)
 
     return handler
 
 
 def _reduce(name: str, kind: str):
-    def handler(sched, args, kwargs):
+    op = _TABLE[name]["id"]
+    sched_reduce = _ext.sched_reduce
+
+    def handler(thr, args, kwargs):
         x = args[0]
+        if not isinstance(x, torch.Tensor):
+            return 6
         if kind == "softmax":  # _softmax(self, dim, half_to_float)
             dim, half_to_float = args[1], args[2]
             if half_to_float or dim not in (-1, x.dim() - 1):
-                return _FALLBACK
-            keepdim = False
-            out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        else:  # sum.dim_IntList(self, dim, keepdim=False, *, dtype=None) / mean.dim / amax / amin
-            dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-            if kwargs.get("dtype") is not None or x.dim() == 0:
-                return _FALLBACK
-            dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
-            if len(dims) != 1 or dims[0] not in (-1, x.dim() - 1):
-                return _FALLBACK
-            shape = list(x.shape[:-1]) + ([1] if keepdim else [])
-            out = torch.empty(shape, dtype=x.dtype, device=x.device)
-        _ext.submit_reduce(name, x, out, keepdim)
-        return out
+                return 6
+            return sched_reduce(op, x, False, thr)
+        # sum.dim_IntList(self, dim, keepdim=False, *, dtype=None) / mean.dim / amax / amin
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if kwargs.get("dtype") is not None or x.dim() == 0:
+            return 6
+        dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+        if len(dims) != 1 or dims[0] not in (-1, x.dim() - 1):
+            return 6
+        return sched_reduce(op, x, bool(keepdim), thr)
 
     return handler
 
@@ -328,10 +260,11 @@ def _build_handlers() -> dict:
     family("relu", 1, [(aten.relu.default, "functional"), (aten.relu_.default, "inplace")])
 
     def gelu_handler(mode):
-        def handler(sched, args, kwargs):
+        plain, tanh = _ew("gelu", 1, None, mode), _ew("gelu_tanh", 1, None, mode)
+
+        def handler(thr, args, kwargs):
             approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
-            name = "gelu_tanh" if approx == "tanh" else "gelu"
-            return _ew(name, 1, None, mode)(sched, args[:1], {k: v for k, v in kwargs.items() if k == "out"})
+            return (tanh if approx == "tanh" else plain)(thr, args[:1], kwargs)
         return handler
 
     h[aten.gelu.default] = gelu_handler("functional")
@@ -370,13 +303,15 @@ def _build_handlers() -> dict:
     family("clamp_min", 1, [(aten.clamp_min.default, "functional")], scal(min=(1, 0.0)))
     family("clamp_max", 1, [(aten.clamp_max.default, "functional")], scal(max=(1, 0.0)))
 
-    def clamp_tensor(sched, args, kwargs):
+    clamp3 = _ew("clamp_tensor", 3)
+
+    def clamp_tensor(thr, args, kwargs):
         x = args[0]
         lo = args[1] if len(args) > 1 else kwargs.get("min")
         hi = args[2] if len(args) > 2 else kwargs.get("max")
         if not isinstance(lo, torch.Tensor) or not isinstance(hi, torch.Tensor):
-            return _FALLBACK
-        return _ew("clamp_tensor", 3)(sched, (x, lo, hi), {})
+            return 6
+        return clamp3(thr, (x, lo, hi), _EMPTY)
 
     h[aten.clamp.Tensor] = clamp_tensor
 
