@@ -23,6 +23,12 @@
 namespace py = pybind11;
 using namespace gpuos;
 
+namespace gpuos {
+// csrc/injection_bindings.cpp: register_elementwise, register_op, install, switch, rollback, user_ops, ...
+void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>()> runtimes,
+                            std::function<Runtime*()> current_runtime);
+}  // namespace gpuos
+
 namespace {
 
 constexpr int kMaxDevices = 64;
@@ -497,9 +503,40 @@ void record_ew_tensors(Runtime& rt, uint32_t op, uint32_t arity, const at::Tenso
   rt.record_ew(op, arity, operand(out), opnd, s0, s1, numel);
 }
 
-void submit_generic(const std::string& opname, py::handle inputs, py::handle pout, py::kwargs kwargs) {
-  const uint32_t op = op_id(opname, "gpuos.submit");
-  const OpInfo& info = kOps[op];
+// submit()'s op: a table op (name or id), or an injected op (name or id returned by register_*; issue #5,
+// generations.h), whose description goes into `user` (scalars s0, s1).
+uint32_t submit_op(py::handle opobj, std::string& opname, OpInfo& user) {
+  int64_t id = -1;
+  if (PyUnicode_Check(opobj.ptr())) {
+    opname = opobj.cast<std::string>();
+    for (uint32_t i = 0; i < kNumOpsHost; ++i)
+      if (opname == kOps[i].name) return i;
+    if (!is_user_op_name(opname)) return op_id(opname, "gpuos.submit");  // raises, listing the table ops
+  } else if (PyLong_Check(opobj.ptr())) {
+    id = opobj.cast<int64_t>();
+    if (id >= 0 && id < (int64_t)kNumOpsHost) {
+      opname = kOps[id].name;
+      return (uint32_t)id;
+    }
+  } else {
+    throw py::type_error("gpuos.submit: op must be an op name (str) or id (int), got " +
+                         std::string(Py_TYPE(opobj.ptr())->tp_name));
+  }
+  SubmitOp so;
+  {
+    py::gil_scoped_release nogil;  // may wait for the op's generation to finish compiling
+    so = user_op_for_submit(opname, id);
+  }
+  opname = so.name;
+  user = OpInfo{opname.c_str(), so.arity, 0, 2, "s0,s1", 0.0f, 0.0f, ""};
+  return so.id;
+}
+
+void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kwargs kwargs) {
+  std::string opname;
+  OpInfo user_info{};
+  const uint32_t op = submit_op(opobj, opname, user_info);
+  const OpInfo& info = op < kNumOpsHost ? kOps[op] : user_info;
   const std::string who = "gpuos.submit('" + opname + "')";
   if (info.kind != 0)
     throw py::value_error(who + ": '" + opname + "' is a reduction; use gpuos.submit_reduce(op, x, out)");
@@ -1258,7 +1295,7 @@ void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
     throw py::value_error("_cpu_run_program: malformed program or wrong number of inputs");
   for (uint32_t i = 0; i < p.ninstr; ++i) {
     const Instr& I = p.code[i];
-    bool ok = I.dst < kProgMaxRegs && I.nsrc <= 3 && (I.op == kOpConst || (I.op < kNumOpsHost && kOps[I.op].kind == 0));
+    bool ok = I.dst < kProgMaxRegs && I.nsrc <= 3 && (I.op == kOpConst || I.op == kOpRoundF16 || I.op == kOpRoundBF16 || (I.op < kNumOpsHost && kOps[I.op].kind == 0));
     for (uint32_t k = 0; k < I.nsrc; ++k) ok &= I.src[k] < kProgMaxRegs;
     if (!ok) throw py::value_error("_cpu_run_program: malformed instruction " + std::to_string(i));
   }
@@ -1438,6 +1475,15 @@ PYBIND11_MODULE(gpuos_ext, m) {
     }
   });
   PyModule_AddFunctions(m.ptr(), kFastMethods);
+  add_injection_bindings(
+      m,
+      [] {
+        std::vector<Runtime*> v;
+        for (Runtime* r : g_rt)
+          if (r) v.push_back(r);
+        return v;
+      },
+      [] { return &runtime_for(current_device()); });
   // NVRTC may come from the nvidia-cuda-nvrtc wheel (CUDA builds of torch install it): find its lib dirs.
   try {
     py::object spec = py::module_::import("importlib.util").attr("find_spec")("nvidia");

@@ -123,3 +123,22 @@ def test_malformed_program_is_rejected():
         _run(bytes(prog), [torch.randn(4)])
     with pytest.raises(ValueError, match="bytes"):
         _run(bytes(prog[:-1]), [torch.randn(4)])
+
+
+def test_round_pseudo_ops_match_eager_fp16_intermediates():
+    """A node's `round` dtype rounds its result as eager stores an fp16/bf16 intermediate (csrc/fusion.cpp)."""
+    import gpuos_ext as ext
+
+    ids = {row["name"]: row["id"] for row in ext.op_table()}
+    x = torch.randn(1000) * 3
+    y = torch.randn(1000)
+    for dt, code in ((torch.float16, 1), (torch.bfloat16, 2)):
+        xh, yh = x.to(dt), y.to(dt)
+        exp = (xh * yh) * (xh * yh) - yh  # eager: every intermediate stored in dt
+        nodes = [(ids["mul"], [0, 1], 0.0, 0.0, code), (ids["mul"], [2, 2], 0.0, 0.0, code),
+                 (ids["sub"], [3, 1], 1.0, 0.0, 0)]
+        prog = ext._build_program(2, nodes, 4)
+        got = _run(prog, [xh, yh], dtype=dt)
+        assert torch.equal(got, exp), (dt, (got.float() - exp.float()).abs().max())
+        unrounded = ext._build_program(2, [n[:4] for n in nodes], 4)
+        assert unrounded != prog

@@ -1,0 +1,239 @@
+"""Flush-time fusion of the scheduler's elementwise chains (issue #5) on the GPU.
+
+Under gpuos.scheduler_context(), chains of table ops whose intermediates nothing else can read are lowered
+into one interpreter sub-op (device_src/interp.h) and those intermediates are never written. Random chains
+of 2-12 ops over random shapes, dtypes and broadcasts must equal eager; intermediates the program still holds
+(or views of them) must be materialised; writes between a producer and its consumer must be respected.
+"""
+
+import random
+import zlib
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import gpuos
+import gpuos_ext
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "sin": torch.sin, "cos": torch.cos, "erf": torch.erf, "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu, "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "hardsigmoid": torch.nn.functional.hardsigmoid, "hardswish": torch.nn.functional.hardswish,
+    "leaky_relu": lambda x: torch.nn.functional.leaky_relu(x, 0.1), "hardtanh": torch.nn.functional.hardtanh,
+    "elu": torch.nn.functional.elu, "softplus": torch.nn.functional.softplus,
+    "clamp": lambda x: torch.clamp(x, -0.5, 0.75),
+}
+BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum, "minimum": torch.minimum,
+          "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5)}
+SHAPES = [(257,), (4, 33), (3, 5, 7), (2048,), (8, 1024), (2, 3, 4, 5)]
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _stats():
+    return gpuos.stats()
+
+
+def _make_inputs(rng, shape, n):
+    """First input has the full shape; the others are full, a trailing-dims row, a leading column, or 0-d."""
+    xs = []
+    for i in range(n):
+        dt = rng.choice(DTYPES)
+        kind = "full" if i == 0 else rng.choice(["full", "full", "row", "col", "scalar"])
+        if kind == "row":
+            sh = shape[1:] if len(shape) > 1 else shape
+        elif kind == "col":
+            sh = (shape[0],) + (1,) * (len(shape) - 1)
+        elif kind == "scalar":
+            sh = ()
+        else:
+            sh = shape
+        xs.append(torch.randn(sh, device=DEV).to(dt))
+    return xs
+
+
+def _make_spec(rng, ninputs, nops):
+    """A chain: each step applies a unary op, or a binary op with an input / a constant / a side chain."""
+    spec = []
+    for _ in range(nops):
+        r = rng.random()
+        if r < 0.45:
+            spec.append(("u", rng.choice(sorted(UNARY))))
+        elif r < 0.75:
+            spec.append(("b", rng.choice(sorted(BINARY)), ("in", rng.randrange(ninputs))))
+        elif r < 0.9:
+            spec.append(("b", rng.choice(sorted(BINARY)), ("const", round(rng.uniform(-2, 2), 3))))
+        else:  # a side chain of one unary op over an input, combined (a tree, not a list)
+            spec.append(("b", rng.choice(["add", "mul", "maximum"]),
+                         ("side", rng.randrange(ninputs), rng.choice(sorted(UNARY)))))
+    return spec
+
+
+def _run(spec, xs):
+    v = xs[0]
+    for step in spec:  # rebinding v drops the previous intermediate: only the ops hold it
+        if step[0] == "u":
+            v = UNARY[step[1]](v)
+            continue
+        _, name, arg = step
+        if arg[0] == "in":
+            other = xs[arg[1]]
+        elif arg[0] == "const":
+            other = arg[1]
+        else:
+            other = UNARY[arg[2]](xs[arg[1]])
+        if isinstance(other, float) and name in ("maximum", "minimum"):
+            other = torch.tensor(other, device=DEV)
+        v = BINARY[name](v, other)
+    return v
+
+
+def _lowest(dtypes):
+    return max(dtypes, key=lambda d: TOL[d][0])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_chain_matches_eager(rt, seed):
+    rng = random.Random(seed)
+    shape = rng.choice(SHAPES)
+    ninputs = rng.randint(1, 4)
+    xs = _make_inputs(rng, shape, ninputs)
+    spec = _make_spec(rng, ninputs, rng.randint(2, 12))
+    exp = _run(spec, xs)
+    before = _stats()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        got = _run(spec, xs)
+    after = _stats()
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    rtol, atol = TOL[_lowest([x.dtype for x in xs])]
+    assert_close(got, exp, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"chain {spec}: {m}")
+    assert after["ops_intercepted"] > before["ops_intercepted"]
+
+
+def test_chains_are_fused_and_intermediates_elided(rt):
+    """A 5-op chain per iteration (W2): all but the last iteration's intermediates are dead at flush."""
+    a, b, c, d = (torch.randn(2048, device=DEV) for _ in range(4))
+    before = _stats()
+    outs = []
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        for _ in range(20):
+            x = a + b
+            y = x * c
+            z = torch.relu(y)
+            w = torch.sigmoid(z)
+            outs.append(w / d)
+    after = _stats()
+    exp = torch.sigmoid(torch.relu((a + b) * c)) / d
+    for o in outs:
+        assert_close(o, exp, rtol=1e-5, atol=1e-6)
+    groups = after["fused_groups"] - before["fused_groups"]
+    fused = after["fused_ops"] - before["fused_ops"]
+    assert groups >= 19 and fused >= 19 * 5, (groups, fused)
+    assert after["fused_subops"] > before["fused_subops"]
+
+
+def test_live_intermediates_are_materialised(rt):
+    a, b = torch.randn(1000, device=DEV), torch.randn(1000, device=DEV)
+    before = _stats()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        x = a * b           # still referenced below: must be written
+        y = torch.tanh(x)
+        z = y + 1
+    after = _stats()
+    assert_close(x, a * b, rtol=0, atol=0)
+    assert_close(y, torch.tanh(a * b), rtol=1e-6, atol=1e-6)
+    assert_close(z, torch.tanh(a * b) + 1, rtol=1e-6, atol=1e-6)
+    assert after["fused_ops"] == before["fused_ops"]
+
+
+def test_view_of_intermediate_keeps_it(rt):
+    a = torch.randn(4, 64, device=DEV)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        x = a * 3
+        row = x[1]          # a view: the storage has another reader
+        y = x + 1
+        del x
+    assert_close(row, a[1] * 3, rtol=0, atol=0)
+    assert_close(y, a * 3 + 1, rtol=0, atol=0)
+
+
+def test_write_between_producer_and_consumer(rt):
+    """x = a*2; a += 1; y = x + 1: evaluating a*2 at y's position would read the updated a."""
+    a = torch.randn(512, device=DEV)
+    a0 = a.clone()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        x = a * 2
+        a.add_(1)
+        y = x + 1
+        del x
+    assert_close(y, a0 * 2 + 1, rtol=0, atol=0)
+    assert_close(a, a0 + 1, rtol=0, atol=0)
+
+
+def test_inplace_root_reads_its_own_output(rt):
+    a, b = torch.randn(300, device=DEV), torch.randn(300, device=DEV)
+    a0 = a.clone()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        a.add_(torch.sigmoid(b) * a)   # the fused child reads a, the root writes a: same index
+    assert_close(a, a0 + torch.sigmoid(b) * a0, rtol=1e-6, atol=1e-6)
+
+
+def test_fp16_intermediates_round_like_eager(rt):
+    """Intermediates are rounded to their dtype as eager stores them: fp16 chains agree to 1 ulp."""
+    x = (torch.randn(4096, device=DEV) * 3).half()
+    y = torch.randn(4096, device=DEV).half()
+
+    def f(x, y):
+        t = x * y
+        t = t + 0.1
+        t = t * t
+        return t - y
+
+    exp = f(x, y)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        got = f(x, y)
+    assert_close(got, exp, rtol=1e-3, atol=1e-3)
+
+
+def test_same_chain_reuses_its_program(rt):
+    a = torch.randn(100, device=DEV)
+
+    def f(a):
+        t = a * 2
+        return torch.sigmoid(t) + 1
+
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        f(a)
+    mid = _stats()
+    for _ in range(3):
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            out = f(a)
+    after = _stats()
+    assert after["programs"] == mid["programs"]
+    assert after["fused_groups"] > mid["fused_groups"]
+    assert_close(out, torch.sigmoid(a * 2) + 1, rtol=1e-6, atol=1e-6)
+
+
+def test_fusion_switch(rt):
+    a = torch.randn(100, device=DEV)
+    gpuos_ext.set_fusion(False)
+    try:
+        before = _stats()
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            out = torch.relu(a * 2) + 1
+        after = _stats()
+        assert after["fused_ops"] == before["fused_ops"]
+    finally:
+        gpuos_ext.set_fusion(True)
+    assert_close(out, torch.relu(a * 2) + 1, rtol=0, atol=0)
