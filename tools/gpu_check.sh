@@ -5,8 +5,10 @@
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
 MODE=${1:-all}
-OUT=${OUT:-gpu_logs}
-mkdir -p "$OUT"
+FINAL=${OUT:-gpu_logs}
+OUT=$(mktemp -d /tmp/gpu_check.XXXX)   # logs gathered here, packed into $FINAL/logs.tgz at the end (the device
+mkdir -p "$FINAL"                      # tool returns at most 8 files)
+trap 'cp benchmarks/results/*.json "$OUT/" 2>/dev/null; tar czf "$FINAL/logs.tgz" -C "$OUT" . ; grep -E "passed|failed" "$OUT/pytest.log" > "$FINAL/summary.txt" 2>/dev/null' EXIT
 export MAX_JOBS=${MAX_JOBS:-16} GPUOS_USE_NINJA=1 PYTHONUNBUFFERED=1
 export GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
 python3 -m pip install --no-build-isolation -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -15,16 +17,19 @@ python3 -c "import gpuos; gpuos.init(); print(gpuos.runtime_info())" 2>&1 | tail
 if [ "$MODE" != bench ]; then
 timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
 GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --tb=short --durations=12 tests -p no:cacheprovider > "$OUT/pytest.log" 2>&1
-echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -20
+echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/pytest.log" | tail -30
 for f in examples/*.py; do
   case "$f" in */_*) continue ;; esac
   timeout 60 python3 "$f" > "$OUT/ex_$(basename "$f" .py).log" 2>&1; echo "$f rc=$?"
 done
 fi
 if [ "$MODE" != tests ]; then
-timeout 240 python3 benchmarks/bench_microbatch.py --reps 10 --plain > "$OUT/bench_microbatch.log" 2>&1; tail -12 "$OUT/bench_microbatch.log"
-timeout 100 python3 benchmarks/bench_reduce.py --plain > "$OUT/bench_reduce.log" 2>&1; tail -12 "$OUT/bench_reduce.log"
-timeout 150 python3 benchmarks/bench_scheduler.py --plain > "$OUT/bench_scheduler.log" 2>&1; tail -12 "$OUT/bench_scheduler.log"
-cp benchmarks/results/*.json "$OUT/" 2>/dev/null
+# BENCHES: which benchmarks/bench_<name>.py to run (default: all of them), each with its own time limit.
+for b in ${BENCHES:-microbatch reduce scheduler fusion injection}; do
+  case $b in microbatch) lim=240; args="--reps 10 --plain" ;; reduce) lim=100; args=--plain ;;
+    scheduler) lim=150; args=--plain ;; *) lim=120; args= ;; esac
+  [ -f benchmarks/bench_$b.py ] || continue
+  timeout $lim python3 benchmarks/bench_$b.py $args > "$OUT/bench_$b.log" 2>&1; echo "bench_$b rc=$?"; tail -14 "$OUT/bench_$b.log"
+done
 fi
 exit 0

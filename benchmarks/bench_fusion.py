@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Fusion benchmark (issue #5): what flush-time chain fusion buys W2, and the first use of a new expression.
+
+    python benchmarks/bench_fusion.py [--iters 1000] [--reps 20]
+
+W2 = ``iters`` iterations of ``x=a+b; y=x*c; z=relu(y); w=sigmoid(z); out=w/d`` on 2,048-element fp32 tensors.
+
+GPU time (the device's share, with the host taken out of the picture):
+  eager      the whole loop captured in a CUDA graph and replayed: the 5,000 kernels back to back (events)
+  gpuos      the loop recorded under scheduler_context(capacity large enough for one batch, no timer); events
+             around the context's exit, which publishes everything: the worker's time for the batch
+             (fused: one interpreter sub-op per iteration; unfused: five sub-ops per iteration)
+Host time per op: wall time of the loop under the context (recording, before the exit flush) / 5,000.
+first_use_us: record + flush(sync) of a never-seen fused expression (a constant no earlier chain used, so its
+program is new: built and uploaded on the spot, no NVRTC), median of ``--reps``; next to it the same for a
+chain seen before.
+
+Rows (BENCH_SCHEMA.md) are merged by config into benchmarks/results/injection.json (bench_injection.py writes
+handover_us there): w2_fused_gpu_fraction_of_eager, w2_unfused_gpu_fraction_of_eager, w2_*_gpu_ms,
+w2_*_host_us_per_op, first_use_us, seen_use_us. Without a CUDA GPU: a message, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import _common as C
+else:
+    from . import _common as C
+
+NAME = "injection"
+N = 2048
+
+
+def w2_step(a, b, c, d):
+    x = a + b
+    y = x * c
+    z = torch.relu(y)
+    w = torch.sigmoid(z)
+    return w / d
+
+
+def gpu_ms_of(fn) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    s.record()
+    fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e)
+
+
+def eager_graph_gpu_ms(data, iters, reps):
+    g, out, _ = C.capture_cuda_graph(lambda: [w2_step(*data) for _ in range(3)][-1],
+                                     lambda: [w2_step(*data) for _ in range(iters)][-1])
+    times = [gpu_ms_of(g.replay) for _ in range(reps)]
+    return statistics.median(times), out
+
+
+def gpuos_w2(gpuos, ext, data, iters, reps, fused):
+    ext.set_fusion(fused)
+    try:
+        gpu, host, outs = [], [], None
+        for _ in range(reps + 1):
+            torch.cuda.synchronize()
+            ctx = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0)
+            ctx.__enter__()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                outs = w2_step(*data)
+            t1 = time.perf_counter()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            ctx.__exit__(None, None, None)
+            e.record()
+            torch.cuda.synchronize()
+            gpu.append(s.elapsed_time(e))
+            host.append((t1 - t0) * 1e6 / (iters * 5))
+        return statistics.median(gpu[1:]), statistics.median(host[1:]), outs
+    finally:
+        ext.set_fusion(True)
+
+
+def first_use(gpuos, ext, reps):
+    x = torch.randn(N, device="cuda")
+    new, seen = [], []
+    for i in range(reps):
+        c = 1.0 + (time.time_ns() % 1000003) * 1e-7 + i  # a constant no chain used before: a new program
+        for bucket, const in ((new, c), (seen, 0.5)):
+            p0 = ext.stats()["programs"]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with gpuos.scheduler_context(auto_flush_ms=0):
+                y = torch.sigmoid(x * const) + 1.0
+            ext.flush(sync=True)
+            bucket.append((time.perf_counter() - t0) * 1e6)
+            if bucket is new:
+                assert ext.stats()["programs"] == p0 + 1, "expected a never-seen program"
+            torch.testing.assert_close(y, torch.sigmoid(x * const) + 1.0, rtol=1e-5, atol=1e-5)
+    return statistics.median(new[1:]), statistics.median(seen[1:])
+
+
+def merge_rows(path: Path, meta: dict, rows: list) -> None:
+    """Replace rows of the same config in the shared result file, keep the others."""
+    old = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text()).get("rows", [])
+        except (OSError, ValueError):
+            old = []
+    mine = {r["config"] for r in rows}
+    C.write_results(NAME, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not C.cuda_available():
+        print("bench_fusion: no CUDA GPU here; nothing measured.")
+        return 0
+    import gpuos
+    import gpuos_ext as ext
+    gpuos.init()
+    g = torch.Generator().manual_seed(0)
+    data = tuple(torch.randn(N, generator=g).cuda() for _ in range(3)) + ((torch.rand(N, generator=g) + 0.5).cuda(),)
+    ref = w2_step(*data)
+    eager_gpu, gout = eager_graph_gpu_ms(data, args.iters, args.reps)
+    torch.testing.assert_close(gout, ref)
+    fused_gpu, fused_host, fout = gpuos_w2(gpuos, ext, data, args.iters, args.reps, True)
+    unfused_gpu, unfused_host, uout = gpuos_w2(gpuos, ext, data, args.iters, args.reps, False)
+    ok = True
+    for o in (fout, uout):
+        try:
+            torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-5)
+        except AssertionError:
+            ok = False
+    new_us, seen_us = first_use(gpuos, ext, args.reps)
+    rows = [
+        C.value_row("W2", "w2_fused_gpu_fraction_of_eager", fused_gpu / eager_gpu, "ratio", size=N, correct=ok,
+                    goal="<= 0.333"),
+        C.value_row("W2", "w2_unfused_gpu_fraction_of_eager", unfused_gpu / eager_gpu, "ratio", size=N, correct=ok),
+        C.value_row("W2", "w2_eager_graph_gpu_ms", eager_gpu, "ms", size=N),
+        C.value_row("W2", "w2_fused_gpu_ms", fused_gpu, "ms", size=N),
+        C.value_row("W2", "w2_unfused_gpu_ms", unfused_gpu, "ms", size=N),
+        C.value_row("W2", "w2_fused_host_us_per_op", fused_host, "us", size=N, goal="<= 4"),
+        C.value_row("W2", "w2_unfused_host_us_per_op", unfused_host, "us", size=N),
+        C.value_row("first_use", "first_use_us", new_us, "us", size=N, correct=True, goal="<= 1000"),
+        C.value_row("first_use", "seen_use_us", seen_us, "us", size=N, correct=True),
+    ]
+    meta = C.env_metadata(NAME)
+    path = C.RESULTS_DIR / f"{NAME}.json"
+    merge_rows(path, meta, rows)
+    print(f"{'figure':36s} {'value':>10s}  unit")
+    for r in rows:
+        print(f"{r['config']:36s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")
+    print(f"results merged into {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
