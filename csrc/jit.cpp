@@ -88,25 +88,26 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// NVRTC run. Returns the image; throws CompileError with log, arch, options and a dumped source path.
-std::string nvrtc_compile(const std::string& arch, const std::vector<std::string>& opts, uint64_t key) {
+// NVRTC run of `main` over the source set `srcs` (path -> text). Returns the image; throws CompileError with
+// log, arch, options and a dumped source path.
+std::string nvrtc_compile(const std::string& arch, const std::vector<std::string>& opts, uint64_t key,
+                          const std::map<std::string, std::string>& srcs, const std::string& main) {
   if (env_flag("GPUOS_FORBID_COMPILE"))
-    throw CompileError("gpuos: an NVRTC compile of " + std::string(kMainSource) + " for " + arch +
+    throw CompileError("gpuos: an NVRTC compile of " + main + " for " + arch +
                            " was requested but GPUOS_FORBID_COMPILE=1 forbids compiling (cache miss; key " +
                            hex64(key) + ", cache dir '" + jit_cache_dir() +
                            "'). Unset GPUOS_FORBID_COMPILE or warm the cache first.",
                        "", arch, join(opts), "");
   const Nvrtc& nv = nvrtc();
-  const auto& srcs = embedded_sources();
   std::vector<const char*> hdr_names, hdr_texts;
   for (auto& kv : srcs) {
-    if (kv.first == kMainSource) continue;
+    if (kv.first == main) continue;
     hdr_names.push_back(kv.first.c_str());
     hdr_texts.push_back(kv.second.c_str());
   }
-  const std::string& main_src = srcs.at(kMainSource);
+  const std::string& main_src = srcs.at(main);
   nvrtcProgram prog = nullptr;
-  int r = nv.nvrtcCreateProgram(&prog, main_src.c_str(), kMainSource, (int)hdr_names.size(), hdr_texts.data(),
+  int r = nv.nvrtcCreateProgram(&prog, main_src.c_str(), main.c_str(), (int)hdr_names.size(), hdr_texts.data(),
                                 hdr_names.data());
   if (r != 0) throw CudaError(std::string("nvrtcCreateProgram failed: ") + nv.nvrtcGetErrorString(r));
   struct ProgGuard {  // destroy the program on every path (the jiterator leak is the counter-example)
@@ -127,11 +128,13 @@ std::string nvrtc_compile(const std::string& arch, const std::vector<std::string
     if (dir.empty()) dir = "/tmp";
     std::string dump_dir = dir + "/failed";
     mkdirs(dump_dir);
-    std::string dump = dump_dir + "/worker-" + arch + "-" + hex64(key) + ".cu";
+    std::string stem = main.substr(main.rfind('/') + 1);
+    stem = stem.substr(0, stem.rfind('.'));
+    std::string dump = dump_dir + "/" + stem + "-" + arch + "-" + hex64(key) + ".cu";
     std::string bundle;
     for (auto& kv : srcs) bundle += "// ==== " + kv.first + "\n" + kv.second + "\n";
     if (!write_file_atomic(dump, bundle)) dump = "(could not write " + dump + ")";
-    throw CompileError("NVRTC failed to compile " + std::string(kMainSource) + " for " + arch + ": " +
+    throw CompileError("NVRTC failed to compile " + main + " for " + arch + ": " +
                            nv.nvrtcGetErrorString(r) + "\noptions: " + join(opts) + "\nsource: " + dump +
                            "\nlog:\n" + log,
                        log, arch, join(opts), dump);
@@ -180,19 +183,30 @@ std::string jit_cache_dir() {
   return "";
 }
 
-std::string jit_compile_arch(const std::string& arch) {
+std::string jit_compile_arch(const std::string& arch) { return jit_compile_sources(arch, {}, kMainSource); }
+
+std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides, const std::string& main) {
   const Nvrtc& nv = nvrtc();
   int vmaj = 0, vmin = 0;
   nv.nvrtcVersion(&vmaj, &vmin);
   const auto opts = compile_options(arch);
-  // Key: every embedded source (path + text), options, arch, NVRTC version, package version.
+  std::map<std::string, std::string> owned;  // the effective source set when files are overridden
+  if (!overrides.empty()) {
+    owned = embedded_sources();
+    for (auto& kv : overrides) owned[kv.first] = kv.second;
+  }
+  const std::map<std::string, std::string>& srcs = overrides.empty() ? embedded_sources() : owned;
+  if (!srcs.count(main)) throw std::invalid_argument("gpuos jit: no device source named '" + main + "'");
+  // Key: every source of the compile (path + text, overrides applied), main file, options, arch, NVRTC
+  // version, package version.
   uint64_t h = fnv1a64("gpuos-jit-v1", 12);
-  for (auto& kv : embedded_sources()) {
+  for (auto& kv : srcs) {
     h = fnv1a64(kv.first.data(), kv.first.size() + 1, h);
     h = fnv1a64(kv.second.data(), kv.second.size() + 1, h);
   }
   std::string meta = join(opts) + "|" + arch + "|nvrtc" + std::to_string(vmaj) + "." + std::to_string(vmin) +
                      "|" + GPUOS_VERSION;
+  if (main != kMainSource) meta += "|main=" + main;
   h = fnv1a64(meta.data(), meta.size(), h);
   const std::string key = hex64(h);
   {
@@ -212,14 +226,17 @@ std::string jit_compile_arch(const std::string& arch) {
     return it->second;
   }
   const std::string dir = jit_cache_dir();
-  const std::string file = dir.empty() ? "" : dir + "/worker-" + arch + "-" + key + (arch[0] == 's' ? ".cubin" : ".ptx");
+  std::string stem = main.substr(main.rfind('/') + 1);
+  stem = stem.substr(0, stem.rfind('.'));
+  const std::string file =
+      dir.empty() ? "" : dir + "/" + stem + "-" + arch + "-" + key + (arch[0] == 's' ? ".cubin" : ".ptx");
   std::string image;
   if (!file.empty() && read_file(file, image)) {
     std::lock_guard<std::mutex> sl(g_stats_mu);
     g_stats.cache_hits++;
     g_stats.disk_hits++;
   } else {
-    image = nvrtc_compile(arch, opts, h);
+    image = nvrtc_compile(arch, opts, h, srcs, main);
     if (!file.empty()) {
       mkdirs(dir);
       if (!write_file_atomic(file, image))
@@ -231,15 +248,16 @@ std::string jit_compile_arch(const std::string& arch) {
   return image;
 }
 
-std::string jit_worker_image(int cc_major, int cc_minor) {
+std::string jit_worker_image(int cc_major, int cc_minor) { return jit_compile_arch(jit_arch_for(cc_major, cc_minor)); }
+
+std::string jit_arch_for(int cc_major, int cc_minor) {
   const Nvrtc& nv = nvrtc();
   int n = 0;
   nv.nvrtcGetNumSupportedArchs(&n);
   std::vector<int> archs(std::max(n, 0));
   if (n > 0) nv.nvrtcGetSupportedArchs(archs.data());
   const int want = cc_major * 10 + cc_minor;
-  if (std::find(archs.begin(), archs.end(), want) != archs.end())
-    return jit_compile_arch("sm_" + std::to_string(want));
+  if (std::find(archs.begin(), archs.end(), want) != archs.end()) return "sm_" + std::to_string(want);
   // Newer than this NVRTC knows: PTX for the newest arch it supports; the driver JIT-compiles it.
   int best = 0;
   for (int a : archs)
@@ -247,7 +265,7 @@ std::string jit_worker_image(int cc_major, int cc_minor) {
   if (best == 0)
     throw CudaError("NVRTC at " + nv.path + " supports no arch <= sm_" + std::to_string(want) +
                     "; install an NVRTC that matches this GPU (pip install nvidia-cuda-nvrtc)");
-  return jit_compile_arch("compute_" + std::to_string(best));
+  return "compute_" + std::to_string(best);
 }
 
 JitStats jit_stats() {

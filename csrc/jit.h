@@ -21,6 +21,17 @@ const std::map<std::string, std::string>& embedded_sources();
 // version, package version). Throws CompileError / CudaError.
 std::string jit_worker_image(int cc_major, int cc_minor);
 std::string jit_compile_arch(const std::string& arch);
+// The NVRTC arch the worker is compiled for on a GPU of compute capability major.minor: "sm_XY", or
+// "compute_XY" (PTX) when the GPU is newer than this NVRTC knows. Throws CudaError.
+std::string jit_arch_for(int cc_major, int cc_minor);
+
+// Device sources replacing or adding embedded files for one compile (path -> text), e.g. a generation's
+// generated "device_src/user_ops.h" (csrc/generations.cpp). The cache key covers them.
+using SourceOverrides = std::map<std::string, std::string>;
+// Compile `main` (an embedded path or one of `overrides`) with the embedded sources, `overrides` replacing or
+// adding files. Same cache (memory + disk) and forbid-compile switch as jit_compile_arch.
+std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides,
+                                const std::string& main = "device_src/worker.cu");
 
 JitStats jit_stats();
 std::string jit_cache_dir();  // "" when disabled

@@ -106,8 +106,9 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   grid_ = cfg_.worker_blocks ? cfg_.worker_blocks : (uint32_t)std::max(1, sms_ / 4);
   grid_ = std::min<uint32_t>(grid_, (uint32_t)sms_);
 
-  // Module: worker + built-in ops, one generation (DESIGN F2). Loaded before any worker runs (F3).
-  const std::string image = jit_worker_image(cc_major_, cc_minor_);
+  // Module: worker + every op, one generation (DESIGN F2): the newest ready one (generations.cpp). Loaded
+  // before any worker runs (F3).
+  const std::string image = gen_startup_image();
   GPUOS_CU(d.cuModuleLoadData(&module_, image.data()));
   GPUOS_CU(d.cuModuleGetFunction(&worker_fn_, module_, "gpuos_worker"));
   GPUOS_CU(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING));
@@ -141,6 +142,7 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   w.writeValue.value = 1;
   w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   GPUOS_CU(d.cuStreamBatchMemOp(side_, 1, &w, 0));
+  gen_init();
   alive_ = true;
 }
 
@@ -332,6 +334,7 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
 void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const Operand* ins, float s0, float s1,
                         int64_t numel) {
   if (numel <= 0) return;
+  note_op_gen(op);
   if (conflicts(out, ins, arity)) {
     st_.levels_split++;
     close_level();
@@ -470,6 +473,9 @@ uint32_t Runtime::flush(CUstream stream) {
   close_level();
   if (levels_.empty()) return 0;
   make_current();
+  // A pending sub-op needs a newer generation than the worker's: drain, load it, then publish (issue #5).
+  if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
+  pending_need_gen_ = 0;
   const Driver& d = driver();
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();
@@ -537,6 +543,7 @@ uint32_t Runtime::flush(CUstream stream) {
 
 void Runtime::maybe_launch_worker() {
   if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
+  maybe_adopt_generation();  // the worker left: a newer ready generation takes over here
   const Driver& d = driver();
   __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);
@@ -590,6 +597,7 @@ void Runtime::shutdown(CUstream stream) {
   d.cuMemFreeHost(refs_);
   d.cuMemFreeHost(ring_);
   d.cuMemFreeHost(hc_);
+  gen_shutdown();
   d.cuModuleUnload(module_);
   d.cuDevicePrimaryCtxRelease(cu_dev_);
 }

@@ -10,6 +10,7 @@
 
 #include "cuda_api.h"
 #include "device_src/types.h"
+#include "generations.h"
 #include "device_src/interp.h"
 #include <unordered_map>
 
@@ -112,6 +113,18 @@ class Runtime {
   // Called (under mu) each time pending work is published: the binding layer drops its keep-alive refs.
   void set_publish_hook(std::function<void()> f) { on_publish_ = std::move(f); }
 
+  // ---- generations and the dual-slot alias table (issue #5; csrc/generations.cpp). Call under mu. ----
+  struct HandoverTimes { double drain_us = 0, load_us = 0, launch_us = 0; };
+  uint32_t active_generation() const { return active_gen_; }
+  // Make generation >= gen active: drain the worker (it leaves once everything published has run), load the
+  // newest ready generation's module, keep the old one loaded. No-op when already there.
+  void ensure_generation(uint32_t gen);
+  // Alias table row: table[op] = slot; written into the version not in use, then the version word is flipped
+  // on the control stream (waited for). Batches opened later run on it; open ones finish on the old one.
+  void set_alias_table(const uint8_t* table);
+  // Drain, reload the active generation as a new module, relaunch (benchmarks: handover cost).
+  HandoverTimes force_handover();
+
   std::mutex mu;  // guards everything below; never held while waiting for the GIL
 
  private:
@@ -122,6 +135,16 @@ class Runtime {
   void wait_seq(uint32_t seq, const char* what);
   void maybe_launch_worker();
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream
+  std::string gen_startup_image();   // image of the newest ready generation for this GPU (sets active_gen_)
+  void gen_init();                   // alias table from the registry (constructor)
+  void gen_shutdown();               // unload retired modules
+  double drain_worker(const char* why);  // us waited until no worker is resident or queued
+  HandoverTimes handover(uint32_t gen, const char* why);
+  void maybe_adopt_generation();     // at a worker launch: take over a newer ready generation if idle
+  void note_op_gen(uint32_t op) {
+    const uint32_t g = op_need_gen(op);
+    if (g > pending_need_gen_) pending_need_gen_ = g;
+  }
   void make_current();
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
   bool conflicts(const Operand& out, const Operand* ins, uint32_t nin) const;
@@ -171,6 +194,16 @@ class Runtime {
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;
   bool alive_ = false;
+
+  // generations and the alias table (csrc/generations.cpp)
+  std::string arch_;                  // NVRTC arch of this GPU
+  uint32_t active_gen_ = 0;           // generation whose module the worker is launched from
+  uint32_t pending_need_gen_ = 0;     // newest generation a pending (unpublished) sub-op needs
+  uint32_t failed_load_gen_ = 0;      // generation whose module failed to load here (not retried at idle)
+  std::vector<CUmodule> old_modules_;  // retired generations, unloaded at shutdown
+  uint8_t alias_host_[2][256] = {};   // host copy of both alias-table versions
+  uint32_t alias_ver_ = 0;            // AliasCtl::ver as last written
+  uint32_t alias_flip_seq_ = 0;       // last_seq_ when the version last flipped
 };
 
 }  // namespace gpuos

@@ -52,6 +52,17 @@ if os.environ.get("GPUOS_LOG"):
 __version__ = "0.1.0"
 
 from .scheduler import GpuosScheduler, intercepted_ops, scheduler_context, scheduler_stats  # noqa: E402
+from .injection import (  # noqa: E402
+    batch_install,
+    generation_info,
+    install,
+    register_elementwise,
+    register_op,
+    rollback,
+    switch,
+    user_ops,
+    wait_generations,
+)
 
 
 def stats() -> dict:
@@ -69,6 +80,15 @@ def supported_ops() -> list[str]:
 
 __all__ = [
     "GpuosScheduler",
+    "batch_install",
+    "generation_info",
+    "install",
+    "register_elementwise",
+    "register_op",
+    "rollback",
+    "switch",
+    "user_ops",
+    "wait_generations",
     "intercepted_ops",
     "scheduler_context",
     "scheduler_stats",

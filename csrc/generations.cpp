@@ -1,0 +1,910 @@
+// csrc/generations.cpp -- see generations.h. The registry of injected ops, generation compiles on a
+// background thread, and Runtime's generation handover and dual-slot alias table (DESIGN.md §3 item 5).
+#include "generations.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "device_src/functors.h"
+#include "device_src/types.h"
+#include "jit.h"
+#include "runtime.h"
+
+namespace gpuos {
+
+std::atomic<uint32_t> g_op_need_gen[256];
+std::atomic<uint32_t> g_latest_ready_gen{0};
+
+namespace {
+
+struct BuiltinOp { const char* name; uint32_t arity, kind; };
+const BuiltinOp kBuiltins[] = {
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) {#name, arity, kind},
+#include "device_src/ops.def"
+#undef GPUOS_OP
+};
+constexpr uint32_t kNumBuiltins = sizeof(kBuiltins) / sizeof(kBuiltins[0]);
+static_assert(kNumBuiltins <= kFirstUserOp, "built-in op ids must stay below kFirstUserOp");
+
+struct Slot {
+  bool installed = false;
+  bool is_expr = true;
+  std::string source;
+  uint32_t gen = 0;     // newest ready generation with this slot's code (the old code while new code
+                        // compiles); 0: no ready generation has any code for the slot yet
+  uint64_t change = 0;  // the change that put `source` here (pending until its generation is ready)
+};
+
+struct OpEntry {
+  bool used = false, builtin = false;
+  std::string name, aten;
+  uint32_t arity = 0;
+  Slot slot[2];
+  uint8_t active = 0, prev = 0;
+  std::shared_ptr<CompileError> failed;    // registration failed (block=False): every submit raises it
+  std::shared_ptr<CompileError> deferred;  // an install failed (block=False): the next submit raises it once
+};
+
+struct Change {
+  uint32_t op = 0, slot = 0;
+  bool new_op = false, block = true;
+  Slot before;  // the slot as it was (for a revert)
+  enum State { kPending, kDone, kFailed } state = kPending;
+  uint32_t gen = 0;
+  std::shared_ptr<CompileError> error;
+};
+
+struct Gen {
+  uint32_t id = 0;
+  std::string header;  // the generated device_src/user_ops.h
+  enum State { kCompiling, kReady, kFailed } state = kCompiling;
+  std::map<std::string, std::string> images;  // arch -> cubin / PTX
+  std::shared_ptr<CompileError> error;
+  std::string load_error;
+  std::vector<uint64_t> changes;
+  std::vector<std::string> ops;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::condition_variable cv;
+  OpEntry ops[256];
+  std::map<std::string, uint32_t> by_name;
+  std::vector<std::shared_ptr<Gen>> gens;
+  std::map<uint64_t, Change> changes;
+  std::vector<uint64_t> dirty;  // applied changes no generation holds yet
+  uint64_t next_change = 1;
+  int hold = 0;
+  bool compiling = false, stop = false;
+  std::set<std::string> archs;
+  std::thread thread;
+  std::vector<std::shared_ptr<CompileError>> unreported;  // failures for wait_generations()
+  std::mutex switch_mu;  // one switch / rollback at a time
+  Registry() {
+    auto g = std::make_shared<Gen>();
+    g->id = 0;
+    g->state = Gen::kReady;
+    gens.push_back(g);
+    for (auto& a : g_op_need_gen) a.store(0);
+  }
+};
+
+Registry& R() {
+  static Registry* r = new Registry();  // never destroyed: shutdown_generations() stops the thread at exit
+  return *r;
+}
+
+std::string op_label(const OpEntry& e, uint32_t slot) { return e.name + "[" + std::to_string(slot) + "]"; }
+
+bool valid_identifier(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (!(alpha || (i > 0 && c >= '0' && c <= '9'))) return false;
+  }
+  return true;
+}
+
+int builtin_id(const std::string& name) {
+  for (uint32_t i = 0; i < kNumBuiltins; ++i)
+    if (name == kBuiltins[i].name) return (int)i;
+  return -1;
+}
+
+bool is_ident_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// Parameters of the first `name(` in `src` (a declaration or definition): -1 if there is none.
+int infer_arity(const std::string& src, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = src.find(name, pos)) != std::string::npos) {
+    const size_t end = pos + name.size();
+    const bool left_ok = pos == 0 || !is_ident_char(src[pos - 1]);
+    size_t p = end;
+    while (p < src.size() && (src[p] == ' ' || src[p] == '\t' || src[p] == '\n' || src[p] == '\r')) ++p;
+    if (!left_ok || p >= src.size() || src[p] != '(' || (end < src.size() && is_ident_char(src[end]))) {
+      pos = end;
+      continue;
+    }
+    int depth = 0, commas = 0;
+    bool any = false;
+    std::string inner;
+    for (size_t i = p + 1; i < src.size(); ++i) {
+      const char c = src[i];
+      if (c == '(') ++depth;
+      if (c == ')') {
+        if (depth == 0) {
+          size_t a = inner.find_first_not_of(" \t\r\n"), b = inner.find_last_not_of(" \t\r\n");
+          const std::string t = a == std::string::npos ? "" : inner.substr(a, b - a + 1);
+          if (!any || t == "void") return 0;
+          return commas + 1;
+        }
+        --depth;
+      }
+      if (c == ',' && depth == 0) ++commas;
+      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') any = true;
+      inner += c;
+    }
+    return -1;
+  }
+  return -1;
+}
+
+size_t count_lines(const std::string& s) { return (size_t)std::count(s.begin(), s.end(), '\n'); }
+
+// Appends text to `out` keeping `line` = the number of the next line of `out`.
+struct Emitter {
+  std::string out;
+  size_t line = 1;
+  void put(const std::string& s) {
+    out += s;
+    line += count_lines(s);
+  }
+  // `#line` back to the generated file after user text.
+  void resync(const std::string& file) { put("#line " + std::to_string(line + 1) + " \"" + file + "\"\n"); }
+};
+
+// The per-(op, slot) block: namespace gpuos_user_<ns> { [source] struct UserF_<ns> { apply } }.
+void emit_op(Emitter& em, const std::string& ns, const std::string& name, uint32_t slot, uint32_t arity,
+             const std::string& source, bool is_expr, const std::string& file) {
+  const std::string label = "gpuos_user:" + name + (slot ? "/slot1" : "");
+  const char* unused = "    (void)a; (void)b; (void)c; (void)s0; (void)s1;\n";
+  em.put("// ---- " + name + " slot " + std::to_string(slot) + " (" + (is_expr ? "expression" : "function") +
+         ", arity " + std::to_string(arity) + ")\nnamespace gpuos_user_" + ns + " {\nusing namespace ::gpuos;\n");
+  if (is_expr) {
+    em.put("struct UserF_" + ns + " {\n  static __device__ __forceinline__ float apply(float a, float b, float c, "
+           "float s0, float s1) {\n" + unused + "    return (\n#line 1 \"" + label + "\"\n");
+    em.put(source + "\n");
+    em.resync(file);
+    em.put("    );\n  }\n};\n");
+  } else {
+    em.put("#line 1 \"" + label + "\"\n");
+    em.put(source + "\n");
+    em.resync(file);
+    std::string args = "a";
+    if (arity > 1) args += ", b";
+    if (arity > 2) args += ", c";
+    em.put("struct UserF_" + ns + " {\n  static __device__ __forceinline__ float apply(float a, float b, float c, "
+           "float s0, float s1) {\n" + unused + "    return (float)::gpuos_user_" + ns + "::" + name + "(" + args +
+           ");\n  }\n};\n");
+  }
+  em.put("}  // namespace gpuos_user_" + ns + "\n\n");
+}
+
+std::string header_of(const std::vector<OpSpec>& specs, uint32_t gen) {
+  Emitter em;
+  // No generation number in the text: the same op set gives the same text, so the same cache key in any
+  // process (a warm process compiles nothing).
+  (void)gen;
+  em.put("// device_src/user_ops.h -- generated by gpuos (csrc/generations.cpp); no host-only code.\n"
+         "#pragma once\n#include \"device_src/config.h\"\n#include \"device_src/functors.h\"\n"
+         "#define GPUOS_USER_OPS_GENERATED 1\n\n");
+  std::string list = "#define GPUOS_USER_OPS(X)";
+  for (const OpSpec& s : specs) {
+    const std::string ns = std::to_string(s.id) + "_" + std::to_string(s.slot);
+    emit_op(em, ns, s.name, s.slot, s.arity, s.source, s.is_expr, kUserOpsPath);
+    list += " \\\n  X(" + std::to_string(s.id) + ", " + std::to_string(s.slot) + ", " + std::to_string(s.arity) +
+            ", ::gpuos_user_" + ns + "::UserF_" + ns + ")";
+  }
+  em.put(list + "\n");
+  return em.out;
+}
+
+// Specs of every installed slot of the registry (caller holds R().mu).
+std::vector<OpSpec> registry_specs(const Registry& r) {
+  std::vector<OpSpec> v;
+  for (uint32_t op = 0; op < 256; ++op) {
+    const OpEntry& e = r.ops[op];
+    if (!e.used || e.failed) continue;
+    for (uint32_t s = 0; s < 2; ++s)
+      if (e.slot[s].installed && !(e.builtin && s == 0))
+        v.push_back({op, s, e.arity, e.name, e.slot[s].source, e.slot[s].is_expr});
+  }
+  return v;
+}
+
+void recompute_need(Registry& r, uint32_t op) {
+  const OpEntry& e = r.ops[op];
+  uint32_t g = 0;
+  if (e.used && !e.failed) {
+    const Slot& s = e.slot[e.active];
+    g = (e.builtin && e.active == 0) ? 0 : s.gen;
+  }
+  g_op_need_gen[op].store(g, std::memory_order_relaxed);
+}
+
+std::string validation_arch(const Registry& r) {
+  for (const auto& a : r.archs) {  // "sm_90" / "compute_90" -> "compute_90": PTX, no ptxas
+    const size_t u = a.find('_');
+    if (u != std::string::npos) return "compute_" + a.substr(u + 1);
+  }
+  return "compute_90";
+}
+
+// Quick NVRTC check of one op's code (the op's block + a tiny kernel calling it): a bad source fails in about
+// a second with a short log, before any generation is queued. Cached like every compile.
+void validate_source(const std::string& who, const std::string& name, uint32_t slot, uint32_t arity,
+                     const std::string& source, bool is_expr, const std::string& arch) {
+  const std::string file = "device_src/user_check.cu";
+  Emitter em;
+  em.put("// gpuos: validation compile of one injected op\n#include \"device_src/config.h\"\n"
+         "#include \"device_src/functors.h\"\n");
+  emit_op(em, "check", name, slot, arity, source, is_expr, file);
+  em.put("extern \"C\" __global__ void gpuos_check_kernel(float* o, const float* x) {\n"
+         "  o[threadIdx.x] = ::gpuos_user_check::UserF_check::apply(x[0], x[1], x[2], x[3], x[4]);\n}\n");
+  try {
+    jit_compile_sources(arch, {{file, em.out}}, file);
+  } catch (const CompileError& e) {
+    throw CompileError(who + ": the " + (is_expr ? "expression" : "source") + " of op '" + name + "' (slot " +
+                           std::to_string(slot) + ") does not compile (NVRTC, " + arch + "):\n" + e.log +
+                           "\nsource: " + e.source_path +
+                           "\nFix: " + (is_expr ? "write one CUDA C++ expression over fp32 a, b, c, s0, s1."
+                                                : "define __device__ float " + name + "(float a[, float b[, float c]])."),
+                       e.log, e.arch, e.options, e.source_path);
+  }
+}
+
+void ensure_thread(Registry& r);
+
+// Apply a change to the registry and queue it for the next generation (caller holds r.mu).
+uint64_t queue_change(Registry& r, uint32_t op, uint32_t slot, bool new_op, bool block, const Slot& before) {
+  const uint64_t id = r.next_change++;
+  Change c;
+  c.op = op;
+  c.slot = slot;
+  c.new_op = new_op;
+  c.block = block;
+  c.before = before;
+  r.changes[id] = c;
+  r.dirty.push_back(id);
+  ensure_thread(r);
+  r.cv.notify_all();
+  return id;
+}
+
+// Revert a change of a failed generation (caller holds r.mu).
+void revert_change(Registry& r, uint64_t id, Change& c) {
+  OpEntry& e = r.ops[c.op];
+  if (c.new_op) {
+    if (c.block) {  // the caller gets the error now: forget the op (name and id free again)
+      r.by_name.erase(e.name);
+      e = OpEntry();
+    } else {
+      e.failed = c.error;
+    }
+  } else if (e.slot[c.slot].change == id) {
+    e.slot[c.slot] = c.before;
+    if (!c.block) e.deferred = c.error;
+  }
+  for (auto& kv : r.changes)  // a later change of the same slot must not restore this failed code
+    if (kv.first > id && kv.second.op == c.op && kv.second.slot == c.slot && kv.second.before.change == id)
+      kv.second.before = c.before;
+  recompute_need(r, c.op);
+}
+
+void compile_loop() {
+  Registry& r = R();
+  std::unique_lock<std::mutex> lk(r.mu);
+  for (;;) {
+    r.cv.wait(lk, [&] { return r.stop || (!r.dirty.empty() && r.hold == 0); });
+    if (r.stop) break;
+    auto g = std::make_shared<Gen>();
+    g->id = (uint32_t)r.gens.size();
+    const std::vector<OpSpec> specs = registry_specs(r);
+    g->header = header_of(specs, g->id);
+    for (const OpSpec& s : specs) g->ops.push_back(s.name + "[" + std::to_string(s.slot) + "]");
+    g->changes.swap(r.dirty);
+    for (uint64_t c : g->changes) r.changes[c].gen = g->id;
+    r.gens.push_back(g);
+    r.compiling = true;
+    const std::set<std::string> archs = r.archs;
+    lk.unlock();
+    std::map<std::string, std::string> images;
+    std::shared_ptr<CompileError> err;
+    try {
+      for (const auto& arch : archs) images[arch] = jit_compile_sources(arch, {{kUserOpsPath, g->header}});
+    } catch (const CompileError& e) {
+      err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
+                                               std::to_string(specs.size()) + ") failed to compile; the running "
+                                               "generation stays. " + e.what(),
+                                           e.log, e.arch, e.options, e.source_path);
+    } catch (const std::exception& e) {
+      err = std::make_shared<CompileError>(std::string("gpuos: generation ") + std::to_string(g->id) +
+                                               " could not be compiled: " + e.what(),
+                                           "", "", "", "");
+    }
+    lk.lock();
+    r.compiling = false;
+    if (!err) {
+      g->images = std::move(images);
+      g->state = Gen::kReady;
+      for (uint64_t id : g->changes) {
+        Change& c = r.changes[id];
+        c.state = Change::kDone;
+        Slot& s = r.ops[c.op].slot[c.slot];
+        if (s.change == id) s.gen = g->id;
+        recompute_need(r, c.op);
+      }
+      g_latest_ready_gen.store(g->id);
+    } else {
+      g->state = Gen::kFailed;
+      g->error = err;
+      for (auto it = g->changes.rbegin(); it != g->changes.rend(); ++it) {
+        Change& c = r.changes[*it];
+        c.state = Change::kFailed;
+        c.error = err;
+        revert_change(r, *it, c);
+      }
+      r.unreported.push_back(err);
+    }
+    r.cv.notify_all();
+  }
+}
+
+void ensure_thread(Registry& r) {
+  if (!r.thread.joinable() && !r.stop) r.thread = std::thread(compile_loop);
+}
+
+// Wait until change `id` is no longer pending (caller holds lk on r.mu); throws its error.
+void wait_change(Registry& r, std::unique_lock<std::mutex>& lk, uint64_t id) {
+  r.cv.wait(lk, [&] { return r.changes[id].state != Change::kPending || r.stop; });
+  const Change& c = r.changes[id];
+  if (c.state == Change::kFailed) {
+    auto e = c.error;
+    for (auto it = r.unreported.begin(); it != r.unreported.end(); ++it)
+      if (*it == e) { r.unreported.erase(it); break; }
+    throw CompileError(*e);
+  }
+  if (c.state == Change::kPending) throw CudaError("gpuos: shutting down while a generation was compiling");
+}
+
+uint32_t find_op(const Registry& r, const std::string& name, const char* who) {
+  auto it = r.by_name.find(name);
+  if (it != r.by_name.end()) return it->second;
+  std::string known;
+  for (auto& kv : r.by_name) known += (known.empty() ? "" : ", ") + ("'" + kv.first + "'");
+  throw std::invalid_argument(std::string(who) + ": no injected op named '" + name + "' (registered: " +
+                              (known.empty() ? "none" : known) +
+                              "). Fix: gpuos.register_elementwise / register_op first, or install slot 1 of a "
+                              "built-in elementwise op.");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ registry API
+uint32_t register_user_op(const std::string& who, const std::string& name, const std::string& source, bool is_expr,
+                          int arity, const std::string& aten, bool block) {
+  Registry& r = R();
+  if (!valid_identifier(name))
+    throw std::invalid_argument(who + ": op name '" + name + "' must be a C identifier (letters, digits, _; "
+                                "at most 64 characters)");
+  if (builtin_id(name) >= 0)
+    throw std::invalid_argument(who + ": '" + name + "' is a built-in op. Fix: pick another name, or replace "
+                                "the built-in with gpuos.install('" + name + "', source, slot=1) and switch().");
+  if (source.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw std::invalid_argument(who + ": the source of op '" + name + "' is empty");
+  if (!is_expr && arity < 0) {
+    arity = infer_arity(source, name);
+    if (arity < 0)
+      throw std::invalid_argument(who + ": the source of op '" + name + "' does not define a function named '" +
+                                  name + "'. Fix: define __device__ float " + name +
+                                  "(float a[, float b[, float c]]), or pass arity=.");
+  }
+  if (arity < 1 || arity > 3)
+    throw std::invalid_argument(who + ": op '" + name + "' has arity " + std::to_string(arity) +
+                                "; injected elementwise ops take 1, 2 or 3 tensor inputs");
+  std::string arch;
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    auto it = r.by_name.find(name);
+    if (it != r.by_name.end() && !r.ops[it->second].failed)
+      throw std::invalid_argument(who + ": an op named '" + name + "' is already registered (id " +
+                                  std::to_string(it->second) + "). Fix: pick another name, or replace its code "
+                                  "with gpuos.install('" + name + "', source, slot).");
+    arch = validation_arch(r);
+  }
+  validate_source(who, name, 0, (uint32_t)arity, source, is_expr, arch);
+  std::unique_lock<std::mutex> lk(r.mu);
+  if (r.hold > 0) block = false;  // inside batch_install(): the compile starts (and is waited for) at its end
+  uint32_t id = 0;
+  auto it = r.by_name.find(name);
+  if (it != r.by_name.end()) {
+    if (!r.ops[it->second].failed)
+      throw std::invalid_argument(who + ": an op named '" + name + "' is already registered");
+    id = it->second;  // re-registering a failed op reuses its id
+  } else {
+    for (id = kFirstUserOp; id < kMaxOps && r.ops[id].used; ++id) {
+    }
+    if (id >= kMaxOps)
+      throw std::invalid_argument(who + ": no free op id (" + std::to_string(kMaxOps - kFirstUserOp) +
+                                  " injected ops at most)");
+  }
+  OpEntry& e = r.ops[id];
+  e = OpEntry();
+  e.used = true;
+  e.name = name;
+  e.aten = aten;
+  e.arity = (uint32_t)arity;
+  e.slot[0].installed = true;
+  e.slot[0].is_expr = is_expr;
+  e.slot[0].source = source;
+  r.by_name[name] = id;
+  const uint64_t c = queue_change(r, id, 0, true, block, Slot());
+  e.slot[0].change = c;
+  recompute_need(r, id);
+  if (block) wait_change(r, lk, c);
+  return id;
+}
+
+uint32_t install_user_op(const std::string& name, const std::string& source, uint32_t slot, bool block) {
+  Registry& r = R();
+  const std::string who = "gpuos.install('" + name + "', slot=" + std::to_string(slot) + ")";
+  if (slot > 1) throw std::invalid_argument(who + ": slot must be 0 or 1");
+  if (source.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw std::invalid_argument(who + ": the source is empty");
+  const bool is_expr = source.find("__device__") == std::string::npos;
+  const int bid = builtin_id(name);
+  uint32_t arity = 0;
+  std::string arch;
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (bid >= 0) {
+      if (kBuiltins[bid].kind != kKindEw)
+        throw std::invalid_argument(who + ": '" + name + "' is a reduction; only elementwise ops can be replaced");
+      if (slot == 0)
+        throw std::invalid_argument(who + ": slot 0 of the built-in op '" + name +
+                                    "' is its ops.def functor. Fix: install into slot 1, then switch('" + name +
+                                    "', 1).");
+      arity = kBuiltins[bid].arity;
+    } else {
+      const uint32_t id = find_op(r, name, who.c_str());
+      if (r.ops[id].failed) throw CompileError(*r.ops[id].failed);
+      arity = r.ops[id].arity;
+    }
+    arch = validation_arch(r);
+  }
+  if (!is_expr && infer_arity(source, name) < 0)
+    throw std::invalid_argument(who + ": the source does not define a function named '" + name +
+                                "'. Fix: define __device__ float " + name + "(...) with " + std::to_string(arity) +
+                                " float parameter(s).");
+  validate_source(who, name, slot, arity, source, is_expr, arch);
+  std::unique_lock<std::mutex> lk(r.mu);
+  if (r.hold > 0) block = false;  // inside batch_install()
+  uint32_t id;
+  if (bid >= 0) {
+    id = (uint32_t)bid;
+    OpEntry& e = r.ops[id];
+    if (!e.used) {
+      e = OpEntry();
+      e.used = true;
+      e.builtin = true;
+      e.name = name;
+      e.arity = arity;
+      e.slot[0].installed = true;  // the ops.def functor, in every generation
+      r.by_name[name] = id;
+    }
+  } else {
+    id = find_op(r, name, who.c_str());
+  }
+  OpEntry& e = r.ops[id];
+  const Slot before = e.slot[slot];
+  e.slot[slot].installed = true;
+  e.slot[slot].is_expr = is_expr;
+  e.slot[slot].source = source;
+  const uint64_t c = queue_change(r, id, slot, false, block, before);
+  e.slot[slot].change = c;
+  // Until the new code's generation is ready, slot.gen still names the old code's generation: sub-ops of the op
+  // keep running the old code (and switch() to the slot uses it).
+  if (block) wait_change(r, lk, c);
+  return id;
+}
+
+uint32_t switch_user_op(const std::string& name, uint32_t slot, const std::vector<Runtime*>& runtimes) {
+  Registry& r = R();
+  const std::string who = "gpuos.switch('" + name + "', " + std::to_string(slot) + ")";
+  if (slot > 1) throw std::invalid_argument(who + ": slot must be 0 or 1");
+  std::lock_guard<std::mutex> sw(r.switch_mu);
+  uint8_t table[256];
+  uint32_t id, need, before;
+  {
+    std::unique_lock<std::mutex> lk(r.mu);
+    id = find_op(r, name, who.c_str());
+    OpEntry& e = r.ops[id];
+    if (e.failed) throw CompileError(*e.failed);
+    if (!e.slot[slot].installed)
+      throw std::invalid_argument(who + ": nothing is installed in slot " + std::to_string(slot) + " of '" + name +
+                                  "'. Fix: gpuos.install('" + name + "', source, slot=" + std::to_string(slot) +
+                                  ") first.");
+    if (!(e.builtin && slot == 0) && e.slot[slot].gen == 0) wait_change(r, lk, e.slot[slot].change);
+    OpEntry& e2 = r.ops[id];
+    if (!e2.used || !e2.slot[slot].installed)
+      throw std::invalid_argument(who + ": slot " + std::to_string(slot) + " of '" + name + "' was removed");
+    need = (e2.builtin && slot == 0) ? 0 : e2.slot[slot].gen;
+    before = e2.active;
+    for (uint32_t op = 0; op < 256; ++op) table[op] = r.ops[op].used && !r.ops[op].failed ? r.ops[op].active : 0;
+    table[id] = (uint8_t)slot;
+  }
+  // Every runtime holds the code of the slot before its alias table may select it.
+  for (Runtime* rt : runtimes) {
+    std::lock_guard<std::mutex> lk(rt->mu);
+    rt->ensure_generation(need);
+    rt->set_alias_table(table);
+  }
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    OpEntry& e = r.ops[id];
+    if (e.active != slot) {
+      e.prev = e.active;
+      e.active = (uint8_t)slot;
+    }
+    recompute_need(r, id);
+  }
+  return before;
+}
+
+uint32_t rollback_user_op(const std::string& name, const std::vector<Runtime*>& runtimes) {
+  uint32_t prev, active;
+  {
+    Registry& r = R();
+    std::lock_guard<std::mutex> lk(r.mu);
+    const uint32_t id = find_op(r, name, ("gpuos.rollback('" + name + "')").c_str());
+    prev = r.ops[id].prev;
+    active = r.ops[id].active;
+  }
+  if (prev == active)
+    throw std::invalid_argument("gpuos.rollback('" + name + "'): '" + name + "' has not been switched (slot " +
+                                std::to_string(active) + " is active); nothing to roll back to");
+  switch_user_op(name, prev, runtimes);
+  return prev;
+}
+
+bool is_user_op_name(const std::string& name) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.by_name.find(name);
+  return it != r.by_name.end() && !r.ops[it->second].builtin;
+}
+
+SubmitOp user_op_for_submit(const std::string& name, int64_t id_in) {
+  Registry& r = R();
+  std::unique_lock<std::mutex> lk(r.mu);
+  uint32_t id;
+  if (id_in >= 0) {
+    if (id_in >= 256 || !r.ops[id_in].used || r.ops[id_in].builtin)
+      throw std::invalid_argument("gpuos.submit: op id " + std::to_string(id_in) +
+                                  " is neither a built-in op nor a registered injected op");
+    id = (uint32_t)id_in;
+  } else {
+    id = find_op(r, name, "gpuos.submit");
+    if (r.ops[id].builtin) throw std::invalid_argument("gpuos.submit: internal: '" + name + "' is built-in");
+  }
+  for (;;) {
+    OpEntry& e = r.ops[id];
+    if (!e.used) throw std::invalid_argument("gpuos.submit: op id " + std::to_string(id) + " was removed");
+    if (e.failed) throw CompileError(*e.failed);
+    if (e.deferred) {
+      auto err = e.deferred;
+      e.deferred.reset();
+      throw CompileError(*err);
+    }
+    const Slot& s = e.slot[e.active];
+    if (s.gen != 0) return SubmitOp{id, e.arity, e.name};
+    // The op's code is still compiling (block=False): wait for its generation.
+    const uint64_t c = s.change;
+    r.cv.wait(lk, [&] { return r.changes[c].state != Change::kPending || r.stop; });
+    if (r.stop) throw CudaError("gpuos: shutting down while a generation was compiling");
+  }
+}
+
+std::vector<UserOpInfo> list_user_ops() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::vector<UserOpInfo> v;
+  for (uint32_t op = 0; op < 256; ++op) {
+    const OpEntry& e = r.ops[op];
+    if (!e.used) continue;
+    UserOpInfo u;
+    u.id = op;
+    u.arity = e.arity;
+    u.name = e.name;
+    u.aten = e.aten;
+    u.builtin = e.builtin;
+    for (uint32_t s = 0; s < 2; ++s) {
+      u.installed[s] = e.slot[s].installed;
+      u.kind[s] = !e.slot[s].installed ? "" : (e.builtin && s == 0) ? "builtin" : e.slot[s].is_expr ? "expr" : "function";
+      u.slot_gen[s] = e.slot[s].gen;
+    }
+    u.active = e.active;
+    u.generation = g_op_need_gen[op].load();
+    auto ch = r.changes.find(e.slot[e.active].change);
+    const bool pending = !(e.builtin && e.active == 0) && ch != r.changes.end() && ch->second.state == Change::kPending;
+    u.state = e.failed ? "failed" : pending ? "compiling" : "ready";
+    if (e.failed) u.error = e.failed->what();
+    v.push_back(u);
+  }
+  return v;
+}
+
+std::vector<GenerationInfo> list_generations() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::vector<GenerationInfo> v;
+  for (auto& g : r.gens) {
+    GenerationInfo i;
+    i.id = g->id;
+    i.state = g->state == Gen::kReady ? "ready" : g->state == Gen::kFailed ? "failed" : "compiling";
+    for (auto& kv : g->images) i.archs.push_back(kv.first);
+    if (g->error) i.error = g->error->what();
+    if (!g->load_error.empty()) i.error += (i.error.empty() ? "" : "\n") + g->load_error;
+    i.ops = g->ops;
+    v.push_back(i);
+  }
+  return v;
+}
+
+uint32_t wait_generations() {
+  Registry& r = R();
+  std::unique_lock<std::mutex> lk(r.mu);
+  r.cv.wait(lk, [&] { return r.stop || ((r.dirty.empty() || r.hold > 0) && !r.compiling); });
+  if (!r.unreported.empty()) {
+    auto e = r.unreported.front();
+    r.unreported.clear();
+    throw CompileError(*e);
+  }
+  return g_latest_ready_gen.load();
+}
+
+void hold_generations(bool hold) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.hold += hold ? 1 : -1;
+  if (r.hold < 0) r.hold = 0;
+  r.cv.notify_all();
+}
+
+std::string current_generation_header() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return header_of(registry_specs(r), (uint32_t)r.gens.size());
+}
+
+std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen) { return header_of(specs, gen); }
+
+void shutdown_generations() {
+  Registry& r = R();
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.stop = true;
+    r.cv.notify_all();
+  }
+  if (r.thread.joinable()) r.thread.join();
+}
+
+void registry_add_arch(const std::string& arch) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.archs.insert(arch);
+}
+
+std::string generation_image(uint32_t gen, const std::string& arch) {
+  Registry& r = R();
+  std::string header;
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (gen >= r.gens.size() || r.gens[gen]->state != Gen::kReady)
+      throw std::logic_error("gpuos internal error: generation " + std::to_string(gen) + " is not ready");
+    auto it = r.gens[gen]->images.find(arch);
+    if (it != r.gens[gen]->images.end()) return it->second;
+    header = r.gens[gen]->header;
+  }
+  // An arch the generation was not compiled for (or generation 0: the embedded sources as they are).
+  std::string image = gen == 0 ? jit_compile_arch(arch) : jit_compile_sources(arch, {{kUserOpsPath, header}});
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.gens[gen]->images[arch] = image;
+  return image;
+}
+
+void current_alias_table(uint8_t table[256]) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  for (uint32_t op = 0; op < 256; ++op) table[op] = r.ops[op].used && !r.ops[op].failed ? r.ops[op].active : 0;
+}
+
+void note_generation_load_error(uint32_t gen, const std::string& msg) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (gen < r.gens.size()) r.gens[gen]->load_error = msg;
+}
+
+// ------------------------------------------------------------------ Runtime: generations, handover, alias
+std::string Runtime::gen_startup_image() {
+  arch_ = jit_arch_for(cc_major_, cc_minor_);
+  registry_add_arch(arch_);
+  const uint32_t g = g_latest_ready_gen.load();
+  std::string image = generation_image(g, arch_);
+  active_gen_ = g;
+  return image;
+}
+
+void Runtime::gen_init() {
+  // The registry's alias choices (ops switched before this runtime existed), in stream order after the
+  // DevCtl memset on the side stream and before any worker launch there.
+  uint8_t table[256];
+  current_alias_table(table);
+  bool any = false;
+  for (uint8_t v : table) any |= v != 0;
+  std::memcpy(alias_host_[0], table, 256);
+  alias_ver_ = any ? kAliasActive : 0u;
+  if (!any) return;
+  std::vector<CUstreamBatchMemOpParams> ops;
+  const CUdeviceptr base = dc_d_ + __builtin_offsetof(DevCtl, alias);
+  for (uint32_t j = 0; j < 64; ++j) {
+    CUstreamBatchMemOpParams w{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    w.writeValue.address = base + __builtin_offsetof(AliasCtl, slot) + 4ull * j;
+    std::memcpy(&w.writeValue.value, &table[4 * j], 4);
+    ops.push_back(w);
+  }
+  CUstreamBatchMemOpParams w{};
+  w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  w.writeValue.address = base + __builtin_offsetof(AliasCtl, ver);
+  w.writeValue.value = alias_ver_;
+  ops.push_back(w);
+  GPUOS_CU(driver().cuStreamBatchMemOp(side_, (unsigned)ops.size(), ops.data(), 0));
+}
+
+void Runtime::gen_shutdown() {
+  const Driver& d = driver();
+  for (CUmodule m : old_modules_) d.cuModuleUnload(m);
+  old_modules_.clear();
+}
+
+// Wait until no worker of ours is resident or queued (the side stream is idle), asking it to leave.
+double Runtime::drain_worker(const char* why) {
+  const Driver& d = driver();
+  const auto t0 = std::chrono::steady_clock::now();
+  CUresult r = d.cuStreamQuery(side_);
+  if (r == CUDA_SUCCESS) return 0.0;
+  __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST);
+  for (uint32_t spin = 0;; ++spin) {
+    r = d.cuStreamQuery(side_);
+    if (r == CUDA_SUCCESS) break;
+    if (r != CUDA_ERROR_NOT_READY) GPUOS_CU(r);
+    _mm_pause();
+    if ((spin & 63) == 0 &&
+        std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(cfg_.timeout_s))
+      throw CudaError("gpuos: timed out after " + std::to_string(cfg_.timeout_s) + " s waiting for the worker to "
+                      "exit (" + why + ") on " + name_ + "; worker state=" + std::to_string(hc_->worker_state) +
+                      ", last published batch " + std::to_string(last_seq_) + ". A batch flushed on a stream that "
+                      "never reaches its ready write keeps the worker resident; raise GPUOS_TIMEOUT_S if that "
+                      "stream's work is legitimately long.");
+    if (spin > (1u << 14)) std::this_thread::yield();
+  }
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
+  const Driver& d = driver();
+  make_current();
+  HandoverTimes t;
+  t.drain_us = drain_worker(why);
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::string image = generation_image(gen, arch_);
+  CUmodule m = nullptr;
+  CUresult r = d.cuModuleLoadData(&m, image.data());
+  CUfunction f = nullptr;
+  if (r == CUDA_SUCCESS) {
+    r = d.cuModuleGetFunction(&f, m, "gpuos_worker");
+    if (r != CUDA_SUCCESS) d.cuModuleUnload(m);
+  }
+  if (r != CUDA_SUCCESS) {
+    failed_load_gen_ = gen;
+    const char* nm = "?";
+    d.cuGetErrorName(r, &nm);
+    const std::string msg = "gpuos: generation " + std::to_string(gen) + " failed to load on " + name_ + " (" +
+                            nm + "); generation " + std::to_string(active_gen_) + " keeps running";
+    note_generation_load_error(gen, msg);
+    throw CudaError(msg);
+  }
+  old_modules_.push_back(module_);  // kept until shutdown: unloading would wait on resident kernels (F3)
+  module_ = m;
+  worker_fn_ = f;
+  active_gen_ = gen;
+  st_.handovers++;
+  t.load_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count();
+  return t;
+}
+
+void Runtime::ensure_generation(uint32_t gen) {
+  if (active_gen_ >= gen) return;
+  const uint32_t target = g_latest_ready_gen.load();
+  if (target < gen)
+    throw std::logic_error("gpuos internal error: generation " + std::to_string(gen) + " needed but only " +
+                           std::to_string(target) + " is ready");
+  handover(target, "handover to a newer generation");
+}
+
+void Runtime::maybe_adopt_generation() {
+  const uint32_t latest = g_latest_ready_gen.load(std::memory_order_relaxed);
+  if (latest <= active_gen_ || latest == failed_load_gen_) return;
+  if (driver().cuStreamQuery(side_) != CUDA_SUCCESS) return;  // a worker is still resident or queued
+  try {
+    handover(latest, "idle exit");
+  } catch (const std::exception&) {
+    // Recorded (note_generation_load_error); the old generation keeps running. A flush that needs the
+    // generation retries the load and raises.
+  }
+}
+
+Runtime::HandoverTimes Runtime::force_handover() {
+  HandoverTimes t = handover(active_gen_, "explicit handover");
+  const auto t0 = std::chrono::steady_clock::now();
+  maybe_launch_worker();
+  t.launch_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  return t;
+}
+
+void Runtime::set_alias_table(const uint8_t* table) {
+  const uint32_t cur = alias_ver_ & 1u, nxt = cur ^ 1u;
+  if (std::memcmp(table, alias_host_[cur], 256) == 0) return;
+  make_current();
+  // Batches published before the last flip may have opened on the version about to be rewritten.
+  if (alias_flip_seq_) wait_seq(alias_flip_seq_, "batches that may still read the alias-table version being rewritten");
+  std::memcpy(alias_host_[nxt], table, 256);
+  bool any = false;
+  for (uint32_t i = 0; i < 256; ++i) any |= table[i] != 0;
+  const uint32_t ver = nxt | (any ? kAliasActive : 0u);
+  CUstreamBatchMemOpParams ops[65];
+  const CUdeviceptr base = dc_d_ + __builtin_offsetof(DevCtl, alias);
+  for (uint32_t j = 0; j < 64; ++j) {
+    CUstreamBatchMemOpParams& w = ops[j];
+    w = CUstreamBatchMemOpParams{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    w.writeValue.address = base + __builtin_offsetof(AliasCtl, slot) + 256ull * nxt + 4ull * j;
+    std::memcpy(&w.writeValue.value, &table[4 * j], 4);
+    w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  // Written last, after a memory barrier (WRITE_VALUE_DEFAULT): a poller that sees the new version sees its row.
+  ops[64] = CUstreamBatchMemOpParams{};
+  ops[64].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[64].writeValue.address = base + __builtin_offsetof(AliasCtl, ver);
+  ops[64].writeValue.value = ver;
+  ops[64].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  GPUOS_CU(driver().cuStreamBatchMemOp(ctl_, 65, ops, 0));
+  sync_ctl("an alias-table switch");
+  alias_ver_ = ver;
+  alias_flip_seq_ = last_seq_;
+}
+
+}  // namespace gpuos

@@ -1,0 +1,101 @@
+// csrc/generations.h -- injected operators (issue #5): the process-wide registry of user ops and installed
+// slots, the generations compiled from it (one NVRTC module each: the worker plus every op, DESIGN F2), and
+// the generation a sub-op of each op id needs. Runtime's handover and alias-table methods live in
+// generations.cpp too.
+//
+// Lock order: Runtime::mu, then the registry's lock. The registry never takes a Runtime::mu while holding
+// its own lock, never runs Python and never needs the GIL; callers that may wait (register with block=True,
+// switch, submit of an op whose generation is compiling) release the GIL first.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_api.h"
+#include "device_src/config.h"
+
+namespace gpuos {
+
+class Runtime;
+
+// The generation whose module a sub-op of op id `op` needs: the one that first held the code of the op's
+// active slot (0: the built-in module has it). Read on every record (relaxed), written by the registry.
+extern std::atomic<uint32_t> g_op_need_gen[256];
+inline uint32_t op_need_gen(uint32_t op) { return g_op_need_gen[op & 255u].load(std::memory_order_relaxed); }
+// Newest generation compiled successfully (0: only the built-in one).
+extern std::atomic<uint32_t> g_latest_ready_gen;
+
+// One op of the registry as Python sees it (gpuos_ext.user_ops()).
+struct UserOpInfo {
+  uint32_t id = 0, arity = 0;
+  std::string name, aten;
+  bool builtin = false;         // a built-in op of ops.def with an installed slot 1
+  bool installed[2] = {false, false};
+  std::string kind[2];          // "expr" / "function" / "builtin" per installed slot
+  uint32_t slot_gen[2] = {0, 0};  // generation holding each slot's code (0 while compiling / built-in)
+  uint32_t active = 0;          // slot the alias table selects
+  uint32_t generation = 0;      // generation the active slot needs
+  std::string state;            // "ready", "compiling", "failed"
+  std::string error;            // failed: the CompileError message
+};
+
+struct GenerationInfo {
+  uint32_t id = 0;
+  std::string state;  // "ready", "compiling", "failed"
+  std::vector<std::string> archs;
+  std::string error;
+  std::vector<std::string> ops;  // "name[slot]" of every op slot the generation holds
+};
+
+// ---- registry API (call without the GIL and without any Runtime::mu) ----
+// New op from a CUDA C++ expression over fp32 a, b, c and scalars s0, s1 (is_expr), or from a source that
+// defines `__device__ float <name>(float a[, float b[, float c]])` (arity < 0: read from that signature).
+// Validates the source with a quick NVRTC compile first (CompileError naming the op, with the NVRTC log),
+// then queues a generation compile; block: wait for it (CompileError on failure: the registry and the running
+// generation are unchanged). Returns the op id (kFirstUserOp ..).
+uint32_t register_user_op(const std::string& who, const std::string& name, const std::string& source, bool is_expr,
+                          int arity, const std::string& aten, bool block);
+// Put new code into slot 0 or 1 of `name` (a registered op, or slot 1 of a built-in elementwise op).
+// Expression or function source (a source containing "__device__" is a function). Returns the op id.
+uint32_t install_user_op(const std::string& name, const std::string& source, uint32_t slot, bool block);
+// Make the alias table select `slot` for `name` on every runtime (handover first where a runtime's active
+// generation lacks that slot's code). Returns the slot that was active before.
+uint32_t switch_user_op(const std::string& name, uint32_t slot, const std::vector<Runtime*>& runtimes);
+// Switch back to the slot that was active before the last switch. Returns the slot now active.
+uint32_t rollback_user_op(const std::string& name, const std::vector<Runtime*>& runtimes);
+// Op id for submit: waits while the op's code is still compiling (block=False registrations) and throws the
+// recorded CompileError of a failed one. Throws std::invalid_argument for unknown names / ids.
+struct SubmitOp { uint32_t id; uint32_t arity; std::string name; };
+SubmitOp user_op_for_submit(const std::string& name, int64_t id);
+bool is_user_op_name(const std::string& name);
+
+std::vector<UserOpInfo> list_user_ops();
+std::vector<GenerationInfo> list_generations();
+// Wait until every queued generation compile has finished; returns the newest ready generation. Throws the
+// first CompileError of generations that failed since the last call.
+uint32_t wait_generations();
+// While held (> 0), queued changes do not start a generation compile: several registrations become one
+// generation (one ~25 s NVRTC compile of the worker instead of several).
+void hold_generations(bool hold);
+// The generated device_src/user_ops.h of the current registry.
+std::string current_generation_header();
+// Stop the compile thread (waits for a compile in progress). At exit.
+void shutdown_generations();
+
+// Generated header for explicit op specs (tests: NVRTC checks the generator without touching the registry).
+struct OpSpec { uint32_t id, slot, arity; std::string name, source; bool is_expr; };
+std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen);
+constexpr const char* kUserOpsPath = "device_src/user_ops.h";
+
+// ---- used by Runtime ----
+void registry_add_arch(const std::string& arch);
+// Image of generation `gen` for `arch` (compiles it now if the generation was compiled without that arch).
+std::string generation_image(uint32_t gen, const std::string& arch);
+// The alias table every runtime must hold: table[op] = active slot.
+void current_alias_table(uint8_t table[256]);
+// A generation that compiled but failed to load on some device: recorded for generation_info().
+void note_generation_load_error(uint32_t gen, const std::string& msg);
+
+}  // namespace gpuos

@@ -1,0 +1,210 @@
+// csrc/injection_bindings.cpp -- the Python face of operator injection (issue #5): register_elementwise,
+// register_op, install, switch, rollback, user_ops, generation_info. The work is in generations.cpp; every
+// call that may wait (NVRTC, a generation compile, a worker drain) runs without the GIL.
+#include <torch/extension.h>
+
+#include <functional>
+#include <vector>
+
+#include "generations.h"
+#include "jit.h"
+#include "runtime.h"
+
+namespace py = pybind11;
+
+namespace gpuos {
+
+namespace {
+std::function<std::vector<Runtime*>()> g_runtimes;
+std::function<Runtime*()> g_current_runtime;
+
+std::string opt_str(const py::object& o) { return o.is_none() ? std::string() : o.cast<std::string>(); }
+}  // namespace
+
+void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>()> runtimes,
+                            std::function<Runtime*()> current_runtime) {
+  g_runtimes = std::move(runtimes);
+  g_current_runtime = std::move(current_runtime);
+
+  m.def(
+      "register_elementwise",
+      [](const std::string& name, const std::string& expr, int arity, py::object aten, bool block) {
+        const std::string a = opt_str(aten);
+        py::gil_scoped_release nogil;
+        return register_user_op("gpuos.register_elementwise('" + name + "')", name, expr, true, arity, a, block);
+      },
+      py::arg("name"), py::arg("expr"), py::arg("arity") = 2, py::arg("aten") = py::none(), py::arg("block") = true,
+      "register_elementwise(name, expr, arity=2, aten=None, block=True) -> op id\n\n"
+      "A new elementwise op out = expr over fp32 inputs a, b, c (arity of them) and scalars s0, s1 (keywords of "
+      "submit), e.g. 'a * b + 1.0f'. Any CUDA C++ expression; functors.h helpers (m_exp, sigmoid_f, ...) are in "
+      "scope. The source is checked by NVRTC first (CompileError with the log); then a new generation (the "
+      "worker and every op, one module) compiles on a background thread: block=True waits for it (CompileError "
+      "leaves everything as it was), block=False returns at once (a failure is raised by the op's first submit). "
+      "aten: an aten op name ('aten::foo') the scheduler may map to this op. Works with fp32/fp16/bf16, "
+      "broadcasting and strided tensors through gpuos.submit(name or id, inputs, out, s0=.., s1=..).");
+  m.def(
+      "register_op",
+      [](const std::string& name, const std::string& source, py::object arity, py::object aten, bool block) {
+        const int ar = arity.is_none() ? -1 : arity.cast<int>();
+        const std::string a = opt_str(aten);
+        py::gil_scoped_release nogil;
+        return register_user_op("gpuos.register_op('" + name + "')", name, source, false, ar, a, block);
+      },
+      py::arg("name"), py::arg("source"), py::arg("arity") = py::none(), py::arg("aten") = py::none(),
+      py::arg("block") = true,
+      "register_op(name, source, arity=None, aten=None, block=True) -> op id\n\n"
+      "A new elementwise op from CUDA C++ source that defines `__device__ float <name>(float a[, float b[, float "
+      "c]])` (helpers may be defined too; arity defaults to that signature's). Compiled as register_elementwise.");
+  m.def(
+      "install",
+      [](const std::string& name, const std::string& source, uint32_t slot, bool block) {
+        py::gil_scoped_release nogil;
+        return install_user_op(name, source, slot, block);
+      },
+      py::arg("name"), py::arg("source"), py::arg("slot") = 1, py::arg("block") = true,
+      "install(name, source, slot=1, block=True) -> op id\n\n"
+      "Put new code (an expression, or a source with `__device__ float <name>(...)`) into slot 0 or 1 of a "
+      "registered op, or into slot 1 of a built-in elementwise op. Installing into the active slot replaces the "
+      "op in place: sub-ops published before the new generation takes over run the old code, later ones the new "
+      "code. CompileError (old code kept) as register_elementwise.");
+  m.def(
+      "switch",
+      [](const std::string& name, uint32_t slot) {
+        std::vector<Runtime*> rts = g_runtimes();
+        py::gil_scoped_release nogil;
+        return switch_user_op(name, slot, rts);
+      },
+      py::arg("name"), py::arg("slot"),
+      "switch(name, slot) -> previous slot\n\nMake `name` run the code of `slot` (0 or 1): one write of the "
+      "alias table in device memory that the running worker observes per batch, so every sub-op runs wholly the "
+      "old or wholly the new code. Sub-ops published after switch() returns run the new slot.");
+  m.def(
+      "rollback",
+      [](const std::string& name) {
+        std::vector<Runtime*> rts = g_runtimes();
+        py::gil_scoped_release nogil;
+        return rollback_user_op(name, rts);
+      },
+      py::arg("name"), "rollback(name) -> slot now active\n\nSwitch `name` back to the slot active before the "
+                       "last switch.");
+  m.def("user_ops", [] {
+    py::list l;
+    for (const UserOpInfo& u : list_user_ops()) {
+      py::list slots;
+      for (uint32_t s = 0; s < 2; ++s)
+        if (u.installed[s]) slots.append(s);
+      py::dict kinds;
+      for (uint32_t s = 0; s < 2; ++s)
+        if (u.installed[s]) kinds[py::int_(s)] = u.kind[s];
+      py::dict d;
+      d["name"] = u.name;
+      d["id"] = u.id;
+      d["arity"] = u.arity;
+      d["aten"] = u.aten.empty() ? py::object(py::none()) : py::object(py::str(u.aten));
+      d["builtin"] = u.builtin;
+      d["slots"] = slots;
+      d["kinds"] = kinds;
+      d["slot_generations"] = py::make_tuple(u.slot_gen[0], u.slot_gen[1]);
+      d["active_slot"] = u.active;
+      d["generation"] = u.generation;
+      d["state"] = u.state;
+      if (!u.error.empty()) d["error"] = u.error;
+      l.append(d);
+    }
+    return l;
+  }, "Injected ops (and built-ins with an installed slot 1): name, id, arity, aten, builtin, slots, kinds, "
+     "slot_generations, active_slot, generation (the one the active slot needs), state, error.");
+  m.def("generation_info", [] {
+    py::dict d;
+    py::list gens;
+    uint32_t ready = 0;
+    bool compiling = false;
+    for (const GenerationInfo& g : list_generations()) {
+      py::dict e;
+      e["id"] = g.id;
+      e["state"] = g.state;
+      e["archs"] = g.archs;
+      e["ops"] = g.ops;
+      if (!g.error.empty()) e["error"] = g.error;
+      gens.append(e);
+      if (g.state == "ready") ready = g.id;
+      compiling |= g.state == "compiling";
+    }
+    py::dict active;
+    uint64_t handovers = 0;
+    for (Runtime* rt : g_runtimes()) {
+      active[py::int_(rt->device())] = rt->active_generation();
+      handovers += rt->stats().handovers;
+    }
+    d["generations"] = gens;
+    d["latest"] = gens.size() - 1;
+    d["ready"] = ready;
+    d["compiling"] = compiling;
+    d["active"] = active;
+    d["handovers"] = handovers;
+    return d;
+  }, "Generations: generations (id, state, archs, ops, error), latest, ready (newest compiled), compiling, "
+     "active {device: generation its worker runs}, handovers.");
+  m.def(
+      "wait_generations", [] { return wait_generations(); }, py::call_guard<py::gil_scoped_release>(),
+      "Wait until queued generation compiles have finished; returns the newest ready generation. Raises the "
+      "CompileError of a generation that failed since the last call.");
+  m.def(
+      "_hold_generations", [](bool hold) { hold_generations(hold); }, py::arg("hold"),
+      "hold=True: queued changes wait (gpuos.batch_install() groups several ops into one generation).");
+  m.def("_generation_header", [] { return current_generation_header(); },
+        "The generated device_src/user_ops.h of the current registry.");
+  m.def(
+      "_generation_header_for",
+      [](py::list specs) {
+        std::vector<OpSpec> v;
+        for (auto item : specs) {
+          py::dict d = item.cast<py::dict>();
+          OpSpec s;
+          s.id = d["id"].cast<uint32_t>();
+          s.slot = d.contains("slot") ? d["slot"].cast<uint32_t>() : 0;
+          s.arity = d["arity"].cast<uint32_t>();
+          s.name = d["name"].cast<std::string>();
+          s.source = d["source"].cast<std::string>();
+          s.is_expr = d.contains("expr") ? d["expr"].cast<bool>() : true;
+          v.push_back(s);
+        }
+        return generation_header_for(v, 1);
+      },
+      py::arg("specs"), "user_ops.h for explicit specs [{id, slot, arity, name, source, expr}] (tests).");
+  m.def(
+      "_jit_compile_generation",
+      [](const std::string& arch, const std::string& header) {
+        std::string img;
+        {
+          py::gil_scoped_release nogil;
+          img = jit_compile_sources(arch, {{kUserOpsPath, header}});
+        }
+        return py::bytes(img);
+      },
+      py::arg("arch"), py::arg("header"), "Compile the worker with `header` as device_src/user_ops.h.");
+  m.def(
+      "_force_handover",
+      [] {
+        Runtime* rt = g_current_runtime();
+        Runtime::HandoverTimes t;
+        {
+          py::gil_scoped_release nogil;
+          std::lock_guard<std::mutex> lk(rt->mu);
+          t = rt->force_handover();
+        }
+        py::dict d;
+        d["drain_us"] = t.drain_us;
+        d["load_us"] = t.load_us;
+        d["launch_us"] = t.launch_us;
+        d["total_us"] = t.drain_us + t.load_us + t.launch_us;
+        return d;
+      },
+      "Drain the worker, load the active generation again as a new module and relaunch (handover cost).");
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    py::gil_scoped_release nogil;
+    shutdown_generations();
+  }));
+}
+
+}  // namespace gpuos

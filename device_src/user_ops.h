@@ -1,0 +1,14 @@
+// device_src/user_ops.h -- no host-only code, no system #includes.
+// The operators injected at run time (issue #5: register_elementwise / register_op / install). This embedded
+// file is generation 0: no user ops. Each later generation's NVRTC compile replaces it with a generated one
+// (csrc/generations.cpp, generation_header()) of the same shape:
+//   namespace gpuos_user_<op>_<slot> { <user source>; struct UserF_<op>_<slot> { apply(a, b, c, s0, s1) }; }
+//   #define GPUOS_USER_OPS(X) X(op, slot, arity, functor) ...
+// The worker runs every entry through the same ew_op<F, arity> template as the built-in ops (strides,
+// broadcast, fp16/bf16, vector paths), dispatched on (op id, slot) by user_exec() in worker.cu.
+#pragma once
+#include "device_src/config.h"
+#include "device_src/functors.h"
+
+#define GPUOS_USER_OPS_GENERATED 0
+#define GPUOS_USER_OPS(X)
