@@ -731,6 +731,29 @@ struct SchedStats {
 bool g_fusion = true;
 
 const c10::TensorImpl* impl_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+// Does Python still see the tensor? PyTorch's PyObject preservation differs between versions: either the
+// Python object keeps a strong reference to the TensorImpl (and C++ references beyond it keep the Python
+// object alive), or a Python object dropped while C++ holds the tensor is resurrected as a borrowed one.
+// calibrate_liveness() finds out which, once; then a tensor whose only references are `ours` (plus the
+// preserved Python object, whose own refcount is then 1) is dead to the program.
+int g_pyobj_holds_impl = -1;  // -1: not calibrated
+
+void calibrate_liveness() {
+  if (g_pyobj_holds_impl >= 0) return;
+  at::Tensor held = at::empty({1});
+  PyObject* o = THPVariable_Wrap(held);  // a Python object as an op result would have
+  if (!o) throw py::error_already_set();
+  Py_DECREF(o);                          // the program drops it; C++ still holds `held`
+  g_pyobj_holds_impl = held.use_count() >= 2 ? 1 : 0;
+}
+
+bool dead_to_python(const at::Tensor& t, long ours) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  PyObject* po = impl->pyobj_slot()->load_pyobj();
+  if (!po) return t.use_count() == ours;
+  return Py_REFCNT(po) == 1 && t.use_count() == ours + g_pyobj_holds_impl;
+}
 const void* storage_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl(); }
 
 // offset(e) = ((e / div) % mod) * stride of `t` read at linear index e of `shape` (t broadcast to it).
@@ -913,7 +936,7 @@ void lower_deferred(int dev, Runtime& rt) {
         if (i < 0) continue;
         const DeferredOp& p = ops[i];
         bool ok = !p.reduce && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
-                  o.in[k].sizes() == o.out.sizes() && p.out.use_count() == 2 &&
+                  o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
                   p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
         // Nothing between the subtree's first op and j may write memory the subtree reads (it is evaluated
         // at j's position).
@@ -992,6 +1015,7 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return reason(kRArgs);
     const uint32_t nin = kOps[op].arity;
     const bool grad = at::GradMode::is_enabled();
+    calibrate_liveness();
     const at::Tensor* ts[3] = {nullptr, nullptr, nullptr};
     float cv[3] = {0.f, 0.f, 0.f};
     int first = -1;
@@ -1572,6 +1596,19 @@ PYBIND11_MODULE(gpuos_ext, m) {
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });
+  m.def("_liveness_probe", [](py::handle o) {  // tests: hold C++ references, then ask which Python dropped
+    static std::vector<at::Tensor> held;
+    calibrate_liveness();
+    if (o.is_none()) {
+      py::list r;
+      for (auto& t : held) r.append(dead_to_python(t, 1));
+      held.clear();
+      return py::object(r);
+    }
+    held.push_back(THPVariable_Unpack(o.ptr()));
+    return py::object(py::none());
+  }, py::arg("tensor"), "Hold a C++ reference to `tensor`; with None: for each held tensor, whether the program "
+     "dropped it (the scheduler's fusion liveness rule), then release them.");
   m.def("_build_program", [](uint32_t ninputs, py::list nodes, uint32_t out) {
     std::vector<ExprNode> v;
     for (auto item : nodes) {

@@ -142,3 +142,26 @@ def test_round_pseudo_ops_match_eager_fp16_intermediates():
         assert torch.equal(got, exp), (dt, (got.float() - exp.float()).abs().max())
         unrounded = ext._build_program(2, [n[:4] for n in nodes], 4)
         assert unrounded != prog
+
+
+def test_liveness_rule_sees_dropped_tensors():
+    """The scheduler elides an intermediate only when the program can no longer reach it (csrc/bindings.cpp
+    dead_to_python): dropped tensors are dead; live ones, and bases of live views, are not."""
+    import gpuos_ext as ext
+
+    x = torch.empty(4)
+    ext._liveness_probe(x)
+    y = torch.empty(4)
+    ext._liveness_probe(y)
+    del x
+    z = torch.empty(4) * 2
+    ext._liveness_probe(z)
+    del z
+    v = torch.empty(8)
+    ext._liveness_probe(v)
+    w = v.view(2, 4)
+    del v
+    keep = [torch.empty(3)]
+    ext._liveness_probe(keep[0])
+    assert ext._liveness_probe(None) == [True, False, True, False, False]
+    del y, w, keep
