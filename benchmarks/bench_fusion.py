@@ -10,7 +10,8 @@ GPU time (the device's share, with the host taken out of the picture):
   gpuos      the loop recorded under scheduler_context(capacity large enough for one batch, no timer); events
              around the context's exit, which publishes everything: the worker's time for the batch
              (fused: one interpreter sub-op per iteration; unfused: five sub-ops per iteration)
-Host time per op: wall time of the loop under the context (recording, before the exit flush) / 5,000.
+Host time per op: wall time of the loop under the context (recording, before the exit flush) / 5,000; next to
+it the floor of any TorchDispatchMode (a mode returning args[0]) and a mode that only allocates outputs.
 first_use_us: record + flush(sync) of a never-seen fused expression (a constant no earlier chain used, so its
 program is new: built and uploaded on the spot, no NVRTC), median of ``--reps``; next to it the same for a
 chain seen before.
@@ -89,6 +90,32 @@ def gpuos_w2(gpuos, ext, data, iters, reps, fused):
         ext.set_fusion(True)
 
 
+def interception_floor(data, iters, reps):
+    """Host us/op of TorchDispatchModes that do nothing but return (the floor of any mode-based scheduler),
+    and that only allocate the output: the part of the scheduler's per-op cost that is not GPUOS's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Floor(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return args[0]
+
+    class Alloc(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return torch.empty_like(args[0])
+
+    out = {}
+    for name, mode in (("floor", Floor), ("alloc", Alloc)):
+        ts = []
+        for _ in range(reps + 1):
+            with mode():
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    w2_step(*data)
+                ts.append((time.perf_counter() - t0) * 1e6 / (iters * 5))
+        out[name] = statistics.median(ts[1:])
+    return out
+
+
 def first_use(gpuos, ext, reps):
     x = torch.randn(N, device="cuda")
     new, seen = [], []
@@ -145,6 +172,7 @@ def main(argv=None) -> int:
         except AssertionError:
             ok = False
     new_us, seen_us = first_use(gpuos, ext, args.reps)
+    floor = interception_floor(data, args.iters, args.reps)
     rows = [
         C.value_row("W2", "w2_fused_gpu_fraction_of_eager", fused_gpu / eager_gpu, "ratio", size=N, correct=ok,
                     goal="<= 0.333"),
@@ -154,6 +182,10 @@ def main(argv=None) -> int:
         C.value_row("W2", "w2_unfused_gpu_ms", unfused_gpu, "ms", size=N),
         C.value_row("W2", "w2_fused_host_us_per_op", fused_host, "us", size=N, goal="<= 4"),
         C.value_row("W2", "w2_unfused_host_us_per_op", unfused_host, "us", size=N),
+        C.value_row("W2", "w2_mode_floor_host_us_per_op", floor["floor"], "us", size=N,
+                    note="TorchDispatchMode returning args[0]: the interception floor"),
+        C.value_row("W2", "w2_mode_alloc_host_us_per_op", floor["alloc"], "us", size=N,
+                    note="TorchDispatchMode returning torch.empty_like(args[0])"),
         C.value_row("first_use", "first_use_us", new_us, "us", size=N, correct=True, goal="<= 1000"),
         C.value_row("first_use", "seen_use_us", seen_us, "us", size=N, correct=True),
     ]
