@@ -473,8 +473,11 @@ uint32_t Runtime::flush(CUstream stream) {
   close_level();
   if (levels_.empty()) return 0;
   make_current();
-  // A pending sub-op needs a newer generation than the worker's: drain, load it, then publish (issue #5).
+  // Generations (issue #5), before anything is published (a module load must not wait behind a stream that
+  // waits for work no worker would run): a pending sub-op that needs a newer generation drains the worker and
+  // loads it; otherwise a newer ready generation takes over if the worker has left (idle exit).
   if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
+  else maybe_adopt_generation();
   pending_need_gen_ = 0;
   const Driver& d = driver();
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
@@ -543,7 +546,6 @@ uint32_t Runtime::flush(CUstream stream) {
 
 void Runtime::maybe_launch_worker() {
   if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
-  maybe_adopt_generation();  // the worker left: a newer ready generation takes over here
   const Driver& d = driver();
   __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);

@@ -140,7 +140,7 @@ class Runtime {
   void gen_shutdown();               // unload retired modules
   double drain_worker(const char* why);  // us waited until no worker is resident or queued
   HandoverTimes handover(uint32_t gen, const char* why);
-  void maybe_adopt_generation();     // at a worker launch: take over a newer ready generation if idle
+  void maybe_adopt_generation();     // flush: take over a newer ready generation if no worker is resident
   void note_op_gen(uint32_t op) {
     const uint32_t g = op_need_gen(op);
     if (g > pending_need_gen_) pending_need_gen_ = g;

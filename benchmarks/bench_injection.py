@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""Operator-injection benchmark (issue #5): generation handover time and alias-switch latency.
+
+    python benchmarks/bench_injection.py [--reps 50]
+
+handover_us (goal <= 1 ms): drain + module load + relaunch, as gpuos_ext._force_handover() measures it on the
+host: a batch of 2,000 sub-ops is published (the worker is resident and busy), then the handover asks the
+worker to leave, waits until it has (the published batch finishes first), loads the active generation's image
+again as a new CUmodule and launches the worker from it. Median of --reps. Components in
+handover_drain_us / handover_load_us / handover_launch_us; handover_idle_us is the same with no worker
+resident (load + launch only). Each rep is checked: the batch's outputs are right.
+switch_us: host time of gpuos.switch(name, slot) / rollback (an alias-table version written by stream memory
+operations on the control stream and waited for), median of --reps, with a worker resident.
+generation_compile_s: wall time of the one registration this benchmark makes (a new generation: the worker
+and every op through NVRTC; milliseconds when GPUOS_CACHE_DIR already holds it).
+
+Rows (BENCH_SCHEMA.md value rows) are merged by config into benchmarks/results/injection.json (bench_fusion.py
+writes its rows there too). Without a CUDA GPU: a message, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import _common as C
+else:
+    from . import _common as C
+
+NAME = "injection"
+OP = "bench_inj_sw"
+
+
+def merge_rows(path: Path, meta: dict, rows: list) -> None:
+    """Replace rows of the same config in the shared result file, keep the others."""
+    old = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text()).get("rows", [])
+        except (OSError, ValueError):
+            old = []
+    mine = {r["config"] for r in rows}
+    C.write_results(NAME, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--subops", type=int, default=2000, help="sub-ops in flight when a handover starts")
+    args = ap.parse_args(argv)
+    if not C.cuda_available():
+        print("bench_injection: no CUDA GPU here; nothing measured.")
+        return 0
+    import gpuos
+    import gpuos_ext as ext
+
+    gpuos.init(capacity=max(4096, 2 * args.subops))
+    t0 = time.perf_counter()
+    if OP not in {o["name"] for o in gpuos.user_ops()}:
+        with gpuos.batch_install():  # one generation for both slots
+            gpuos.register_elementwise(OP, "a + b")
+            gpuos.install(OP, "a - b", slot=1)
+    compile_s = time.perf_counter() - t0
+
+    n = args.subops
+    a = torch.randn(n, 256, device="cuda")
+    b = torch.rand(n, 256, device="cuda") + 0.5
+    out = torch.empty_like(a)
+    ref = a + b
+    x0, y0, o0 = a[0], b[0], out[0]
+    # Warm up: the generation is active, the worker has run once.
+    gpuos.submit(OP, [x0, y0], o0)
+    gpuos.flush(sync=True)
+
+    busy, idle, correct = [], [], True
+    for _ in range(args.reps):
+        out.fill_(float("nan"))
+        for i in range(n):
+            gpuos.submit(OP, [a[i], b[i]], out[i])
+        gpuos.flush()                     # published: the worker is resident and busy
+        busy.append(ext._force_handover())  # drain (the batch finishes), load, relaunch
+        gpuos.flush(sync=True)
+        torch.cuda.synchronize()
+        correct &= bool(torch.equal(out, ref))
+    for _ in range(args.reps):
+        torch.cuda.synchronize()
+        time.sleep(0.002)                 # past idle_us: no worker resident
+        idle.append(ext._force_handover())
+
+    switch = []
+    for _ in range(args.reps):
+        gpuos.submit(OP, [x0, y0], o0)
+        gpuos.flush()
+        t = time.perf_counter()
+        gpuos.switch(OP, 1)
+        switch.append((time.perf_counter() - t) * 1e6)
+        t = time.perf_counter()
+        gpuos.rollback(OP)
+        switch.append((time.perf_counter() - t) * 1e6)
+    gpuos.flush(sync=True)
+
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    total = [h["total_us"] for h in busy]
+    rows = [
+        C.value_row("handover", "handover_us", med(total), "us", reps=args.reps, min=min(total), max=max(total),
+                    subops_in_flight=n, correct=correct, goal="<= 1000 us"),
+        C.value_row("handover", "handover_drain_us", med([h["drain_us"] for h in busy]), "us", reps=args.reps),
+        C.value_row("handover", "handover_load_us", med([h["load_us"] for h in busy]), "us", reps=args.reps),
+        C.value_row("handover", "handover_launch_us", med([h["launch_us"] for h in busy]), "us", reps=args.reps),
+        C.value_row("handover", "handover_idle_us", med([h["total_us"] for h in idle]), "us", reps=args.reps),
+        C.value_row("switch", "switch_us", med(switch), "us", reps=len(switch), min=min(switch), max=max(switch)),
+        C.value_row("generation", "generation_compile_s", compile_s, "s",
+                    note="register + install of one op (one generation) incl. NVRTC; ~0 from a warm cache"),
+    ]
+    meta = C.env_metadata(NAME)
+    path = C.RESULTS_DIR / f"{NAME}.json"
+    merge_rows(path, meta, rows)
+    print(f"{'figure':28s} {'value':>10s}  unit")
+    for r in rows:
+        print(f"{r['config']:28s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")
+    print(f"handovers counted: {ext.stats()['handovers']}; results merged into {path}")
+    return 0 if correct else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
