@@ -476,9 +476,9 @@ uint32_t Runtime::flush(CUstream stream) {
   // Generations (issue #5), before anything is published (a module load must not wait behind a stream that
   // waits for work no worker would run): a pending sub-op that needs a newer generation drains the worker and
   // loads it; otherwise a newer ready generation takes over if the worker has left (idle exit).
+  // (pending_need_gen_ is never reset: an op whose tiles straddle a ring-full flush keeps its need.)
   if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
   else maybe_adopt_generation();
-  pending_need_gen_ = 0;
   const Driver& d = driver();
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();

@@ -198,7 +198,7 @@ class Runtime {
   // generations and the alias table (csrc/generations.cpp)
   std::string arch_;                  // NVRTC arch of this GPU
   uint32_t active_gen_ = 0;           // generation whose module the worker is launched from
-  uint32_t pending_need_gen_ = 0;     // newest generation a pending (unpublished) sub-op needs
+  uint32_t pending_need_gen_ = 0;     // newest generation any recorded sub-op needed (monotonic)
   uint32_t failed_load_gen_ = 0;      // generation whose module failed to load here (not retried at idle)
   std::vector<CUmodule> old_modules_;  // retired generations, unloaded at shutdown
   uint8_t alias_host_[2][256] = {};   // host copy of both alias-table versions
