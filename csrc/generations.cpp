@@ -67,7 +67,7 @@ struct Gen {
   uint32_t id = 0;
   std::string header;  // the generated device_src/user_ops.h
   enum State { kCompiling, kReady, kFailed } state = kCompiling;
-  std::map<std::string, std::string> images;  // arch -> cubin / PTX
+  std::map<std::string, std::shared_ptr<const std::string>> images;  // arch -> cubin / PTX (shared: no copies)
   std::shared_ptr<CompileError> error;
   std::string load_error;
   std::vector<uint64_t> changes;
@@ -330,10 +330,11 @@ void compile_loop() {
     r.compiling = true;
     const std::set<std::string> archs = r.archs;
     lk.unlock();
-    std::map<std::string, std::string> images;
+    std::map<std::string, std::shared_ptr<const std::string>> images;
     std::shared_ptr<CompileError> err;
     try {
-      for (const auto& arch : archs) images[arch] = jit_compile_sources(arch, {{kUserOpsPath, g->header}});
+      for (const auto& arch : archs)
+        images[arch] = std::make_shared<const std::string>(jit_compile_sources(arch, {{kUserOpsPath, g->header}}));
     } catch (const CompileError& e) {
       err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
                                                std::to_string(specs.size()) + ") failed to compile; the running "
@@ -717,7 +718,7 @@ void registry_add_arch(const std::string& arch) {
   r.archs.insert(arch);
 }
 
-std::string generation_image(uint32_t gen, const std::string& arch) {
+std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::string& arch) {
   Registry& r = R();
   std::string header;
   {
@@ -729,7 +730,8 @@ std::string generation_image(uint32_t gen, const std::string& arch) {
     header = r.gens[gen]->header;
   }
   // An arch the generation was not compiled for (or generation 0: the embedded sources as they are).
-  std::string image = gen == 0 ? jit_compile_arch(arch) : jit_compile_sources(arch, {{kUserOpsPath, header}});
+  auto image = std::make_shared<const std::string>(gen == 0 ? jit_compile_arch(arch)
+                                                           : jit_compile_sources(arch, {{kUserOpsPath, header}}));
   std::lock_guard<std::mutex> lk(r.mu);
   r.gens[gen]->images[arch] = image;
   return image;
@@ -752,7 +754,7 @@ std::string Runtime::gen_startup_image() {
   arch_ = jit_arch_for(cc_major_, cc_minor_);
   registry_add_arch(arch_);
   const uint32_t g = g_latest_ready_gen.load();
-  std::string image = generation_image(g, arch_);
+  std::string image = *generation_image(g, arch_);
   active_gen_ = g;
   return image;
 }
@@ -820,9 +822,9 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   HandoverTimes t;
   t.drain_us = drain_worker(why);
   const auto t1 = std::chrono::steady_clock::now();
-  const std::string image = generation_image(gen, arch_);
+  const std::shared_ptr<const std::string> image = generation_image(gen, arch_);
   CUmodule m = nullptr;
-  CUresult r = d.cuModuleLoadData(&m, image.data());
+  CUresult r = d.cuModuleLoadData(&m, image->data());
   CUfunction f = nullptr;
   if (r == CUDA_SUCCESS) {
     r = d.cuModuleGetFunction(&f, m, "gpuos_worker");

@@ -92,7 +92,7 @@ constexpr const char* kUserOpsPath = "device_src/user_ops.h";
 // ---- used by Runtime ----
 void registry_add_arch(const std::string& arch);
 // Image of generation `gen` for `arch` (compiles it now if the generation was compiled without that arch).
-std::string generation_image(uint32_t gen, const std::string& arch);
+std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::string& arch);
 // The alias table every runtime must hold: table[op] = active slot.
 void current_alias_table(uint8_t table[256]);
 // A generation that compiled but failed to load on some device: recorded for generation_info().

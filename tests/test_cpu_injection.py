@@ -184,3 +184,26 @@ def test_generated_generation_compiles_for_sm90(requires_nvrtc):
     cubin = gpuos_ext._jit_compile_generation("sm_90", gpuos_ext._generation_header_for(SPECS))
     assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == EM_CUDA
     assert b"gpuos_worker" in cubin
+
+
+_BATCH_SCRIPT = r"""
+import gpuos, gpuos_ext
+with gpuos.batch_install():
+    gpuos.register_elementwise("inj_b1", "a + 1.0f", arity=1)
+    gpuos.register_elementwise("inj_b2", "a * b")
+    gpuos.install("inj_b2", "a * b * 2.0f", slot=1)
+    gpuos.install("gelu", "0.5f * a", slot=1)
+info = gpuos.generation_info()
+gens = info["generations"]
+assert len(gens) == 2 and gens[1]["state"] == "ready", info             # one generation for all four changes
+assert gens[1]["ops"] == ["gelu[1]", "inj_b1[0]", "inj_b2[0]", "inj_b2[1]"], gens[1]
+gpuos.register_elementwise("inj_b3", "a - b", block=False)
+assert gpuos.wait_generations() == 2
+assert {o["name"]: o["state"] for o in gpuos.user_ops()}["inj_b3"] == "ready"
+print("OK")
+"""
+
+
+def test_batch_install_makes_one_generation(requires_nvrtc):
+    p = run_python(_BATCH_SCRIPT, env_extra=_cache_env(CUDA_VISIBLE_DEVICES=""), timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, describe(p)
