@@ -23,6 +23,7 @@ namespace gpuos {
 
 std::atomic<uint32_t> g_op_need_gen[256];
 std::atomic<uint32_t> g_latest_ready_gen{0};
+std::atomic<uint8_t> g_op_active_slot[256];
 
 namespace {
 
@@ -95,6 +96,7 @@ struct Registry {
     g->state = Gen::kReady;
     gens.push_back(g);
     for (auto& a : g_op_need_gen) a.store(0);
+    for (auto& a : g_op_active_slot) a.store(0);
   }
 };
 
@@ -242,6 +244,7 @@ void recompute_need(Registry& r, uint32_t op) {
     g = (e.builtin && e.active == 0) ? 0 : s.gen;
   }
   g_op_need_gen[op].store(g, std::memory_order_relaxed);
+  g_op_active_slot[op].store(e.used && !e.failed ? e.active : 0, std::memory_order_relaxed);
 }
 
 std::string validation_arch(const Registry& r) {
@@ -556,6 +559,8 @@ uint32_t switch_user_op(const std::string& name, uint32_t slot, const std::vecto
     for (uint32_t op = 0; op < 256; ++op) table[op] = r.ops[op].used && !r.ops[op].failed ? r.ops[op].active : 0;
     table[id] = (uint8_t)slot;
   }
+  // While the switch is in progress the op counts as switched (no fused chain may contain it).
+  if (slot != 0 || before != 0) g_op_active_slot[id].store(1);
   // Every runtime holds the code of the slot before its alias table may select it.
   for (Runtime* rt : runtimes) {
     std::lock_guard<std::mutex> lk(rt->mu);

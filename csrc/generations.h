@@ -26,6 +26,10 @@ extern std::atomic<uint32_t> g_op_need_gen[256];
 inline uint32_t op_need_gen(uint32_t op) { return g_op_need_gen[op & 255u].load(std::memory_order_relaxed); }
 // Newest generation compiled successfully (0: only the built-in one).
 extern std::atomic<uint32_t> g_latest_ready_gen;
+// Slot the alias table selects for op id `op` (0 unless switched). The fused-chain interpreter runs the ops.def
+// functors: a chain must not contain a built-in op switched to slot 1 (the scheduler checks this).
+extern std::atomic<uint8_t> g_op_active_slot[256];
+inline bool op_switched(uint32_t op) { return g_op_active_slot[op & 255u].load(std::memory_order_relaxed) != 0; }
 
 // One op of the registry as Python sees it (gpuos_ext.user_ops()).
 struct UserOpInfo {
