@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace py = pybind11;
 using namespace gpuos;
@@ -719,6 +720,7 @@ struct DeferredOp {
 
 struct Deferred {
   std::vector<DeferredOp> ops;
+  std::unordered_set<const void*> storages;  // every storage the deferred ops read or write
   CUstream stream = nullptr;
   std::chrono::steady_clock::time_point oldest;
 };
@@ -726,6 +728,7 @@ Deferred g_def[kMaxDevices];
 
 struct SchedStats {
   uint64_t intercepted = 0, flushed_ops = 0, fused_groups = 0, fused_ops = 0, flushes = 0;
+  uint64_t independent_eager = 0;  // eager ops that ran without flushing (no shared storage)
   std::map<std::string, uint64_t> by_cause;
 } g_sched;
 bool g_fusion = true;
@@ -984,6 +987,7 @@ void lower_deferred(int dev, Runtime& rt) {
   }
   g_sched.flushed_ops += ops.size();
   ops.clear();
+  g_def[dev].storages.clear();
 }
 
 // Lower and publish the device's deferred ops on the stream they were recorded under (mu held).
@@ -1100,8 +1104,12 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       d.s0 = s0;
       d.s1 = s1;
       d.out = out;
+      D.storages.insert(storage_of(out));
       for (uint32_t k = 0; k < nin; ++k) {
-        if (ts[k]) d.in[k] = *ts[k];
+        if (ts[k]) {
+          d.in[k] = *ts[k];
+          D.storages.insert(storage_of(*ts[k]));
+        }
         d.cv[k] = cv[k];
       }
       g_sched.intercepted++;
@@ -1167,6 +1175,8 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       d.fresh = true;
       d.out = out;
       d.in[0] = x;
+      D.storages.insert(storage_of(out));
+      D.storages.insert(storage_of(x));
       g_sched.intercepted++;
       if (D.ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
     }
@@ -1186,6 +1196,54 @@ py::list sched_flush(const std::string& cause) {
     RtLock lk(*rt);
     if (g_def[dev].ops.empty()) continue;
     streams.append((uintptr_t)g_def[dev].stream);
+    sched_publish(dev, *rt, cause.c_str());
+  }
+  return streams;
+}
+
+// Before an eager op: publish the deferred ops of a device only if the op's tensors share storage with them
+// (it reads their results, or writes what they read or write) or explicit-API work is pending there.
+// Independent eager ops run ahead; the deferred batch keeps accumulating (stream order still holds: it is
+// published later on the same stream). Returns the streams published on.
+void collect_storages(PyObject* o, std::vector<std::pair<int, const void*>>& out, int depth = 0) {
+  if (THPVariable_Check(o)) {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.defined() && t.is_cuda() && t.has_storage()) out.emplace_back(t.get_device(), storage_of(t));
+    else if (t.defined() && t.is_cuda()) out.emplace_back(t.get_device(), nullptr);  // no storage: be safe
+    return;
+  }
+  if (depth > 2) return;
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    PyObject* f = PySequence_Fast(o, "");
+    if (!f) { PyErr_Clear(); return; }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+    for (Py_ssize_t i = 0; i < n; ++i) collect_storages(PySequence_Fast_GET_ITEM(f, i), out, depth + 1);
+    Py_DECREF(f);
+  } else if (PyDict_Check(o)) {
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) collect_storages(v, out, depth + 1);
+  }
+}
+
+py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& cause) {
+  std::vector<std::pair<int, const void*>> used;
+  collect_storages(args.ptr(), used);
+  if (!kwargs.is_none()) collect_storages(kwargs.ptr(), used);
+  py::list streams;
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = g_rt[dev];
+    if (!rt) continue;
+    RtLock lk(*rt);
+    Deferred& D = g_def[dev];
+    if (D.ops.empty()) continue;
+    bool touch = rt->has_pending();
+    for (auto& u : used) touch |= u.first == dev && (u.second == nullptr || D.storages.count(u.second));
+    if (!touch) {
+      g_sched.independent_eager++;
+      continue;
+    }
+    streams.append((uintptr_t)D.stream);
     sched_publish(dev, *rt, cause.c_str());
   }
   return streams;
@@ -1214,6 +1272,7 @@ py::dict sched_stats() {
   d["sched_flushes"] = g_sched.flushes;
   d["fused_groups"] = g_sched.fused_groups;
   d["fused_ops"] = g_sched.fused_ops;
+  d["independent_eager"] = g_sched.independent_eager;
   py::dict c;
   for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;
   d["flushes_by_cause"] = c;
@@ -1591,6 +1650,8 @@ PYBIND11_MODULE(gpuos_ext, m) {
   m.def("sched_flush", &sched_flush, py::arg("cause") = "explicit",
         "Publish the scheduler's deferred ops (lowered, fused) on the streams they were recorded on; returns those "
         "streams.");
+  m.def("sched_flush_for", &sched_flush_for, py::arg("args"), py::arg("kwargs"), py::arg("cause") = "dependency",
+        "Before an eager op: publish deferred ops that share storage with the op's tensors; returns the streams.");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
   m.def("sched_stats", &sched_stats);
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),

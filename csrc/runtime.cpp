@@ -519,7 +519,7 @@ uint32_t Runtime::flush(CUstream stream) {
   }
   CUstreamBatchMemOpParams wt{};
   wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  wt.waitValue.address = hc_d_ + __builtin_offsetof(HostCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
+  wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
   wt.waitValue.value = last_seq_;
   wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
   ops.push_back(wt);

@@ -95,6 +95,8 @@ struct DevCtl {
   u32 bstart[kMaxBatches];
   u32 bcount[kMaxBatches];
   u32 bsrc[kMaxBatches];       // 1: descriptors in the device ring, 0: read them from the pinned ring
+  u32 done[kMaxBatches];       // = seq once the batch completed: what stream waits poll (device memory is
+                               // polled faster than the pinned HostCtl::done the host reads)
   u64 claim;                   // (seq << 32) | next descriptor index of the open batch
   u32 next_seq;                // next batch the worker will open
   u32 epoch;                   // seq of the batch last opened for the grid

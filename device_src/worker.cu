@@ -371,6 +371,7 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
       const u32 old = atomicSub(&dc->remaining[slot], k);
       if (old == k) {  // this block finished the batch: signal once
         __threadfence_system();
+        st_vol(&dc->done[slot], seq);
         st_vol(&hc->done[slot], seq);
       }
     }

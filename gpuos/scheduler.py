@@ -55,6 +55,7 @@ class _Stats:
             "mean_batch_size": (c["flushed_ops"] / n) if n else 0.0,
             "fused_groups": c["fused_groups"],
             "fused_ops": c["fused_ops"],
+            "independent_eager": c["independent_eager"],
         }
 
 
@@ -123,7 +124,10 @@ class GpuosScheduler(TorchDispatchMode):
     def flush(self, cause: str = "explicit") -> None:
         """Publish deferred work (lowered, chains fused) on the stream it was recorded under: stream-ordered, no
         host sync; if the caller's current stream is another one, it is made to wait for that stream."""
-        streams = _ext.sched_flush(cause)
+        self._wait_for(_ext.sched_flush(cause))
+
+    @staticmethod
+    def _wait_for(streams) -> None:
         if streams:
             cur = torch.cuda.current_stream()
             for s in streams:
@@ -153,9 +157,10 @@ class GpuosScheduler(TorchDispatchMode):
             return func(*args, **kwargs)
         with STATS.lock:
             STATS.fallbacks[reason] += 1
-        # Everything eager (incl. host reads: .item(), .cpu(), print) runs after the pending batch, which is
-        # published in stream order first; heavy kernels get the SMs back from the worker.
-        self.flush("dependency")
+        # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
+        # them: the batch is published first, in stream order. Eager ops on unrelated tensors run ahead and the
+        # batch keeps growing. Heavy kernels get the SMs back from the worker.
+        self._wait_for(_ext.sched_flush_for(args, kwargs, "dependency"))
         if func in _HEAVY:
             _ext.yield_worker()
         return func(*args, **kwargs)

@@ -237,3 +237,31 @@ def test_fusion_switch(rt):
     finally:
         gpuos_ext.set_fusion(True)
     assert_close(out, torch.relu(a * 2) + 1, rtol=0, atol=0)
+
+
+def test_eager_ops_flush_only_when_they_touch_deferred_memory(rt):
+    """An eager op on unrelated tensors runs ahead of the deferred batch; one that reads a deferred result,
+    or writes a deferred op's input, publishes the batch first."""
+    a = torch.randn(256, device=DEV)
+    a0 = a.clone()
+    m = torch.randn(64, 64, device=DEV)
+    before = _stats()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        y = torch.sigmoid(a) * 2
+        mm = m @ m                    # independent: no flush
+        mid = _stats()
+        z = y.sum().item()            # reads a deferred result: flush first
+        s = torch.relu(a)
+        a.copy_(torch.zeros_like(a))  # writes what the deferred relu reads: flush first
+    after = _stats()
+    assert _delta_cause(before, mid, "dependency") == 0
+    assert mid["independent_eager"] > before["independent_eager"]
+    assert _delta_cause(mid, after, "dependency") >= 2
+    assert_close(mm, m @ m)
+    assert abs(z - (torch.sigmoid(a0) * 2).sum().item()) < 1e-3
+    assert_close(s, torch.relu(a0), rtol=0, atol=0)  # relu of the original a, not of the zeros written after
+    assert torch.equal(a, torch.zeros_like(a))
+
+
+def _delta_cause(before, after, cause):
+    return after["flushes_by_cause"].get(cause, 0) - before["flushes_by_cause"].get(cause, 0)
