@@ -1,6 +1,7 @@
 """GPUOS benchmark suite (not tests).
 
-Each ``bench_*.py`` script runs as ``python benchmarks/bench_<name>.py`` and writes
-``benchmarks/results/<name>.json`` in the format described in BENCH_SCHEMA.md.
-Shared helpers live in :mod:`benchmarks._common`.
+``python -m benchmarks`` (= ``python benchmarks/run_all.py``) runs every workload (W1..W6) against every
+applicable peer and writes ``benchmarks/results/<name>.json`` (BENCH_SCHEMA.md), first_call.json and PNG
+plots; ``python benchmarks/report.py`` regenerates README's results block from them. Each ``bench_*.py``
+also runs alone. Shared helpers live in :mod:`benchmarks._common`.
 """

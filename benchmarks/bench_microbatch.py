@@ -14,6 +14,11 @@ For every size n (default 256, 1024, 4096, 16384) it pre-allocates ``count`` sep
     cudagraph          the count torch.add(out=) captured into one torch.cuda.CUDAGraph; replay timed
     gpuos_submit       python loop of gpuos_ext.submit_add(a, b, c); gpuos_ext.flush(sync=True)
     gpuos_submit_many  gpuos_ext.submit_many("add", A, B, C); gpuos_ext.flush(sync=True)
+    gpuos_scheduler    the eager loop inside gpuos.scheduler_context()       (--configs; the suite runs it)
+    compile            torch.compile(lambda a, b: a + b) called per pair      (suite only: child process)
+
+The standalone default is the first six; ``python -m benchmarks`` (W1) runs all of them, and lists
+compile_reduce_overhead as not applicable (each per-op replay would overwrite the previous result).
 
 Every config is checked first (outputs poisoned with NaN, one run, assert_close vs a + b) and the
 row carries "correct". Each timed rep: perf_counter around the work followed by
@@ -21,7 +26,8 @@ torch.cuda.synchronize() (gpuos configs: flush(sync=True) is part of the work, t
 Rows also carry "host_median_ms" (time until the work returned, before the trailing synchronize).
 
 Value rows: roundtrip_us, eager_roundtrip_us, gpu_ns_per_subop, submit_host_us (per size),
-submit_many_host_us (per size). Results: benchmarks/results/microbatch.json (BENCH_SCHEMA.md).
+submit_many_host_us (per size). Rows carry median_gpu_ms (CUDA events around the work).
+Results: benchmarks/results/microbatch.json (BENCH_SCHEMA.md).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 if __package__ in (None, ""):  # run as a script: python benchmarks/bench_microbatch.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,11 +51,19 @@ NAME = "microbatch"
 WORKLOAD = "W1"
 TILE_ELEMS = 4096  # API_SPEC: a tensor of n elements uses ceil(n / 4096) descriptor ring slots
 DEFAULT_SIZES = [256, 1024, 4096, 16384]
-CONFIGS = ["eager", "eager_out", "foreach", "cudagraph", "gpuos_submit", "gpuos_submit_many"]
+CONFIGS = ["eager", "eager_out", "foreach", "cudagraph", "gpuos_submit", "gpuos_submit_many", "gpuos_scheduler"]
+DEFAULT_CONFIGS = CONFIGS[:6]
 GPUOS_CONFIGS = ("gpuos_submit", "gpuos_submit_many")
 ROUNDTRIP_ELEMS = 256
 SUBOP_ELEMS = 256
 SUBOP_CAPACITY = 131072
+TITLE = "microbatch (10,000 independent fp32 adds)"
+IN_PROCESS_SHARE = 0.55  # of W1's suite budget; the compile child gets the rest
+NOT_APPLICABLE = {
+    "compile_reduce_overhead": "per-op reduce-overhead replays one CUDA graph whose output buffer the next of the "
+                               "10,000 calls overwrites (cudagraph trees); `cudagraph` measures one graph of the "
+                               "whole batch instead",
+}
 
 # goals (issue acceptance item 4)
 GOAL_SUBMIT_VS_EAGER = 25.0      # gpuos_submit >= 25x faster than eager at n=256
@@ -99,36 +114,8 @@ def run_and_check(fn, A, B, outs=None):
 # --------------------------------------------------------------------------------------------------
 # gpuos helpers
 # --------------------------------------------------------------------------------------------------
-def gpuos_stats(mod):
-    try:
-        st = mod.stats()
-        return {k: v for k, v in dict(st).items() if isinstance(v, int) and not isinstance(v, bool)}
-    except Exception:
-        return None
-
-
-def stats_delta(before, after):
-    if before is None or after is None:
-        return None
-    return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
-
-
 def pow2_at_least(x: int) -> int:
     return 1 << max(0, int(x - 1).bit_length())
-
-
-def gpuos_reinit(mod, capacity):
-    """shutdown() (if up) then init(capacity=...); capacity None = runtime default."""
-    try:
-        up = bool(mod.is_initialized()) if hasattr(mod, "is_initialized") else True
-    except Exception:
-        up = True
-    if up:
-        mod.shutdown()
-    if capacity is None:
-        mod.init()
-    else:
-        mod.init(capacity=int(capacity))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,7 +131,9 @@ def capture_graph(A, B, Cout):
     return g, ms
 
 
-def run_size(n, args, mod, mod_err, rows, value_rows):
+def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None" = None):
+    """All configs of args.configs at size n. ``ctx`` (the suite's): its budget turns late configs into
+    error rows and trims the reps of slow ones; its gpuos package runs gpuos_scheduler."""
     import torch
 
     count, reps, warmup = args.count, args.reps, args.warmup
@@ -161,15 +150,27 @@ def run_size(n, args, mod, mod_err, rows, value_rows):
         """setup() -> (fn, outs_or_None, extra_fields, after_timing_hook_or_None)."""
         if config not in args.configs:
             return
-        if config in GPUOS_CONFIGS and mod is None:
-            rows.append(C.error_row(WORKLOAD, n, config, f"gpuos unavailable: {mod_err}", count=count))
+        if ctx is not None:
+            ctx.advance(f"{WORKLOAD} {n} {config}")
+        if (config in GPUOS_CONFIGS and mod is None) or (config == "gpuos_scheduler" and (ctx is None or
+                                                                                         ctx.gpuos is None)):
+            why = mod_err if config in GPUOS_CONFIGS else (ctx.gpuos_err if ctx else "needs the suite's context")
+            rows.append(C.error_row(WORKLOAD, n, config, f"gpuos unavailable: {why}", count=count))
             log(f"n={n} {config}: ERROR gpuos unavailable")
             return
-        st0 = gpuos_stats(mod) if (config in GPUOS_CONFIGS and mod is not None) else None
+        if ctx is not None and ctx.budget.expired():
+            rows.append(C.error_row(WORKLOAD, n, config, C.budget_error(ctx), count=count))
+            return
+        st0 = C.gpuos_stats(mod) if (config in GPUOS_CONFIGS and mod is not None) else None
         try:
             fn, outs, extra, after = setup()
+            t0 = time.perf_counter()
             correct, detail = run_and_check(fn, A, B, outs)
-            timing = C.time_reps(fn, reps=reps, warmup=warmup)
+            n_reps, n_warm, note = reps, warmup, None
+            if ctx is not None:  # the check (one call + compare) bounds one rep from above
+                n_reps, n_warm, note = C.plan_reps(time.perf_counter() - t0, reps, warmup, ctx.share_s(),
+                                                   ctx.min_reps)
+            timing = C.time_reps(fn, reps=n_reps, warmup=n_warm)
         except Exception as exc:
             rows.append(C.error_row(WORKLOAD, n, config, exc, count=count))
             log(f"n={n} {config}: ERROR {C.format_exc(exc, 300)}")
@@ -185,8 +186,10 @@ def run_size(n, args, mod, mod_err, rows, value_rows):
                            **(extra or {}))
         if detail:
             row["correct_detail"] = detail
+        if note:
+            row["reps_note"] = note
         if st0 is not None:
-            d = stats_delta(st0, gpuos_stats(mod))
+            d = C.stats_delta(st0, C.gpuos_stats(mod))
             if d is not None:
                 row["stats_delta"] = d
         rows.append(row)
@@ -268,6 +271,13 @@ def run_size(n, args, mod, mod_err, rows, value_rows):
                 log(f"n={n} submit_many_host_us = {us:.4f} us per sub-op (host only)")
         return fn, Cout, None, after
 
+    # gpuos_scheduler: the eager loop inside one scheduler_context (flushed at exit)
+    def setup_gpuos_scheduler():
+        def fn():
+            with ctx.scheduler():
+                return [a + b for a, b in zip(A, B)]
+        return fn, None, None, None
+
     bench("eager", setup_eager)
     bench("eager_out", setup_eager_out)
     bench("foreach", setup_foreach)
@@ -275,6 +285,7 @@ def run_size(n, args, mod, mod_err, rows, value_rows):
     graph_holder.clear()
     bench("gpuos_submit", setup_gpuos_submit)
     bench("gpuos_submit_many", setup_gpuos_submit_many)
+    bench("gpuos_scheduler", setup_gpuos_scheduler)
 
     del A, B, Cout
     gc.collect()
@@ -384,7 +395,7 @@ def measure_ns_per_subop(args, mod, mod_err, value_rows):
     capacity = max(SUBOP_CAPACITY, pow2_at_least(batch))
     A = B = Cout = None
     try:
-        gpuos_reinit(mod, capacity)
+        C.gpuos_reinit(mod, capacity)
         torch.manual_seed(99)
         t0 = time.perf_counter()
         A = [torch.randn(SUBOP_ELEMS, device="cuda") for _ in range(batch)]
@@ -443,18 +454,95 @@ def measure_ns_per_subop(args, mod, mod_err, value_rows):
 
 
 # --------------------------------------------------------------------------------------------------
+# the suite's W1 (python -m benchmarks) and its torch.compile child
+# --------------------------------------------------------------------------------------------------
+def suite_params(quick: bool) -> dict:
+    return {"sizes": [256, 4096] if quick else list(DEFAULT_SIZES), "count": 1000 if quick else 10000,
+            "roundtrip_iters": 500 if quick else 2000, "subop_batch": 20000 if quick else 100000, "subop_reps": 5,
+            "dtype": "float32"}
+
+
+FIGURES = ("roundtrip_us", "gpu_ns_per_subop")  # value figures of the submit API, measured when it is wanted
+
+
+def _wants_figures(ctx: "C.RunContext") -> bool:
+    return any(ctx.wants(c) for c in GPUOS_CONFIGS)
+
+
+def suite_units(params: dict, ctx: "C.RunContext") -> int:
+    per_size = sum(ctx.wants(c) for c in CONFIGS) + ctx.wants("compile")
+    return len(params["sizes"]) * per_size + len(FIGURES) * _wants_figures(ctx)
+
+
+def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
+    """W1 in the suite: every size with every in-process config, the value figures, then the compile child."""
+    rows = [C.not_applicable_row(WORKLOAD, c, why) for c, why in NOT_APPLICABLE.items() if ctx.wants(c)]
+    value_rows: list = []
+    args = SimpleNamespace(count=params["count"], reps=ctx.reps, warmup=ctx.warmup,
+                           configs=[c for c in CONFIGS if ctx.wants(c)], roundtrip_iters=params["roundtrip_iters"],
+                           subop_batch=params["subop_batch"], subop_reps=params["subop_reps"])
+    capacity = max(4096, pow2_at_least(args.count * max(math.ceil(n / TILE_ELEMS) for n in params["sizes"])))
+    mod, mod_err = C.import_gpuos()
+    if mod is not None:
+        try:
+            C.gpuos_reinit(mod, capacity)
+        except Exception as exc:
+            mod, mod_err = None, f"init failed: {C.format_exc(exc, 300)}"
+    whole = ctx.budget
+    ctx.budget = whole.part(whole.remaining() * IN_PROCESS_SHARE)
+    ctx.units_left = len(params["sizes"]) * len(args.configs) + len(FIGURES) * _wants_figures(ctx)
+    try:
+        for n in params["sizes"] if args.configs else []:
+            try:
+                run_size(n, args, mod, mod_err, rows, value_rows, ctx)
+            except Exception as exc:  # e.g. the allocation of this size failed: its configs become error rows
+                log(f"n={n}: ERROR {C.format_exc(exc, 300)}")
+                rows += [C.error_row(WORKLOAD, n, c, exc) for c in args.configs if C.find_row(rows, c, n) is None]
+            save(rows + value_rows)
+        for figure, measure in zip(FIGURES, (measure_roundtrips, measure_ns_per_subop)) if _wants_figures(ctx) else []:
+            if ctx.budget.expired():
+                value_rows.append(C.error_row(WORKLOAD, None, figure, C.budget_error(ctx)))
+            else:
+                try:
+                    measure(args, mod, mod_err, value_rows)
+                except Exception as exc:  # never lose the workload's other rows
+                    value_rows.append(C.error_row(WORKLOAD, None, figure, exc))
+            ctx.advance(f"{WORKLOAD} {figure}")
+    finally:
+        ctx.budget = whole
+    if ctx.wants("compile"):
+        rows += C.child_rows(ctx, WORKLOAD, "bench_microbatch", params, [(n, "compile") for n in params["sizes"]])
+    return rows + value_rows
+
+
+def _add(a, b):
+    return a + b
+
+
+def compile_child(ctx: "C.RunContext", params: dict, emit) -> None:
+    """Child process: ``torch.compile(a + b)`` called once per pair, the way a user would compile one op."""
+    import torch
+    count = params["count"]
+
+    def make_case(n: int) -> "C.Case":
+        torch.manual_seed(1234 + n)
+        A = [torch.randn(n, device=ctx.device) for _ in range(count)]
+        B = [torch.randn(n, device=ctx.device) for _ in range(count)]
+        return C.Case(size=n, ref=torch.stack(A) + torch.stack(B), tol={}, data=(A, B), ops_per_rep=count,
+                      extra={"count": count, "per_op": True})
+
+    def prepare(case: "C.Case", compiled, mode: str) -> "C.Prepared":
+        A, B = case.data
+
+        def fn():
+            return [compiled(a, b) for a, b in zip(A, B)]
+        return C.Prepared(fn, check=lambda: torch.stack(fn()))
+    C.compile_sweep(ctx, WORKLOAD, params["sizes"], make_case, _add, prepare, emit, modes=C.COMPILE_MODES[:1])
+
+
+# --------------------------------------------------------------------------------------------------
 # goals + report
 # --------------------------------------------------------------------------------------------------
-def _ratio(num, den):
-    if num is None or den is None or den <= 0:
-        return None
-    return num / den
-
-
-def _incorrect(row):
-    return row is not None and row.get("correct") is False
-
-
 def evaluate_goals(rows, sizes):
     goals = []
 
@@ -466,26 +554,26 @@ def evaluate_goals(rows, sizes):
     # 1. gpuos_submit >= 25x eager at n = 256
     e = C.find_row(rows, "eager", 256)
     s = C.find_row(rows, "gpuos_submit", 256)
-    r = _ratio(C.row_median(e), C.row_median(s))
+    r = C.ratio(C.row_median(e), C.row_median(s))
     if r is None:
         add("gpuos_submit vs eager, n=256 (x faster)", f">= {GOAL_SUBMIT_VS_EAGER:g}x", None, None,
             "no data" + ("" if 256 in sizes else " (n=256 not run)"))
     else:
-        ok = r >= GOAL_SUBMIT_VS_EAGER and not _incorrect(s)
+        ok = r >= GOAL_SUBMIT_VS_EAGER and not C.incorrect(s)
         add("gpuos_submit vs eager, n=256 (x faster)", f">= {GOAL_SUBMIT_VS_EAGER:g}x", r, ok,
-            "results incorrect" if _incorrect(s) else "")
+            "results incorrect" if C.incorrect(s) else "")
 
     # 2. gpuos_submit_many >= 3x faster than cudagraph (each size; n=256 is the headline)
     for n in sizes:
         g = C.find_row(rows, "cudagraph", n)
         m = C.find_row(rows, "gpuos_submit_many", n)
-        r = _ratio(C.row_median(g), C.row_median(m))
+        r = C.ratio(C.row_median(g), C.row_median(m))
         name = f"gpuos_submit_many vs cudagraph, n={n} (x faster)"
         if r is None:
             add(name, f">= {GOAL_MANY_VS_GRAPH:g}x", None, None, "no data")
         else:
-            ok = r >= GOAL_MANY_VS_GRAPH and not _incorrect(m)
-            add(name, f">= {GOAL_MANY_VS_GRAPH:g}x", r, ok, "results incorrect" if _incorrect(m) else "")
+            ok = r >= GOAL_MANY_VS_GRAPH and not C.incorrect(m)
+            add(name, f">= {GOAL_MANY_VS_GRAPH:g}x", r, ok, "results incorrect" if C.incorrect(m) else "")
 
     # 3. round trip <= 6 us
     rt = C.find_row(rows, "roundtrip_us")
@@ -493,9 +581,9 @@ def evaluate_goals(rows, sizes):
         add("roundtrip_us (submit_add + flush(sync=True), 256 el.)", f"<= {GOAL_ROUNDTRIP_US:g} us", None, None,
             "no data" if rt is None else rt["error"][:80])
     else:
-        ok = rt["value"] <= GOAL_ROUNDTRIP_US and not _incorrect(rt)
+        ok = rt["value"] <= GOAL_ROUNDTRIP_US and not C.incorrect(rt)
         add("roundtrip_us (submit_add + flush(sync=True), 256 el.)", f"<= {GOAL_ROUNDTRIP_US:g} us",
-            rt["value"], ok, "results incorrect" if _incorrect(rt) else "")
+            rt["value"], ok, "results incorrect" if C.incorrect(rt) else "")
 
     # 4. <= 20 ns per sub-op
     ns = C.find_row(rows, "gpu_ns_per_subop")
@@ -503,9 +591,9 @@ def evaluate_goals(rows, sizes):
         add("gpu_ns_per_subop (256 el., one batch)", f"<= {GOAL_NS_PER_SUBOP:g} ns", None, None,
             "no data" if ns is None else ns["error"][:80])
     else:
-        ok = ns["value"] <= GOAL_NS_PER_SUBOP and not _incorrect(ns)
+        ok = ns["value"] <= GOAL_NS_PER_SUBOP and not C.incorrect(ns)
         add("gpu_ns_per_subop (256 el., one batch)", f"<= {GOAL_NS_PER_SUBOP:g} ns", ns["value"], ok,
-            "results incorrect" if _incorrect(ns) else "")
+            "results incorrect" if C.incorrect(ns) else "")
     return goals
 
 
@@ -531,7 +619,7 @@ def print_report(meta, rows, goals, sizes, args, out_path):
             med = row["median_ms"]
             table.append([str(n), cfg, med, row["min_ms"], row["max_ms"], row.get("us_per_op"),
                           row.get("host_median_ms"),
-                          C.fmt_ratio(_ratio(eager_ms, med)), C.fmt_ratio(_ratio(graph_ms, med)),
+                          C.fmt_ratio(C.ratio(eager_ms, med)), C.fmt_ratio(C.ratio(graph_ms, med)),
                           "yes" if row.get("correct") else "NO"])
     C.print_table(headers, table, title="Timings (speedup = baseline median / config median)",
                   plain=args.plain, align="rlrrrrrrrl")
@@ -576,7 +664,8 @@ def parse_args(argv=None):
     p.add_argument("--count", type=int, default=None, help="independent adds per rep (default 10000; --quick 1000)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: count 1000, reps 5, 500 round trips; writes microbatch_quick.json")
-    p.add_argument("--configs", nargs="+", default=None, help=f"subset of {' '.join(CONFIGS)}")
+    p.add_argument("--configs", nargs="+", default=None,
+                   help=f"subset of {' '.join(CONFIGS)} (default: {' '.join(DEFAULT_CONFIGS)})")
     p.add_argument("--capacity", default="auto",
                    help="gpuos ring capacity for the timed configs: 'auto' (default: enough slots for one "
                         "batch of count ops at the largest size, power of two, >= 4096), 'default' "
@@ -597,7 +686,7 @@ def parse_args(argv=None):
         args.reps = 5 if args.quick else 20
     if args.roundtrip_iters is None:
         args.roundtrip_iters = 500 if args.quick else 2000
-    args.configs = C.select_configs(args.configs, CONFIGS, p.error)
+    args.configs = C.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
     if min(args.sizes) <= 0 or args.count <= 0 or args.reps <= 0 or args.subop_batch <= 0:
         p.error("sizes, --count, --reps and --subop-batch must be positive")
     args.capacity_value = C.parse_capacity(args.capacity, args.count * max(math.ceil(n / TILE_ELEMS) for n in args.sizes), p.error)
@@ -623,7 +712,7 @@ def main(argv=None) -> int:
     mod, mod_err = C.import_gpuos()
     if mod is not None:
         try:
-            gpuos_reinit(mod, args.capacity_value)
+            C.gpuos_reinit(mod, args.capacity_value)
             log(f"gpuos runtime from {getattr(mod, '__file__', mod.__name__)}; "
                 f"capacity={params['gpuos_capacity']}")
         except Exception as exc:
@@ -643,8 +732,11 @@ def main(argv=None) -> int:
             extra["goals"] = evaluate_goals(rows + value_rows, args.sizes)
         return C.write_results(NAME, meta, rows + value_rows, path=out_path, **extra)
 
+    pkg, pkg_err = C.import_gpuos_package()
+    ctx = C.RunContext(budget=C.Budget(math.inf), reps=args.reps, warmup=args.warmup, log=log, gpuos=pkg,
+                       gpuos_err=pkg_err, capacity=args.capacity_value or 8192)
     for n in args.sizes:
-        run_size(n, args, mod, mod_err, rows, value_rows)
+        run_size(n, args, mod, mod_err, rows, value_rows, ctx)
         save(partial=True)
     if not args.no_roundtrip:
         measure_roundtrips(args, mod, mod_err, value_rows)

@@ -14,6 +14,11 @@ distinct inputs x_i (torch.randn, one allocation each) and their outputs, then c
     gpuos_submit_reduce  count x  gpuos.submit_reduce("sum", x_i, o_i); gpuos.flush(sync=True)
     eager_softmax        count x  torch.softmax(x_i, -1)             (new output tensor each op)
     gpuos_softmax        count x  gpuos.submit_reduce("softmax", x_i, s_i); gpuos.flush(sync=True)
+    gpuos_scheduler      the eager loop inside gpuos.scheduler_context()  (--configs; the suite runs it)
+    compile              torch.compile(torch.sum(x, -1)) called per input  (suite only: child process)
+
+The standalone default is the first six; ``python -m benchmarks`` (W3) runs all of them, and lists foreach
+and compile_reduce_overhead as not applicable (rows with the reason).
 
 Every config is checked first (outputs poisoned with NaN, one run, assert_close vs torch) and the row
 carries "correct". Each timed rep: perf_counter around the whole count-op work followed by
@@ -40,6 +45,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 if __package__ in (None, ""):  # run as a script: python benchmarks/bench_reduce.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,8 +58,18 @@ WORKLOAD = "W3"
 TILE_ELEMS = 4096  # API_SPEC: one reduction of rows*cols elements uses about ceil(rows*cols/4096) slots
 DEFAULT_SHAPES = [(8, 256), (32, 128), (64, 512), (128, 1024)]
 DEFAULT_CAPACITY = 65536
-CONFIGS = ["eager", "eager_out", "cudagraph", "gpuos_submit_reduce", "eager_softmax", "gpuos_softmax"]
+CONFIGS = ["eager", "eager_out", "cudagraph", "gpuos_submit_reduce", "eager_softmax", "gpuos_softmax",
+           "gpuos_scheduler"]
+DEFAULT_CONFIGS = CONFIGS[:6]
 GPUOS_CONFIGS = ("gpuos_submit_reduce", "gpuos_softmax")
+TITLE = "last-dim reductions (1,000 independent fp32 sums / softmaxes)"
+IN_PROCESS_SHARE = 0.5  # of W3's suite budget; the compile child gets the rest
+NOT_APPLICABLE = {
+    "foreach": "torch._foreach_* has no last-dim sum or softmax (only whole-tensor norms)",
+    "compile_reduce_overhead": "per-op reduce-overhead replays one CUDA graph whose output buffer the next of the "
+                               "1,000 calls overwrites (cudagraph trees); `cudagraph` measures one graph of the "
+                               "whole batch instead",
+}
 SOFTMAX_CONFIGS = ("eager_softmax", "gpuos_softmax")
 
 GOAL_VS_EAGER = 4.0  # gpuos >= 4x faster than eager on every shape
@@ -111,43 +127,6 @@ def import_gpuos_reduce():
         return None, None, (f"{mod.__name__} (and the gpuos package) have no submit_reduce: the issue-3 "
                             f"operator library is not built into this gpuos")
     return mod, fn, None
-
-
-def gpuos_reinit(mod, capacity):
-    try:
-        up = bool(mod.is_initialized()) if hasattr(mod, "is_initialized") else True
-    except Exception:
-        up = True
-    if up:
-        mod.shutdown()
-    if capacity is None:
-        mod.init()
-    else:
-        mod.init(capacity=int(capacity))
-
-
-def gpuos_stats(mod):
-    try:
-        st = mod.stats()
-        return {k: v for k, v in dict(st).items() if isinstance(v, int) and not isinstance(v, bool)}
-    except Exception:
-        return None
-
-
-def stats_delta(before, after):
-    if before is None or after is None:
-        return None
-    return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
-
-
-def is_fatal_gpuos_error(exc) -> bool:
-    """Errors after which the runtime is probably unusable (timeouts, CUDA errors): skip later gpuos rows."""
-    if isinstance(exc, (TypeError, ValueError, NotImplementedError, AttributeError)):
-        return False
-    names = {k.__name__ for k in type(exc).__mro__}
-    msg = str(exc).lower()
-    return bool(names & {"GpuosError", "CudaError"}) or "timeout" in msg or "timed out" in msg \
-        or "illegal" in msg or "cuda error" in msg
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,8 +192,12 @@ def capture_graph(X, O):
 
 
 class Runner:
-    def __init__(self, args, mod, submit_reduce, mod_err, rows, value_rows, save):
+    """Runs the configs of every shape within ``args.budget`` seconds; ``ctx`` (the suite's RunContext, or
+    None) brings the gpuos package for gpuos_scheduler and the progress display."""
+
+    def __init__(self, args, mod, submit_reduce, mod_err, rows, value_rows, save, ctx=None):
         self.args = args
+        self.ctx = ctx
         self.mod = mod
         self.submit_reduce = submit_reduce
         self.mod_err = mod_err
@@ -319,9 +302,17 @@ class Runner:
         def setup_gpuos_softmax():
             return make_gpuos("softmax", S, "gpuos_softmax"), S, "softmax", None
 
+        def setup_gpuos_scheduler():
+            tsum = torch.sum
+
+            def fn():
+                with self.ctx.scheduler():
+                    return [tsum(x, -1) for x in X]
+            return fn, None, "sum", None
+
         setups = {"eager": setup_eager, "eager_out": setup_eager_out, "cudagraph": setup_cudagraph,
                   "gpuos_submit_reduce": setup_gpuos_sum, "eager_softmax": setup_eager_softmax,
-                  "gpuos_softmax": setup_gpuos_softmax}
+                  "gpuos_softmax": setup_gpuos_softmax, "gpuos_scheduler": setup_gpuos_scheduler}
 
         try:
             for cfg in wanted:
@@ -349,28 +340,31 @@ class Runner:
     def bench(self, config, setup, size, X, extra_base, submit_loop_ms):
         import torch
         args = self.args
+        if self.ctx is not None:
+            self.ctx.advance(f"{WORKLOAD} {size} {config}")
         if self.remaining() <= 0:
             self.rows.append(C.error_row(WORKLOAD, size, config,
                                          f"skipped: time budget ({args.budget:g} s) used up", **extra_base))
             log(f"{size} {config}: skipped (time budget used up)")
             return
+        unavailable = None
         if config in GPUOS_CONFIGS and self.mod is None:
-            self.rows.append(C.error_row(WORKLOAD, size, config, f"gpuos unavailable: {self.mod_err}",
+            unavailable = self.mod_err
+        elif config == "gpuos_scheduler" and (self.ctx is None or self.ctx.gpuos is None):
+            unavailable = self.ctx.gpuos_err if self.ctx is not None else "needs the gpuos package"
+        if unavailable is not None:
+            self.rows.append(C.error_row(WORKLOAD, size, config, f"gpuos unavailable: {unavailable}",
                                          **extra_base))
             log(f"{size} {config}: ERROR gpuos unavailable")
             return
         is_gpuos = config in GPUOS_CONFIGS
-        st0 = gpuos_stats(self.mod) if is_gpuos else None
+        st0 = C.gpuos_stats(self.mod) if is_gpuos else None
         try:
             fn, outs, op, extra = setup()
             correct, detail, check_ms = run_and_check(fn, X, op, outs)
             # trim reps when one call is so slow that the full reps would blow the time budget
-            share = max(2.0, self.remaining() / max(1, self.configs_left)) * 1e3  # ms for this config
-            per_call = max(check_ms, 1e-3)
-            reps, warmup = args.reps, args.warmup
-            if per_call * (reps + warmup) > share:
-                warmup = min(warmup, 1)
-                reps = max(3, min(reps, int(share / per_call) - warmup))
+            share = max(2.0, self.remaining() / max(1, self.configs_left))  # s for this config
+            reps, warmup, note = C.plan_reps(check_ms / 1e3, args.reps, args.warmup, share)
             timing = C.time_reps(fn, reps=reps, warmup=warmup)
         except Exception as exc:
             self.rows.append(C.error_row(WORKLOAD, size, config, exc, **extra_base))
@@ -379,7 +373,7 @@ class Runner:
                 torch.cuda.synchronize()
             except Exception:
                 pass
-            if is_gpuos and is_fatal_gpuos_error(exc):
+            if is_gpuos and C.is_fatal_gpuos_error(exc):
                 self.mod_err = f"an earlier gpuos call failed ({size} {config}): {C.format_exc(exc, 200)}"
                 self.mod = None
                 log("gpuos marked unusable; later gpuos configs become error rows")
@@ -388,12 +382,12 @@ class Runner:
                            us_per_op=C._r(timing.median_ms * 1e3 / args.count),
                            host_median_ms=C._r(timing.host_median_ms),
                            op=op, **extra_base, **(extra or {}))
-        if reps != args.reps or warmup != args.warmup:
-            row["reps_trimmed"] = f"one call took {check_ms:.1f} ms; reps {args.reps}->{reps} to fit --budget"
+        if note:
+            row["reps_note"] = note
         if detail:
             row["correct_detail"] = detail
         if st0 is not None:
-            d = stats_delta(st0, gpuos_stats(self.mod))
+            d = C.stats_delta(st0, C.gpuos_stats(self.mod))
             if d is not None:
                 row["stats_delta"] = d
         self.rows.append(row)
@@ -410,18 +404,69 @@ class Runner:
 
 
 # --------------------------------------------------------------------------------------------------
+# the suite's W3 (python -m benchmarks) and its torch.compile child
+# --------------------------------------------------------------------------------------------------
+def suite_params(quick: bool) -> dict:
+    shapes = DEFAULT_SHAPES[:1] + DEFAULT_SHAPES[-1:] if quick else DEFAULT_SHAPES
+    return {"shapes": [shape_str(s) for s in shapes], "count": 100 if quick else 1000, "dtype": "float32",
+            "tolerances": TOL}
+
+
+def suite_units(params: dict, ctx: "C.RunContext") -> int:
+    return len(params["shapes"]) * (sum(ctx.wants(c) for c in CONFIGS) + ctx.wants("compile"))
+
+
+def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
+    """W3 in the suite: every shape with every in-process config, then the compile child (op sum)."""
+    rows = [C.not_applicable_row(WORKLOAD, c, why) for c, why in NOT_APPLICABLE.items() if ctx.wants(c)]
+    value_rows: list = []
+    shapes = parse_shapes(params["shapes"])
+    args = SimpleNamespace(shapes=shapes, count=params["count"], reps=ctx.reps, warmup=ctx.warmup,
+                           configs=[c for c in CONFIGS if ctx.wants(c)],
+                           budget=ctx.budget.remaining() * IN_PROCESS_SHARE)
+    mod, submit_reduce, mod_err = import_gpuos_reduce()
+    if mod is not None:
+        try:
+            C.gpuos_reinit(mod, DEFAULT_CAPACITY)
+        except Exception as exc:
+            mod, mod_err = None, f"init failed: {C.format_exc(exc, 300)}"
+    runner = Runner(args, mod, submit_reduce, mod_err, rows, value_rows, lambda partial: save(rows + value_rows), ctx)
+    for shape in shapes:
+        runner.run_shape(shape)
+    if ctx.wants("compile"):
+        rows += C.child_rows(ctx, WORKLOAD, "bench_reduce", params,
+                             [(shape_str(s), "compile") for s in shapes])
+    return rows + value_rows
+
+
+def _sum_last(x):
+    import torch
+    return torch.sum(x, dim=-1)
+
+
+def compile_child(ctx: "C.RunContext", params: dict, emit) -> None:
+    """Child process: ``torch.compile(torch.sum(x, -1))`` called once per input, as a user would compile one op."""
+    import torch
+    count = params["count"]
+
+    def make_case(size: str) -> "C.Case":
+        (rows_, cols), = parse_shapes([size])
+        gen = torch.Generator(device="cpu").manual_seed(1000 + rows_ * 7919 + cols)
+        X = [torch.randn(rows_, cols, generator=gen).to(ctx.device) for _ in range(count)]
+        return C.Case(size=size, ref=torch.sum(torch.stack(X), dim=-1), tol=TOL["sum"], data=X, ops_per_rep=count,
+                      extra={"rows": rows_, "cols": cols, "count": count, "dtype": "float32", "op": "sum",
+                             "per_op": True})
+
+    def prepare(case: "C.Case", compiled, mode: str) -> "C.Prepared":
+        def fn():
+            return [compiled(x) for x in case.data]
+        return C.Prepared(fn, check=lambda: torch.stack(fn()))
+    C.compile_sweep(ctx, WORKLOAD, params["shapes"], make_case, _sum_last, prepare, emit, modes=C.COMPILE_MODES[:1])
+
+
+# --------------------------------------------------------------------------------------------------
 # goals + report
 # --------------------------------------------------------------------------------------------------
-def _ratio(num, den):
-    if num is None or den is None or den <= 0:
-        return None
-    return num / den
-
-
-def _incorrect(row):
-    return row is not None and row.get("correct") is False
-
-
 def evaluate_goals(rows, shapes):
     goals = []
 
@@ -439,7 +484,7 @@ def evaluate_goals(rows, shapes):
             b = C.find_row(rows, base_cfg, size)
             g = C.find_row(rows, g_cfg, size)
             name = f"{g_cfg} vs {base_cfg}, {size} (x faster)"
-            r = _ratio(C.row_median(b), C.row_median(g))
+            r = C.ratio(C.row_median(b), C.row_median(g))
             if r is None:
                 why = []
                 for cfg, row in ((base_cfg, b), (g_cfg, g)):
@@ -449,8 +494,8 @@ def evaluate_goals(rows, shapes):
                         why.append(f"{cfg}: {row['error'][:60]}")
                 add(name, None, False, "no data" + (": " + "; ".join(why) if why else ""), info)
             else:
-                ok = r >= GOAL_VS_EAGER and not _incorrect(g)
-                add(name, r, ok, "results incorrect" if _incorrect(g) else "", info)
+                ok = r >= GOAL_VS_EAGER and not C.incorrect(g)
+                add(name, r, ok, "results incorrect" if C.incorrect(g) else "", info)
     return goals
 
 
@@ -480,8 +525,8 @@ def print_report(meta, rows, goals, args, out_path):
             base = esm_ms if soft else eager_ms
             table.append([size, cfg, med, row["min_ms"], row["max_ms"], row.get("us_per_op"),
                           row.get("host_median_ms"),
-                          C.fmt_ratio(_ratio(base, med)) + (" (sm)" if soft else ""),
-                          "-" if soft else C.fmt_ratio(_ratio(graph_ms, med)),
+                          C.fmt_ratio(C.ratio(base, med)) + (" (sm)" if soft else ""),
+                          "-" if soft else C.fmt_ratio(C.ratio(graph_ms, med)),
                           "yes" if row.get("correct") else "NO"])
     C.print_table(headers, table,
                   title="Timings (speedup = baseline median / config median; softmax rows vs eager_softmax)",
@@ -523,7 +568,8 @@ def parse_args(argv=None):
                    help="independent reductions per rep (default 1000; --quick 100)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: count 100, reps 5; writes reduce_quick.json")
-    p.add_argument("--configs", nargs="+", default=None, help=f"subset of {' '.join(CONFIGS)}")
+    p.add_argument("--configs", nargs="+", default=None,
+                   help=f"subset of {' '.join(CONFIGS)} (default: {' '.join(DEFAULT_CONFIGS)})")
     p.add_argument("--capacity", default=str(DEFAULT_CAPACITY),
                    help=f"gpuos ring capacity: an integer (default {DEFAULT_CAPACITY}), 'auto' (enough slots for "
                         f"one rep at the largest shape, power of two, >= 4096) or 'default' (runtime default)")
@@ -544,7 +590,7 @@ def parse_args(argv=None):
         args.count = 100 if args.quick else 1000
     if args.reps is None:
         args.reps = 5 if args.quick else 20
-    args.configs = C.select_configs(args.configs, CONFIGS, p.error)
+    args.configs = C.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
     if args.count <= 0 or args.reps <= 0 or args.warmup < 0:
         p.error("--count and --reps must be positive, --warmup >= 0")
     args.capacity_value = C.parse_capacity(args.capacity, args.count * max(math.ceil(r * c / TILE_ELEMS) for r, c in args.shapes), p.error)
@@ -579,13 +625,13 @@ def main(argv=None) -> int:
         mod_err = f"import failed: {C.format_exc(exc, 300)}"
     if mod is not None:
         try:
-            gpuos_reinit(mod, args.capacity_value)
+            C.gpuos_reinit(mod, args.capacity_value)
             log(f"gpuos runtime from {getattr(mod, '__file__', mod.__name__)}; capacity={params['gpuos_capacity']}")
         except Exception as exc:
             log(f"gpuos init(capacity={args.capacity_value}) failed: {C.format_exc(exc, 300)}; "
                 f"retrying with the runtime default")
             try:
-                gpuos_reinit(mod, None)
+                C.gpuos_reinit(mod, None)
                 params["gpuos_capacity"] = f"default (init(capacity={args.capacity_value}) failed: " \
                                            f"{C.format_exc(exc, 200)})"
             except Exception as exc2:
@@ -610,7 +656,10 @@ def main(argv=None) -> int:
             extra["goals"] = evaluate_goals(rows, args.shapes)
         return C.write_results(NAME, meta, rows + value_rows, path=out_path, **extra)
 
-    runner = Runner(args, mod, submit_reduce, mod_err, rows, value_rows, save)
+    pkg, pkg_err = C.import_gpuos_package()
+    ctx = C.RunContext(budget=C.Budget(args.budget), log=log, gpuos=pkg, gpuos_err=pkg_err,
+                       capacity=args.capacity_value or DEFAULT_CAPACITY)
+    runner = Runner(args, mod, submit_reduce, mod_err, rows, value_rows, save, ctx)
     for shape in args.shapes:
         try:
             runner.run_shape(shape)

@@ -9,36 +9,36 @@ W2 = ``iters`` (default 1,000) iterations of the 5-op chain
 
     x = a + b;  y = x * c;  z = relu(y);  w = sigmoid(z);  out = w / d
 
-on 2,048-element fp32 CUDA tensors (a, b, c, d fixed; 5,000 ops per rep), in four configurations:
+on 2,048-element fp32 CUDA tensors (a, b, c, d fixed; 5,000 ops per rep), in these configurations:
 
-    eager            the Python loop, eager PyTorch
-    gpuos_scheduler  the same loop inside one gpuos.scheduler_context(), flushed at exit
-    compile          torch.compile of the 5-op function, called ``iters`` times (compiled in a child
-                     process with a timeout; its compile time is the value row ``compile_time_s``)
-    cudagraph        the whole ``iters``-iteration loop captured once into a torch.cuda.CUDAGraph; replay
+    eager                    the Python loop, eager PyTorch
+    gpuos_scheduler          the same loop inside one gpuos.scheduler_context(), flushed at exit
+    compile                  torch.compile of the 5-op function, called ``iters`` times (compiled in a child
+                             process with a timeout; its compile time is the value row ``compile_time_s``)
+    compile_reduce_overhead  the same with mode="reduce-overhead" (not run by default here; the suite
+                             ``python -m benchmarks`` runs it as W2)
+    cudagraph                the whole ``iters``-iteration loop captured once into a torch.cuda.CUDAGraph; replay
 
-Every timed rep: perf_counter around the work, then torch.cuda.synchronize() (C.time_reps). Each config is
-checked first (its last ``out`` against eager, assert_close) and its row carries "correct". Value rows
-``host_us_per_op`` (one per config, field "for_config"): host time until the work returned, per op.
+Every timed rep: perf_counter around the work, then torch.cuda.synchronize() (C.time_reps; CUDA events give
+``median_gpu_ms``). Each config is checked first (its last ``out`` against eager, assert_close) and its row
+carries "correct". Value rows ``host_us_per_op`` (one per config, field "for_config"): host time until the
+work returned, per op.
 
 decode: the block of examples/decode_block_demo.py (RMSNorm, q/k/v/o projections, softmax attention over a
 ring KV cache of 256 slots, SwiGLU MLP; matmuls fall back to eager) for ``--decode-steps`` (default 256)
 steps, eager vs gpuos_scheduler; size = KV length.
 
 Goal: W2 under the scheduler >= 2.5x faster than eager (PASS/MISS). Results: benchmarks/results/scheduler.json
-(BENCH_SCHEMA.md). Robustness: GPUOS_TIMEOUT_S defaults to 10 s; every failure is an error row; results
-are saved after every config; torch.compile runs in a child process killed at the time budget; a
-faulthandler watchdog (--watchdog, default 115 s) dumps stacks and exits if anything hangs outright.
-Without a CUDA GPU: message, exit 0.
+(BENCH_SCHEMA.md); the suite writes W2 alone to benchmarks/results/chain.json. Robustness: GPUOS_TIMEOUT_S
+defaults to 10 s; every failure is an error row; results are saved after every config; torch.compile runs in
+a child process killed at the time budget; a faulthandler watchdog (--watchdog, default 115 s) dumps stacks
+and exits if anything hangs outright. Without a CUDA GPU: message, exit 0.
 """
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import gc
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,15 +53,22 @@ else:  # python -m benchmarks.bench_scheduler / import
 
 NAME = "scheduler"
 W2 = "W2"
+TITLE = "mixed chain (1,000 x 5 fp32 ops, n = 2,048)"
 DECODE = "decode"
 W2_SIZE = 2048
 OPS_PER_ITER = 5
-CONFIGS = ["eager", "gpuos_scheduler", "compile", "cudagraph"]
+CONFIGS = ["eager", "gpuos_scheduler", "compile", "cudagraph", "compile_reduce_overhead"]
+DEFAULT_CONFIGS = ["eager", "gpuos_scheduler", "compile", "cudagraph"]
+W2_IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
 DECODE_CONFIGS = ["eager", "gpuos_scheduler"]
 GOAL_VS_EAGER = 2.5
 W2_TOL = dict(rtol=1e-5, atol=1e-5)
 DECODE_TOL = dict(rtol=1e-4, atol=1e-3)
-CHILD_MARK = "@@BENCH_SCHEDULER_CHILD@@"
+NOT_APPLICABLE = {
+    "foreach": "each op of the chain is one single-tensor op; torch._foreach_* needs lists of independent tensors",
+    "gpuos_submit": "gpuos_scheduler runs the same Python loop unchanged (the W1 submit API is measured in W1)",
+}
+IN_PROCESS_SHARE = 0.25  # of W2's suite budget; the compile child gets the rest
 _T_START = time.perf_counter()  # the time budget counts from here (imports included)
 
 
@@ -87,23 +94,45 @@ def w2_loop(step, a, b, c, d, iters):
     return out
 
 
-def w2_inputs(n, seed=1234):
-    import torch
+def w2_inputs(n, seed=1234, device="cuda"):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    a, b, c = (torch.randn(n, generator=g).cuda() for _ in range(3))
-    d = (torch.rand(n, generator=g) + 0.5).cuda()  # away from 0: out = w / d stays O(1)
+    a, b, c = (torch.randn(n, generator=g).to(device) for _ in range(3))
+    d = (torch.rand(n, generator=g) + 0.5).to(device)  # away from 0: out = w / d stays O(1)
     return a, b, c, d
 
 
-def check_close(got, exp, tol):
-    import torch
-    try:
-        torch.testing.assert_close(got, exp, **tol)
-        return True, None
-    except AssertionError as exc:
-        return False, " ".join(str(exc).split())[:400]
-    except Exception as exc:  # wrong type / None
-        return False, C.format_exc(exc, 400)
+def w2_case(iters: int, device: str = "cuda") -> C.Case:
+    """W2 inputs (seeded) and eager's ``out`` (every iteration computes the same one)."""
+    a, b, c, d = w2_inputs(W2_SIZE, device=device)
+    return C.Case(size=W2_SIZE, ref=w2_step(a, b, c, d), tol=W2_TOL, data=(a, b, c, d),
+                  ops_per_rep=iters * OPS_PER_ITER,
+                  extra={"iters": iters, "ops_per_iter": OPS_PER_ITER, "dtype": "float32"})
+
+
+def w2_setups(ctx: C.RunContext, iters: int) -> dict:
+    """In-process W2 configurations: {config: setup(case) -> Prepared}."""
+    def eager(case: C.Case) -> C.Prepared:
+        return C.Prepared(lambda: w2_loop(w2_step, *case.data, iters))
+
+    def cudagraph(case: C.Case) -> C.Prepared:
+        g, static_out, ms = C.capture_cuda_graph(lambda: w2_loop(w2_step, *case.data, 3),
+                                                 lambda: w2_loop(w2_step, *case.data, iters))
+
+        def fn():
+            g.replay()
+            return static_out
+        return C.Prepared(fn, extra={"capture_ms": C._r(ms, 2)})
+
+    sched = C.scheduler_setup(ctx, lambda case: w2_loop(w2_step, *case.data, iters))
+    # cudagraph before gpuos_scheduler: nothing of the runtime (worker, timer) is around during the capture
+    return {"eager": eager, "cudagraph": cudagraph, "gpuos_scheduler": sched}
+
+
+def host_us_rows(rows: list) -> list:
+    """``host_us_per_op`` value rows (host time until the work returned, per op) of the W2 timing rows."""
+    return [C.value_row(W2, "host_us_per_op", r["host_median_ms"] * 1e3 / r["ops_per_rep"], "us", size=r["size"],
+                        for_config=r["config"])
+            for r in rows if r.get("workload") == W2 and "median_ms" in r and r.get("ops_per_rep")]
 
 
 def load_decode_module():
@@ -115,287 +144,57 @@ def load_decode_module():
     return mod
 
 
-# --------------------------------------------------------------------------------------------------
-# stats
-# --------------------------------------------------------------------------------------------------
-def gpuos_stats(gpuos):
-    try:
-        return gpuos.stats()
-    except Exception:
-        return None
+def decode_case(args) -> C.Case:
+    dec = load_decode_module()
+    state = dec.make_state("cuda", dim=args.dim, heads=args.heads, kv_len=args.kv_len)
+    ref = dec.decode(dec.clone_state(state), args.decode_steps)
+    return C.Case(size=args.kv_len, ref=ref, tol=DECODE_TOL, data=(dec, state), ops_per_rep=args.decode_steps,
+                  extra={"steps": args.decode_steps, "dim": args.dim, "heads": args.heads, "kv_len": args.kv_len,
+                         "dtype": "float32"})
 
 
-def stats_delta(before, after):
-    """after - before for ints, and per key for dict-valued counters; mean_batch_size as is."""
-    if before is None or after is None:
-        return None
-    out = {}
-    for k, v in after.items():
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, int):
-            dv = v - before.get(k, 0)
-            if dv:
-                out[k] = dv
-        elif isinstance(v, dict):
-            dd = {kk: vv - before.get(k, {}).get(kk, 0) for kk, vv in v.items()
-                  if isinstance(vv, int) and vv - before.get(k, {}).get(kk, 0)}
-            if dd:
-                out[k] = dd
-    flushes = sum(out.get("flushes_by_cause", {}).values())
-    if flushes:
-        out["batch_ops_mean"] = round(out.get("ops_intercepted", 0) / flushes, 2)
-    return out
+def decode_setups(ctx: C.RunContext, steps: int) -> dict:
+    def run(case: C.Case):
+        dec, state = case.data
+        return dec.decode(dec.clone_state(state), steps)
+    return {"eager": lambda case: C.Prepared(lambda: run(case)), "gpuos_scheduler": C.scheduler_setup(ctx, run)}
 
 
 # --------------------------------------------------------------------------------------------------
-# runner
+# torch.compile peers (child process, see _child.py)
 # --------------------------------------------------------------------------------------------------
-class Runner:
-    def __init__(self, args, gpuos, gpuos_err, rows, save):
-        self.args, self.gpuos, self.gpuos_err, self.rows, self.save = args, gpuos, gpuos_err, rows, save
-        self.t_start = _T_START
-
-    def elapsed(self):
-        return time.perf_counter() - self.t_start
-
-    def sched_ctx(self):
-        return self.gpuos.scheduler_context(capacity=self.args.capacity)
-
-    def record(self, workload, size, config, setup, ops_per_rep, ref, tol, extra=None):
-        """setup() -> fn; fn() returns the output checked against ref. Appends timing + host_us rows."""
-        import torch
-        args = self.args
-        if config.startswith("gpuos") and self.gpuos is None:
-            self.rows.append(C.error_row(workload, size, config, f"gpuos unavailable: {self.gpuos_err}"))
-            log(f"{workload} {config}: ERROR gpuos unavailable")
-            return None
-        if self.elapsed() > args.budget:
-            self.rows.append(C.error_row(workload, size, config, f"skipped: time budget {args.budget:g} s spent"))
-            log(f"{workload} {config}: skipped (time budget)")
-            return None
-        try:
-            fn = setup()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = fn()
-            torch.cuda.synchronize()
-            first_s = time.perf_counter() - t0
-            correct, detail = check_close(out, ref, tol)
-            del out
-            # a very slow config gets fewer reps, so the whole run stays inside its time limit
-            reps = max(2, min(args.reps, int(args.config_budget / max(first_s, 1e-6))))
-            warmup = args.warmup if first_s * (reps + args.warmup) <= args.config_budget else min(args.warmup, 1)
-            st0 = gpuos_stats(self.gpuos) if config.startswith("gpuos") else None
-            timing = C.time_reps(fn, reps=reps, warmup=warmup)
-            st1 = gpuos_stats(self.gpuos) if config.startswith("gpuos") else None
-        except Exception as exc:
-            self.rows.append(C.error_row(workload, size, config, exc))
-            log(f"{workload} {config}: ERROR {C.format_exc(exc, 300)}")
-            try:
-                torch.cuda.synchronize()
-            except Exception:
-                pass
-            return None
-        row = C.timing_row(workload, size, config, timing, correct, ops_per_rep=ops_per_rep,
-                           us_per_op=C._r(timing.median_ms * 1e3 / ops_per_rep),
-                           host_median_ms=C._r(timing.host_median_ms), **(extra or {}))
-        if detail:
-            row["correct_detail"] = detail
-        d = stats_delta(st0, st1)
-        if d:
-            row["stats_delta"] = d
-        self.rows.append(row)
-        host_us = timing.host_median_ms * 1e3 / ops_per_rep
-        if workload == W2:
-            self.rows.append(C.value_row(workload, "host_us_per_op", host_us, "us", size=size, for_config=config))
-        log(f"{workload} {config:<16} median {timing.median_ms:9.3f} ms (min {timing.min_ms:.3f}, "
-            f"max {timing.max_ms:.3f}) host {timing.host_median_ms:.3f} ms = {host_us:.3f} us/op "
-            f"correct={correct}")
-        self.save(partial=True)
-        return row
-
-    # ---------------------------------------------------------------- W2
-    def run_w2(self):
-        import torch
-        args = self.args
-        n, iters = W2_SIZE, args.iters
-        ops = iters * OPS_PER_ITER
-        a, b, c, d = w2_inputs(n)
-        ref = w2_step(a, b, c, d)
-        torch.cuda.synchronize()
-        extra = {"iters": iters, "ops_per_iter": OPS_PER_ITER, "dtype": "float32"}
-        keep = []
-
-        def setup_eager():
-            return lambda: w2_loop(w2_step, a, b, c, d, iters)
-
-        def setup_sched():
-            def fn():
-                with self.sched_ctx():
-                    out = w2_loop(w2_step, a, b, c, d, iters)
-                return out
-            return fn
-
-        def setup_graph():
-            g, static_out, ms = C.capture_cuda_graph(lambda: w2_loop(w2_step, a, b, c, d, 3),
-                                                     lambda: w2_loop(w2_step, a, b, c, d, iters))
-            extra_g["capture_ms"] = C._r(ms, 2)
-            keep.append(g)
-
-            def fn():
-                g.replay()
-                return static_out
-            return fn
-
-        extra_g = dict(extra)
-        # cudagraph before gpuos_scheduler: nothing of the runtime (worker, timer) is around during the capture
-        for config in [c for c in ("eager", "cudagraph", "gpuos_scheduler") if c in args.configs]:
-            if config == "eager":
-                self.record(W2, n, "eager", setup_eager, ops, ref, W2_TOL, extra)
-            elif config == "cudagraph":
-                self.record(W2, n, "cudagraph", setup_graph, ops, ref, W2_TOL, extra_g)
-                keep.clear()
-            elif config == "gpuos_scheduler":
-                self.record(W2, n, "gpuos_scheduler", setup_sched, ops, ref, W2_TOL,
-                            dict(extra, capacity=args.capacity))
-        del a, b, c, d
-        gc.collect()
-
-    def run_w2_compile(self):
-        """torch.compile in a child process (killed at the budget): a slow or crashing compile costs a row."""
-        args = self.args
-        n = W2_SIZE
-        remaining = args.budget + args.compile_extra - self.elapsed()
-        if remaining < 10:
-            self.rows.append(C.error_row(W2, n, "compile", f"skipped: time budget ({self.elapsed():.0f} s used)"))
-            self.rows.append(C.error_row(W2, n, "compile_time_s", "skipped: time budget"))
-            log("W2 compile: skipped (time budget)")
-            return
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--compile-child", "--iters", str(args.iters),
-               "--reps", str(args.reps), "--warmup", str(args.warmup)]
-        log(f"W2 compile: child process, timeout {remaining:.0f} s")
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=remaining, env=dict(os.environ))
-        except subprocess.TimeoutExpired:
-            self.rows.append(C.error_row(W2, n, "compile", f"torch.compile child timed out after {remaining:.0f} s"))
-            self.rows.append(C.error_row(W2, n, "compile_time_s", "timed out"))
-            log("W2 compile: ERROR timed out")
-            return
-        rows = None
-        for line in res.stdout.splitlines():
-            if line.startswith(CHILD_MARK):
-                try:
-                    rows = json.loads(line[len(CHILD_MARK):])
-                except ValueError:
-                    rows = None
-        if rows is None:
-            tail = (res.stderr or res.stdout or "").strip().splitlines()[-5:]
-            why = f"child exited {res.returncode} without results: " + " | ".join(tail)
-            self.rows.append(C.error_row(W2, n, "compile", why))
-            self.rows.append(C.error_row(W2, n, "compile_time_s", why))
-            log(f"W2 compile: ERROR {why[:300]}")
-            return
-        for r in rows:
-            self.rows.append(r)
-            if "error" in r:
-                log(f"W2 {r['config']}: ERROR {r['error'][:300]}")
-            elif "value" in r:
-                log(f"W2 {r['config']} = {r['value']} {r['unit']}" +
-                    (f" ({r['for_config']})" if r.get("for_config") else ""))
-            else:
-                log(f"W2 compile           median {r['median_ms']:9.3f} ms (min {r['min_ms']:.3f}, "
-                    f"max {r['max_ms']:.3f}) host {r.get('host_median_ms')} ms correct={r.get('correct')}")
-        self.save(partial=True)
-
-    # ---------------------------------------------------------------- decode
-    def run_decode(self):
-        import torch
-        args = self.args
-        size = args.kv_len
-        try:
-            dec = load_decode_module()
-            state = dec.make_state("cuda", dim=args.dim, heads=args.heads, kv_len=args.kv_len)
-            ref = dec.decode(dec.clone_state(state), args.decode_steps)
-            torch.cuda.synchronize()
-        except Exception as exc:
-            for cfg in DECODE_CONFIGS:
-                self.rows.append(C.error_row(DECODE, size, cfg, exc))
-            log(f"decode: ERROR {C.format_exc(exc, 300)}")
-            return
-        steps = args.decode_steps
-        extra = {"steps": steps, "dim": args.dim, "heads": args.heads, "kv_len": args.kv_len, "dtype": "float32"}
-
-        def setup_eager():
-            return lambda: dec.decode(dec.clone_state(state), steps)
-
-        def setup_sched():
-            def fn():
-                st = dec.clone_state(state)
-                with self.sched_ctx():
-                    out = dec.decode(st, steps)
-                return out
-            return fn
-
-        for config in DECODE_CONFIGS:
-            if config not in args.configs:
-                continue
-            row = self.record(DECODE, size, config, setup_eager if config == "eager" else setup_sched, steps, ref,
-                              DECODE_TOL, dict(extra))
-            if row is not None:
-                row["us_per_step"] = row.pop("us_per_op")
-        del state, ref
-        gc.collect()
+def compile_child(ctx: C.RunContext, params: dict, emit) -> None:
+    iters = params["iters"]
+    C.compile_sweep(ctx, W2, [W2_SIZE], lambda _: w2_case(iters, ctx.device), w2_step,
+                    lambda case, compiled, mode: C.Prepared(lambda: w2_loop(compiled, *case.data, iters)), emit)
 
 
 # --------------------------------------------------------------------------------------------------
-# compile child
+# the suite's W2 (python -m benchmarks)
 # --------------------------------------------------------------------------------------------------
-def compile_child(args) -> int:
-    """Runs in a child process: compile, check, time; prints CHILD_MARK + JSON rows."""
-    import torch
-    n, iters = W2_SIZE, args.iters
-    ops = iters * OPS_PER_ITER
-    rows = []
-    try:
-        a, b, c, d = w2_inputs(n)
-        ref = w2_step(a, b, c, d)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        cstep = torch.compile(w2_step)
-        out = cstep(a, b, c, d)
-        torch.cuda.synchronize()
-        compile_s = time.perf_counter() - t0
-        correct, detail = check_close(out, ref, W2_TOL)
-        timing = C.time_reps(lambda: w2_loop(cstep, a, b, c, d, iters), reps=args.reps, warmup=args.warmup)
-        row = C.timing_row(W2, n, "compile", timing, correct, ops_per_rep=ops,
-                           us_per_op=C._r(timing.median_ms * 1e3 / ops), host_median_ms=C._r(timing.host_median_ms),
-                           iters=iters, ops_per_iter=OPS_PER_ITER, dtype="float32", mode="default")
-        if detail:
-            row["correct_detail"] = detail
-        rows.append(row)
-        rows.append(C.value_row(W2, "compile_time_s", compile_s, "s", size=n))
-        rows.append(C.value_row(W2, "host_us_per_op", timing.host_median_ms * 1e3 / ops, "us", size=n,
-                                for_config="compile"))
-    except Exception as exc:
-        rows = [C.error_row(W2, n, "compile", exc), C.error_row(W2, n, "compile_time_s", exc)]
-    print(CHILD_MARK + json.dumps(C.sanitize(rows)), flush=True)
-    return 0
+def suite_params(quick: bool) -> dict:
+    return {"iters": 200 if quick else 1000, "size": W2_SIZE, "ops_per_iter": OPS_PER_ITER, "dtype": "float32",
+            "tolerance": W2_TOL}
+
+
+def suite_units(params: dict, ctx: C.RunContext) -> int:
+    return C.standard_units(1, W2_IN_PROCESS, ctx)
+
+
+def run_workload(ctx: C.RunContext, params: dict, save) -> list:
+    rows = C.run_standard_workload(ctx, W2, "bench_scheduler", [W2_SIZE],
+                                   lambda _: w2_case(params["iters"], ctx.device), w2_setups(ctx, params["iters"]),
+                                   params, save, IN_PROCESS_SHARE, NOT_APPLICABLE)
+    return rows + host_us_rows(rows)
 
 
 # --------------------------------------------------------------------------------------------------
 # goals + report
 # --------------------------------------------------------------------------------------------------
-def _ratio(num, den):
-    if num is None or den is None or den <= 0:
-        return None
-    return num / den
-
-
 def evaluate_goals(rows):
     e = C.find_row(rows, "eager", W2_SIZE, W2)
     s = C.find_row(rows, "gpuos_scheduler", W2_SIZE, W2)
-    r = _ratio(C.row_median(e), C.row_median(s))
+    r = C.ratio(C.row_median(e), C.row_median(s))
     name = f"W2 gpuos_scheduler vs eager, n={W2_SIZE} (x faster)"
     target = f">= {GOAL_VS_EAGER:g}x"
     if r is None:
@@ -416,7 +215,8 @@ def print_report(meta, rows, goals, args, out_path):
     headers = ["workload", "size", "config", "median ms", "min ms", "max ms", "host ms", "us/op", "vs eager",
                "correct"]
     table = []
-    for wl, size, configs in ((W2, W2_SIZE, ["eager", "gpuos_scheduler", "compile", "cudagraph"]),
+    for wl, size, configs in ((W2, W2_SIZE, ["eager", "gpuos_scheduler", "compile", "compile_reduce_overhead",
+                                             "cudagraph"]),
                               (DECODE, args.kv_len, DECODE_CONFIGS)):
         eager_ms = C.row_median(C.find_row(rows, "eager", size, wl))
         for cfg in configs:
@@ -428,7 +228,7 @@ def print_report(meta, rows, goals, args, out_path):
                 continue
             per = row.get("us_per_op", row.get("us_per_step"))
             table.append([wl, str(size), cfg, row["median_ms"], row["min_ms"], row["max_ms"],
-                          row.get("host_median_ms"), per, C.fmt_ratio(_ratio(eager_ms, row["median_ms"])),
+                          row.get("host_median_ms"), per, C.fmt_ratio(C.ratio(eager_ms, row["median_ms"])),
                           "yes" if row.get("correct") else "NO"])
     C.print_table(headers, table, title="Timings (decode: us/op column = us per decode step)", plain=args.plain,
                   align="llrrrrrrrl")
@@ -464,7 +264,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=None, help="timed reps per config (default 10; --quick 3)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up reps per config (default 2)")
     p.add_argument("--quick", action="store_true", help="smoke test: 3 reps, 64 decode steps; scheduler_quick.json")
-    p.add_argument("--configs", nargs="+", default=None, help=f"subset of {' '.join(CONFIGS)}")
+    p.add_argument("--configs", nargs="+", default=None,
+                   help=f"subset of {' '.join(CONFIGS)} (default: {' '.join(DEFAULT_CONFIGS)})")
     p.add_argument("--capacity", type=int, default=8192, help="scheduler_context(capacity=...) (default 8192)")
     p.add_argument("--no-decode", action="store_true", help="skip the decode workload")
     p.add_argument("--decode-steps", type=int, default=None, help="decode steps per rep (default 256; --quick 64)")
@@ -481,13 +282,12 @@ def parse_args(argv=None):
                    help="hard limit in s (default 115; 0 = off): dump stacks and exit if the run hangs")
     p.add_argument("--out", default=None, help="result file (default benchmarks/results/scheduler.json)")
     p.add_argument("--plain", action="store_true", help="plain-text tables even if rich is installed")
-    p.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reps is None:
         args.reps = 3 if args.quick else 10
     if args.decode_steps is None:
         args.decode_steps = 64 if args.quick else 256
-    args.configs = C.select_configs(args.configs, CONFIGS, p.error)
+    args.configs = C.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
     if args.iters <= 0 or args.reps <= 0 or args.warmup < 0 or args.decode_steps <= 0 or args.kv_len <= 0:
         p.error("--iters, --reps, --decode-steps, --kv-len must be positive, --warmup >= 0")
     if args.dim % args.heads:
@@ -500,11 +300,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("GPUOS_TIMEOUT_S", "10")  # a hung GPU wait must not eat the whole run
     C.require_cuda(NAME)  # exits 0 with a message when there is no GPU
     faulthandler.enable()
-    if args.compile_child:
-        return compile_child(args)
     if args.watchdog and args.watchdog > 0:
         faulthandler.dump_traceback_later(args.watchdog, exit=True)
-    import torch
 
     out_path = Path(args.out) if args.out else C.RESULTS_DIR / (f"{NAME}_quick.json" if args.quick
                                                                 else f"{NAME}.json")
@@ -518,47 +315,52 @@ def main(argv=None) -> int:
     log(f"{meta['device']} | driver {meta['driver']} | torch {meta['torch']} | gpuos {meta['gpuos']}")
     log(f"W2 iters={args.iters} size={W2_SIZE} reps={args.reps} configs={args.configs}")
 
-    C.ensure_repo_on_path()
-    gpuos, gpuos_err = None, None
-    try:
-        import gpuos as _g
-        _g.init(capacity=args.capacity)
-        gpuos = _g
-        log(f"gpuos from {_g.__file__}; runtime {_g.runtime_info()}")
-    except Exception as exc:
-        gpuos_err = C.format_exc(exc, 300)
+    gpuos, gpuos_err = C.import_gpuos_package()
+    if gpuos is not None:
+        try:
+            gpuos.init(capacity=args.capacity)
+            log(f"gpuos from {gpuos.__file__}; runtime {gpuos.runtime_info()}")
+        except Exception as exc:
+            gpuos, gpuos_err = None, C.format_exc(exc, 300)
+    if gpuos is None:
         log(f"gpuos unavailable ({gpuos_err}); gpuos configs will be error rows")
 
     rows = []
 
-    def save(partial):
+    def save(partial=True):
         extra = {"params": params, "goals": evaluate_goals(rows)}
         if partial:
             extra["partial"] = True
         return C.write_results(NAME, meta, rows, path=out_path, **extra)
 
-    runner = Runner(args, gpuos, gpuos_err, rows, save)
-    for section in (runner.run_w2, None if args.no_decode else runner.run_decode,
-                    runner.run_w2_compile if "compile" in args.configs else None):
-        if section is None:
-            continue
-        try:
-            section()
-        except Exception as exc:  # should not happen: every config catches its own errors
-            log(f"{section.__name__}: ERROR {C.format_exc(exc, 300)}")
-            rows.append(C.error_row("all", None, section.__name__, exc))
-        save(partial=True)
-        g = evaluate_goals(rows)[0]
-        if section == runner.run_w2:
-            log(f"goal so far: {g['goal']}: {'PASS' if g['pass'] else 'MISS'} (achieved {g['achieved']})")
-    params["elapsed_s"] = round(runner.elapsed(), 2)
+    ctx = C.RunContext(budget=C.Budget(args.budget, start=_T_START), reps=args.reps, warmup=args.warmup, min_reps=2,
+                       configs=frozenset(args.configs), log=log, gpuos=gpuos, gpuos_err=gpuos_err,
+                       capacity=args.capacity, config_cap_s=args.config_budget)
+    w2_setup = w2_setups(ctx, args.iters)
+    ctx.units_left = sum(ctx.wants(c) for c in w2_setup) + (0 if args.no_decode else len(DECODE_CONFIGS))
+    C.peer_sweep(ctx, W2, [W2_SIZE], lambda _: w2_case(args.iters), w2_setup, rows, save)
+    g = evaluate_goals(rows)[0]
+    log(f"goal so far: {g['goal']}: {'PASS' if g['pass'] else 'MISS'} (achieved {g['achieved']})")
+    if not args.no_decode:
+        n0 = len(rows)
+        C.peer_sweep(ctx, DECODE, [args.kv_len], lambda _: decode_case(args), decode_setups(ctx, args.decode_steps),
+                     rows, save)
+        for row in rows[n0:]:
+            if row.pop("ops_per_rep", None) is not None:
+                row["us_per_step"] = row.pop("us_per_op")
+    expected = [(W2_SIZE, c) for c, _ in C.COMPILE_MODES if c in args.configs]
+    if expected:
+        ctx.budget = C.Budget(args.budget + args.compile_extra, start=_T_START)
+        rows += C.child_rows(ctx, W2, "bench_scheduler", {"iters": args.iters}, expected)
+    rows += host_us_rows(rows)
+    params["elapsed_s"] = round(time.perf_counter() - _T_START, 2)
     if gpuos is not None:
-        params["final_stats"] = {k: v for k, v in (gpuos_stats(gpuos) or {}).items()}
+        params["final_stats"] = C.gpuos_stats(gpuos) or {}
     goals = evaluate_goals(rows)
     path = save(partial=False)
     faulthandler.cancel_dump_traceback_later()
     print_report(meta, rows, goals, args, path)
-    log(f"done in {runner.elapsed():.1f} s")
+    log(f"done in {params['elapsed_s']:.1f} s")
     return 0
 
 

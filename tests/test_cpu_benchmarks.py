@@ -1,0 +1,293 @@
+"""The benchmark suite's plumbing, checked without a GPU: CLI, no-GPU exit, budget and rep planning, the
+check-then-time measurement, the child-process protocol, README rendering (ratio math, environment names)
+and plots (with and without matplotlib). Fast (a few seconds); the GPU numbers come from `python -m benchmarks`.
+"""
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import _common as C
+from benchmarks import bench_decode, bench_dynamic, bench_mlp, plots, report, run_all
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def _run(*args, timeout=60):
+    return subprocess.run([sys.executable, *args], cwd=str(REPO), env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def test_help_lists_the_options():
+    res = _run("-m", "benchmarks", "--help")
+    assert res.returncode == 0, res.stderr
+    for opt in ("--quick", "--only", "--reps", "--budget-s", "--configs", "--out-dir", "--progress"):
+        assert opt in res.stdout
+
+
+def test_unknown_workload_is_a_usage_error():
+    res = _run("-m", "benchmarks", "--only", "W9")
+    assert res.returncode == 2
+    assert "unknown workload" in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_without_cuda_says_so_and_exits_zero(tmp_path, capsys):
+    res = _run("-m", "benchmarks", "--out-dir", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "no CUDA GPU available" in res.stdout
+    assert bench_decode.main(["--out-dir", str(tmp_path)]) == 0  # a workload alone: the same path, in process
+    assert "no CUDA GPU available" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU debug run is for machines without a GPU")
+def test_cpu_debug_run_writes_a_schema_file(tmp_path, capsys):
+    assert run_all.main(["--allow-cpu", "--quick", "--only", "W6", "--configs", "eager", "cudagraph", "foreach",
+                         "--no-plots",
+                         "--progress", "plain", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "dynamic_quick.json").read_text())
+    for key in ("benchmark", "device", "driver", "torch", "gpuos", "date", "rows", "params", "suite"):
+        assert key in doc
+    timed = [r for r in doc["rows"] if "median_ms" in r]
+    assert [(r["config"], r["correct"], r["reps"]) for r in timed] == [("eager", True, 5)]
+    assert timed[0]["min_ms"] <= timed[0]["median_ms"] <= timed[0]["max_ms"] and timed[0]["cold_pass_ms"] > 0
+    assert any(r["config"] == "cudagraph" and "needs CUDA" in r["error"] for r in doc["rows"])
+    assert any(r.get("not_applicable") and r["config"] == "foreach" for r in doc["rows"])
+    assert "W6 16 sizes 1024-4864 eager" in out and "[1/" in out  # plain progress lines
+
+
+# ----------------------------------------------------------------------------------------------- budget
+def test_plan_reps_keeps_or_trims():
+    assert C.plan_reps(0.001, 20, 2, 10.0) == (20, 2, None)
+    reps, warmup, note = C.plan_reps(1.0, 20, 2, 6.0)
+    assert (reps, warmup) == (5, 1) and "time budget" in note
+    assert C.plan_reps(10.0, 20, 2, 1.0)[0] == 3  # never below min_reps
+
+
+def test_budget_part_never_outlives_its_parent():
+    b = C.Budget(5.0)
+    assert 4.0 < b.part(100.0).remaining() <= 5.0
+    assert C.Budget(0.0).expired()
+
+
+# ----------------------------------------------------------------------------------------------- measurement
+def _ctx(**kw):
+    return C.RunContext(budget=C.Budget(kw.pop("seconds", 30.0)), reps=3, warmup=1, device="cpu",
+                        log=lambda m: None, **kw)
+
+
+def test_measure_config_checks_then_times():
+    x = torch.arange(8.0)
+    case = C.Case(size=8, ref=x * 2, tol={}, ops_per_rep=4)
+    row = C.measure_config(_ctx(), "T", case, "eager", lambda: C.Prepared(lambda: x * 2, extra={"capture_ms": 1.0}))
+    assert row["correct"] is True and row["reps"] == 3 and row["capture_ms"] == 1.0
+    assert row["us_per_op"] == pytest.approx(row["median_ms"] * 1e3 / 4, rel=1e-2)
+    assert "median_gpu_ms" not in row  # no CUDA events on the CPU
+
+    wrong = C.measure_config(_ctx(), "T", case, "compile", lambda: (lambda: x * 3))
+    assert wrong["correct"] is False and "Mismatched" in wrong["correct_detail"]
+
+    def boom():
+        raise RuntimeError("no compiler")
+    err = C.measure_config(_ctx(), "T", case, "compile", boom)
+    assert err["error"] == "RuntimeError: no compiler" and "median_ms" not in err
+
+
+def test_measure_config_without_gpuos_or_time_gives_error_rows():
+    case = C.Case(size=1, ref=torch.ones(1), tol={})
+    row = C.measure_config(_ctx(gpuos_err="not built"), "T", case, "gpuos_scheduler", lambda: None)
+    assert row["error"] == "gpuos unavailable: not built"
+    late = C.measure_config(_ctx(seconds=0.0), "T", case, "eager", lambda: None)
+    assert late["error"].startswith("time budget")
+
+
+def test_child_crash_becomes_error_rows():
+    ctx = _ctx(seconds=60.0)
+    rows = C.child_rows(ctx, "T", "no_such_module", {}, [(1, "compile")])
+    assert len(rows) == 1 and rows[0]["config"] == "compile" and "exited with status" in rows[0]["error"]
+    ctx = _ctx(seconds=5.0)  # too little time: no child is started
+    rows = C.child_rows(ctx, "T", "no_such_module", {}, [(1, "compile"), (2, "compile")])
+    assert [r["size"] for r in rows] == [1, 2] and all(r["error"].startswith("time budget") for r in rows)
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: replay() runs the captured callable again."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def replay(self):
+        self.fn()
+
+
+def _fake_capture(warmup, capture):
+    warmup()
+    return _FakeGraph(capture), capture(), 0.25
+
+
+class _FakeGpuos:
+    """A gpuos package whose scheduler_context changes nothing (the plumbing, not the batching, is tested)."""
+
+    @staticmethod
+    def scheduler_context(capacity=8192):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def stats():
+        return {}
+
+
+@pytest.mark.parametrize("workload", ["W4", "W5", "W6"])
+def test_gpu_peer_setups_with_fake_graphs(workload, monkeypatch):
+    """The cudagraph and gpuos_scheduler setups (GPU-only for real) check correct and keep their counters."""
+    monkeypatch.setattr(C, "capture_cuda_graph", _fake_capture)
+    ctx = _ctx(gpuos=_FakeGpuos())
+    module, case = {"W4": (bench_decode, lambda: bench_decode.make_case(16, 4, "cpu")),
+                    "W5": (bench_mlp, lambda: bench_mlp.make_case("2x32", 3, "cpu")),
+                    "W6": (bench_dynamic, lambda: bench_dynamic.make_case(40, "cpu"))}[workload]
+    case = case()
+    setups = module.make_setups(ctx)
+    assert set(setups) == set(module.IN_PROCESS)
+    for config, setup in setups.items():
+        row = C.measure_config(ctx, workload, case, config, lambda: setup(case))
+        assert row.get("correct") is True, row
+    if workload == "W6":  # one capture per size, counted and timed; the cold pass is recorded
+        assert row["config"] == "gpuos_scheduler"
+        graph = C.measure_config(ctx, workload, case, "cudagraph", lambda: setups["cudagraph"](case))
+        assert graph["captures"] == 16 and graph["capture_ms_total"] == pytest.approx(4.0)
+        assert graph["cold_pass_ms"] > 0
+        counts = bench_dynamic.count_rows([graph])
+        assert [(r["config"], r["value"]) for r in counts][0] == ("captures", 16)
+
+
+FAKE_PROBE = ("import json, os; print('@@GPUOS_JIT@@' + json.dumps({'import_s': 1.0, 'init_s': 0.5, "
+              "'jit_compiles': 0 if os.environ.get('GPUOS_FORBID_COMPILE') else 3, 'disk_cache_hits': 1}))")
+
+
+def test_jit_probe_rows_prove_the_warm_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_all, "JIT_PROBE", FAKE_PROBE)  # the real one needs a GPU; the plumbing is the same
+    cold = run_all.finish_jit_probe(run_all.start_jit_probe(tmp_path / "jit", False), "gpuos_jit_cold_s", 30)
+    warm = run_all.finish_jit_probe(run_all.start_jit_probe(tmp_path / "jit", True), "gpuos_jit_warm_s", 30,
+                                    forbid_compile=True)
+    assert (cold["value"], cold["jit_compiles"], cold["correct"]) == (0.5, 3, True)
+    assert (warm["jit_compiles"], warm["correct"]) == (0, True)
+    monkeypatch.setattr(run_all, "JIT_PROBE", "raise SystemExit('no driver')")
+    failed = run_all.finish_jit_probe(run_all.start_jit_probe(tmp_path / "jit", False), "gpuos_jit_cold_s", 30)
+    assert "no driver" in failed["error"]
+
+
+def test_first_call_rows_gather_compile_and_capture_costs():
+    rows = [C.value_row("W4", "compile_time_s", 3.0, "s", size=128, for_config="compile", first_size=True),
+            C.value_row("W4", "compile_time_s", 1.0, "s", size=256, for_config="compile", first_size=False),
+            _timing(128, "cudagraph", 1.0, capture_ms=2.5), _timing(256, "cudagraph", 1.0, capture_ms=3.5)]
+    out = run_all.first_call_rows({"W4": {"rows": rows}})
+    assert [(r["workload"], r["config"], r["value"]) for r in out] == [("W4", "compile_time_s", 3.0),
+                                                                       ("W4", "cudagraph_capture_ms", 2.5)]
+    assert out[1]["all_sizes"] == {128: 2.5, 256: 3.5}
+
+
+# ----------------------------------------------------------------------------------------------- report
+def _timing(size, config, ms, correct=True, **kw):
+    return dict({"workload": "W4", "size": size, "config": config, "median_ms": ms, "min_ms": ms, "max_ms": ms,
+                 "reps": 20, "correct": correct}, **kw)
+
+
+def _doc(name, rows):
+    return {"benchmark": name, "device": "NVIDIA Test GPU", "driver": "999.1", "torch": "9.9.9+cu999",
+            "gpuos": "abc1234", "date": "2026-01-01T00:00:00Z", "rows": rows,
+            "suite": {"title": "synthetic decode"}}
+
+
+@pytest.fixture
+def results(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    decode = [
+        _timing(128, "eager", 10.0), _timing(128, "cudagraph", 3.0), _timing(128, "gpuos_scheduler", 2.0),
+        _timing(256, "eager", 12.0), _timing(256, "compile", 2.0), _timing(256, "gpuos_scheduler", 4.0),
+        _timing(256, "gpuos_submit", 1.0, correct=False),  # wrong results never count as a win
+        {"workload": "W4", "size": 256, "config": "cudagraph", "error": "time budget: skipped"},
+        C.not_applicable_row("W4", "foreach", "no lists"),
+    ]
+    (d / "decode.json").write_text(json.dumps(_doc("decode", decode)))
+    first = [C.value_row("W4", "compile_time_s", 12.5, "s", size=128, for_config="compile"),
+             C.value_row("gpuos", "gpuos_jit_warm_s", 0.02, "s", jit_compiles=0, correct=True)]
+    (d / "first_call.json").write_text(json.dumps(_doc("first_call", first)))
+    (d / "decode_quick.json").write_text(json.dumps(_doc("decode", [_timing(1, "eager", 1.0)])))
+    return d
+
+
+def test_ratio_math_groups_by_size_and_op():
+    rows = [_timing(8, "eager", 6.0, op="sum"), _timing(8, "gpuos_submit_reduce", 2.0, op="sum"),
+            _timing(8, "eager_softmax", 9.0, op="softmax"), _timing(8, "gpuos_softmax", 12.0, op="softmax")]
+    res = {r["op"]: r for r in C.gpuos_vs_best_peer(rows)}
+    assert res["sum"]["ratio"] == pytest.approx(3.0) and res["sum"]["peer"] == "eager"
+    assert res["softmax"]["ratio"] == pytest.approx(0.75) and res["softmax"]["gpuos"] == "gpuos_softmax"
+
+
+def test_report_rewrites_only_the_marked_block(results, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\nbefore\n<!-- results:begin -->\nold table\n<!-- results:end -->\nafter\n")
+    assert report.main(["--readme", str(readme), "--results", str(results)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# Title\nbefore\n<!-- results:begin -->\n")
+    assert text.endswith("<!-- results:end -->\nafter\n")
+    block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+    assert "old table" not in block
+    assert "NVIDIA Test GPU" in block and "999.1" in block and "9.9.9+cu999" in block
+    assert "| size | eager | cudagraph | compile | gpuos_scheduler | gpuos_submit |" in block  # peers first
+    assert "| 128 | 10.00 | 3.00 | – | 2.00 | – |" in block
+    assert "| 256 | 12.00 | error | 2.00 | 4.00 | 1.00 (WRONG) |" in block
+    # 128: best peer cudagraph 3.0 / gpuos 2.0 = 1.5 (win); 256: compile 2.0 / gpuos_scheduler 4.0 = 0.5 (loss)
+    assert "128: 1.50x" in block and "256: 0.50x" in block and "1 win, 1 loss" in block
+    assert "geometric mean 0.87x" in block  # sqrt(1.5 * 0.5)
+    assert "Not applicable: `foreach` (no lists)" in block and "time budget: skipped" in block
+    assert "| W4 | 12.5 (size 128) |" in block and "`gpuos_jit_warm_s`" in block
+    assert "decode_quick" not in block and "| 1 |" not in block  # quick files are left out
+
+
+def test_report_without_markers_fails_cleanly(results, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    assert report.main(["--readme", str(readme), "--results", str(results)]) == 1
+    assert readme.read_text() == "no markers\n"
+
+
+def test_summary_lines_name_the_ratio(results):
+    lines = report.summary_lines(report.load_docs(results))
+    assert lines == ["W4 decode: GPUOS vs best peer 128: 1.50x vs cudagraph, 256: 0.50x vs compile (1 wins, 1 losses)"]
+
+
+# ----------------------------------------------------------------------------------------------- plots
+def test_plots_without_matplotlib_say_so(results, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    assert plots.make_plots(results) == []
+    assert "matplotlib is not installed" in capsys.readouterr().out
+    assert plots.main(["--results", str(results)]) == 0
+
+
+def test_plots_write_pngs(results, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "png"
+    written = plots.make_plots(results, out)
+    assert {p.name for p in written} == {"decode_speedup.png", "decode_breakdown.png"}
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_speedups_are_relative_to_the_groups_eager(results):
+    rows = C.timed_rows(json.loads((results / "decode.json").read_text()))
+    sp = plots.speedups(rows)
+    assert dict(sp["cudagraph"])[128] == pytest.approx(10.0 / 3.0)
+    assert "gpuos_submit" not in sp  # failed its correctness check
+    assert math.isclose(dict(sp["eager"])[256], 1.0)
