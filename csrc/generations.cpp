@@ -838,11 +838,14 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   if (r != CUDA_SUCCESS) {
     failed_load_gen_ = gen;
     const char* nm = "?";
+    const char* text = "";
     d.cuGetErrorName(r, &nm);
-    const std::string msg = "gpuos: generation " + std::to_string(gen) + " failed to load on " + name_ + " (" +
-                            nm + "); generation " + std::to_string(active_gen_) + " keeps running";
+    d.cuGetErrorString(r, &text);
+    const std::string log = std::string("cuModuleLoadData / cuModuleGetFunction: ") + nm + ": " + text;
+    const std::string msg = "gpuos: generation " + std::to_string(gen) + " (" + arch_ + ") failed to load on " +
+                            name_ + "; generation " + std::to_string(active_gen_) + " keeps running. " + log;
     note_generation_load_error(gen, msg);
-    throw CudaError(msg);
+    throw CompileError(msg, log, arch_, "", "");  // a load failure counts as a failed generation (issue #5)
   }
   old_modules_.push_back(module_);  // kept until shutdown: unloading would wait on resident kernels (F3)
   module_ = m;
