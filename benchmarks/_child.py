@@ -29,6 +29,9 @@ def main(argv: list) -> int:
         return 2
     module, params = argv[1], json.loads(argv[2])
     faulthandler.enable()
+    # the parent kills this process group at its deadline; should the parent itself die first, this child
+    # (its own session) must still end: dump stacks and exit a little after the deadline
+    faulthandler.dump_traceback_later(float(params.get("budget_s", 60.0)) + 30.0, exit=True)
     mod = importlib.import_module(f"benchmarks.{module}")
     configs = params.get("configs")
     ctx = C.RunContext(budget=C.Budget(params.get("budget_s", 60.0)), reps=int(params.get("reps", 20)),

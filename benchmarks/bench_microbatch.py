@@ -482,6 +482,7 @@ def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
                            configs=[c for c in CONFIGS if ctx.wants(c)], roundtrip_iters=params["roundtrip_iters"],
                            subop_batch=params["subop_batch"], subop_reps=params["subop_reps"])
     capacity = max(4096, pow2_at_least(args.count * max(math.ceil(n / TILE_ELEMS) for n in params["sizes"])))
+    ctx.capacity = capacity  # gpuos_scheduler flushes by itself only every capacity / 8 ops
     mod, mod_err = C.import_gpuos()
     if mod is not None:
         try:

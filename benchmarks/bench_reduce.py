@@ -424,6 +424,7 @@ def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
     args = SimpleNamespace(shapes=shapes, count=params["count"], reps=ctx.reps, warmup=ctx.warmup,
                            configs=[c for c in CONFIGS if ctx.wants(c)],
                            budget=ctx.budget.remaining() * IN_PROCESS_SHARE)
+    ctx.capacity = DEFAULT_CAPACITY  # gpuos_scheduler flushes by itself only every capacity / 8 ops
     mod, submit_reduce, mod_err = import_gpuos_reduce()
     if mod is not None:
         try:

@@ -63,7 +63,8 @@ END_RESERVE_S = 25.0  # kept for the warm JIT probe, first_call.json and the plo
 ALL_CONFIGS = ("eager", "eager_out", "foreach", "cudagraph", "compile", "compile_reduce_overhead", "gpuos_submit",
                "gpuos_submit_many", "gpuos_submit_reduce", "eager_softmax", "gpuos_softmax", "gpuos_scheduler")
 JIT_MARK = "@@GPUOS_JIT@@"
-JIT_PROBE = ("import json, time\nt0 = time.perf_counter()\nimport gpuos\nt1 = time.perf_counter()\ngpuos.init()\n"
+JIT_PROBE = ("import faulthandler, json, time\nfaulthandler.dump_traceback_later(150, exit=True)\n"
+             "t0 = time.perf_counter()\nimport gpuos\nt1 = time.perf_counter()\ngpuos.init()\n"
              "t2 = time.perf_counter()\ns = gpuos.stats()\n"
              f"print({JIT_MARK!r} + json.dumps({{'import_s': t1 - t0, 'init_s': t2 - t1, "
              "'jit_compiles': s.get('jit_compiles'), 'disk_cache_hits': s.get('disk_cache_hits')}), flush=True)\n"
