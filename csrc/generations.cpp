@@ -243,7 +243,7 @@ void recompute_need(Registry& r, uint32_t op) {
     const Slot& s = e.slot[e.active];
     g = (e.builtin && e.active == 0) ? 0 : s.gen;
   }
-  g_op_need_gen[op].store(g, std::memory_order_relaxed);
+  g_op_need_gen[op].store(g, std::memory_order_release);
   g_op_active_slot[op].store(e.used && !e.failed ? e.active : 0, std::memory_order_relaxed);
 }
 
@@ -353,6 +353,7 @@ void compile_loop() {
     if (!err) {
       g->images = std::move(images);
       g->state = Gen::kReady;
+      g_latest_ready_gen.store(g->id);  // before any op needs it (Runtime::ensure_generation reads it)
       for (uint64_t id : g->changes) {
         Change& c = r.changes[id];
         c.state = Change::kDone;
@@ -360,7 +361,6 @@ void compile_loop() {
         if (s.change == id) s.gen = g->id;
         recompute_need(r, c.op);
       }
-      g_latest_ready_gen.store(g->id);
     } else {
       g->state = Gen::kFailed;
       g->error = err;

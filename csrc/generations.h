@@ -21,9 +21,10 @@ namespace gpuos {
 class Runtime;
 
 // The generation whose module a sub-op of op id `op` needs: the one that first held the code of the op's
-// active slot (0: the built-in module has it). Read on every record (relaxed), written by the registry.
+// active slot (0: the built-in module has it). Read on every record, written by the registry (release, after
+// g_latest_ready_gen: a reader that sees a need also sees a ready generation that satisfies it).
 extern std::atomic<uint32_t> g_op_need_gen[256];
-inline uint32_t op_need_gen(uint32_t op) { return g_op_need_gen[op & 255u].load(std::memory_order_relaxed); }
+inline uint32_t op_need_gen(uint32_t op) { return g_op_need_gen[op & 255u].load(std::memory_order_acquire); }
 // Newest generation compiled successfully (0: only the built-in one).
 extern std::atomic<uint32_t> g_latest_ready_gen;
 // Slot the alias table selects for op id `op` (0 unless switched). The fused-chain interpreter runs the ops.def
