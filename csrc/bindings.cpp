@@ -883,6 +883,7 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   }
   const int32_t pid = rt.program_id(prog);
   if (pid < 0) return false;
+  note_program_use(pid);
   fa.prog = (uint32_t)pid;
   fa.ninputs = nin;
   rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel());
@@ -1273,6 +1274,7 @@ py::dict sched_stats() {
   d["fused_groups"] = g_sched.fused_groups;
   d["fused_ops"] = g_sched.fused_ops;
   d["independent_eager"] = g_sched.independent_eager;
+  d["specializations_requested"] = specializations_requested();
   py::dict c;
   for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;
   d["flushes_by_cause"] = c;
@@ -1657,6 +1659,10 @@ PYBIND11_MODULE(gpuos_ext, m) {
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });
+  m.def("set_specialize_after", &set_specialize_after, py::arg("uses"),
+        "Tier 2: a fused-chain program run this many times gets straight-line code in a later generation "
+        "(compiled in the background; 0 = never). Default 64, or GPUOS_SPECIALIZE_AFTER.");
+  m.def("specialize_after", &specialize_after);
   m.def("_liveness_probe", [](py::handle o) {  // tests: hold C++ references, then ask which Python dropped
     static std::vector<at::Tensor> held;
     calibrate_liveness();

@@ -90,6 +90,11 @@ struct Registry {
   std::thread thread;
   std::vector<std::shared_ptr<CompileError>> unreported;  // failures for wait_generations()
   std::mutex switch_mu;  // one switch / rollback at a time
+  // Tier 2 of fused chains: program id -> generated straight-line code (fusion.cpp specialize_program). New
+  // entries mark spec_dirty, which starts a generation like an op change; a failed one is never retried.
+  std::map<uint32_t, std::string> fused_specs;
+  std::set<uint32_t> failed_specs;
+  bool spec_dirty = false;
   Registry() {
     auto g = std::make_shared<Gen>();
     g->id = 0;
@@ -204,7 +209,8 @@ void emit_op(Emitter& em, const std::string& ns, const std::string& name, uint32
   em.put("}  // namespace gpuos_user_" + ns + "\n\n");
 }
 
-std::string header_of(const std::vector<OpSpec>& specs, uint32_t gen) {
+std::string header_of(const std::vector<OpSpec>& specs, uint32_t gen,
+                      const std::map<uint32_t, std::string>& fused = {}) {
   Emitter em;
   // No generation number in the text: the same op set gives the same text, so the same cache key in any
   // process (a warm process compiles nothing).
@@ -220,6 +226,14 @@ std::string header_of(const std::vector<OpSpec>& specs, uint32_t gen) {
             ", ::gpuos_user_" + ns + "::UserF_" + ns + ")";
   }
   em.put(list + "\n");
+  // Tier 2: straight-line code of hot fused-chain programs (the functors and numeric helpers are plain C++).
+  std::string flist = "#define GPUOS_FUSED_SPECS(X)";
+  if (!fused.empty()) em.put("#include \"device_src/numeric.h\"\n");
+  for (const auto& kv : fused) {
+    em.put(kv.second);
+    flist += " \\\n  X(" + std::to_string(kv.first) + ", ::gpuos_fused_" + std::to_string(kv.first) + "::F)";
+  }
+  em.put(flist + "\n");
   return em.out;
 }
 
@@ -320,13 +334,16 @@ void compile_loop() {
   Registry& r = R();
   std::unique_lock<std::mutex> lk(r.mu);
   for (;;) {
-    r.cv.wait(lk, [&] { return r.stop || (!r.dirty.empty() && r.hold == 0); });
+    r.cv.wait(lk, [&] { return r.stop || ((!r.dirty.empty() || r.spec_dirty) && r.hold == 0); });
     if (r.stop) break;
     auto g = std::make_shared<Gen>();
     g->id = (uint32_t)r.gens.size();
     const std::vector<OpSpec> specs = registry_specs(r);
-    g->header = header_of(specs, g->id);
+    const std::map<uint32_t, std::string> fused = r.fused_specs;
+    r.spec_dirty = false;
+    g->header = header_of(specs, g->id, fused);
     for (const OpSpec& s : specs) g->ops.push_back(s.name + "[" + std::to_string(s.slot) + "]");
+    for (const auto& kv : fused) g->ops.push_back("fused#" + std::to_string(kv.first));
     g->changes.swap(r.dirty);
     for (uint64_t c : g->changes) r.changes[c].gen = g->id;
     r.gens.push_back(g);
@@ -364,6 +381,11 @@ void compile_loop() {
     } else {
       g->state = Gen::kFailed;
       g->error = err;
+      if (g->changes.empty())  // a generation only for fused-chain code: drop that code, never retry it
+        for (const auto& kv : fused) {
+          r.fused_specs.erase(kv.first);
+          r.failed_specs.insert(kv.first);
+        }
       for (auto it = g->changes.rbegin(); it != g->changes.rend(); ++it) {
         Change& c = r.changes[*it];
         c.state = Change::kFailed;
@@ -407,6 +429,16 @@ uint32_t find_op(const Registry& r, const std::string& name, const char* who) {
 }  // namespace
 
 // ------------------------------------------------------------------ registry API
+void request_fused_spec(uint32_t id, const std::string& code) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (r.stop || r.fused_specs.count(id) || r.failed_specs.count(id)) return;
+  r.fused_specs[id] = code;
+  r.spec_dirty = true;
+  ensure_thread(r);
+  r.cv.notify_all();
+}
+
 uint32_t register_user_op(const std::string& who, const std::string& name, const std::string& source, bool is_expr,
                           int arity, const std::string& aten, bool block) {
   Registry& r = R();
@@ -702,10 +734,13 @@ void hold_generations(bool hold) {
 std::string current_generation_header() {
   Registry& r = R();
   std::lock_guard<std::mutex> lk(r.mu);
-  return header_of(registry_specs(r), (uint32_t)r.gens.size());
+  return header_of(registry_specs(r), (uint32_t)r.gens.size(), r.fused_specs);
 }
 
-std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen) { return header_of(specs, gen); }
+std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen,
+                                  const std::map<uint32_t, std::string>& fused) {
+  return header_of(specs, gen, fused);
+}
 
 void shutdown_generations() {
   Registry& r = R();

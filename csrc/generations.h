@@ -9,6 +9,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,7 +92,8 @@ void shutdown_generations();
 
 // Generated header for explicit op specs (tests: NVRTC checks the generator without touching the registry).
 struct OpSpec { uint32_t id, slot, arity; std::string name, source; bool is_expr; };
-std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen);
+std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen,
+                                  const std::map<uint32_t, std::string>& fused = {});
 constexpr const char* kUserOpsPath = "device_src/user_ops.h";
 
 // ---- used by Runtime ----

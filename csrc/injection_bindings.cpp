@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "fusion.h"
 #include "generations.h"
 #include "jit.h"
 #include "runtime.h"
@@ -156,7 +157,7 @@ void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>(
         "The generated device_src/user_ops.h of the current registry.");
   m.def(
       "_generation_header_for",
-      [](py::list specs) {
+      [](py::list specs, py::list fused) {
         std::vector<OpSpec> v;
         for (auto item : specs) {
           py::dict d = item.cast<py::dict>();
@@ -169,9 +170,21 @@ void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>(
           s.is_expr = d.contains("expr") ? d["expr"].cast<bool>() : true;
           v.push_back(s);
         }
-        return generation_header_for(v, 1);
+        std::map<uint32_t, std::string> fz;
+        for (auto item : fused) {  // (program id, Program bytes): tier-2 code of fused chains
+          py::tuple t = item.cast<py::tuple>();
+          const std::string blob = t[1].cast<std::string>();
+          if (blob.size() != sizeof(Program)) throw py::value_error("_generation_header_for: bad program size");
+          Program p;
+          std::memcpy((void*)&p, blob.data(), sizeof p);
+          const uint32_t id = t[0].cast<uint32_t>();
+          fz[id] = specialize_program(id, p);
+        }
+        return generation_header_for(v, 1, fz);
       },
-      py::arg("specs"), "user_ops.h for explicit specs [{id, slot, arity, name, source, expr}] (tests).");
+      py::arg("specs"), py::arg("fused") = py::list(),
+      "user_ops.h for explicit specs [{id, slot, arity, name, source, expr}] and fused programs [(id, bytes)] "
+      "(tests).");
   m.def(
       "_jit_compile_generation",
       [](const std::string& arch, const std::string& header) {

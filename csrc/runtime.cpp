@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "device_src/numeric.h"
+#include "fusion.h"
 #include "jit.h"
 
 namespace gpuos {
@@ -420,11 +421,10 @@ void Runtime::sync_ctl(const char* what) {
 }
 
 int32_t Runtime::program_id(const Program& p) {
-  std::string key((const char*)&p, sizeof(Program));
-  auto it = prog_ids_.find(key);
-  if (it != prog_ids_.end()) return it->second;
-  if (prog_ids_.size() >= kMaxPrograms) return -1;
-  const int32_t id = (int32_t)prog_ids_.size();
+  const int32_t id = intern_program(p);  // process-wide ids: a generation's tier-2 code names them
+  if (id < 0) return -1;
+  if (prog_uploaded_.size() <= (size_t)id) prog_uploaded_.resize((size_t)id + 1, 0);
+  if (prog_uploaded_[(size_t)id]) return id;
   progs_h_[id] = p;
   // Uploaded once, on a control stream the resident worker does not occupy, and complete before any
   // descriptor naming it can be published (so no stream of the user needs ordering with it).
@@ -432,7 +432,7 @@ int32_t Runtime::program_id(const Program& p) {
   const Driver& d = driver();
   GPUOS_CU(d.cuMemcpyHtoDAsync(progs_d_ + (uint64_t)id * sizeof(Program), &progs_h_[id], sizeof(Program), ctl_));
   sync_ctl("a fused-chain program upload");
-  prog_ids_.emplace(std::move(key), id);
+  prog_uploaded_[(size_t)id] = 1;
   st_.programs++;
   return id;
 }

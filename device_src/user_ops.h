@@ -12,3 +12,8 @@
 
 #define GPUOS_USER_OPS_GENERATED 0
 #define GPUOS_USER_OPS(X)
+// Tier 2 of fused chains: programs the scheduler ran often get straight-line code in a later generation,
+//   namespace gpuos_fused_<prog> { struct F { static constexpr u32 kInputs = n; eval(const float* x) } }
+//   #define GPUOS_FUSED_SPECS(X) X(prog, ::gpuos_fused_<prog>::F) ...
+// exec_fused() in worker.cu runs a listed program through it and every other one through the interpreter.
+#define GPUOS_FUSED_SPECS(X)

@@ -240,6 +240,32 @@ __device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const
   }
 }
 
+// Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS).
+template <class F>
+__device__ __noinline__ void fused_spec_op(const SubOp& d, const FusedArgs& fa, u32 lane) {
+  for (u32 i = lane; i < d.n; i += 32) {
+    const i64 e = (i64)d.base + i;
+    float x[F::kInputs];
+#pragma unroll
+    for (u32 k = 0; k < F::kInputs; ++k)
+      x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
+    store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), F::eval(x));
+  }
+}
+
+__device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs& fa, u32 prog, u32 lane) {
+  switch (prog) {
+#define GPUOS_FUSED_CASE(id, F) \
+  case id:                      \
+    fused_spec_op<F>(d, fa, lane); \
+    return true;
+    GPUOS_FUSED_SPECS(GPUOS_FUSED_CASE)
+#undef GPUOS_FUSED_CASE
+    default: break;
+  }
+  return false;
+}
+
 // A fused sub-op's FusedArgs (pinned arena) and Program (device table) go into the warp's shared slots:
 // FusedArgs in slots 0-1, the Program from slot 2 on (slots 2-4). Tags in cached[] keep a later strided
 // sub-op of the same claim from mistaking those bytes for its TensorRefs.
@@ -252,6 +278,11 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
     cached[0] = d.out;
   }
   cached[1] = kProgTag;  // slot 1 holds the second half of the FusedArgs
+  __syncwarp();
+  if (exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {
+    __syncwarp();
+    return;
+  }
   Program* sp = (Program*)&refs[2];
   if (cached[2] != (kProgTag | prog)) {
     const u32* src = (const u32*)(progs + prog);

@@ -165,3 +165,20 @@ def test_liveness_rule_sees_dropped_tensors():
     ext._liveness_probe(keep[0])
     assert ext._liveness_probe(None) == [True, False, True, False, False]
     del y, w, keep
+
+
+def test_tier2_specialized_program_compiles_into_a_generation(requires_nvrtc):
+    """Tier 2: a fused program's straight-line code (csrc/fusion.cpp specialize_program; constants, scalars and
+    fp16 rounding included) goes into a generation's user_ops.h, and the worker compiles with it for sm_90."""
+    import struct
+
+    import gpuos_ext as ext
+
+    ids = {row["name"]: row["id"] for row in ext.op_table()}
+    nodes = [(ids["add"], [0, 1], 0.5, 0.0, 1), (0xFF, [], 2.5, 0.0), (ids["mul"], [2, 3], 0.0, 0.0),
+             (ids["clamp"], [4], -1.0, 1.0), (ids["sigmoid"], [5], 0.0, 0.0)]
+    prog = ext._build_program(2, nodes, 6)
+    hdr = ext._generation_header_for([], [(7, prog)])
+    assert "X(7, ::gpuos_fused_7::F)" in hdr and "ClampF::apply" in hdr and "f32_to_f16" in hdr
+    cubin = ext._jit_compile_generation("sm_90", hdr)
+    assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == 190  # EM_CUDA

@@ -7,6 +7,7 @@ of 2-12 ops over random shapes, dtypes and broadcasts must equal eager; intermed
 """
 
 import random
+import time
 import zlib
 
 import pytest
@@ -265,3 +266,44 @@ def test_eager_ops_flush_only_when_they_touch_deferred_memory(rt):
 
 def _delta_cause(before, after, cause):
     return after["flushes_by_cause"].get(cause, 0) - before["flushes_by_cause"].get(cause, 0)
+
+
+def test_hot_chain_gets_specialized_code_in_a_later_generation(rt):
+    """Tier 2: after `specialize_after` runs, a program gets straight-line NVRTC code in a new generation,
+    compiled in the background (recording never waits); once the worker idles out, the next flush hands over
+    to that generation and the chain keeps matching eager through the specialized path."""
+    a = torch.randn(3000, device=DEV)
+    b = torch.randn(3000, device=DEV, dtype=torch.float16)
+
+    def f(a, b):
+        t = a * b                # fp32 (promoted)
+        t = torch.tanh(t) * 0.375
+        return torch.clamp(t + b, -0.9, 0.8)
+
+    exp = f(a, b)
+    gpuos_ext.set_specialize_after(3)
+    try:
+        req0 = _stats()["specializations_requested"]
+        for _ in range(4):
+            t0 = time.perf_counter()
+            with gpuos.scheduler_context(auto_flush_ms=0):
+                got = f(a, b)
+            assert time.perf_counter() - t0 < 5.0, "recording waited for NVRTC"
+            assert_close(got, exp, rtol=1e-5, atol=1e-5)
+        assert _stats()["specializations_requested"] == req0 + 1
+    finally:
+        gpuos_ext.set_specialize_after(64)
+    newest = gpuos_ext.wait_generations()
+    info = gpuos.generation_info()
+    spec_gens = [g["id"] for g in info["generations"] if g["state"] == "ready" and any(
+        op.startswith("fused#") for op in g["ops"])]
+    assert spec_gens and newest >= spec_gens[-1], info
+    gpuos_ext.yield_worker()
+    torch.cuda.synchronize()     # the worker has exited: the next flush takes over the newest generation
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        got = f(a, b)
+    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec_gens[-1]
+    assert_close(got, exp, rtol=1e-5, atol=1e-5)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        got2 = f(a, b)
+    assert_close(got2, exp, rtol=1e-5, atol=1e-5)
