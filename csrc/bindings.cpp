@@ -12,6 +12,7 @@
 #include "device_src/functors.h"
 #include "device_src/interp.h"
 #include "fusion.h"
+#include "generations.h"
 #include "jit.h"
 #include "runtime.h"
 
@@ -939,7 +940,9 @@ void lower_deferred(int dev, Runtime& rt) {
         const int i = prod_of[j][k];
         if (i < 0) continue;
         const DeferredOp& p = ops[i];
+        // Switched built-ins run their slot-1 code, which the interpreter does not have: never fused.
         bool ok = !p.reduce && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
+                  !op_switched(p.op) && !op_switched(o.op) &&
                   o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
                   p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
         // Nothing between the subtree's first op and j may write memory the subtree reads (it is evaluated
@@ -1195,7 +1198,16 @@ py::list sched_flush(const std::string& cause) {
     Runtime* rt = g_rt[dev];
     if (!rt) continue;
     RtLock lk(*rt);
-    if (g_def[dev].ops.empty()) continue;
+    if (g_def[dev].ops.empty()) {
+      if (!rt->has_pending()) continue;
+      // Ops the scheduler recorded directly (registered ops mapped to aten): publish on the current stream.
+      const CUstream s = current_stream(dev);
+      streams.append((uintptr_t)s);
+      rt->flush(s);
+      g_sched.flushes++;
+      g_sched.by_cause[cause]++;
+      continue;
+    }
     streams.append((uintptr_t)g_def[dev].stream);
     sched_publish(dev, *rt, cause.c_str());
   }
@@ -1237,7 +1249,15 @@ py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& 
     if (!rt) continue;
     RtLock lk(*rt);
     Deferred& D = g_def[dev];
-    if (D.ops.empty()) continue;
+    if (D.ops.empty() && !rt->has_pending()) continue;
+    if (D.ops.empty()) {  // only directly recorded work: publish it on the current stream (conservative)
+      const CUstream s = current_stream(dev);
+      streams.append((uintptr_t)s);
+      rt->flush(s);
+      g_sched.flushes++;
+      g_sched.by_cause[cause]++;
+      continue;
+    }
     bool touch = rt->has_pending();
     for (auto& u : used) touch |= u.first == dev && (u.second == nullptr || D.storages.count(u.second));
     if (!touch) {

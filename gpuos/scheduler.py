@@ -99,6 +99,8 @@ class GpuosScheduler(TorchDispatchMode):
         with self._lock:
             if self._depth == 0 and torch.cuda.is_available():
                 _ext.init(capacity=self.capacity, threads_per_block=self.threads_per_block)
+            if self._depth == 0:
+                _refresh_user_handlers()
             self._depth += 1
             if self._depth == 1:
                 if self.auto_flush_ms > 0 and torch.cuda.is_available():
@@ -329,7 +331,66 @@ def _build_handlers() -> dict:
     return h
 
 
-_HANDLERS = _build_handlers()
+_BUILTIN_HANDLERS = _build_handlers()
+_HANDLERS = dict(_BUILTIN_HANDLERS)
+_USER_KEYS: set = set()
+
+
+def _resolve_aten(name: str):
+    """'aten::foo' / 'aten::foo.overload' -> the OpOverload (None if torch has no such op)."""
+    if not name.startswith("aten::"):
+        return None
+    base, _, overload = name[len("aten::"):].partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        return None
+    return getattr(packet, overload or "default", None)
+
+
+def _user_handler(op_id: int, arity: int):
+    """Handler for a registered op mapped to an aten op (issue #5): recorded directly by gpuos.submit."""
+    def handler(thr, args, kwargs):
+        inputs = list(args[:arity])
+        if len(inputs) != arity or kwargs:
+            return 6
+        tens = [x for x in inputs if isinstance(x, torch.Tensor)]
+        if not tens or not all(_number(x) or isinstance(x, torch.Tensor) for x in inputs):
+            return 6
+        for t in tens:
+            if not t.is_cuda:
+                return 1
+            if t.dtype not in _FLOAT_DTYPES:
+                return 3
+            if t.numel() > thr:
+                return 4
+            if t.requires_grad and torch.is_grad_enabled():
+                return 5
+        dtype = tens[0].dtype
+        for x in inputs[1:]:
+            dtype = torch.result_type(torch.empty((), dtype=dtype), x) if not isinstance(x, torch.Tensor) else \
+                torch.promote_types(dtype, x.dtype)
+        out = torch.empty(torch.broadcast_shapes(*(t.shape for t in tens)), dtype=dtype, device=tens[0].device)
+        _ext.submit(op_id, inputs, out)
+        return out
+    return handler
+
+
+def _refresh_user_handlers() -> None:
+    """Map registered ops with an `aten=` name onto the dispatch table (called when a context is entered)."""
+    for key in _USER_KEYS:
+        if key in _BUILTIN_HANDLERS:
+            _HANDLERS[key] = _BUILTIN_HANDLERS[key]
+        else:
+            _HANDLERS.pop(key, None)
+    _USER_KEYS.clear()
+    for row in _ext.user_ops():
+        if row.get("builtin") or not row.get("aten") or row.get("state") == "failed":
+            continue
+        ov = _resolve_aten(row["aten"])
+        if ov is None:
+            continue  # an aten name torch does not have: nothing to intercept
+        _HANDLERS[ov] = _user_handler(row["id"], row["arity"])
+        _USER_KEYS.add(ov)
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,

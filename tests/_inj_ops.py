@@ -20,4 +20,6 @@ def register_all(gpuos, wait=True):
         gpuos.install("inj_sw", "a - b", slot=1)
         ids["inj_ow"] = gpuos.register_elementwise("inj_ow", "a + b")
         gpuos.install("mul", MUL_SLOT1_SRC, slot=1)
+        ids["inj_hypot"] = gpuos.register_elementwise("inj_hypot", "sqrtf(a * a + b * b)", arity=2,
+                                                       aten="aten::hypot")
     return ids

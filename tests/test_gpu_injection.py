@@ -329,3 +329,33 @@ def test_warm_process_installs_with_zero_compiles(inj):
     p = run_python(code, env_extra=env, timeout=280)
     assert p.returncode == 0, describe(p)
     assert "COMPILES 0" in p.stdout, describe(p)
+
+
+def test_scheduler_intercepts_registered_op_mapped_to_aten(inj):
+    """register_elementwise(..., aten="aten::hypot"): torch.hypot under scheduler_context runs the injected op."""
+    x = torch.randn(4, 300, device="cuda")
+    y = torch.randn(300, device="cuda")
+    before = gpuos.stats()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        h = torch.hypot(x, y) * 2.0
+    after = gpuos.stats()
+    torch.testing.assert_close(h, torch.hypot(x, y) * 2.0, rtol=1e-5, atol=1e-5)
+    assert after["submitted"] - before["submitted"] >= 2
+    assert after["fallbacks"].get("unsupported_op", 0) == before["fallbacks"].get("unsupported_op", 0)
+
+
+def test_switched_builtin_is_not_fused_by_the_scheduler(inj):
+    """The fused-chain interpreter runs ops.def functors; a built-in switched to slot 1 must run its slot-1
+    code, so the scheduler keeps it out of fused chains."""
+    x = torch.randn(2048, device="cuda")
+    y = torch.randn(2048, device="cuda")
+    gpuos.switch("mul", 1)  # slot 1: a * b + 1
+    try:
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            out = torch.relu(x * y) + 0.5
+        torch.testing.assert_close(out, torch.relu(x * y + 1.0) + 0.5, rtol=1e-6, atol=1e-6)
+    finally:
+        gpuos.switch("mul", 0)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        out = torch.relu(x * y) + 0.5
+    torch.testing.assert_close(out, torch.relu(x * y) + 0.5, rtol=1e-6, atol=1e-6)
