@@ -56,6 +56,7 @@ class _Stats:
             "fused_groups": c["fused_groups"],
             "fused_ops": c["fused_ops"],
             "independent_eager": c["independent_eager"],
+            "specializations_requested": c["specializations_requested"],
         }
 
 
