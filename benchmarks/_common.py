@@ -361,6 +361,20 @@ def sanitize(o: Any) -> Any:
     return o
 
 
+def merge_results(name: str, meta: dict, rows: list) -> Path:
+    """Write ``rows`` into benchmarks/results/<name>.json, replacing rows of the same config and keeping the
+    others (several scripts share one file, e.g. injection.json)."""
+    path = RESULTS_DIR / f"{name}.json"
+    old = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text()).get("rows", [])
+        except (OSError, ValueError):
+            old = []
+    mine = {r["config"] for r in rows}
+    return write_results(name, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
+
+
 def write_results(name: str, meta: dict, rows: list, path: Optional[Path] = None, **extra: Any) -> Path:
     """Write ``{**meta, "rows": rows, **extra}`` to benchmarks/results/<name>.json (atomic rename).
 

@@ -23,7 +23,6 @@ w2_*_host_us_per_op, first_use_us, seen_use_us. Without a CUDA GPU: a message, e
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,19 +33,13 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks import _common as C
+    from benchmarks.bench_scheduler import w2_step
 else:
     from . import _common as C
+    from .bench_scheduler import w2_step
 
 NAME = "injection"
 N = 2048
-
-
-def w2_step(a, b, c, d):
-    x = a + b
-    y = x * c
-    z = torch.relu(y)
-    w = torch.sigmoid(z)
-    return w / d
 
 
 def gpu_ms_of(fn) -> float:
@@ -135,18 +128,6 @@ def first_use(gpuos, ext, reps):
     return statistics.median(new[1:]), statistics.median(seen[1:])
 
 
-def merge_rows(path: Path, meta: dict, rows: list) -> None:
-    """Replace rows of the same config in the shared result file, keep the others."""
-    old = []
-    if path.exists():
-        try:
-            old = json.loads(path.read_text()).get("rows", [])
-        except (OSError, ValueError):
-            old = []
-    mine = {r["config"] for r in rows}
-    C.write_results(NAME, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=1000)
@@ -206,8 +187,7 @@ def main(argv=None) -> int:
         C.value_row("first_use", "seen_use_us", seen_us, "us", size=N, correct=True),
     ]
     meta = C.env_metadata(NAME)
-    path = C.RESULTS_DIR / f"{NAME}.json"
-    merge_rows(path, meta, rows)
+    path = C.merge_results(NAME, meta, rows)
     print(f"{'figure':36s} {'value':>10s}  unit")
     for r in rows:
         print(f"{r['config']:36s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")

@@ -20,7 +20,6 @@ writes its rows there too). Without a CUDA GPU: a message, exit 0.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,18 +35,6 @@ else:
 
 NAME = "injection"
 OP = "bench_inj_sw"
-
-
-def merge_rows(path: Path, meta: dict, rows: list) -> None:
-    """Replace rows of the same config in the shared result file, keep the others."""
-    old = []
-    if path.exists():
-        try:
-            old = json.loads(path.read_text()).get("rows", [])
-        except (OSError, ValueError):
-            old = []
-    mine = {r["config"] for r in rows}
-    C.write_results(NAME, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
 
 
 def main(argv=None) -> int:
@@ -120,8 +107,7 @@ def main(argv=None) -> int:
                     note="register + install of one op (one generation) incl. NVRTC; ~0 from a warm cache"),
     ]
     meta = C.env_metadata(NAME)
-    path = C.RESULTS_DIR / f"{NAME}.json"
-    merge_rows(path, meta, rows)
+    path = C.merge_results(NAME, meta, rows)
     print(f"{'figure':28s} {'value':>10s}  unit")
     for r in rows:
         print(f"{r['config']:28s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")

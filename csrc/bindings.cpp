@@ -755,8 +755,8 @@ void calibrate_liveness() {
 bool dead_to_python(const at::Tensor& t, long ours) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   PyObject* po = impl->pyobj_slot()->load_pyobj();
-  if (!po) return t.use_count() == ours;
-  return Py_REFCNT(po) == 1 && t.use_count() == ours + g_pyobj_holds_impl;
+  if (!po) return (long)t.use_count() == ours;
+  return Py_REFCNT(po) == 1 && (long)t.use_count() == ours + g_pyobj_holds_impl;
 }
 const void* storage_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl(); }
 
@@ -1005,6 +1005,25 @@ void sched_publish(int dev, Runtime& rt, const char* cause) {
   g_sched.by_cause[cause]++;
 }
 
+// A new deferred op on `dev`, recorded under stream `s` (mu held): work deferred under another stream is
+// published first (batches are per stream). The caller fills it in, then calls deferred().
+DeferredOp& defer(int dev, Runtime& rt, CUstream s) {
+  Deferred& D = g_def[dev];
+  if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
+  if (D.ops.empty()) {
+    D.stream = s;
+    D.oldest = std::chrono::steady_clock::now();
+  }
+  D.ops.emplace_back();
+  return D.ops.back();
+}
+
+// Count the op; publish when the deferred ops could fill the ring (ops up to size_threshold use up to 8 tiles).
+void deferred(int dev, Runtime& rt) {
+  g_sched.intercepted++;
+  if (g_def[dev].ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+}
+
 PyObject* reason(int r) { return PyLong_FromLong(r); }
 
 // sched_ew(op, mode, inputs: tuple, out: Tensor | None, s0, s1, size_threshold) -> Tensor | int (reason)
@@ -1095,13 +1114,7 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     {
       RtLock lk(rt);
       Deferred& D = g_def[dev];
-      if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
-      if (D.ops.empty()) {
-        D.stream = s;
-        D.oldest = std::chrono::steady_clock::now();
-      }
-      D.ops.emplace_back();
-      DeferredOp& d = D.ops.back();
+      DeferredOp& d = defer(dev, rt, s);
       d.op = op;
       d.nin = nin;
       d.fresh = mode == kModeFunctional;
@@ -1116,8 +1129,7 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         }
         d.cv[k] = cv[k];
       }
-      g_sched.intercepted++;
-      if (D.ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+      deferred(dev, rt);
     }
     if (ret) {
       Py_INCREF(ret);
@@ -1161,17 +1173,11 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     const int dev = x.get_device();
     Runtime& rt = runtime_for(dev);
-    CUstream s = current_stream(dev);
+    CUstream s = current_stream(dev);  // a Python call: before taking mu
     {
       RtLock lk(rt);
       Deferred& D = g_def[dev];
-      if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
-      if (D.ops.empty()) {
-        D.stream = s;
-        D.oldest = std::chrono::steady_clock::now();
-      }
-      D.ops.emplace_back();
-      DeferredOp& d = D.ops.back();
+      DeferredOp& d = defer(dev, rt, s);
       d.op = op;
       d.nin = 1;
       d.reduce = true;
@@ -1181,8 +1187,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       d.in[0] = x;
       D.storages.insert(storage_of(out));
       D.storages.insert(storage_of(x));
-      g_sched.intercepted++;
-      if (D.ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+      deferred(dev, rt);
     }
     return THPVariable_Wrap(std::move(out));
   } catch (...) {

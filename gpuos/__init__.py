@@ -52,6 +52,7 @@ if os.environ.get("GPUOS_LOG"):
 __version__ = "0.1.0"
 
 from .scheduler import GpuosScheduler, intercepted_ops, scheduler_context, scheduler_stats  # noqa: E402
+from . import injection as _injection  # noqa: E402
 from .injection import (  # noqa: E402
     batch_install,
     generation_info,
@@ -78,17 +79,8 @@ def supported_ops() -> list[str]:
     return [row["name"] for row in op_table()]
 
 
-__all__ = [
+__all__ = _injection.__all__ + [
     "GpuosScheduler",
-    "batch_install",
-    "generation_info",
-    "install",
-    "register_elementwise",
-    "register_op",
-    "rollback",
-    "switch",
-    "user_ops",
-    "wait_generations",
     "intercepted_ops",
     "scheduler_context",
     "scheduler_stats",
