@@ -262,11 +262,11 @@ void recompute_need(Registry& r, uint32_t op) {
 }
 
 std::string validation_arch(const Registry& r) {
-  for (const auto& a : r.archs) {  // "sm_90" / "compute_90" -> "compute_90": PTX, no ptxas
+  for (const auto& a : r.archs) {  // a device's "sm_NN" / "compute_NN" -> "compute_NN": PTX, no ptxas
     const size_t u = a.find('_');
     if (u != std::string::npos) return "compute_" + a.substr(u + 1);
   }
-  return "compute_90";
+  return jit_newest_virtual_arch();  // no GPU known yet
 }
 
 // Quick NVRTC check of one op's code (the op's block + a tiny kernel calling it): a bad source fails in about

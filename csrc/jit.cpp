@@ -250,12 +250,19 @@ std::string jit_compile_sources(const std::string& arch, const SourceOverrides& 
 
 std::string jit_worker_image(int cc_major, int cc_minor) { return jit_compile_arch(jit_arch_for(cc_major, cc_minor)); }
 
-std::string jit_arch_for(int cc_major, int cc_minor) {
+// The real archs this NVRTC can compile for (52, 60, ..., 90, ...).
+static std::vector<int> nvrtc_archs() {
   const Nvrtc& nv = nvrtc();
   int n = 0;
   nv.nvrtcGetNumSupportedArchs(&n);
   std::vector<int> archs(std::max(n, 0));
   if (n > 0) nv.nvrtcGetSupportedArchs(archs.data());
+  return archs;
+}
+
+std::string jit_arch_for(int cc_major, int cc_minor) {
+  const Nvrtc& nv = nvrtc();
+  const std::vector<int> archs = nvrtc_archs();
   const int want = cc_major * 10 + cc_minor;
   if (std::find(archs.begin(), archs.end(), want) != archs.end()) return "sm_" + std::to_string(want);
   // Newer than this NVRTC knows: PTX for the newest arch it supports; the driver JIT-compiles it.
@@ -266,6 +273,12 @@ std::string jit_arch_for(int cc_major, int cc_minor) {
     throw CudaError("NVRTC at " + nv.path + " supports no arch <= sm_" + std::to_string(want) +
                     "; install an NVRTC that matches this GPU (pip install nvidia-cuda-nvrtc)");
   return "compute_" + std::to_string(best);
+}
+
+std::string jit_newest_virtual_arch() {
+  const std::vector<int> archs = nvrtc_archs();
+  if (archs.empty()) throw CudaError("NVRTC at " + nvrtc().path + " reports no supported GPU architecture");
+  return "compute_" + std::to_string(*std::max_element(archs.begin(), archs.end()));
 }
 
 JitStats jit_stats() {

@@ -33,6 +33,9 @@ using SourceOverrides = std::map<std::string, std::string>;
 std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides,
                                 const std::string& main = "device_src/worker.cu");
 
+// "compute_<newest arch this NVRTC knows>": PTX-only checks of device code when no GPU names an arch.
+std::string jit_newest_virtual_arch();
+
 JitStats jit_stats();
 std::string jit_cache_dir();  // "" when disabled
 
