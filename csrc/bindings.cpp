@@ -805,12 +805,6 @@ bool fused_rule(const at::Tensor& t, at::IntArrayRef shape, FusedOperand& r) {
   return true;
 }
 
-struct Lowering {
-  std::vector<int> child[3];  // per op, per input: index of the fused producer, or -1
-};
-
-void keep_tensor(int dev, const at::Tensor& t);
-
 // Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
 // (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
 bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
@@ -818,8 +812,6 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   std::vector<ExprNode> nodes;
   std::vector<const at::Tensor*> leaves;
   std::function<uint32_t(int)> visit;  // returns the value index (inputs numbered later: fix-up below)
-  struct Ref { bool leaf; uint32_t idx; };
-  std::vector<Ref> refs_of_node;  // unused
   // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index.
   visit = [&](int i) -> uint32_t {
     const DeferredOp& o = ops[i];
@@ -953,7 +945,7 @@ void lower_deferred(int dev, Runtime& rt) {
           for (const void* st : leaf_st[i]) ok &= st != w;
         }
         if (!ok) {
-          if (i >= 0) leaf_st[j].push_back(storage_of(o.in[k]));
+          leaf_st[j].push_back(storage_of(o.in[k]));
           continue;
         }
         child[j][k] = i;
