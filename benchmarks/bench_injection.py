@@ -11,6 +11,9 @@ handover_drain_us / handover_load_us / handover_launch_us; handover_idle_us is t
 resident (load + launch only). Each rep is checked: the batch's outputs are right.
 switch_us: host time of gpuos.switch(name, slot) / rollback (an alias-table version written by stream memory
 operations on the control stream and waited for), median of --reps, with a worker resident.
+first_flush_new_generation_us: submit + flush(sync) of the first sub-op that needs the newly compiled
+generation, which the compile thread already took over while no worker was resident (idle_adoptions): the
+handover the user sees when work pauses; compare steady_flush_us.
 generation_compile_s: wall time of the one registration this benchmark makes (a new generation: the worker
 and every op through NVRTC; milliseconds when GPUOS_CACHE_DIR already holds it).
 
@@ -49,12 +52,28 @@ def main(argv=None) -> int:
     import gpuos_ext as ext
 
     gpuos.init(capacity=max(4096, 2 * args.subops))
+    x1 = torch.randn(256, device="cuda")
+    o1 = torch.empty_like(x1)
+
+    def one_flush_us(op):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        gpuos.submit(op, [x1, x1], o1)
+        gpuos.flush(sync=True)
+        return (time.perf_counter() - t) * 1e6
+
+    one_flush_us("add")
+    adopt0 = ext.stats()["idle_adoptions"]
     t0 = time.perf_counter()
-    if OP not in {o["name"] for o in gpuos.user_ops()}:
+    new_generation = OP not in {o["name"] for o in gpuos.user_ops()}
+    if new_generation:
         with gpuos.batch_install():  # one generation for both slots
             gpuos.register_elementwise(OP, "a + b")
             gpuos.install(OP, "a - b", slot=1)
     compile_s = time.perf_counter() - t0
+    adopted = ext.stats()["idle_adoptions"] - adopt0
+    first_flush = one_flush_us(OP)  # the first sub-op that needs the new generation
+    steady_flush = statistics.median(one_flush_us(OP) for _ in range(max(5, args.reps // 5)))
 
     n = args.subops
     a = torch.randn(n, 256, device="cuda")
@@ -103,6 +122,11 @@ def main(argv=None) -> int:
         C.value_row("handover", "handover_launch_us", med([h["launch_us"] for h in busy]), "us", reps=args.reps),
         C.value_row("handover", "handover_idle_us", med([h["total_us"] for h in idle]), "us", reps=args.reps),
         C.value_row("switch", "switch_us", med(switch), "us", reps=len(switch), min=min(switch), max=max(switch)),
+        C.value_row("handover", "first_flush_new_generation_us", first_flush, "us", new_generation=new_generation,
+                    idle_adoptions=adopted, steady_flush_us=round(steady_flush, 2),
+                    note="submit + flush(sync) of the first sub-op that needs a generation that became ready while "
+                         "the worker was idle (the compile thread loaded it: idle_adoptions); steady_flush_us: "
+                         "the same flush later"),
         C.value_row("generation", "generation_compile_s", compile_s, "s",
                     note="register + install of one op (one generation) incl. NVRTC; ~0 from a warm cache"),
     ]

@@ -41,6 +41,7 @@ PyObject* g_CompileError = nullptr;
 
 Config g_cfg;                            // config for runtimes created from now on
 Runtime* g_rt[kMaxDevices] = {nullptr};  // leaked at exit on purpose: atexit shutdown() releases them
+std::mutex g_rt_life;  // g_rt slots change (create / delete) under it: the compile thread's ready hook reads them
 std::vector<PyObject*> g_keep[kMaxDevices];  // strong refs (GIL held) until the pending work is published
 PyObject* g_raw_stream_fn = nullptr;          // torch._C._cuda_getCurrentRawStream
 
@@ -169,6 +170,7 @@ Runtime& runtime_for(int dev) {
   if (!g_rt[dev]) {
     auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
     rt->set_publish_hook([dev] { move_keep_to_release(dev); });
+    std::lock_guard<std::mutex> life(g_rt_life);
     g_rt[dev] = rt;
   }
   return *g_rt[dev];
@@ -1474,7 +1476,10 @@ void shutdown() {
       rt->shutdown(s);
     }
     release_keep(dev);
-    g_rt[dev] = nullptr;
+    {
+      std::lock_guard<std::mutex> life(g_rt_life);
+      g_rt[dev] = nullptr;
+    }
     delete rt;
   }
 }
@@ -1485,7 +1490,7 @@ py::dict stats() {
     if (!g_rt[dev]) continue;
     RuntimeStats r = g_rt[dev]->stats();
     s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
-    s.worker_launches += r.worker_launches; s.handovers += r.handovers;
+    s.worker_launches += r.worker_launches; s.handovers += r.handovers; s.idle_adoptions += r.idle_adoptions;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
     s.dma_batches += r.dma_batches;
     s.fused_subops += r.fused_subops;
@@ -1499,6 +1504,7 @@ py::dict stats() {
   d["flushes"] = s.flushes;
   d["worker_launches"] = s.worker_launches;
   d["handovers"] = s.handovers;
+  d["idle_adoptions"] = s.idle_adoptions;
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;
@@ -1577,6 +1583,11 @@ PYBIND11_MODULE(gpuos_ext, m) {
     }
   });
   PyModule_AddFunctions(m.ptr(), kFastMethods);
+  set_generation_ready_hook([](uint32_t) {
+    std::lock_guard<std::mutex> life(g_rt_life);
+    for (Runtime* r : g_rt)
+      if (r) r->adopt_generation_if_idle();
+  });
   add_injection_bindings(
       m,
       [] {

@@ -23,6 +23,7 @@ namespace gpuos {
 
 std::atomic<uint32_t> g_op_need_gen[256];
 std::atomic<uint32_t> g_latest_ready_gen{0};
+std::function<void(uint32_t)> g_ready_hook;  // set at import, before the compile thread exists
 std::atomic<uint8_t> g_op_active_slot[256];
 
 namespace {
@@ -366,11 +367,15 @@ void compile_loop() {
                                            "", "", "", "");
     }
     lk.lock();
-    r.compiling = false;
     if (!err) {
       g->images = std::move(images);
       g->state = Gen::kReady;
       g_latest_ready_gen.store(g->id);  // before any op needs it (Runtime::ensure_generation reads it)
+      if (g_ready_hook) {  // idle runtimes load the new module now, before anyone waiting sees the change done
+        lk.unlock();
+        g_ready_hook(g->id);
+        lk.lock();
+      }
       for (uint64_t id : g->changes) {
         Change& c = r.changes[id];
         c.state = Change::kDone;
@@ -394,6 +399,7 @@ void compile_loop() {
       }
       r.unreported.push_back(err);
     }
+    r.compiling = false;
     r.cv.notify_all();
   }
 }
@@ -427,6 +433,8 @@ uint32_t find_op(const Registry& r, const std::string& name, const char* who) {
 }
 
 }  // namespace
+
+void set_generation_ready_hook(std::function<void(uint32_t)> hook) { g_ready_hook = std::move(hook); }
 
 // ------------------------------------------------------------------ registry API
 void request_fused_spec(uint32_t id, const std::string& code) {
@@ -910,6 +918,21 @@ void Runtime::maybe_adopt_generation() {
     // Recorded (note_generation_load_error); the old generation keeps running. A flush that needs the
     // generation retries the load and raises.
   }
+}
+
+bool Runtime::adopt_generation_if_idle() {
+  std::unique_lock<std::mutex> lk(mu, std::try_to_lock);
+  if (!lk.owns_lock() || !alive_) return false;  // busy: the next flush adopts it (maybe_adopt_generation)
+  const uint64_t before = st_.handovers;
+  try {
+    make_current();
+    maybe_adopt_generation();
+  } catch (const std::exception&) {
+    return false;  // no context on this thread: the flush path adopts it
+  }
+  if (st_.handovers == before) return false;
+  st_.idle_adoptions++;
+  return true;
 }
 
 Runtime::HandoverTimes Runtime::force_handover() {

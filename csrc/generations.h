@@ -9,6 +9,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,6 +96,10 @@ struct OpSpec { uint32_t id, slot, arity; std::string name, source; bool is_expr
 std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen,
                                   const std::map<uint32_t, std::string>& fused = {});
 constexpr const char* kUserOpsPath = "device_src/user_ops.h";
+
+// Called on the compile thread, with no lock held, each time a generation has compiled and become the newest
+// ready one (the bindings hand it to every runtime: Runtime::adopt_generation_if_idle). Set once, at import.
+void set_generation_ready_hook(std::function<void(uint32_t gen)> hook);
 
 // ---- used by Runtime ----
 void registry_add_arch(const std::string& arch);

@@ -43,6 +43,7 @@ struct RuntimeStats {
   uint64_t full_queue_flushes = 0, room_waits = 0, levels_split = 0;
   uint64_t dma_batches = 0;
   uint64_t fused_subops = 0, programs = 0;
+  uint64_t idle_adoptions = 0;  // handovers done by the compile thread while no worker was resident
 };
 
 // Per-level access footprint: storage -> bounding byte ranges read and written in the open level.
@@ -122,6 +123,10 @@ class Runtime {
   // Alias table row: table[op] = slot; written into the version not in use, then the version word is flipped
   // on the control stream (waited for). Batches opened later run on it; open ones finish on the old one.
   void set_alias_table(const uint8_t* table);
+  // Called without mu (the compile thread, when a generation became ready): takes mu only if it is free and,
+  // when no worker is resident or queued, loads the newest ready generation now, so that the module load is
+  // off the path of the next flush. Returns whether it did.
+  bool adopt_generation_if_idle();
   // Drain, reload the active generation as a new module, relaunch (benchmarks: handover cost).
   HandoverTimes force_handover();
 

@@ -73,10 +73,27 @@ GPUOS_EW(ClampTensorF, min_nan(max_nan(a, b), c))
 #undef GPUOS_EW
 
 // ---- last-dim reduction rules: identity + combine (fp32 accumulation) ----
-struct SumR { static GPUOS_HD float init() { return 0.0f; } static GPUOS_HD float combine(float x, float y) { return x + y; } };
+// Row rules. Rule: the instantiation the worker runs (ops that share a fold share one copy of the code);
+// kRowOut: the rule can end in softmax / log_softmax's per-element pass.
+struct SumR {
+  using Rule = SumR;
+  static constexpr bool kRowOut = false;
+  static GPUOS_HD float init() { return 0.0f; }
+  static GPUOS_HD float combine(float x, float y) { return x + y; }
+};
 struct MeanR : SumR {};
-struct AmaxR { static GPUOS_HD float init() { return -m_inf(); } static GPUOS_HD float combine(float x, float y) { return max_nan(x, y); } };
-struct AminR { static GPUOS_HD float init() { return m_inf(); } static GPUOS_HD float combine(float x, float y) { return min_nan(x, y); } };
+struct AmaxR {
+  using Rule = AmaxR;
+  static constexpr bool kRowOut = true;
+  static GPUOS_HD float init() { return -m_inf(); }
+  static GPUOS_HD float combine(float x, float y) { return max_nan(x, y); }
+};
+struct AminR {
+  using Rule = AminR;
+  static constexpr bool kRowOut = false;
+  static GPUOS_HD float init() { return m_inf(); }
+  static GPUOS_HD float combine(float x, float y) { return min_nan(x, y); }
+};
 struct SoftmaxR : AmaxR {};
 struct LogSoftmaxR : AmaxR {};
 

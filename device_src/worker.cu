@@ -54,31 +54,36 @@ __device__ __forceinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
   return off + linear * r.strides[0];
 }
 
-template <class T> struct Vec;  // 16-byte vector of storage type T
-template <> struct Vec<float> {
+// 16-byte vectors: 4 fp32 values (VecF32), or 8 fp16 / bf16 values (Vec16, dtype chosen at run time: one copy
+// of each op's vector loop serves both 16-bit types, which keeps the worker module -- and so the module load
+// of a generation handover -- smaller; the conversions are a select, free next to the memory traffic).
+struct VecF32 {
   static constexpr u32 N = 4;
-  static __device__ __forceinline__ void load(const void* p, float* f) {
+  static __device__ __forceinline__ void load(const void* p, float* f, u32) {
     float4 v = *(const float4*)p;
     f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
   }
-  static __device__ __forceinline__ void store(void* p, const float* f) {
+  static __device__ __forceinline__ void store(void* p, const float* f, u32) {
     *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
   }
 };
-template <u32 DT> struct Vec16 {  // fp16 (DT=1) / bf16 (DT=2)
+struct Vec16 {
   static constexpr u32 N = 8;
-  static __device__ __forceinline__ float cvt(u16 h) { return DT == 1 ? f16_to_f32(h) : bf16_to_f32(h); }
-  static __device__ __forceinline__ u16 rnd(float f) { return DT == 1 ? f32_to_f16(f) : f32_to_bf16(f); }
-  static __device__ __forceinline__ void load(const void* p, float* f) {
+  static __device__ __forceinline__ float cvt(u16 h, u32 dt) { return dt == kF16 ? f16_to_f32(h) : bf16_to_f32(h); }
+  static __device__ __forceinline__ u32 rnd(float f, u32 dt) { return dt == kF16 ? f32_to_f16(f) : f32_to_bf16(f); }
+  static __device__ __forceinline__ void load(const void* p, float* f, u32 dt) {
     uint4 v = *(const uint4*)p;
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) { f[2 * i] = cvt((u16)(w[i] & 0xffffu)); f[2 * i + 1] = cvt((u16)(w[i] >> 16)); }
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = cvt((u16)(w[i] & 0xffffu), dt);
+      f[2 * i + 1] = cvt((u16)(w[i] >> 16), dt);
+    }
   }
-  static __device__ __forceinline__ void store(void* p, const float* f) {
+  static __device__ __forceinline__ void store(void* p, const float* f, u32 dt) {
     u32 w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = (u32)rnd(f[2 * i]) | ((u32)rnd(f[2 * i + 1]) << 16);
+    for (int i = 0; i < 4; ++i) w[i] = rnd(f[2 * i], dt) | (rnd(f[2 * i + 1], dt) << 16);
     *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
   }
 };
@@ -93,26 +98,27 @@ __device__ __forceinline__ float operand(const SubOp& d, const TensorRef* refs, 
   return load_f32((const void*)d.in[k], dt, e);
 }
 
-template <class F, u32 A, class V, u32 ES>
+template <class F, u32 A, class V>
 __device__ __forceinline__ void ew_vec(const SubOp& d, u32 lane) {
-  const u64 boff = (u64)d.base * ES;
+  const u32 dt = d.dtype & 0xffu;
+  const u64 boff = (u64)d.base * (16 / V::N);
   const u32 nv = d.n / V::N;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
   for (u32 v = lane; v < nv; v += 32) {
     float x[3][V::N];
 #pragma unroll
-    for (u32 k = 0; k < A; ++k) V::load((const char*)d.in[k] + boff + (u64)v * 16, x[k]);
+    for (u32 k = 0; k < A; ++k) V::load((const char*)d.in[k] + boff + (u64)v * 16, x[k], dt);
 #pragma unroll
     for (u32 i = 0; i < V::N; ++i)
       x[0][i] = F::apply(x[0][i], A > 1 ? x[1][i] : 0.0f, A > 2 ? x[2][i] : 0.0f, s0, s1);
-    V::store((char*)d.out + boff + (u64)v * 16, x[0]);
+    V::store((char*)d.out + boff + (u64)v * 16, x[0], dt);
   }
   for (u32 i = nv * V::N + lane; i < d.n; i += 32) {
     const i64 e = (i64)d.base + i;
     float x[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (u32 k = 0; k < A; ++k) x[k] = load_f32((const void*)d.in[k], d.dtype & 0xffu, e);
-    store_f32((void*)d.out, d.dtype & 0xffu, e, F::apply(x[0], x[1], x[2], s0, s1));
+    for (u32 k = 0; k < A; ++k) x[k] = load_f32((const void*)d.in[k], dt, e);
+    store_f32((void*)d.out, dt, e, F::apply(x[0], x[1], x[2], s0, s1));
   }
 }
 
@@ -121,10 +127,8 @@ __device__ __forceinline__ void ew_vec(const SubOp& d, u32 lane) {
 template <class F, u32 A>
 __device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
   if (d.flags & kFlagVec) {
-    const u32 dt = d.dtype & 0xffu;
-    if (dt == kF32) ew_vec<F, A, Vec<float>, 4>(d, lane);
-    else if (dt == kF16) ew_vec<F, A, Vec16<1>, 2>(d, lane);
-    else ew_vec<F, A, Vec16<2>, 2>(d, lane);
+    if ((d.dtype & 0xffu) == kF32) ew_vec<F, A, VecF32>(d, lane);
+    else ew_vec<F, A, Vec16>(d, lane);
     return;
   }
   const bool strided = (d.flags & kFlagStrided) != 0;
@@ -158,67 +162,117 @@ __device__ __forceinline__ float warp_combine(float v) {
   return v;
 }
 
-// Fold one row into a per-lane partial with R::combine over T(x). Loads are issued several at a time (the
-// latency of one dependent load per element made long rows 30x slower): float4 for contiguous aligned fp32
-// rows, four independent scalar loads otherwise.
-template <class R, class T>
-__device__ __forceinline__ float fold_row(const void* xp, u32 dt, i64 cols, i64 xs, u32 lane, T t) {
+// Fold one row into a per-lane partial with R::combine over T(x). Memory-level parallelism bounds long rows
+// (the worker has few warps: bounded grid, DESIGN F7), so each lane issues U independent loads before it
+// combines any: 16-byte vector loads for contiguous, 16-byte aligned rows (4 fp32 or 8 fp16/bf16 values),
+// predicated scalar loads otherwise. With two loads in flight per lane, 128x1024 fp32 sums ran at ~0.2 TB/s.
+// A row's first pass uses kRowLoads; softmax's second pass re-reads the row from cache and uses fewer.
+constexpr u32 kRowLoads = 8, kRowLoadsCached = 2;
+
+template <class R, u32 U, class V, class T>
+__device__ __forceinline__ float fold_vec(const void* xp, u32 dt, i64 cols, u32 lane, T t) {
+  const char* p = (const char*)xp;
+  const i64 nv = cols / V::N;
   float acc = R::init();
-  if (dt == kF32 && xs == 1 && ((u64)xp & 15) == 0) {
-    const float4* p = (const float4*)xp;
-    const i64 nv = cols / 4;
-    i64 v = lane;
-    for (; v + 32 < nv; v += 64) {
-      const float4 a = p[v], b = p[v + 32];
-      acc = R::combine(acc, R::combine(R::combine(t(a.x), t(a.y)), R::combine(t(a.z), t(a.w))));
-      acc = R::combine(acc, R::combine(R::combine(t(b.x), t(b.y)), R::combine(t(b.z), t(b.w))));
-    }
-    for (; v < nv; v += 32) {
-      const float4 a = p[v];
-      acc = R::combine(acc, R::combine(R::combine(t(a.x), t(a.y)), R::combine(t(a.z), t(a.w))));
-    }
-    for (i64 j = nv * 4 + lane; j < cols; j += 32) acc = R::combine(acc, t(((const float*)xp)[j]));
-    return acc;
+  for (i64 v = lane; v < nv; v += 32 * U) {
+    float f[U][V::N];
+#pragma unroll
+    for (u32 k = 0; k < U; ++k)
+      if (v + 32 * k < nv) V::load(p + (u64)(v + 32 * k) * 16, f[k], dt);
+#pragma unroll
+    for (u32 k = 0; k < U; ++k)
+      if (v + 32 * k < nv) {
+        float part = t(f[k][0]);
+#pragma unroll
+        for (u32 i = 1; i < V::N; ++i) part = R::combine(part, t(f[k][i]));
+        acc = R::combine(acc, part);
+      }
   }
-  i64 j = lane;
-  for (; j + 96 < cols; j += 128) {
-    const float a = load_f32(xp, dt, j * xs), b = load_f32(xp, dt, (j + 32) * xs);
-    const float c = load_f32(xp, dt, (j + 64) * xs), d = load_f32(xp, dt, (j + 96) * xs);
-    acc = R::combine(acc, R::combine(R::combine(t(a), t(b)), R::combine(t(c), t(d))));
-  }
-  for (; j < cols; j += 32) acc = R::combine(acc, t(load_f32(xp, dt, j * xs)));
+  for (i64 j = nv * V::N + lane; j < cols; j += 32) acc = R::combine(acc, t(load_f32(xp, dt, j)));
   return acc;
 }
 
-template <class R, u32 OP>
+template <class R, u32 U, class T>
+__device__ __forceinline__ float fold_row(const void* xp, u32 dt, i64 cols, i64 xs, u32 lane, T t) {
+  if (xs == 1 && ((u64)xp & 15) == 0) {
+    if (dt == kF32) return fold_vec<R, U, VecF32>(xp, dt, cols, lane, t);
+    return fold_vec<R, U, Vec16>(xp, dt, cols, lane, t);
+  }
+  float acc = R::init();
+  for (i64 j = lane; j < cols; j += 32 * U) {
+    float f[U];
+#pragma unroll
+    for (u32 k = 0; k < U; ++k)
+      if (j + 32 * k < cols) f[k] = load_f32(xp, dt, (j + 32 * k) * xs);
+#pragma unroll
+    for (u32 k = 0; k < U; ++k)
+      if (j + 32 * k < cols) acc = R::combine(acc, t(f[k]));
+  }
+  return acc;
+}
+
+// softmax / log_softmax's last pass: out[j] = f(x[j] - mx). Vector loads and stores when both rows are
+// contiguous, 16-byte aligned and of one dtype.
+// (softmax: exp(x - mx) / sum; log_softmax: x - mx - log(sum); `soft` picks, warp-uniform)
+template <class V>
+__device__ __forceinline__ void write_row_vec(const void* xp, void* op, u32 dt, i64 cols, u32 lane, bool soft,
+                                              float mx, float sum, float lse) {
+  const i64 nv = cols / V::N;
+  for (i64 v = lane; v < nv; v += 32) {
+    float f[V::N];
+    V::load((const char*)xp + (u64)v * 16, f, dt);
+#pragma unroll
+    for (u32 i = 0; i < V::N; ++i) f[i] = soft ? m_exp(f[i] - mx) / sum : f[i] - mx - lse;
+    V::store((char*)op + (u64)v * 16, f, dt);
+  }
+}
+
+__device__ __forceinline__ void write_row(const void* xp, u32 dtx, i64 xs, void* op, u32 dto, i64 os, i64 cols,
+                                          u32 lane, bool soft, float mx, float sum) {
+  const float lse = m_log(sum);
+  i64 j0 = 0;
+  if (xs == 1 && os == 1 && dtx == dto && ((u64)xp & 15) == 0 && ((u64)op & 15) == 0) {
+    if (dtx == kF32) write_row_vec<VecF32>(xp, op, dtx, cols, lane, soft, mx, sum, lse), j0 = cols / 4 * 4;
+    else write_row_vec<Vec16>(xp, op, dtx, cols, lane, soft, mx, sum, lse), j0 = cols / 8 * 8;
+  }
+  for (i64 j = j0 + lane; j < cols; j += 32) {
+    const float x = load_f32(xp, dtx, j * xs) - mx;
+    store_f32(op, dto, j * os, soft ? m_exp(x) / sum : x - lse);
+  }
+}
+
+// One instantiation per row rule (device_src/functors.h R::Rule: sum and mean share SumR; amax, softmax and
+// log_softmax share AmaxR), the op id picks the epilogue at run time.
+template <class R>
 __device__ __noinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, u32 lane) {
   const TensorRef& ro = refs[0];
   const TensorRef& rx = refs[1];
   const u32 nd = rx.ndim;
   const i64 cols = rx.sizes[nd - 1], xs = rx.strides[nd - 1];
   const u32 dtx = dt_of(d, 1), dto = d.dtype & 0xffu;
-  constexpr bool kRowOut = OP == kOp_softmax || OP == kOp_log_softmax;
+  const bool row_out = R::kRowOut && (d.op == kOp_softmax || d.op == kOp_log_softmax);
+  const float scale = d.op == kOp_mean ? 1.0f / (float)cols : 1.0f;
   for (u32 r = 0; r < d.n; ++r) {
     const i64 row = (i64)d.base + r;
     const void* xp = (const void*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * (dtx == kF32 ? 4 : 2)));
-    const float acc = warp_combine<R>(fold_row<R>(xp, dtx, cols, xs, lane, [](float v) { return v; }));
-    if (!kRowOut) {
-      if (lane == 0) {
-        const float v = OP == kOp_mean ? acc / (float)cols : acc;
-        store_f32((void*)ro.ptr, dto, row_offset(ro, ro.ndim, row), v);
-      }
+    const float acc = warp_combine<R>(fold_row<R, kRowLoads>(xp, dtx, cols, xs, lane, [](float v) { return v; }));
+    if (!row_out) {
+      if (lane == 0) store_f32((void*)ro.ptr, dto, row_offset(ro, ro.ndim, row), d.op == kOp_mean ? acc * scale : acc);
       continue;
     }
-    const float mx = acc;  // softmax / log_softmax: max, then sum of exp(x - max), then write
-    const float sum =
-        warp_combine<SumR>(fold_row<SumR>(xp, dtx, cols, xs, lane, [mx](float v) { return m_exp(v - mx); }));
-    const i64 obase = row_offset(ro, ro.ndim - 1, row), os = ro.strides[ro.ndim - 1];
-    const float lse = m_log(sum);
-    for (i64 j = lane; j < cols; j += 32) {
-      const float x = load_f32(xp, dtx, j * xs) - mx;
-      store_f32((void*)ro.ptr, dto, obase + j * os, OP == kOp_softmax ? m_exp(x) / sum : x - lse);
+    if constexpr (R::kRowOut) {  // softmax / log_softmax: max, then sum of exp(x - max), then write
+      const float mx = acc;
+      const float sum =
+          warp_combine<SumR>(fold_row<SumR, kRowLoadsCached>(xp, dtx, cols, xs, lane, [mx](float v) { return m_exp(v - mx); }));
+      void* op = (void*)(ro.ptr + (u64)(row_offset(ro, ro.ndim - 1, row) * (dto == kF32 ? 4 : 2)));
+      write_row(xp, dtx, xs, op, dto, ro.strides[ro.ndim - 1], cols, lane, d.op == kOp_softmax, mx, sum);
     }
   }
+}
+
+template <class F>
+__device__ __forceinline__ void reduce_op(const SubOp& d, const TensorRef* refs, u32 lane) {
+  reduce_rows<typename F::Rule>(d, refs, lane);
 }
 
 // ---------------------------------------------------------------- fused chains (interpreter tier)
@@ -318,7 +372,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
-    else reduce_rows<functor, id>(d, refs, lane);                       \
+    else reduce_op<functor>(d, refs, lane);                             \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP

@@ -1,7 +1,8 @@
 """Operator injection on the GPU (issue #5): registered ops run through the worker for every dtype and
 layout; the dual-slot alias switch is atomic per sub-op under continuous load; an op replaced in place under
 load gives old or new results, never a mix, none lost; a broken source keeps the old generation; a warm
-process installs the same ops without compiling; handover (drain + load + relaunch) under load loses nothing.
+process installs the same ops without compiling, and an idle runtime adopts a new generation before any
+flush needs it; handover (drain + load + relaunch) under load loses nothing.
 
 Wall time: every generation is a full worker compile (~25 s on a cold cache). The module registers all its ops
 in one generation (tests/_inj_ops.py); the in-place install and the broken-source test add one compile each.
@@ -306,6 +307,8 @@ import torch, gpuos, gpuos_ext
 import _inj_ops
 gpuos.init()
 _inj_ops.register_all(gpuos)
+info, st = gpuos.generation_info(), gpuos_ext.stats()  # nothing submitted or flushed yet
+print("ADOPTED", st["idle_adoptions"], info["active"][torch.cuda.current_device()] == info["ready"], st["flushes"])
 x = torch.randn(3000, device="cuda"); y = torch.rand(3000, device="cuda") + 0.5; out = torch.empty_like(x)
 gpuos.submit("inj_sw", [x, y], out); gpuos.flush(sync=True)
 assert torch.equal(out, x + y)
@@ -333,6 +336,10 @@ def test_warm_process_installs_with_zero_compiles(inj):
     p = run_python(code, env_extra=env, timeout=280)
     assert p.returncode == 0, describe(p)
     assert "COMPILES 0" in p.stdout, describe(p)
+    # The idle runtime took the new generation over on the compile thread, before any flush needed it: the
+    # module load is not on the path of the first submit (handover at idle, issue #5).
+    for child in (warm, p):
+        assert "ADOPTED 1 True 0" in child.stdout, describe(child)
 
 
 def test_scheduler_intercepts_registered_op_mapped_to_aten(inj):

@@ -1,0 +1,101 @@
+"""Where the scheduler's host time per intercepted op goes (issue #5 goal: <= 4 us/op). Run on a GPU machine.
+
+Each line is the median host us per op over the W2 chain (5 ops per step, 2,048 fp32 elements), same process:
+  floor          a TorchDispatchMode that returns args[0] (PyTorch's cost of entering any Python mode)
+  lookup         the scheduler's __torch_dispatch__ with handlers that return args[0] (its Python layer)
+  sched_ew_only  the 5 sched_ew calls of a step made directly from Python, no mode (the C++ record path)
+  empty_only     5 torch.empty calls per step, no mode (allocation + Python wrapping, for scale)
+  scheduler      the real scheduler (fusion on), records only: the flush at exit is not timed
+  eager          the chain without any mode, synchronized at the end
+"""
+import statistics
+import time
+
+import torch
+
+import gpuos
+import gpuos_ext as ext
+from gpuos import scheduler as S
+from torch.utils._python_dispatch import TorchDispatchMode
+
+N, ITERS, REPS = 2048, 400, 7
+a, b, c, d = (torch.randn(N, device="cuda") for _ in range(4))
+d = d.abs() + 0.5
+
+
+def step(a, b, c, d):
+    x = a + b
+    y = x * c
+    z = torch.relu(y)
+    w = torch.sigmoid(z)
+    return w / d
+
+
+def per_op(fn, enter=None, exit_=None):
+    ts = []
+    for _ in range(REPS + 1):
+        torch.cuda.synchronize()
+        ctx = enter() if enter else None
+        t0 = time.perf_counter()
+        for _ in range(ITERS):
+            fn()
+        t1 = time.perf_counter()
+        if exit_:
+            exit_(ctx)
+        torch.cuda.synchronize()
+        ts.append((t1 - t0) * 1e6 / (ITERS * 5))
+    return statistics.median(ts[1:])
+
+
+class Floor(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return args[0]
+
+
+def main():
+    gpuos.init(capacity=1 << 16)
+    out = {}
+    m = Floor()
+    out["floor"] = per_op(lambda: step(a, b, c, d), lambda: m.__enter__(), lambda _: m.__exit__(None, None, None))
+
+    saved = dict(S._HANDLERS)
+    try:
+        for k in list(S._HANDLERS):
+            S._HANDLERS[k] = lambda thr, args, kwargs: args[0]
+
+        def enter():
+            cm = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0)
+            cm.__enter__()
+            return cm
+        out["lookup"] = per_op(lambda: step(a, b, c, d), enter, lambda cm: cm.__exit__(None, None, None))
+    finally:
+        S._HANDLERS.clear()
+        S._HANDLERS.update(saved)
+
+    row = {r["name"]: r["id"] for r in ext.op_table()}
+    ops = [(row["add"], (a, b), 1.0), (row["mul"], (a, c), 0.0), (row["relu"], (a,), 0.0),
+           (row["sigmoid"], (a,), 0.0), (row["div"], (a, d), 0.0)]
+    sched_ew = ext.sched_ew
+
+    def direct():
+        for op, ins, s0 in ops:
+            sched_ew(op, 0, ins, None, s0, 0.0, 1 << 15)
+    out["sched_ew_only"] = per_op(direct, None, lambda _: ext.sched_flush())
+
+    def empties():
+        for _ in range(5):
+            torch.empty(N, device="cuda")
+    out["empty_only"] = per_op(empties)
+
+    def enter2():
+        cm = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0)
+        cm.__enter__()
+        return cm
+    out["scheduler"] = per_op(lambda: step(a, b, c, d), enter2, lambda cm: cm.__exit__(None, None, None))
+    out["eager"] = per_op(lambda: step(a, b, c, d))
+    for k, v in out.items():
+        print(f"sched_cost {k:14s} {v:6.2f} us/op", flush=True)
+
+
+if __name__ == "__main__":
+    main()
