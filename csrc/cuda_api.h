@@ -26,6 +26,8 @@ constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122;
+constexpr int CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3;
+constexpr int CU_LIMIT_STACK_SIZE = 0;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
 constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
@@ -78,6 +80,9 @@ struct Driver {
   X(cuModuleLoadData, "cuModuleLoadData", CUresult (*)(CUmodule*, const void*))                         \
   X(cuModuleUnload, "cuModuleUnload", CUresult (*)(CUmodule))                                           \
   X(cuModuleGetFunction, "cuModuleGetFunction", CUresult (*)(CUfunction*, CUmodule, const char*))       \
+  X(cuFuncGetAttribute, "cuFuncGetAttribute", CUresult (*)(int*, int, CUfunction))                      \
+  X(cuCtxGetLimit, "cuCtxGetLimit", CUresult (*)(size_t*, int))                                         \
+  X(cuCtxSetLimit, "cuCtxSetLimit", CUresult (*)(int, size_t))                                          \
   X(cuLaunchKernel, "cuLaunchKernel",                                                                   \
     CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,       \
                  CUstream, void**, void**))                                                             \

@@ -878,6 +878,14 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
     r = d.cuModuleGetFunction(&f, m, "gpuos_worker");
     if (r != CUDA_SUCCESS) d.cuModuleUnload(m);
   }
+  if (r == CUDA_SUCCESS) {
+    try {
+      fit_stack(f);  // drained: no worker resident or awaited
+    } catch (...) {
+      d.cuModuleUnload(m);
+      throw;
+    }
+  }
   if (r != CUDA_SUCCESS) {
     failed_load_gen_ = gen;
     const char* nm = "?";

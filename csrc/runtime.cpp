@@ -112,6 +112,7 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   const std::string image = gen_startup_image();
   GPUOS_CU(d.cuModuleLoadData(&module_, image.data()));
   GPUOS_CU(d.cuModuleGetFunction(&worker_fn_, module_, "gpuos_worker"));
+  fit_stack(worker_fn_);
   GPUOS_CU(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING));
 
   // Queue memory: independent of any module (F4).
@@ -155,6 +156,21 @@ Runtime::~Runtime() {
   }
 }
 
+// A launch that needs a larger per-thread stack than the context has makes the driver grow it first, which
+// waits for all preceding work on the device -- including stream waits on the very batches this launch is
+// to run: a deadlock (seen: a worker with a 1,104-byte frame against the 1,024-byte default). So the limit is
+// raised here, when a module is loaded and no worker is resident or awaited (construction, handover).
+void Runtime::fit_stack(CUfunction f) {
+  const Driver& d = driver();
+  int local = 0;
+  GPUOS_CU(d.cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f));
+  size_t cur = 0;
+  GPUOS_CU(d.cuCtxGetLimit(&cur, CU_LIMIT_STACK_SIZE));
+  if (local > 0 && (size_t)local > cur) GPUOS_CU(d.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, (size_t)local));
+  worker_local_bytes_ = local;
+  GPUOS_CU(d.cuCtxGetLimit(&stack_limit_, CU_LIMIT_STACK_SIZE));
+}
+
 void Runtime::make_current() {
   const Driver& d = driver();
   CUcontext cur = nullptr;
@@ -164,7 +180,9 @@ void Runtime::make_current() {
 
 std::string Runtime::describe() const {
   return name_ + " (sm_" + std::to_string(cc_major_) + std::to_string(cc_minor_) + ", " + std::to_string(sms_) +
-         " SMs), worker grid " + std::to_string(grid_) + " x " + std::to_string(cfg_.threads_per_block);
+         " SMs), worker grid " + std::to_string(grid_) + " x " + std::to_string(cfg_.threads_per_block) +
+         ", worker local memory " + std::to_string(worker_local_bytes_) + " B/thread (stack limit " +
+         std::to_string(stack_limit_) + " B)";
 }
 
 RuntimeStats Runtime::stats() const { return st_; }
@@ -390,6 +408,9 @@ void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const O
 void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
                             const TensorRef& x_ref, int64_t rows, int64_t cols) {
   if (rows <= 0) return;
+  if (cols >= (int64_t(1) << 32))  // the worker indexes a row's 16-byte vectors with 32 bits
+    throw std::invalid_argument("gpuos.submit_reduce: rows of " + std::to_string(cols) + " elements (2^32 or more) "
+                                "are not supported; reduce such a tensor with torch directly.");
   if (conflicts(out, &x, 1)) {
     st_.levels_split++;
     close_level();

@@ -151,6 +151,7 @@ class Runtime {
     if (g > pending_need_gen_) pending_need_gen_ = g;
   }
   void make_current();
+  void fit_stack(CUfunction f);  // per-thread stack limit >= the worker's local memory (before any launch)
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
   bool conflicts(const Operand& out, const Operand* ins, uint32_t nin) const;
   void note_access(const Operand& out, const Operand* ins, uint32_t nin);
@@ -169,6 +170,8 @@ class Runtime {
   int sms_ = 0, cc_major_ = 0, cc_minor_ = 0;
   uint32_t grid_ = 0;
   std::string name_;
+  int worker_local_bytes_ = 0;  // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES of the active worker
+  size_t stack_limit_ = 0;      // CU_LIMIT_STACK_SIZE after fit_stack
 
   HostCtl* hc_ = nullptr;  // pinned, mapped
   CUdeviceptr hc_d_ = 0;

@@ -59,10 +59,10 @@ __device__ __forceinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
 // of a generation handover -- smaller; the conversions are a select, free next to the memory traffic).
 struct VecF32 {
   static constexpr u32 N = 4;
-  static __device__ __forceinline__ void load(const void* p, float* f, u32) {
-    float4 v = *(const float4*)p;
-    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+  static __device__ __forceinline__ void unpack(const uint4& q, float* f, u32) {
+    f[0] = __uint_as_float(q.x); f[1] = __uint_as_float(q.y); f[2] = __uint_as_float(q.z); f[3] = __uint_as_float(q.w);
   }
+  static __device__ __forceinline__ void load(const void* p, float* f, u32 dt) { unpack(*(const uint4*)p, f, dt); }
   static __device__ __forceinline__ void store(void* p, const float* f, u32) {
     *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
   }
@@ -71,15 +71,15 @@ struct Vec16 {
   static constexpr u32 N = 8;
   static __device__ __forceinline__ float cvt(u16 h, u32 dt) { return dt == kF16 ? f16_to_f32(h) : bf16_to_f32(h); }
   static __device__ __forceinline__ u32 rnd(float f, u32 dt) { return dt == kF16 ? f32_to_f16(f) : f32_to_bf16(f); }
-  static __device__ __forceinline__ void load(const void* p, float* f, u32 dt) {
-    uint4 v = *(const uint4*)p;
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
+  static __device__ __forceinline__ void unpack(const uint4& q, float* f, u32 dt) {
+    const u32 w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       f[2 * i] = cvt((u16)(w[i] & 0xffffu), dt);
       f[2 * i + 1] = cvt((u16)(w[i] >> 16), dt);
     }
   }
+  static __device__ __forceinline__ void load(const void* p, float* f, u32 dt) { unpack(*(const uint4*)p, f, dt); }
   static __device__ __forceinline__ void store(void* p, const float* f, u32 dt) {
     u32 w[4];
 #pragma unroll
@@ -169,46 +169,67 @@ __device__ __forceinline__ float warp_combine(float v) {
 // A row's first pass uses kRowLoads; softmax's second pass re-reads the row from cache and uses fewer.
 constexpr u32 kRowLoads = 8, kRowLoadsCached = 2;
 
+// The 16-byte loads stay raw (4 registers each) until they are combined: converted arrays of U x 8 floats made
+// ptxas spill ~800 bytes per thread under the worker's 64-register bound.
+template <class R, class V, class T>
+__device__ __forceinline__ float fold16(const uint4& q, u32 dt, T t) {
+  float f[V::N];
+  V::unpack(q, f, dt);
+  float part = t(f[0]);
+#pragma unroll
+  for (u32 i = 1; i < V::N; ++i) part = R::combine(part, t(f[i]));
+  return part;
+}
+
+// Out of line (as fold_strided): inlined into reduce_rows, all the variants' registers competed and ptxas
+// spilled ~500 bytes per thread.
 template <class R, u32 U, class V, class T>
-__device__ __forceinline__ float fold_vec(const void* xp, u32 dt, i64 cols, u32 lane, T t) {
-  const char* p = (const char*)xp;
-  const i64 nv = cols / V::N;
+__device__ __noinline__ float fold_vec_n(const void* xp, u32 dt, i64 cols, u32 lane, T t) {
+  const uint4* p = (const uint4*)xp;
+  const u32 nv = (u32)(cols / V::N);  // the host refuses rows of 2^32 elements or more (Runtime::record_reduce)
   float acc = R::init();
-  for (i64 v = lane; v < nv; v += 32 * U) {
-    float f[U][V::N];
+  for (u32 v = lane; v < nv; v += 32 * U) {
+    uint4 q[U];
 #pragma unroll
     for (u32 k = 0; k < U; ++k)
-      if (v + 32 * k < nv) V::load(p + (u64)(v + 32 * k) * 16, f[k], dt);
+      if (v + 32 * k < nv) q[k] = p[v + 32 * k];
 #pragma unroll
     for (u32 k = 0; k < U; ++k)
-      if (v + 32 * k < nv) {
-        float part = t(f[k][0]);
-#pragma unroll
-        for (u32 i = 1; i < V::N; ++i) part = R::combine(part, t(f[k][i]));
-        acc = R::combine(acc, part);
-      }
+      if (v + 32 * k < nv) acc = R::combine(acc, fold16<R, V>(q[k], dt, t));
   }
-  for (i64 j = nv * V::N + lane; j < cols; j += 32) acc = R::combine(acc, t(load_f32(xp, dt, j)));
+  for (i64 j = (i64)nv * V::N + lane; j < cols; j += 32) acc = R::combine(acc, t(load_f32(xp, dt, j)));
+  return acc;
+}
+
+// Strided or unaligned rows: U predicated scalar loads of the storage type E (float, or u16 for fp16 / bf16),
+// one dtype branch per row rather than per element.
+__device__ __forceinline__ float elem_f32(float v, u32) { return v; }
+__device__ __forceinline__ float elem_f32(u16 v, u32 dt) { return dt == kF16 ? f16_to_f32(v) : bf16_to_f32(v); }
+
+template <class R, u32 U, class E, class T>
+__device__ __noinline__ float fold_strided(const void* xp, u32 dt, i64 cols, i64 xs, u32 lane, T t) {
+  const E* p = (const E*)xp;
+  float acc = R::init();
+  for (i64 j = lane; j < cols; j += 32 * U) {
+    E e[U];
+#pragma unroll
+    for (u32 k = 0; k < U; ++k)
+      if (j + 32 * k < cols) e[k] = p[(j + 32 * k) * xs];
+#pragma unroll
+    for (u32 k = 0; k < U; ++k)
+      if (j + 32 * k < cols) acc = R::combine(acc, t(elem_f32(e[k], dt)));
+  }
   return acc;
 }
 
 template <class R, u32 U, class T>
 __device__ __forceinline__ float fold_row(const void* xp, u32 dt, i64 cols, i64 xs, u32 lane, T t) {
   if (xs == 1 && ((u64)xp & 15) == 0) {
-    if (dt == kF32) return fold_vec<R, U, VecF32>(xp, dt, cols, lane, t);
-    return fold_vec<R, U, Vec16>(xp, dt, cols, lane, t);
+    if (dt == kF32) return fold_vec_n<R, U, VecF32>(xp, dt, cols, lane, t);
+    return fold_vec_n<R, (U + 1) / 2, Vec16>(xp, dt, cols, lane, t);  // same elements in flight, half the loads
   }
-  float acc = R::init();
-  for (i64 j = lane; j < cols; j += 32 * U) {
-    float f[U];
-#pragma unroll
-    for (u32 k = 0; k < U; ++k)
-      if (j + 32 * k < cols) f[k] = load_f32(xp, dt, (j + 32 * k) * xs);
-#pragma unroll
-    for (u32 k = 0; k < U; ++k)
-      if (j + 32 * k < cols) acc = R::combine(acc, t(f[k]));
-  }
-  return acc;
+  if (dt == kF32) return fold_strided<R, (U + 1) / 2, float>(xp, dt, cols, xs, lane, t);
+  return fold_strided<R, (U + 1) / 2, u16>(xp, dt, cols, xs, lane, t);
 }
 
 // softmax / log_softmax's last pass: out[j] = f(x[j] - mx). Vector loads and stores when both rows are
