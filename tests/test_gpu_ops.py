@@ -389,6 +389,37 @@ def test_reduce_non_contiguous_input(rt, op, layout, dt):
     run_reduce(op, x)
 
 
+# Layouts around the worker's tight-loop path (rows evenly spaced, contiguous, 16-byte aligned, a length that is
+# a multiple of the vector width) and just outside it: each must equal torch whichever path runs.
+FLAT_INPUTS = {
+    "row_slice": lambda dt: red_input((6, 1024), dt)[:, :512],          # rows 1,024 elements apart
+    "merged_3d": lambda dt: red_input((3, 4, 64), dt),                   # outer dims merge
+    "unmergeable_3d": lambda dt: red_input((3, 5, 64), dt)[:, 1:, :],    # rows not evenly spaced
+    "size1_outer": lambda dt: red_input((3, 1, 2, 64), dt),              # size-1 dim among the outer ones
+    "unaligned_start": lambda dt: red_input((5, 66), dt)[:, 2:],         # 64 elements, row start not 16-B aligned
+    "odd_length": lambda dt: red_input((9, 36), dt),                     # fp16/bf16: not a multiple of 8
+}
+
+
+@pytest.mark.parametrize("dt", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", list(FLAT_INPUTS))
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_row_layouts(rt, op, layout, dt):
+    run_reduce(op, FLAT_INPUTS[layout](dt))
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_into_strided_out(rt, op):
+    """out= a column (reductions) or a row slice of a wider tensor (softmax): the output row stride is not the
+    row length."""
+    x = red_input((7, 256), F32)
+    if op in REDUCTIONS:
+        out = nan_out((7, 3), F32)[:, 1]
+    else:
+        out = nan_out((7, 512), F32)[:, 256:]
+    run_reduce(op, x, out=out)
+
+
 def special_rows(op, length):
     x = torch.randn(8, length, device=DEV) * 3.0
     j = length // 2
