@@ -262,58 +262,6 @@ __device__ __forceinline__ void write_row(const void* xp, u32 dtx, i64 xs, void*
   }
 }
 
-// Byte stride between consecutive rows when the first `nouter` dims of `r` merge into one (rows evenly spaced:
-// any contiguous tensor, and row slices of one), else -1. nouter == 0: a single row (stride 0).
-__device__ __forceinline__ i64 row_stride_bytes(const TensorRef& r, u32 nouter, u32 es) {
-  i64 s = 0, expect = 0;
-  bool any = false;
-  for (int k = (int)nouter - 1; k >= 0; --k) {  // dims of size 1 do not move a row
-    if (r.sizes[k] == 1) continue;
-    if (!any) s = r.strides[k], any = true;
-    else if (r.strides[k] != expect) return -1;
-    expect = r.strides[k] * r.sizes[k];
-  }
-  return s * (i64)es;
-}
-
-// The common case in one tight loop: contiguous, 16-byte aligned rows at a constant stride, a row length that
-// is a multiple of the vector width. No per-row index arithmetic (64-bit divisions) and no calls: with those,
-// 33 worker SMs read only ~4 GB/s each on 128 x 1,024 fp32 rows whatever the warps per block (8 or 32).
-// Output: one value per row at stride ors (reductions) or a row like the input's (softmax / log_softmax, same
-// dtype, contiguous and aligned: the caller checks).
-template <class R, class V>
-__device__ __noinline__ void reduce_rows_flat(const char* x, i64 xrs, char* o, i64 ors, u32 n, u32 cols, u32 dt,
-                                              u32 dto, u32 op, u32 lane) {
-  constexpr u32 U = V::N == 4 ? kRowLoads : kRowLoads / 2;
-  const u32 nv = cols / V::N;
-  const float scale = op == kOp_mean ? 1.0f / (float)cols : 1.0f;
-  for (u32 r = 0; r < n; ++r) {
-    const uint4* p = (const uint4*)(x + (i64)r * xrs);
-    float acc = R::init();
-    for (u32 v = lane; v < nv; v += 32 * U) {
-      uint4 q[U];
-#pragma unroll
-      for (u32 k = 0; k < U; ++k)
-        if (v + 32 * k < nv) q[k] = p[v + 32 * k];
-#pragma unroll
-      for (u32 k = 0; k < U; ++k)
-        if (v + 32 * k < nv) acc = R::combine(acc, fold16<R, V>(q[k], dt, [](float f) { return f; }));
-    }
-    acc = warp_combine<R>(acc);
-    if constexpr (R::kRowOut) {
-      if (op == kOp_softmax || op == kOp_log_softmax) {
-        const float mx = acc;
-        float sum = 0.0f;
-        for (u32 v = lane; v < nv; v += 32) sum += fold16<SumR, V>(p[v], dt, [mx](float f) { return m_exp(f - mx); });
-        sum = warp_combine<SumR>(sum);
-        write_row_vec<V>(p, o + (i64)r * ors, dt, cols, lane, op == kOp_softmax, mx, sum, m_log(sum));
-        continue;
-      }
-    }
-    if (lane == 0) store_f32(o + (i64)r * ors, dto, 0, acc * scale);
-  }
-}
-
 // One instantiation per row rule (device_src/functors.h R::Rule: sum and mean share SumR; amax, softmax and
 // log_softmax share AmaxR), the op id picks the epilogue at run time.
 template <class R>
@@ -343,33 +291,9 @@ __device__ __noinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, 
   }
 }
 
-// reduce_rows_flat when the sub-op's rows qualify (called here, not from reduce_rows: nesting the two frames
-// made the worker's stack 1.6 KB per thread).
-template <class R>
-__device__ __noinline__ bool reduce_flat(const SubOp& d, const TensorRef* refs, u32 lane) {
-  const TensorRef& ro = refs[0];
-  const TensorRef& rx = refs[1];
-  const u32 nd = rx.ndim;
-  const i64 cols = rx.sizes[nd - 1];
-  const u32 dtx = dt_of(d, 1), dto = d.dtype & 0xffu;
-  const bool row_out = R::kRowOut && (d.op == kOp_softmax || d.op == kOp_log_softmax);
-  const u32 esx = dtx == kF32 ? 4 : 2, eso = dto == kF32 ? 4 : 2, vn = 16 / esx;
-  if (rx.strides[nd - 1] != 1 || cols % vn != 0 || cols >= (i64(1) << 32)) return false;
-  const i64 xrs = row_stride_bytes(rx, nd - 1, esx);
-  const u32 ond = row_out ? ro.ndim - 1 : ro.ndim;
-  const i64 ors = row_stride_bytes(ro, ond, eso);
-  const char* x0 = (const char*)(rx.ptr + (u64)(row_offset(rx, nd - 1, (i64)d.base) * esx));
-  char* o0 = (char*)(ro.ptr + (u64)(row_offset(ro, ond, (i64)d.base) * eso));
-  if (xrs < 0 || (xrs & 15) != 0 || ((u64)x0 & 15) != 0 || ors < 0) return false;
-  if (row_out && (ro.strides[ro.ndim - 1] != 1 || dto != dtx || (ors & 15) != 0 || ((u64)o0 & 15) != 0)) return false;
-  if (dtx == kF32) reduce_rows_flat<R, VecF32>(x0, xrs, o0, ors, d.n, (u32)cols, dtx, dto, d.op, lane);
-  else reduce_rows_flat<R, Vec16>(x0, xrs, o0, ors, d.n, (u32)cols, dtx, dto, d.op, lane);
-  return true;
-}
-
 template <class F>
 __device__ __forceinline__ void reduce_op(const SubOp& d, const TensorRef* refs, u32 lane) {
-  if (!reduce_flat<typename F::Rule>(d, refs, lane)) reduce_rows<typename F::Rule>(d, refs, lane);
+  reduce_rows<typename F::Rule>(d, refs, lane);
 }
 
 // ---------------------------------------------------------------- fused chains (interpreter tier)
