@@ -9,9 +9,14 @@ Each line is the median host us per op over the W2 chain (5 ops per step, 2,048 
   eager          the chain without any mode, synchronized at the end
 """
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_scheduler import w2_step as step  # noqa: E402  (the W2 chain, one definition)
 
 import gpuos
 import gpuos_ext as ext
@@ -21,14 +26,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 N, ITERS, REPS = 2048, 400, 7
 a, b, c, d = (torch.randn(N, device="cuda") for _ in range(4))
 d = d.abs() + 0.5
-
-
-def step(a, b, c, d):
-    x = a + b
-    y = x * c
-    z = torch.relu(y)
-    w = torch.sigmoid(z)
-    return w / d
 
 
 def per_op(fn, enter=None, exit_=None):
