@@ -1431,6 +1431,8 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
   cfg.idle_us = idle_us;
   if (const char* v = std::getenv("GPUOS_WORKER_BLOCKS"); v && *v && !worker_blocks) cfg.worker_blocks = std::atoi(v);
   if (const char* v = std::getenv("GPUOS_IDLE_US"); v && *v) cfg.idle_us = std::atof(v);
+  if (const char* v = std::getenv("GPUOS_BURST_MIN"); v && *v) cfg.burst_min = (uint32_t)std::atoi(v);
+  if (const char* v = std::getenv("GPUOS_BURST_BLOCKS"); v && *v) cfg.burst_blocks = (uint32_t)std::atoi(v);
   if (const char* v = std::getenv("GPUOS_TIMEOUT_S"); v && *v) cfg.timeout_s = std::atof(v);
   const int dev = current_device();
   if (dev < 0 || dev >= kMaxDevices) throw py::value_error("gpuos.init: bad device index");
@@ -1491,6 +1493,7 @@ py::dict stats() {
     RuntimeStats r = g_rt[dev]->stats();
     s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
     s.worker_launches += r.worker_launches; s.handovers += r.handovers; s.idle_adoptions += r.idle_adoptions;
+    s.burst_launches += r.burst_launches;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
     s.dma_batches += r.dma_batches;
     s.fused_subops += r.fused_subops;
@@ -1505,6 +1508,7 @@ py::dict stats() {
   d["worker_launches"] = s.worker_launches;
   d["handovers"] = s.handovers;
   d["idle_adoptions"] = s.idle_adoptions;
+  d["burst_launches"] = s.burst_launches;
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;

@@ -946,7 +946,7 @@ bool Runtime::adopt_generation_if_idle() {
 Runtime::HandoverTimes Runtime::force_handover() {
   HandoverTimes t = handover(active_gen_, "explicit handover");
   const auto t0 = std::chrono::steady_clock::now();
-  maybe_launch_worker();
+  maybe_launch_worker(grid_);
   t.launch_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   return t;
 }

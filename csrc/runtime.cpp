@@ -106,6 +106,7 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
                                 " must be in [64, 67108864]");
   grid_ = cfg_.worker_blocks ? cfg_.worker_blocks : (uint32_t)std::max(1, sms_ / 4);
   grid_ = std::min<uint32_t>(grid_, (uint32_t)sms_);
+  burst_grid_ = std::max(grid_, std::min<uint32_t>(cfg_.burst_blocks ? cfg_.burst_blocks : (uint32_t)sms_, (uint32_t)sms_));
 
   // Module: worker + every op, one generation (DESIGN F2): the newest ready one (generations.cpp). Loaded
   // before any worker runs (F3).
@@ -181,6 +182,8 @@ void Runtime::make_current() {
 std::string Runtime::describe() const {
   return name_ + " (sm_" + std::to_string(cc_major_) + std::to_string(cc_minor_) + ", " + std::to_string(sms_) +
          " SMs), worker grid " + std::to_string(grid_) + " x " + std::to_string(cfg_.threads_per_block) +
+         (cfg_.burst_min ? " (" + std::to_string(burst_grid_) + " blocks for flushes of >= " +
+                               std::to_string(cfg_.burst_min) + " sub-ops)" : std::string()) +
          ", worker local memory " + std::to_string(worker_local_bytes_) + " B/thread (stack limit " +
          std::to_string(stack_limit_) + " B)";
 }
@@ -420,8 +423,12 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   proto.flags = kFlagStrided;
   proto.dtype = out.dtype | (x.dtype << 8);
   const TensorRef refs[2] = {out_ref, x_ref};
-  // One warp per row, rows of a tile processed in turn: about kTileElems elements per descriptor.
-  const uint64_t per_tile = (uint64_t)std::max<int64_t>(1, std::min<int64_t>(32, (int64_t)kTileElems / std::max<int64_t>(cols, 1)));
+  // One warp per row, rows of a tile processed in turn: about kTileElems elements per descriptor, 4x that for
+  // reductions of 32 x kTileElems elements or more (still >= 8 descriptors each): recording 32 descriptors per
+  // 128 x 1,024 reduction cost more host time than the GPU spent on them.
+  const int64_t elems = rows * std::max<int64_t>(cols, 1);
+  const int64_t tile_elems = elems >= 32 * (int64_t)kTileElems ? 4 * (int64_t)kTileElems : (int64_t)kTileElems;
+  const uint64_t per_tile = (uint64_t)std::max<int64_t>(1, std::min<int64_t>(32, tile_elems / std::max<int64_t>(cols, 1)));
   append_tiles(proto, (uint64_t)rows, per_tile, refs, 2);
   note_access(out, &x, 1);
   st_.submitted++;
@@ -519,6 +526,8 @@ uint32_t Runtime::flush(CUstream stream) {
   }
   std::vector<Level> publishing;
   publishing.swap(levels_);
+  uint64_t publishing_subops = 0;
+  for (const Level& lv : publishing) publishing_subops += lv.count;
   for (const Level& lv : publishing) {
     const uint32_t seq = ++last_seq_;
     const uint32_t slot = seq & (kMaxBatches - 1);
@@ -559,13 +568,13 @@ uint32_t Runtime::flush(CUstream stream) {
   // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
   __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  maybe_launch_worker();
+  maybe_launch_worker(cfg_.burst_min && publishing_subops >= cfg_.burst_min ? burst_grid_ : grid_);
   st_.flushes++;
   if (on_publish_) on_publish_();
   return last_seq_;
 }
 
-void Runtime::maybe_launch_worker() {
+void Runtime::maybe_launch_worker(uint32_t grid) {
   if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
   const Driver& d = driver();
   __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
@@ -580,8 +589,9 @@ void Runtime::maybe_launch_worker() {
   args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
   args.progs = progs_d_;
   void* params[] = {&args};
-  GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid_, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
+  GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
   st_.worker_launches++;
+  if (grid != grid_) st_.burst_launches++;
 }
 
 void Runtime::wait_done(uint32_t seq) {

@@ -20,6 +20,11 @@ struct Config {
   uint32_t capacity = 4096;        // descriptor ring slots
   uint32_t threads_per_block = 256;
   uint32_t worker_blocks = 0;      // 0: about a quarter of the SMs (DESIGN F7)
+  // A worker launched by a flush of >= burst_min sub-ops gets burst_blocks (0: every SM) until it idles out or
+  // yields: big batches are bandwidth work a quarter of the SMs cannot feed. 0 disables. (Env GPUOS_BURST_MIN,
+  // GPUOS_BURST_BLOCKS.)
+  uint32_t burst_min = 2048;
+  uint32_t burst_blocks = 0;
   double idle_us = 200.0;          // worker exits after this long with nothing published
   double timeout_s = 60.0;         // every GPU wait
 };
@@ -44,6 +49,7 @@ struct RuntimeStats {
   uint64_t dma_batches = 0;
   uint64_t fused_subops = 0, programs = 0;
   uint64_t idle_adoptions = 0;  // handovers done by the compile thread while no worker was resident
+  uint64_t burst_launches = 0;  // worker launches on the burst grid (Config::burst_min)
 };
 
 // Per-level access footprint: storage -> bounding byte ranges read and written in the open level.
@@ -138,7 +144,7 @@ class Runtime {
   void retire();
   bool seq_done(uint32_t seq) const;
   void wait_seq(uint32_t seq, const char* what);
-  void maybe_launch_worker();
+  void maybe_launch_worker(uint32_t grid);
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream
   std::string gen_startup_image();   // image of the newest ready generation for this GPU (sets active_gen_)
   void gen_init();                   // alias table from the registry (constructor)
@@ -168,7 +174,7 @@ class Runtime {
   CUfunction worker_fn_ = nullptr;
   CUstream side_ = nullptr;
   int sms_ = 0, cc_major_ = 0, cc_minor_ = 0;
-  uint32_t grid_ = 0;
+  uint32_t grid_ = 0, burst_grid_ = 0;
   std::string name_;
   int worker_local_bytes_ = 0;  // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES of the active worker
   size_t stack_limit_ = 0;      // CU_LIMIT_STACK_SIZE after fit_stack

@@ -464,6 +464,32 @@ def test_gemm_issued_while_worker_resident(rt):
     assert_close(w, ew)
 
 
+def test_big_flush_launches_the_burst_grid_and_gemms_still_run(rt):
+    """A flush of >= burst_min (2,048) sub-ops launches the worker on every SM (stats()["burst_launches"]); a small
+    one on the bounded grid. A GEMM issued right after the big batch still completes (the worker idles out)."""
+    n = 3000
+    a, b, out = ga((n, 256)), ga((n, 256)), nan((n, 256))
+    W = ga((GEMM_N, GEMM_N), torch.bfloat16)
+    ey = W @ W
+    torch.cuda.synchronize()
+    rt.flush(sync=True)
+    torch.cuda.synchronize()  # the worker has left: the next flush launches one
+    s0 = rt.stats()
+    rt.submit_many("add", list(a.unbind(0)), list(b.unbind(0)), list(out.unbind(0)))  # 3,000 sub-ops
+    rt.flush()
+    y = W @ W
+    torch.cuda.synchronize()
+    s1 = rt.stats()
+    assert_close(out, a + b)
+    assert_close(y, ey)
+    assert s1["burst_launches"] == s0["burst_launches"] + 1, (s0, s1)
+    rt.submit_add(a[0], b[0], out[0])  # one sub-op: the bounded grid
+    rt.flush(sync=True)
+    torch.cuda.synchronize()
+    assert rt.stats()["burst_launches"] == s1["burst_launches"]
+    assert "for flushes of >= 2048 sub-ops" in str(gpuos.runtime_info())
+
+
 def test_gemm_on_side_stream_completes_while_batches_flow(rt):
     A, B = ga((GEMM_N, GEMM_N), torch.bfloat16), ga((GEMM_N, GEMM_N), torch.bfloat16)
     eC = A @ B
