@@ -103,6 +103,12 @@ def _problems(doc: dict) -> list:
             known = [str(x) for x in sizes if x is not None]
             who.append(f"`{cfg}`" + (f" at {', '.join(known)}" if known else ""))
         out.append(f"Could not run: {'; '.join(who)}: {why}.")
+    older: dict = {}  # rows kept from an earlier run of another commit (C.merge_results / a partial re-run)
+    for r in doc["rows"]:
+        if r.get("gpuos") and r["gpuos"] != doc.get("gpuos") and not r.get("not_applicable"):
+            older.setdefault(r["gpuos"], set()).add(r["config"])
+    for sha, cfgs in sorted(older.items()):
+        out.append(f"From an earlier run (gpuos {sha}): " + ", ".join(f"`{c}`" for c in sorted(cfgs)) + ".")
     wrong = [r for r in C.timed_rows(doc) if r.get("correct") is False]
     if wrong:
         out.append("Failed the correctness check: " + ", ".join(f"`{r['config']}` at {r.get('size')}"
