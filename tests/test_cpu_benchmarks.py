@@ -236,6 +236,16 @@ def test_ratio_math_groups_by_size_and_op():
     assert res["softmax"]["ratio"] == pytest.approx(0.75) and res["softmax"]["gpuos"] == "gpuos_softmax"
 
 
+def test_report_marks_rows_kept_from_an_earlier_run():
+    """A results file refreshed by a partial re-run keeps the other configs' rows from the older commit: the
+    report names them, so the table's header commit is not taken for theirs."""
+    doc = _doc("decode", [_timing(128, "eager", 10.0), _timing(128, "gpuos_scheduler", 2.0),
+                          _timing(128, "compile", 5.0, gpuos="0ld0001")])
+    text = report.render([doc])
+    assert "From an earlier run (gpuos 0ld0001): `compile`." in text
+    assert "From an earlier run" not in report.render([_doc("decode", [_timing(128, "eager", 10.0)])])
+
+
 def test_report_rewrites_only_the_marked_block(results, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# Title\nbefore\n<!-- results:begin -->\nold table\n<!-- results:end -->\nafter\n")
