@@ -2,6 +2,7 @@
 # One full GPU verification in one device call (build, GPU test suite, examples, benchmarks), logs under
 # $OUT (or ./gpu_logs). Budget about 8 minutes on an H100/H200 when the NVRTC cache is cold.
 #   device run: bash tools/gpu_check.sh [tests|bench|all]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
+#   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
 MODE=${1:-all}
@@ -30,6 +31,10 @@ for b in ${BENCHES:-microbatch reduce scheduler fusion injection}; do
     scheduler) lim=150; args=--plain ;; *) lim=120; args= ;; esac
   [ -f benchmarks/bench_$b.py ] || continue
   timeout $lim python3 benchmarks/bench_$b.py $args > "$OUT/bench_$b.log" 2>&1; echo "bench_$b rc=$?"; tail -14 "$OUT/bench_$b.log"
+done
+# PROBES: tools/<name>.py breakdowns (seconds each; default none), e.g. PROBES="sched_cost_probe reduce_probe".
+for p in ${PROBES:-}; do
+  timeout 120 python3 tools/$p.py > "$OUT/$p.log" 2>&1; echo "$p rc=$?"; tail -12 "$OUT/$p.log"
 done
 fi
 exit 0
