@@ -375,6 +375,17 @@ def merge_results(name: str, meta: dict, rows: list) -> Path:
     return write_results(name, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
 
 
+def merge_and_print_values(name: str, rows: list) -> Path:
+    """merge_results for a script's value rows (env metadata of this run), then one line per row: figure,
+    value, unit, goal. Returns the file written."""
+    path = merge_results(name, env_metadata(name), rows)
+    w = max([len("figure")] + [len(r["config"]) for r in rows])
+    print(f"{'figure':{w}s} {'value':>10s}  unit")
+    for r in rows:
+        print(f"{r['config']:{w}s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")
+    return path
+
+
 def write_results(name: str, meta: dict, rows: list, path: Optional[Path] = None, **extra: Any) -> Path:
     """Write ``{**meta, "rows": rows, **extra}`` to benchmarks/results/<name>.json (atomic rename).
 

@@ -186,11 +186,7 @@ def main(argv=None) -> int:
         C.value_row("first_use", "first_use_us", new_us, "us", size=N, correct=True, goal="<= 1000"),
         C.value_row("first_use", "seen_use_us", seen_us, "us", size=N, correct=True),
     ]
-    meta = C.env_metadata(NAME)
-    path = C.merge_results(NAME, meta, rows)
-    print(f"{'figure':36s} {'value':>10s}  unit")
-    for r in rows:
-        print(f"{r['config']:36s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")
+    path = C.merge_and_print_values(NAME, rows)
     print(f"results merged into {path}")
     return 0
 

@@ -130,11 +130,7 @@ def main(argv=None) -> int:
         C.value_row("generation", "generation_compile_s", compile_s, "s",
                     note="register + install of one op (one generation) incl. NVRTC; ~0 from a warm cache"),
     ]
-    meta = C.env_metadata(NAME)
-    path = C.merge_results(NAME, meta, rows)
-    print(f"{'figure':28s} {'value':>10s}  unit")
-    for r in rows:
-        print(f"{r['config']:28s} {r['value']:10.4g}  {r['unit']}  {r.get('goal', '')}")
+    path = C.merge_and_print_values(NAME, rows)
     print(f"handovers counted: {ext.stats()['handovers']}; results merged into {path}")
     return 0 if correct else 1
 
