@@ -1434,6 +1434,7 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
   if (const char* v = std::getenv("GPUOS_BURST_MIN"); v && *v) cfg.burst_min = (uint32_t)std::atoi(v);
   if (const char* v = std::getenv("GPUOS_BURST_BLOCKS"); v && *v) cfg.burst_blocks = (uint32_t)std::atoi(v);
   if (const char* v = std::getenv("GPUOS_TIMEOUT_S"); v && *v) cfg.timeout_s = std::atof(v);
+  if (const char* v = std::getenv("GPUOS_TRACE"); v && *v) cfg.trace_records = (uint32_t)std::atoi(v);
   const int dev = current_device();
   if (dev < 0 || dev >= kMaxDevices) throw py::value_error("gpuos.init: bad device index");
   if (g_rt[dev]) return;  // idempotent
@@ -1640,6 +1641,27 @@ PYBIND11_MODULE(gpuos_ext, m) {
     for (auto* r : g_rt) if (r) return true;
     return false;
   });
+  m.def("worker_trace", [] {
+    py::dict d;
+    for (int dev = 0; dev < kMaxDevices; ++dev) {
+      Runtime* rt = g_rt[dev];
+      if (!rt) continue;
+      uint64_t dropped = 0;
+      std::vector<TraceRec> recs;
+      {
+        std::lock_guard<std::mutex> lk(rt->mu);
+        recs = rt->take_trace(&dropped);
+      }
+      py::list l;
+      for (const TraceRec& r : recs)
+        l.append(py::make_tuple(r.block == kTraceOpen ? -1 : (int64_t)r.block, r.seq, r.idx, r.k, r.t0, r.load_ns,
+                                r.exec_ns));
+      d[py::int_(dev)] = py::dict(py::arg("records") = l, py::arg("dropped") = dropped);
+    }
+    return d;
+  }, "Claim trace since the last call, per device: {'records': [(block, seq, idx, k, t0_ns, load_ns, exec_ns)], "
+     "'dropped': n}; block -1 = the poller opening batch seq (idx = ring start, k = count). Needs GPUOS_TRACE=<records "
+     "per block> before init; call after flush(sync=True). See tools/worker_trace.py.");
   m.def("runtime_info", [] {
     py::dict d;
     for (int dev = 0; dev < kMaxDevices; ++dev)

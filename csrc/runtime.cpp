@@ -131,6 +131,14 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(TensorRef) * (size_t)ref_capacity_, hflags));
   refs_ = (TensorRef*)p;
   GPUOS_CU(d.cuMemHostGetDevicePointer(&refs_d_, p, 0));
+  if (cfg_.trace_records) {
+    const size_t bytes = sizeof(TraceBuf) + sizeof(TraceRec) * (size_t)(kTraceBlocks + 1) * cfg_.trace_records;
+    GPUOS_CU(d.cuMemHostAlloc(&p, bytes, hflags));
+    trace_ = (TraceBuf*)p;
+    std::memset(p, 0, bytes);
+    trace_->per_block = cfg_.trace_records;
+    GPUOS_CU(d.cuMemHostGetDevicePointer(&trace_d_, p, 0));
+  }
   GPUOS_CU(d.cuMemAlloc(&dc_d_, sizeof(DevCtl)));
   GPUOS_CU(d.cuMemAlloc(&ring_dev_, sizeof(SubOp) * (size_t)cfg_.capacity));
   GPUOS_CU(d.cuMemAlloc(&progs_d_, sizeof(Program) * (size_t)kMaxPrograms));
@@ -189,6 +197,21 @@ std::string Runtime::describe() const {
 }
 
 RuntimeStats Runtime::stats() const { return st_; }
+
+std::vector<TraceRec> Runtime::take_trace(uint64_t* dropped) {
+  std::vector<TraceRec> out;
+  *dropped = 0;
+  if (!trace_) return out;
+  const TraceRec* rec = (const TraceRec*)(trace_ + 1);
+  for (uint32_t r = 0; r <= kTraceBlocks; ++r) {
+    const uint32_t n = __atomic_load_n(&trace_->count[r], __ATOMIC_ACQUIRE);
+    const uint32_t kept = std::min(n, trace_->per_block);
+    out.insert(out.end(), rec + (size_t)r * trace_->per_block, rec + (size_t)r * trace_->per_block + kept);
+    *dropped += n - kept;
+    __atomic_store_n(&trace_->count[r], 0u, __ATOMIC_RELEASE);
+  }
+  return out;
+}
 
 // ------------------------------------------------------------------ recording
 bool Runtime::seq_done(uint32_t seq) const {
@@ -588,6 +611,7 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   args.gen = ++launches_;
   args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
   args.progs = progs_d_;
+  args.trace = trace_d_;
   void* params[] = {&args};
   GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
   st_.worker_launches++;
@@ -630,6 +654,8 @@ void Runtime::shutdown(CUstream stream) {
   d.cuMemFreeHost(refs_);
   d.cuMemFreeHost(ring_);
   d.cuMemFreeHost(hc_);
+  if (trace_) d.cuMemFreeHost(trace_);
+  trace_ = nullptr;
   gen_shutdown();
   d.cuModuleUnload(module_);
   d.cuDevicePrimaryCtxRelease(cu_dev_);

@@ -27,6 +27,7 @@ struct Config {
   uint32_t burst_blocks = 0;
   double idle_us = 200.0;          // worker exits after this long with nothing published
   double timeout_s = 60.0;         // every GPU wait
+  uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
 };
 
 // One operand as the recorder sees it (filled by the binding layer from a tensor).
@@ -115,6 +116,10 @@ class Runtime {
   void shutdown(CUstream stream);
 
   RuntimeStats stats() const;
+  // The claim trace recorded since the last call (Config::trace_records; empty when off), and a reset. Call
+  // when no batch is running (after flush(sync=True)): the worker writes the buffer without locks. `dropped`:
+  // records that did not fit.
+  std::vector<TraceRec> take_trace(uint64_t* dropped);
   std::string describe() const;  // device name, SMs, grid, arch
 
   // Called (under mu) each time pending work is published: the binding layer drops its keep-alive refs.
@@ -179,6 +184,8 @@ class Runtime {
   int worker_local_bytes_ = 0;  // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES of the active worker
   size_t stack_limit_ = 0;      // CU_LIMIT_STACK_SIZE after fit_stack
 
+  TraceBuf* trace_ = nullptr;  // pinned, mapped (Config::trace_records > 0)
+  CUdeviceptr trace_d_ = 0;
   HostCtl* hc_ = nullptr;  // pinned, mapped
   CUdeviceptr hc_d_ = 0;
   SubOp* ring_ = nullptr;  // pinned, mapped

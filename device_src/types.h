@@ -115,6 +115,29 @@ struct WorkerArgs {
   u32 gen;        // launch number: DevCtl::exit_flag == gen tells this launch's blocks to exit
   u64 idle_ns;    // exit after this long with nothing published
   u64 progs;      // Program* device program table (interp.h; fused sub-ops)
+  u64 trace;      // TraceBuf* (device pointer of a mapped pinned block), 0: tracing off
+};
+
+// Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
+// per claim it ran to its own region (no atomics on host memory), then bumps count[b]; the poller's batch
+// openings go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy.
+constexpr u32 kTraceBlocks = 256;    // blocks traced (block index >= this: not traced)
+constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-opening record
+struct TraceRec {
+  u64 t0;         // %globaltimer (ns) at the claim (opening: when the poller saw the batch ready)
+  u32 load_ns;    // claim -> its descriptors in shared memory
+  u32 exec_ns;    // descriptors loaded -> every warp done (block barrier)
+  u32 block;      // blockIdx.x, or kTraceOpen
+  u32 seq;        // batch
+  u32 idx;        // first descriptor index of the claim within the batch
+  u32 k;          // descriptors claimed (opening: the batch's count)
+};
+struct TraceBuf {
+  u32 per_block;  // records per region
+  u32 reserved[15];
+  u32 count[kTraceBlocks + 1];  // records written per region (may exceed per_block: the rest were dropped)
+  u32 pad[15];
+  // TraceRec rec[(kTraceBlocks + 1) * per_block] follows (region r starts at rec + r * per_block)
 };
 
 static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
@@ -122,7 +145,8 @@ static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
 static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 56, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 64, "WorkerArgs layout");
+static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");
 

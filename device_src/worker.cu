@@ -437,6 +437,24 @@ __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64
 }
 
 // ---------------------------------------------------------------- claiming
+// Append one claim record to region `r` of the trace (thread 0 of one block: no other writer of the region).
+__device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u64 t2, u32 seq, u32 idx, u32 k) {
+  if (r > kTraceBlocks) return;
+  const u32 n = ld_vol(&tb->count[r]);
+  if (n < tb->per_block) {
+    TraceRec* rec = (TraceRec*)(tb + 1) + (u64)r * tb->per_block + n;
+    rec->t0 = t0;
+    rec->load_ns = (u32)(t1 - t0);
+    rec->exec_ns = (u32)(t2 - t1);
+    rec->block = r == kTraceBlocks ? kTraceOpen : r;
+    rec->seq = seq;
+    rec->idx = idx;
+    rec->k = k;
+    __threadfence_system();
+  }
+  st_vol(&tb->count[r], n + 1);
+}
+
 // Claim chunks of the open batch until it is exhausted. Returns after a claim past the end.
 __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubOp* sdesc, TensorRef* wrefs,
                            u64* cached, u64* s_claim) {
@@ -445,8 +463,13 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 per_claim = nwarps * kClaimPerWarp;
   __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
+  TraceBuf* tb = (TraceBuf*)args.trace;
+  u64 t_claim = 0, t_loaded = 0;
   for (;;) {
-    if (threadIdx.x == 0) *s_claim = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
+    if (threadIdx.x == 0) {
+      if (tb) t_claim = globaltimer();
+      *s_claim = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
+    }
     __syncthreads();
     const u64 c = *s_claim;
     const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
@@ -468,12 +491,14 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
           dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
     }
     __syncthreads();
+    if (tb && threadIdx.x == 0) t_loaded = globaltimer();
     const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
     for (u32 di = warp; di < k; di += nwarps)
       exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+      if (tb && blockIdx.x < kTraceBlocks) trace_claim(tb, blockIdx.x, t_claim, t_loaded, globaltimer(), seq, idx, k);
       const u32 old = atomicSub(&dc->remaining[slot], k);
       if (old == k) {  // this block finished the batch: signal once
         __threadfence_system();
@@ -530,6 +555,10 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
   dc->remaining[slot] = count;
   dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
   __threadfence();
+  if (args.trace) {
+    const u64 t = globaltimer();
+    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, next, start, count);
+  }
   atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);
   __threadfence();
   st_vol(&dc->epoch, next);

@@ -1,0 +1,121 @@
+"""Where does the worker's time go? Run on a GPU machine: python tools/worker_trace.py [scenario ...]
+
+Sets GPUOS_TRACE (claim trace, see gpuos_ext.worker_trace) and runs W3-like scenarios (default: all), each as
+`reps` repetitions of: record the sub-ops (host time), flush(sync=True) (host time); the last rep's trace is
+summarised: when the batch opened and its first claim started (relative to the flush call, when the GPU's
+%globaltimer and the host's CLOCK_REALTIME agree), how long until the last claim ended, achieved bandwidth,
+and per claim: descriptor-load time, execution time (block barrier), gaps between a block's claims.
+"""
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("GPUOS_TRACE", "4096")
+
+import torch  # noqa: E402
+
+import gpuos  # noqa: E402
+import gpuos_ext  # noqa: E402
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else 0
+
+
+def summarise(name, recs, t_flush_ns, nbytes, host_ms, flush_ms):
+    opens = [r for r in recs if r[0] == -1]
+    claims = [r for r in recs if r[0] >= 0]
+    if not claims:
+        print(f"{name}: no claims traced")
+        return
+    t_first = min(r[4] for r in claims)
+    t_last = max(r[4] + r[5] + r[6] for r in claims)
+    span_us = (t_last - t_first) / 1e3
+    blocks = sorted({r[0] for r in claims})
+    skew = t_flush_ns - (opens[0][4] if opens else t_first)
+    rel = lambda t: f"{(t - t_flush_ns) / 1e3:+.1f} us" if abs(skew) < 10**9 else "n/a"  # noqa: E731
+    print(f"{name}: submit {host_ms:.3f} ms, flush+sync {flush_ms:.3f} ms; {len(opens)} batch(es) "
+          f"{[o[3] for o in opens][:6]}, {len(claims)} claims by {len(blocks)} blocks")
+    if opens:
+        print(f"  batch opened at {rel(opens[0][4])} from the flush call, first claim {rel(t_first)}, "
+              f"last claim done {rel(t_last)}")
+    print(f"  claims span {span_us:.1f} us: {nbytes / (span_us * 1e-6) / 1e9:.0f} GB/s of input")
+    load = [r[5] / 1e3 for r in claims]
+    exe = [r[6] / 1e3 for r in claims]
+    per_sub = [r[6] / 1e3 / max(1, r[3]) for r in claims]
+    print(f"  per claim: load median {statistics.median(load):.2f} us (p90 {pct(load, .9):.2f}); exec median "
+          f"{statistics.median(exe):.2f} us (p90 {pct(exe, .9):.2f}, max {max(exe):.2f}); k median "
+          f"{statistics.median([r[3] for r in claims])}; exec/sub-op median {statistics.median(per_sub):.2f} us")
+    gaps, busy, starts = [], [], []
+    for b in blocks:
+        rs = sorted((r for r in claims if r[0] == b), key=lambda r: r[4])
+        starts.append((rs[0][4] - t_first) / 1e3)
+        busy.append(sum(r[5] + r[6] for r in rs) / 1e3)
+        for x, y in zip(rs, rs[1:]):
+            gaps.append((y[4] - (x[4] + x[5] + x[6])) / 1e3)
+    print(f"  block first-claim offsets: median {statistics.median(starts):.1f} us, max {max(starts):.1f} us; "
+          f"busy per block median {statistics.median(busy):.1f} us (of {span_us:.1f}); gaps between claims "
+          f"median {statistics.median(gaps) if gaps else 0:.2f} us, p90 {pct(gaps, .9):.2f} us")
+
+
+def run(name, X, O, op, reps=4, big=None):
+    recs = None
+    for rep in range(reps):
+        torch.cuda.synchronize()
+        gpuos_ext.worker_trace()  # reset
+        t0 = time.perf_counter()
+        if big is not None:
+            gpuos.submit_reduce(op, big[0], big[1])
+        else:
+            for x, o in zip(X, O):
+                gpuos.submit_reduce(op, x, o)
+        t1 = time.perf_counter()
+        t_flush_ns = time.time_ns()
+        gpuos.flush(sync=True)
+        t2 = time.perf_counter()
+        tr = gpuos_ext.worker_trace()[torch.cuda.current_device()]
+        recs = tr["records"]
+    nbytes = (big[0].numel() * big[0].element_size()) if big is not None else sum(x.numel() * x.element_size() for x in X)
+    summarise(name, recs, t_flush_ns, nbytes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+    if tr["dropped"]:
+        print(f"  ({tr['dropped']} records dropped: raise GPUOS_TRACE)")
+
+
+def main():
+    gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
+    print(gpuos.runtime_info(), flush=True)
+    want = set(sys.argv[1:])
+    n = 1000
+
+    def on(s):
+        return not want or s in want
+
+    if on("w3"):
+        for rows, cols in ((8, 256), (64, 512), (128, 1024)):
+            X = [torch.randn(rows, cols, device="cuda") for _ in range(n)]
+            O = [torch.empty(rows, device="cuda") for _ in range(n)]
+            run(f"w3 {rows}x{cols} sum", X, O, "sum")
+            torch.testing.assert_close(O[3], X[3].sum(-1), rtol=1e-5, atol=1e-4)
+    if on("views"):
+        buf = torch.randn(n * 128, 1024, device="cuda")
+        out = torch.empty(n * 128, device="cuda")
+        run("views 1000 x 128x1024 of one buffer", list(buf.split(128)), list(out.split(128)), "sum")
+    if on("single"):
+        buf = torch.randn(n * 128, 1024, device="cuda")
+        out = torch.empty(n * 128, device="cuda")
+        run("single 128000x1024", None, None, "sum", big=(buf, out))
+        torch.testing.assert_close(out, buf.sum(-1), rtol=1e-5, atol=1e-3)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            torch.sum(buf, -1, out=out)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 100
+        print(f"  torch.sum of the same 128000x1024: {ms:.3f} ms ({buf.numel() * 4 / (ms * 1e-3) / 1e9:.0f} GB/s)")
+    print("stats", {k: v for k, v in gpuos.stats().items() if v}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
