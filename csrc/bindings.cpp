@@ -665,42 +665,91 @@ void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const 
   rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
 }
 
-void submit_reduce(const std::string& opname, py::handle px, py::handle pout, bool keepdim) {
-  const uint32_t op = op_id(opname, "gpuos.submit_reduce", 1);
-  const std::string who = "gpuos.submit_reduce('" + opname + "')";
-  const at::Tensor& x = as_tensor(px.ptr(), who.c_str(), "x");
-  const at::Tensor& out = as_tensor(pout.ptr(), who.c_str(), "out");
-  check_cuda_float(who.c_str(), x, "x");
-  check_cuda_float(who.c_str(), out, "out");
+// submit_reduce(op, x, out, keepdim=False): METH_FASTCALL | METH_KEYWORDS (the W3 loop calls it 1,000 times
+// per batch: pybind11's dispatch and the eager error-message strings cost more than the record path).
+void submit_reduce_impl(PyObject* pop, PyObject* px, PyObject* pout, bool keepdim) {
+  if (!PyUnicode_Check(pop))
+    throw py::type_error(std::string("gpuos.submit_reduce: op must be a reduction name (str), e.g. 'sum'; got ") +
+                         Py_TYPE(pop)->tp_name + ". gpuos.supported_ops() lists them.");
+  const char* opname = PyUnicode_AsUTF8(pop);
+  if (!opname) throw py::error_already_set();
+  uint32_t op = kNumOpsHost;
+  for (uint32_t i = 0; i < kNumOpsHost; ++i)
+    if (kOps[i].kind == 1 && std::strcmp(opname, kOps[i].name) == 0) op = i;
+  if (op == kNumOpsHost) op_id(opname, "gpuos.submit_reduce", 1);  // raises, listing the reductions
+  auto who = [&] { return std::string("gpuos.submit_reduce('") + opname + "')"; };
+  const at::Tensor& x = as_tensor(px, "gpuos.submit_reduce", "x");
+  const at::Tensor& out = as_tensor(pout, "gpuos.submit_reduce", "out");
+  check_cuda_float("gpuos.submit_reduce", x, "x");
+  check_cuda_float("gpuos.submit_reduce", out, "out");
   if (x.scalar_type() != out.scalar_type())
-    throw py::type_error(who + ": out dtype " + dtype_str(out) + " must equal x dtype " + dtype_str(x));
-  if (x.get_device() != out.get_device()) throw py::value_error(who + ": x and out are on different devices");
-  if (x.dim() < 1 || x.dim() > (int64_t)kMaxDims)
-    throw py::value_error(who + ": x must have 1.." + std::to_string(kMaxDims) + " dims, got " + shape_str(x));
-  const bool row_out = opname == "softmax" || opname == "log_softmax";
-  std::vector<int64_t> want = x.sizes().vec();
-  if (!row_out) {
-    want.pop_back();
-    if (keepdim) want.push_back(1);
-  }
-  if (at::IntArrayRef(want) != out.sizes())
-    throw py::value_error(who + ": out shape " + shape_str(out) + " must be " +
-                          shape_vec_str(want) + " for x " +
+    throw py::type_error(who() + ": out dtype " + dtype_str(out) + " must equal x dtype " + dtype_str(x));
+  if (x.get_device() != out.get_device()) throw py::value_error(who() + ": x and out are on different devices");
+  const int64_t xd = x.dim();
+  if (xd < 1 || xd > (int64_t)kMaxDims)
+    throw py::value_error(who() + ": x must have 1.." + std::to_string(kMaxDims) + " dims, got " + shape_str(x));
+  const bool row_out = op == kOp_softmax || op == kOp_log_softmax;
+  // out's shape: x's (softmax / log_softmax), else x's without the last dim (keepdim: with it as 1)
+  const at::IntArrayRef xs = x.sizes(), os = out.sizes();
+  const int64_t want_dim = row_out || keepdim ? xd : xd - 1;
+  bool shape_ok = (int64_t)os.size() == want_dim;
+  for (int64_t i = 0; shape_ok && i < want_dim; ++i)
+    shape_ok = os[i] == (i < xd - 1 || row_out ? xs[i] : 1);
+  if (!shape_ok) {
+    std::vector<int64_t> want = xs.vec();
+    if (!row_out) {
+      want.pop_back();
+      if (keepdim) want.push_back(1);
+    }
+    throw py::value_error(who() + ": out shape " + shape_str(out) + " must be " + shape_vec_str(want) + " for x " +
                           shape_str(x) + (row_out ? "" : (keepdim ? " with keepdim=True" : " with keepdim=False")));
-  const int64_t cols = x.size(-1);
-  if ((opname == "amax" || opname == "amin") && cols == 0 && out.numel() > 0)
-    throw py::value_error(who + ": the last dim of x " + shape_str(x) + " is empty; amax/amin have no identity");
+  }
+  const int64_t cols = xs[xd - 1];
+  if ((op == kOp_amax || op == kOp_amin) && cols == 0 && out.numel() > 0)
+    throw py::value_error(who() + ": the last dim of x " + shape_str(x) + " is empty; amax/amin have no identity");
   if (!out.is_contiguous() && has_internal_overlap(out))
-    throw py::value_error(who + ": out " + shape_str(out) + " has stride-0 (expanded) dims");
-  if (row_out) check_overlap(who.c_str(), out, x, "x");  // in-place softmax is allowed
+    throw py::value_error(who() + ": out " + shape_str(out) + " has stride-0 (expanded) dims");
+  if (row_out) check_overlap(who().c_str(), out, x, "x");  // in-place softmax is allowed
   else if (partially_overlaps(out, x, /*allow_identical=*/false))
-    throw py::value_error(who + ": out overlaps x. Fix: write to a separate tensor.");
+    throw py::value_error(who() + ": out overlaps x. Fix: write to a separate tensor.");
   const int dev = out.get_device();
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   lower_deferred(dev, rt);
   record_reduce_tensors(rt, op, x, out, keepdim);
-  keep3(dev, px.ptr(), pout.ptr(), pout.ptr());
+  keep3(dev, px, pout, pout);
+}
+
+PyObject* submit_reduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  try {
+    static const char* const kNames[4] = {"op", "x", "out", "keepdim"};
+    PyObject* a[4] = {nullptr, nullptr, nullptr, nullptr};
+    if (nargs > 4)
+      throw py::type_error("gpuos.submit_reduce(op, x, out, keepdim=False) takes at most 4 arguments, got " +
+                           std::to_string(nargs));
+    for (Py_ssize_t i = 0; i < nargs; ++i) a[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      const char* kw = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+      int slot = -1;
+      for (int i = 0; i < 4 && kw; ++i)
+        if (std::strcmp(kw, kNames[i]) == 0) slot = i;
+      if (slot < 0)
+        throw py::type_error(std::string("gpuos.submit_reduce() got an unexpected keyword argument '") +
+                             (kw ? kw : "?") + "'");
+      if (a[slot]) throw py::type_error(std::string("gpuos.submit_reduce() got multiple values for '") + kw + "'");
+      a[slot] = args[nargs + k];
+    }
+    for (int i = 0; i < 3; ++i)
+      if (!a[i]) throw py::type_error(std::string("gpuos.submit_reduce() missing required argument '") + kNames[i] + "'");
+    int keepdim = 0;
+    if (a[3] && (keepdim = PyObject_IsTrue(a[3])) < 0) throw py::error_already_set();
+    submit_reduce_impl(a[0], a[1], a[2], keepdim != 0);
+    Py_RETURN_NONE;
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
 }
 
 // ------------------------------------------------------------------ scheduler record path (issues 4, 5)
@@ -900,6 +949,9 @@ void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<s
 void lower_deferred(int dev, Runtime& rt) {
   auto& ops = g_def[dev].ops;
   if (ops.empty()) return;
+  // Publications during lowering (ring full, early) go on the stream these ops were recorded under.
+  rt.set_record_stream(true, g_def[dev].stream);
+  struct Reset { Runtime& rt; ~Reset() { rt.set_record_stream(false); } } reset{rt};
   const int n = (int)ops.size();
   std::vector<std::array<int, 3>> child(n, {-1, -1, -1});
   std::vector<char> fused_away(n, 0);
@@ -1433,6 +1485,7 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
   if (const char* v = std::getenv("GPUOS_IDLE_US"); v && *v) cfg.idle_us = std::atof(v);
   if (const char* v = std::getenv("GPUOS_BURST_MIN"); v && *v) cfg.burst_min = (uint32_t)std::atoi(v);
   if (const char* v = std::getenv("GPUOS_BURST_BLOCKS"); v && *v) cfg.burst_blocks = (uint32_t)std::atoi(v);
+  if (const char* v = std::getenv("GPUOS_PUBLISH_MIN"); v && *v) cfg.publish_min = (uint32_t)std::atoi(v);
   if (const char* v = std::getenv("GPUOS_TIMEOUT_S"); v && *v) cfg.timeout_s = std::atof(v);
   if (const char* v = std::getenv("GPUOS_TRACE"); v && *v) cfg.trace_records = (uint32_t)std::atoi(v);
   const int dev = current_device();
@@ -1495,6 +1548,7 @@ py::dict stats() {
     s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
     s.worker_launches += r.worker_launches; s.handovers += r.handovers; s.idle_adoptions += r.idle_adoptions;
     s.burst_launches += r.burst_launches;
+    s.early_publishes += r.early_publishes;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
     s.dma_batches += r.dma_batches;
     s.fused_subops += r.fused_subops;
@@ -1510,6 +1564,7 @@ py::dict stats() {
   d["handovers"] = s.handovers;
   d["idle_adoptions"] = s.idle_adoptions;
   d["burst_launches"] = s.burst_launches;
+  d["early_publishes"] = s.early_publishes;
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;
@@ -1561,6 +1616,11 @@ static PyMethodDef kFastMethods[] = {
     {"sched_ew", (PyCFunction)(void (*)(void))sched_ew, METH_FASTCALL,
      "sched_ew(op_id, mode, inputs, out, s0, s1, size_threshold) -> Tensor | int\n\nThe scheduler's record path "
      "(gpuos/scheduler.py): validates, allocates the output and defers the op; an int is the fallback reason."},
+    {"submit_reduce", (PyCFunction)(void (*)(void))submit_reduce_fast, METH_FASTCALL | METH_KEYWORDS,
+     "submit_reduce(op, x, out, keepdim=False)\n\nRecord a last-dim reduction of x into out: op in ('sum', "
+     "'mean', 'amax', 'amin') (out: x's shape without the last dim, or with it as 1 when keepdim), or 'softmax' / "
+     "'log_softmax' (out: x's shape; may be x itself). float32 / float16 / bfloat16, any strides. Runs at the next "
+     "flush()."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -1749,8 +1809,6 @@ PYBIND11_MODULE(gpuos_ext, m) {
     return py::bytes((const char*)&p, sizeof p);
   }, py::arg("ninputs"), py::arg("nodes"), py::arg("out"),
         "Bytecode (device_src/interp.h Program) for nodes [(op, [srcs], s0, s1[, round_dtype])].");
-  m.def("submit_reduce", &submit_reduce, py::arg("op"), py::arg("x"), py::arg("out"), py::arg("keepdim") = false,
-        "submit_reduce(op, x, out, keepdim=False): last-dim sum / mean / amax / amin / softmax / log_softmax.");
   m.def("_cpu_apply", &cpu_apply, py::arg("op"), py::arg("inputs"), py::arg("out"), py::arg("s0") = 0.0f,
         py::arg("s1") = 0.0f, "Evaluate an op's device functor on the CPU with g++ (numerics tests).");
   m.def("_cpu_run_program", &cpu_run_program, py::arg("program"), py::arg("inputs"), py::arg("out"),

@@ -98,9 +98,11 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   if (!memops64)
     throw CudaError("gpuos.init: " + name_ + " does not support 64-bit CUDA stream memory operations "
                     "(cuStreamBatchMemOp with WRITE_VALUE_64), which GPUOS uses to publish batches in stream order");
-  if (cfg_.threads_per_block < 32 || cfg_.threads_per_block > 1024 || cfg_.threads_per_block % 32)
+  if (cfg_.threads_per_block < 32 || cfg_.threads_per_block > kMaxThreads || cfg_.threads_per_block % 32)
     throw std::invalid_argument("gpuos.init: threads_per_block=" + std::to_string(cfg_.threads_per_block) +
-                                " must be a multiple of 32 in [32, 1024]");
+                                " must be a multiple of 32 in [32, " + std::to_string(kMaxThreads) +
+                                "] (the worker is compiled for at most " + std::to_string(kMaxThreads) +
+                                " threads per block; one block runs per SM)");
   if (cfg_.capacity < 64 || cfg_.capacity > (1u << 26))
     throw std::invalid_argument("gpuos.init: capacity=" + std::to_string(cfg_.capacity) +
                                 " must be in [64, 67108864]");
@@ -258,7 +260,7 @@ void Runtime::ensure_room(uint32_t ndesc, uint32_t nref) {
   // Full: publish what is pending (it may be what fills the ring), then wait for the oldest batches.
   if (has_pending()) {
     st_.full_queue_flushes++;
-    flush(stream_fn_());
+    flush(record_stream());
   }
   while (!fits()) {
     if (inflight_.empty())
@@ -280,7 +282,7 @@ void Runtime::close_level() {
   footprint_.clear();
   // One flush publishes at most kMaxLevelsPerFlush levels in one driver call; batch slots are finite too.
   if (levels_.size() >= kMaxLevelsPerFlush || levels_.size() + inflight_.size() >= kMaxBatches / 2)
-    flush(stream_fn_());
+    flush(record_stream());
 }
 
 // Merge dims (drop size-1, fuse dims contiguous across all operands) and fill TensorRefs. Returns the merged
@@ -371,6 +373,7 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
       d.base = (uint32_t)base;
       ++desc_head_;
       ++cur_count_;
+      ++pending_subops_;
       st_.subops++;
     }
   }
@@ -429,6 +432,7 @@ void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const O
   }
   note_access(out, ins, arity);
   st_.submitted++;
+  maybe_publish_early();
 }
 
 void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
@@ -455,6 +459,7 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   append_tiles(proto, (uint64_t)rows, per_tile, refs, 2);
   note_access(out, &x, 1);
   st_.submitted++;
+  maybe_publish_early();
 }
 
 void Runtime::sync_ctl(const char* what) {
@@ -506,6 +511,7 @@ void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& ou
   note_access(out, ins, nin);
   st_.submitted++;
   st_.fused_subops++;
+  maybe_publish_early();
 }
 
 // ------------------------------------------------------------------ publication
@@ -520,9 +526,22 @@ static uint32_t env_u32(const char* name, uint32_t dflt) {
 }
 static const uint32_t kDmaMin = std::max<uint32_t>(1, env_u32("GPUOS_DMA_MIN", 128));
 
-uint32_t Runtime::flush(CUstream stream) {
+uint32_t Runtime::flush(CUstream stream, bool early) {
   close_level();
-  if (levels_.empty()) return 0;
+  if (levels_.empty()) {
+    if (early || unwaited_seq_ == 0) return 0;
+    // Everything was published early: only the stream wait is missing.
+    make_current();
+    CUstreamBatchMemOpParams wt{};
+    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (unwaited_seq_ & (kMaxBatches - 1));
+    wt.waitValue.value = unwaited_seq_;
+    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
+    unwaited_seq_ = 0;
+    st_.flushes++;
+    return last_seq_;
+  }
   make_current();
   // Generations (issue #5), before anything is published (a module load must not wait behind a stream that
   // waits for work no worker would run): a pending sub-op that needs a newer generation drains the worker and
@@ -570,29 +589,35 @@ uint32_t Runtime::flush(CUstream stream) {
     inflight_.push_back({seq, lv.start + lv.count, ref_head_});
     st_.batches++;
   }
-  CUstreamBatchMemOpParams wt{};
-  wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
-  wt.waitValue.value = last_seq_;
-  wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-  ops.push_back(wt);
+  // The stream waits for the last batch (batches complete in order: for all of them), except after an early
+  // publication: the host is still recording, and the flush() that follows adds the wait.
+  if (!early) {
+    CUstreamBatchMemOpParams wt{};
+    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
+    wt.waitValue.value = last_seq_;
+    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    ops.push_back(wt);
+  }
 
   // One cuStreamBatchMemOp call publishes the whole flush (close_level keeps a flush under kMaxLevelsPerFlush
   // levels; the API takes fewer than 256 operations). If it fails, nothing was published: undo the
   // bookkeeping so the levels stay pending and no seq is left "published but never ready".
   CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
   if (r != CUDA_SUCCESS) {
-    for (size_t i = 0; i + 1 < ops.size(); ++i) inflight_.pop_back();
-    last_seq_ -= (uint32_t)(ops.size() - 1);
-    st_.batches -= ops.size() - 1;
+    for (size_t i = 0; i < publishing.size(); ++i) inflight_.pop_back();
+    last_seq_ -= (uint32_t)publishing.size();
+    st_.batches -= publishing.size();
     levels_ = std::move(publishing);
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
   // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
   __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  maybe_launch_worker(cfg_.burst_min && publishing_subops >= cfg_.burst_min ? burst_grid_ : grid_);
-  st_.flushes++;
+  unwaited_seq_ = early ? last_seq_ : 0;
+  pending_subops_ = 0;
+  maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
+  if (!early) st_.flushes++;
   if (on_publish_) on_publish_();
   return last_seq_;
 }

@@ -25,6 +25,10 @@ struct Config {
   // GPUOS_BURST_BLOCKS.)
   uint32_t burst_min = 2048;
   uint32_t burst_blocks = 0;
+  // Recording that has accumulated >= publish_min sub-ops since the last publication publishes them at once
+  // (on the burst grid, without a stream wait): the GPU runs while the host records the rest, and the next
+  // flush() orders the stream after everything. 0 disables. (Env GPUOS_PUBLISH_MIN.)
+  uint32_t publish_min = 1024;
   double idle_us = 200.0;          // worker exits after this long with nothing published
   double timeout_s = 60.0;         // every GPU wait
   uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
@@ -51,6 +55,7 @@ struct RuntimeStats {
   uint64_t fused_subops = 0, programs = 0;
   uint64_t idle_adoptions = 0;  // handovers done by the compile thread while no worker was resident
   uint64_t burst_launches = 0;  // worker launches on the burst grid (Config::burst_min)
+  uint64_t early_publishes = 0;  // publications made during recording (Config::publish_min)
 };
 
 // Per-level access footprint: storage -> bounding byte ranges read and written in the open level.
@@ -104,11 +109,14 @@ class Runtime {
                     int64_t numel);
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
   int32_t program_id(const Program& p);
-  // Publish everything pending on `stream`; returns the last published seq (0 if nothing was pending).
-  uint32_t flush(CUstream stream);
+  // Publish everything pending on `stream` and make the stream wait for it (and for earlier early
+  // publications); returns the last published seq (0 if nothing was pending). `early`: a publication during
+  // recording (Config::publish_min): burst grid, no stream wait.
+  uint32_t flush(CUstream stream, bool early = false);
   // Wait (GIL must be released by the caller) until batch `seq` is done, or all in flight if seq == 0.
   void wait_done(uint32_t seq);
-  bool has_pending() const { return !levels_.empty() || cur_count_ > 0; }
+  // Recorded work not yet published, or published early and not yet ordered before a stream by flush().
+  bool has_pending() const { return !levels_.empty() || cur_count_ > 0 || unwaited_seq_ != 0; }
   // The worker exits at its next poll once nothing published is pending (reset by the next launch).
   void request_yield() { if (alive_) __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST); }
   // Complete everything (pending work is published on `stream`; nullptr = legacy default stream), stop the
@@ -121,6 +129,10 @@ class Runtime {
   // records that did not fit.
   std::vector<TraceRec> take_trace(uint64_t* dropped);
   std::string describe() const;  // device name, SMs, grid, arch
+
+  // Publications made while recording (ring full, too many levels, early) go on the current stream, or while
+  // set, on `s` (the scheduler lowers ops that were recorded under another stream). Call under mu.
+  void set_record_stream(bool on, CUstream s = nullptr) { rec_stream_on_ = on; rec_stream_ = s; }
 
   // Called (under mu) each time pending work is published: the binding layer drops its keep-alive refs.
   void set_publish_hook(std::function<void()> f) { on_publish_ = std::move(f); }
@@ -144,7 +156,14 @@ class Runtime {
   std::mutex mu;  // guards everything below; never held while waiting for the GIL
 
  private:
+  CUstream record_stream() { return rec_stream_on_ ? rec_stream_ : stream_fn_(); }
   void ensure_room(uint32_t ndesc, uint32_t nref);
+  void maybe_publish_early() {
+    if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
+      st_.early_publishes++;
+      flush(record_stream(), /*early=*/true);
+    }
+  }
   void close_level();
   void retire();
   bool seq_done(uint32_t seq) const;
@@ -206,6 +225,10 @@ class Runtime {
   std::vector<Level> levels_;       // closed, unpublished levels
   uint64_t cur_start_ = 0;          // open level
   uint32_t cur_count_ = 0;
+  bool rec_stream_on_ = false;   // set_record_stream
+  CUstream rec_stream_ = nullptr;
+  uint64_t pending_subops_ = 0;  // sub-ops recorded since the last publication
+  uint32_t unwaited_seq_ = 0;    // last seq published early with no stream wait after it (0: none)
   struct InFlight { uint32_t seq; uint64_t desc_end, ref_end; };
   std::deque<InFlight> inflight_;
   uint32_t last_seq_ = 0;

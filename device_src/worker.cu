@@ -16,7 +16,7 @@
 
 namespace gpuos {
 
-constexpr u32 kMaxWarps = 32;
+constexpr u32 kMaxWarps = kMaxThreads / 32;
 constexpr u32 kWarpSlots = 5;  // per-warp TensorRef slots in shared memory: 4 operand refs, or FusedArgs + Program
 static_assert(sizeof(FusedArgs) + sizeof(Program) <= kWarpSlots * sizeof(TensorRef), "fused scratch fits");
 constexpr u32 kCmdRun = 1, kCmdExit = 2;
@@ -570,7 +570,7 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
 
 }  // namespace gpuos
 
-extern "C" __global__ void __launch_bounds__(1024) gpuos_worker(gpuos::WorkerArgs args) {
+extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads) gpuos_worker(gpuos::WorkerArgs args) {
   using namespace gpuos;
   __shared__ SubOp sdesc[kMaxWarps * kClaimPerWarp];
   __shared__ TensorRef srefs[kMaxWarps][kWarpSlots];

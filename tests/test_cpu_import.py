@@ -16,7 +16,7 @@ API_FUNCS = [
     "shutdown", "stats", "jit_compile", "nvrtc_version", "device_sources", "is_initialized",
 ]
 STATS_KEYS = ["submitted", "batches", "flushes", "worker_launches", "handovers", "jit_compiles",
-              "cache_hits", "idle_adoptions", "burst_launches"]
+              "cache_hits", "idle_adoptions", "burst_launches", "early_publishes"]
 
 
 def _cpu(shape=(4, 4), dtype=torch.float32):

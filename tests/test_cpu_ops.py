@@ -332,3 +332,18 @@ def test_submit_reduce_unknown_op_is_value_error():
         gpuos.submit_reduce("gelu", x, torch.empty(4))
     with pytest.raises(ValueError):
         gpuos.submit_reduce("no_such_reduction", x, torch.empty(4))
+
+
+def test_submit_reduce_takes_keywords_and_rejects_bad_ones():
+    x = _a()
+    out = torch.empty(x.shape[:-1])
+    with pytest.raises(TypeError, match="CUDA"):  # keywords reach the same checks as positionals
+        gpuos.submit_reduce(op="sum", x=x, out=out, keepdim=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dim'"):
+        gpuos.submit_reduce("sum", x, out, dim=-1)
+    with pytest.raises(TypeError, match="missing required argument 'out'"):
+        gpuos.submit_reduce("sum", x)
+    with pytest.raises(TypeError, match="multiple values for 'x'"):
+        gpuos.submit_reduce("sum", x, out, x=x)
+    with pytest.raises(TypeError, match="reduction name"):
+        gpuos.submit_reduce(0, x, out)

@@ -482,12 +482,32 @@ def test_big_flush_launches_the_burst_grid_and_gemms_still_run(rt):
     s1 = rt.stats()
     assert_close(out, a + b)
     assert_close(y, ey)
-    assert s1["burst_launches"] == s0["burst_launches"] + 1, (s0, s1)
+    assert s1["burst_launches"] >= s0["burst_launches"] + 1, (s0, s1)  # + 1 per idle exit between early publishes
     rt.submit_add(a[0], b[0], out[0])  # one sub-op: the bounded grid
     rt.flush(sync=True)
     torch.cuda.synchronize()
     assert rt.stats()["burst_launches"] == s1["burst_launches"]
     assert "for flushes of >= 2048 sub-ops" in str(gpuos.runtime_info())
+
+
+def test_recording_publishes_early_and_the_flush_still_orders_the_stream(rt):
+    """>= publish_min (1,024) sub-ops recorded without a flush go out at once (stats()["early_publishes"]), with
+    no stream wait; the flush() that follows -- nothing left to publish -- must still make the stream wait for
+    them: a copy issued on the stream right after it sees every result."""
+    n = 1024  # exactly publish_min one-tile sub-ops: all of them are published early
+    a, b, out = ga((n, 4096)), ga((n, 4096)), nan((n, 4096))
+    rt.flush(sync=True)
+    torch.cuda.synchronize()
+    s0 = rt.stats()
+    rt.submit_many("add", list(a.unbind(0)), list(b.unbind(0)), list(out.unbind(0)))
+    s1 = rt.stats()
+    assert s1["early_publishes"] == s0["early_publishes"] + 1, (s0, s1)
+    assert rt.pending() == 1  # published, but no stream is ordered after it yet
+    rt.flush()
+    got = out.clone()  # stream-ordered after the flush
+    assert rt.pending() == 0
+    torch.cuda.synchronize()
+    assert_close(got, a + b)
 
 
 def test_gemm_on_side_stream_completes_while_batches_flow(rt):
