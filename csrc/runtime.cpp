@@ -540,6 +540,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
     st_.flushes++;
+    if (on_publish_) on_publish_();
     return last_seq_;
   }
   make_current();
@@ -550,6 +551,13 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
   else maybe_adopt_generation();
   const Driver& d = driver();
+  // An early publication is bulk work: if a worker on the bounded grid is resident and idle (everything
+  // published has run), let it leave so that this publication launches one on the burst grid. (A busy one keeps
+  // the work: waiting for it here would block the recording thread.)
+  retire();
+  if (early && launched_grid_ < burst_grid_ && inflight_.empty() &&
+      __atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) == kWorkerRunning)
+    drain_worker("an early publication moving to the burst grid");
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();
   auto write64 = [&ops](CUdeviceptr addr, uint64_t v, unsigned flags) {
@@ -618,7 +626,9 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   pending_subops_ = 0;
   maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
   if (!early) st_.flushes++;
-  if (on_publish_) on_publish_();
+  // Keep-alive references may go once the stream waits for the work (a later allocation on that stream cannot
+  // reuse the memory before the worker is done with it): not after an early publication.
+  if (!early && on_publish_) on_publish_();
   return last_seq_;
 }
 
@@ -637,8 +647,10 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
   args.progs = progs_d_;
   args.trace = trace_d_;
+  args.keep_blocks = grid_;
   void* params[] = {&args};
   GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
+  launched_grid_ = grid;
   st_.worker_launches++;
   if (grid != grid_) st_.burst_launches++;
 }

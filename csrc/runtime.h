@@ -199,6 +199,7 @@ class Runtime {
   CUstream side_ = nullptr;
   int sms_ = 0, cc_major_ = 0, cc_minor_ = 0;
   uint32_t grid_ = 0, burst_grid_ = 0;
+  uint32_t launched_grid_ = 0;  // grid of the last worker launch (the resident one while worker_state says so)
   std::string name_;
   int worker_local_bytes_ = 0;  // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES of the active worker
   size_t stack_limit_ = 0;      // CU_LIMIT_STACK_SIZE after fit_stack

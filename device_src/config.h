@@ -24,11 +24,16 @@ constexpr u32 kMaxDims = 8;
 constexpr u32 kMaxBatches = 1024;
 // Largest number of elements one sub-op descriptor covers; bigger ops are split into tiles.
 constexpr u32 kTileElems = 4096;
-// Most threads per worker block (init(threads_per_block=...)). The worker is compiled for it
-// (__launch_bounds__): at 256 every thread may use 255 registers, and the reduction loops run without spills
-// or call-site register saves to local memory. At 1,024 (64 registers) they did, and a 4 KB row took ~5 us to
-// reduce on H100 (stack traffic, not DRAM, bounded it).
+// Most threads per worker block (init(threads_per_block=...)), and worker blocks that fit one SM: the worker
+// is compiled for them (__launch_bounds__(kMaxThreads, kWorkerBlocksPerSm): 128 registers per thread). The one
+// worker block per SM then holds half of the SM's registers: the other half stays for foreign kernels (DESIGN
+// F7), and the reduction loops have registers enough to keep two rows in flight. (At 1,024 threads, 64
+// registers, they spilled and a 4 KB row took ~5 us on H100.)
 constexpr u32 kMaxThreads = 256;
+#ifndef GPUOS_BPS
+#define GPUOS_BPS 2
+#endif
+constexpr u32 kWorkerBlocksPerSm = GPUOS_BPS;
 // Sub-op descriptors a block claims at once, per warp.
 constexpr u32 kClaimPerWarp = 4;
 // Op id space (SubOp::op): built-in ops of device_src/ops.def are 0 .. kFirstUserOp-1; ops registered at run

@@ -102,7 +102,9 @@ struct DevCtl {
   u32 epoch;                   // seq of the batch last opened for the grid
   u32 exit_flag;               // grid-wide: poller decided to exit
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)
-  u32 reserved[10];
+  u32 shrink;                  // = launch gen: blocks >= WorkerArgs::keep_blocks leave (poller: stuck on a batch
+                               // published but not ready, maybe behind stream work that needs their SMs)
+  u32 reserved[9];
   AliasCtl alias;              // dual-slot alias table (zero = every op on slot 0)
 };
 
@@ -116,6 +118,8 @@ struct WorkerArgs {
   u64 idle_ns;    // exit after this long with nothing published
   u64 progs;      // Program* device program table (interp.h; fused sub-ops)
   u64 trace;      // TraceBuf* (device pointer of a mapped pinned block), 0: tracing off
+  u32 keep_blocks;  // blocks that stay when the grid shrinks (the bounded grid; DevCtl::shrink)
+  u32 reserved;
 };
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
@@ -145,7 +149,7 @@ static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
 static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 64, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 72, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

@@ -144,15 +144,17 @@ __device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 la
 }
 
 // ---------------------------------------------------------------- last-dim reductions, one warp per row
+// Offset of row `row` over the first `nouter` dims; the outermost needs no division (row < its size by then).
 __device__ __forceinline__ i64 row_offset(const TensorRef& r, u32 nouter, i64 row) {
+  if (nouter == 0) return 0;
   i64 off = 0;
-  for (int k = (int)nouter - 1; k >= 0; --k) {
+  for (int k = (int)nouter - 1; k > 0; --k) {
     const i64 s = r.sizes[k];
     const i64 q = row / s;
     off += (row - q * s) * r.strides[k];
     row = q;
   }
-  return off;
+  return off + row * r.strides[0];
 }
 
 template <class R>
@@ -199,6 +201,59 @@ __device__ __noinline__ float fold_vec_n(const void* xp, u32 dt, i64 cols, u32 l
   }
   for (i64 j = (i64)nv * V::N + lane; j < cols; j += 32) acc = R::combine(acc, t(load_f32(xp, dt, j)));
   return acc;
+}
+
+// sum / mean / amax / amin over rows that are all contiguous and 16-byte aligned: two rows in flight per warp
+// (twice the bytes of the one-row loop; a 1,024-value fp32 row is one round of U loads per lane), and no calls
+// inside: under the call ABI the loop's registers were saved to and reloaded from local memory around every row.
+// The worker has 8 warps per SM (DESIGN F7), so rows in flight, not DRAM bandwidth, bound W3-style batches.
+template <class R, u32 U, class V>
+__device__ __noinline__ void reduce_rows_vec(const SubOp& d, const TensorRef& rx, const TensorRef& ro, u32 lane) {
+  const u32 nd = rx.ndim, dt = dt_of(d, 1), dto = d.dtype & 0xffu;
+  const i64 cols = rx.sizes[nd - 1];
+  const u32 nv = (u32)(cols / V::N);
+  const float scale = d.op == kOp_mean ? 1.0f / (float)cols : 1.0f;
+  const auto id = [](float v) { return v; };
+  for (u32 r = 0; r < d.n; r += 2) {
+    const i64 row = (i64)d.base + r;
+    const bool two = r + 1 < d.n;
+    const uint4* p0 = (const uint4*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * (16 / V::N)));
+    const uint4* p1 = two ? (const uint4*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row + 1) * (16 / V::N))) : p0;
+    float a0 = R::init(), a1 = R::init();
+    for (u32 v = lane; v < nv; v += 32 * U) {
+      uint4 q0[U], q1[U];
+#pragma unroll
+      for (u32 k = 0; k < U; ++k)
+        if (v + 32 * k < nv) {
+          q0[k] = p0[v + 32 * k];
+          q1[k] = p1[v + 32 * k];
+        }
+#pragma unroll
+      for (u32 k = 0; k < U; ++k)
+        if (v + 32 * k < nv) {
+          a0 = R::combine(a0, fold16<R, V>(q0[k], dt, id));
+          a1 = R::combine(a1, fold16<R, V>(q1[k], dt, id));
+        }
+    }
+    for (i64 j = (i64)nv * V::N + lane; j < cols; j += 32) {
+      a0 = R::combine(a0, load_f32(p0, dt, j));
+      a1 = R::combine(a1, load_f32(p1, dt, j));
+    }
+    a0 = warp_combine<R>(a0);
+    a1 = warp_combine<R>(a1);
+    if (lane < (two ? 2u : 1u)) {
+      const float v = (lane == 0 ? a0 : a1) * scale;
+      store_f32((void*)ro.ptr, dto, row_offset(ro, ro.ndim, row + lane), v);
+    }
+  }
+}
+
+// Every row of x contiguous and 16-byte aligned (last-dim stride 1, outer strides multiples of 16 bytes)?
+__device__ __forceinline__ bool rows_vec_aligned(const TensorRef& rx, u32 esz) {
+  if (rx.strides[rx.ndim - 1] != 1 || (rx.ptr & 15) != 0) return false;
+  for (u32 k = 0; k + 1 < rx.ndim; ++k)
+    if (((u64)rx.strides[k] * esz) & 15) return false;
+  return true;
 }
 
 // Strided or unaligned rows: U predicated scalar loads of the storage type E (float, or u16 for fp16 / bf16),
@@ -273,9 +328,21 @@ __device__ __noinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, 
   const u32 dtx = dt_of(d, 1), dto = d.dtype & 0xffu;
   const bool row_out = R::kRowOut && (d.op == kOp_softmax || d.op == kOp_log_softmax);
   const float scale = d.op == kOp_mean ? 1.0f / (float)cols : 1.0f;
+  const u32 esz = dtx == kF32 ? 4 : 2;
+#ifndef GPUOS_ROWS2
+#define GPUOS_ROWS2 1
+#endif
+#ifndef GPUOS_U2
+#define GPUOS_U2 8
+#endif
+  if (GPUOS_ROWS2 && !row_out && rows_vec_aligned(rx, esz)) {
+    if (dtx == kF32) reduce_rows_vec<R, GPUOS_U2, VecF32>(d, rx, ro, lane);
+    else reduce_rows_vec<R, GPUOS_U2 / 2, Vec16>(d, rx, ro, lane);
+    return;
+  }
   for (u32 r = 0; r < d.n; ++r) {
     const i64 row = (i64)d.base + r;
-    const void* xp = (const void*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * (dtx == kF32 ? 4 : 2)));
+    const void* xp = (const void*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * esz));
     const float acc = warp_combine<R>(fold_row<R, kRowLoads>(xp, dtx, cols, xs, lane, [](float v) { return v; }));
     if (!row_out) {
       if (lane == 0) store_f32((void*)ro.ptr, dto, row_offset(ro, ro.ndim, row), d.op == kOp_mean ? acc * scale : acc);
@@ -461,8 +528,18 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   const SubOp* ring = (const SubOp*)args.ring;
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const u32 per_claim = nwarps * kClaimPerWarp;
   __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
+  __shared__ u32 s_per_claim;
+  // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but a
+  // batch of only a few claims per block leaves blocks idle and ends on the slowest one: take fewer per warp
+  // until there are >= 4 claims per block (any size is correct: k below uses the size this block claimed).
+  if (threadIdx.x == 0) {
+    const u32 cnt = ld_vol(&dc->bcount[ld_vol(&dc->epoch) & (kMaxBatches - 1)]);
+    const u32 cpw = cnt / (gridDim.x * nwarps * 4);
+    s_per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
+  }
+  __syncthreads();
+  const u32 per_claim = s_per_claim;
   TraceBuf* tb = (TraceBuf*)args.trace;
   u64 t_claim = 0, t_loaded = 0;
   for (;;) {
@@ -539,9 +616,12 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
       __threadfence();
       return kCmdExit;
     }
-    // Published but not ready: stream work before the flush is still running. Stay; check again later.
+    // Published but not ready: stream work before the flush is still running. Stay; check again later. A
+    // burst grid gives back the SMs beyond the bounded grid: that stream work may be a kernel that cannot fit
+    // beside a worker block, and the batch's ready write waits for it (a deadlock if every SM held a block).
     st_vol(&hc->worker_state, kWorkerRunning);
     __threadfence_system();
+    if (gridDim.x > args.keep_blocks) st_vol(&dc->shrink, args.gen);
     t_idle = globaltimer();
   }
   __threadfence();
@@ -570,7 +650,7 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
 
 }  // namespace gpuos
 
-extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads) gpuos_worker(gpuos::WorkerArgs args) {
+extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerBlocksPerSm) gpuos_worker(gpuos::WorkerArgs args) {
   using namespace gpuos;
   __shared__ SubOp sdesc[kMaxWarps * kClaimPerWarp];
   __shared__ TensorRef srefs[kMaxWarps][kWarpSlots];
@@ -598,6 +678,7 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads) gpuos_worker(gp
       } else {
         for (;;) {
           if (ld_vol(&dc->exit_flag) == args.gen) { cmd = kCmdExit; break; }
+          if (blockIdx.x >= args.keep_blocks && ld_vol(&dc->shrink) == args.gen) { cmd = kCmdExit; break; }
           const u32 e = ld_vol(&dc->epoch);
           if (e != seen) { seen = e; cmd = kCmdRun; break; }
         }
