@@ -652,8 +652,8 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
 
 extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerBlocksPerSm) gpuos_worker(gpuos::WorkerArgs args) {
   using namespace gpuos;
-  __shared__ SubOp sdesc[kMaxWarps * kClaimPerWarp];
-  __shared__ TensorRef srefs[kMaxWarps][kWarpSlots];
+  __shared__ __align__(16) SubOp sdesc[kMaxWarps * kClaimPerWarp];  // written as uint4
+  __shared__ __align__(16) TensorRef srefs[kMaxWarps][kWarpSlots];
   __shared__ unsigned long long s_claim;
   __shared__ u32 s_cmd;
   HostCtl* hc = (HostCtl*)args.host_ctl;
