@@ -81,19 +81,6 @@ std::string hex64(uint64_t h) {
 std::vector<std::string> compile_options(const std::string& arch) {
   std::vector<std::string> o = {"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space",
                                 "-Xptxas", "-O1"};
-  // GPUOS_JIT_DEFINES="-DNAME=V ...": tuning experiments (part of the cache key, as every option is).
-  if (const char* v = std::getenv("GPUOS_JIT_DEFINES"); v && *v) {
-    std::string cur;
-    for (const char* c = v;; ++c) {
-      if (*c == ' ' || *c == 0) {
-        if (cur.rfind("-D", 0) == 0) o.push_back(cur);
-        cur.clear();
-        if (*c == 0) break;
-      } else {
-        cur += *c;
-      }
-    }
-  }
   return o;
 }
 

@@ -143,6 +143,7 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   }
   GPUOS_CU(d.cuMemAlloc(&dc_d_, sizeof(DevCtl)));
   GPUOS_CU(d.cuMemAlloc(&ring_dev_, sizeof(SubOp) * (size_t)cfg_.capacity));
+  GPUOS_CU(d.cuMemAlloc(&refs_dev_, sizeof(TensorRef) * (size_t)ref_capacity_));
   GPUOS_CU(d.cuMemAlloc(&progs_d_, sizeof(Program) * (size_t)kMaxPrograms));
   GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(Program) * (size_t)kMaxPrograms, CU_MEMHOSTALLOC_PORTABLE));
   progs_h_ = (Program*)p;
@@ -578,12 +579,22 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   publishing.swap(levels_);
   uint64_t publishing_subops = 0;
   for (const Level& lv : publishing) publishing_subops += lv.count;
+  bool refs_sent = false;
   for (const Level& lv : publishing) {
     const uint32_t seq = ++last_seq_;
     const uint32_t slot = seq & (kMaxBatches - 1);
     const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
     uint32_t src = 0;
     if (lv.count >= kDmaMin) {
+      // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
+      // the device mirror first, once per flush, before any DMA-delivered level's ready write.
+      if (!refs_sent && ref_head_ > ref_pub_) {
+        const uint64_t a = ref_pub_ % ref_capacity_, n = ref_head_ - ref_pub_;
+        const uint64_t n1 = std::min<uint64_t>(n, ref_capacity_ - a);
+        GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_ + a * sizeof(TensorRef), &refs_[a], n1 * sizeof(TensorRef), stream));
+        if (n1 < n) GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_, &refs_[0], (n - n1) * sizeof(TensorRef), stream));
+        refs_sent = true;
+      }
       const uint32_t first = std::min(lv.count, cfg_.capacity - start);
       GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
                                    (size_t)first * sizeof(SubOp), stream));
@@ -624,6 +635,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   unwaited_seq_ = early ? last_seq_ : 0;
   pending_subops_ = 0;
+  ref_pub_ = ref_head_;
   maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
   if (!early) st_.flushes++;
   // Keep-alive references may go once the stream waits for the work (a later allocation on that stream cannot
@@ -648,6 +660,8 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   args.progs = progs_d_;
   args.trace = trace_d_;
   args.keep_blocks = grid_;
+  args.refs = refs_d_;
+  args.refs_dev = refs_dev_;
   void* params[] = {&args};
   GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
   launched_grid_ = grid;
@@ -685,6 +699,7 @@ void Runtime::shutdown(CUstream stream) {
   d.cuStreamDestroy(side_);
   d.cuMemFree(dc_d_);
   d.cuMemFree(ring_dev_);
+  d.cuMemFree(refs_dev_);
   d.cuMemFree(progs_d_);
   d.cuMemFreeHost(progs_h_);
   d.cuStreamDestroy(ctl_);

@@ -212,6 +212,8 @@ class Runtime {
   CUdeviceptr ring_d_ = 0;
   TensorRef* refs_ = nullptr;  // pinned, mapped
   CUdeviceptr refs_d_ = 0;
+  CUdeviceptr refs_dev_ = 0;  // device mirror of the arena (DMA-delivered batches read their TensorRefs here)
+  uint64_t ref_pub_ = 0;      // ref_head_ at the last publication: refs since then go with the next DMA
   uint32_t ref_capacity_ = 0;
   CUdeviceptr dc_d_ = 0;     // DevCtl
   CUdeviceptr ring_dev_ = 0;  // device mirror of the ring (DMA / memop-delivered descriptors)

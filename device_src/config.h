@@ -27,13 +27,11 @@ constexpr u32 kTileElems = 4096;
 // Most threads per worker block (init(threads_per_block=...)), and worker blocks that fit one SM: the worker
 // is compiled for them (__launch_bounds__(kMaxThreads, kWorkerBlocksPerSm): 128 registers per thread). The one
 // worker block per SM then holds half of the SM's registers: the other half stays for foreign kernels (DESIGN
-// F7), and the reduction loops have registers enough to keep two rows in flight. (At 1,024 threads, 64
-// registers, they spilled and a 4 KB row took ~5 us on H100.)
+// F7). Measured on H100 (tools/worker_trace.py, W3 128x1024): 1, 2 or 4 blocks per SM (255 / 128 / 64
+// registers) and a two-rows-in-flight loop all ran within +-15% of each other; 1,024 threads per block
+// (64 registers) was slower, and more registers only grow the per-thread stack the context must reserve.
 constexpr u32 kMaxThreads = 256;
-#ifndef GPUOS_BPS
-#define GPUOS_BPS 2
-#endif
-constexpr u32 kWorkerBlocksPerSm = GPUOS_BPS;
+constexpr u32 kWorkerBlocksPerSm = 2;
 // Sub-op descriptors a block claims at once, per warp.
 constexpr u32 kClaimPerWarp = 4;
 // Op id space (SubOp::op): built-in ops of device_src/ops.def are 0 .. kFirstUserOp-1; ops registered at run

@@ -72,7 +72,8 @@ struct HostCtl {
 
 // Lives in device memory; the worker's own bookkeeping, persistent across worker launches.
 // Ready word of a batch, written by a 64-bit stream memory op on the user's stream:
-//   low 32 bits: seq; high 32 bits: descriptor count | kReadyDevRing (descriptors are in the device ring).
+//   low 32 bits: seq; high 32 bits: descriptor count | kReadyDevRing (descriptors are in the device ring, and the
+//   TensorRefs they point at in the device mirror of the arena: WorkerArgs::refs_dev).
 constexpr u32 kReadyDevRing = 0x80000000u;
 
 // Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
@@ -120,6 +121,8 @@ struct WorkerArgs {
   u64 trace;      // TraceBuf* (device pointer of a mapped pinned block), 0: tracing off
   u32 keep_blocks;  // blocks that stay when the grid shrinks (the bounded grid; DevCtl::shrink)
   u32 reserved;
+  u64 refs;       // TensorRef* arena (device pointer of the pinned block) that descriptors point into
+  u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
 };
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
@@ -149,7 +152,7 @@ static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
 static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 72, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 88, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

@@ -203,59 +203,6 @@ __device__ __noinline__ float fold_vec_n(const void* xp, u32 dt, i64 cols, u32 l
   return acc;
 }
 
-// sum / mean / amax / amin over rows that are all contiguous and 16-byte aligned: two rows in flight per warp
-// (twice the bytes of the one-row loop; a 1,024-value fp32 row is one round of U loads per lane), and no calls
-// inside: under the call ABI the loop's registers were saved to and reloaded from local memory around every row.
-// The worker has 8 warps per SM (DESIGN F7), so rows in flight, not DRAM bandwidth, bound W3-style batches.
-template <class R, u32 U, class V>
-__device__ __noinline__ void reduce_rows_vec(const SubOp& d, const TensorRef& rx, const TensorRef& ro, u32 lane) {
-  const u32 nd = rx.ndim, dt = dt_of(d, 1), dto = d.dtype & 0xffu;
-  const i64 cols = rx.sizes[nd - 1];
-  const u32 nv = (u32)(cols / V::N);
-  const float scale = d.op == kOp_mean ? 1.0f / (float)cols : 1.0f;
-  const auto id = [](float v) { return v; };
-  for (u32 r = 0; r < d.n; r += 2) {
-    const i64 row = (i64)d.base + r;
-    const bool two = r + 1 < d.n;
-    const uint4* p0 = (const uint4*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * (16 / V::N)));
-    const uint4* p1 = two ? (const uint4*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row + 1) * (16 / V::N))) : p0;
-    float a0 = R::init(), a1 = R::init();
-    for (u32 v = lane; v < nv; v += 32 * U) {
-      uint4 q0[U], q1[U];
-#pragma unroll
-      for (u32 k = 0; k < U; ++k)
-        if (v + 32 * k < nv) {
-          q0[k] = p0[v + 32 * k];
-          q1[k] = p1[v + 32 * k];
-        }
-#pragma unroll
-      for (u32 k = 0; k < U; ++k)
-        if (v + 32 * k < nv) {
-          a0 = R::combine(a0, fold16<R, V>(q0[k], dt, id));
-          a1 = R::combine(a1, fold16<R, V>(q1[k], dt, id));
-        }
-    }
-    for (i64 j = (i64)nv * V::N + lane; j < cols; j += 32) {
-      a0 = R::combine(a0, load_f32(p0, dt, j));
-      a1 = R::combine(a1, load_f32(p1, dt, j));
-    }
-    a0 = warp_combine<R>(a0);
-    a1 = warp_combine<R>(a1);
-    if (lane < (two ? 2u : 1u)) {
-      const float v = (lane == 0 ? a0 : a1) * scale;
-      store_f32((void*)ro.ptr, dto, row_offset(ro, ro.ndim, row + lane), v);
-    }
-  }
-}
-
-// Every row of x contiguous and 16-byte aligned (last-dim stride 1, outer strides multiples of 16 bytes)?
-__device__ __forceinline__ bool rows_vec_aligned(const TensorRef& rx, u32 esz) {
-  if (rx.strides[rx.ndim - 1] != 1 || (rx.ptr & 15) != 0) return false;
-  for (u32 k = 0; k + 1 < rx.ndim; ++k)
-    if (((u64)rx.strides[k] * esz) & 15) return false;
-  return true;
-}
-
 // Strided or unaligned rows: U predicated scalar loads of the storage type E (float, or u16 for fp16 / bf16),
 // one dtype branch per row rather than per element.
 __device__ __forceinline__ float elem_f32(float v, u32) { return v; }
@@ -329,17 +276,6 @@ __device__ __noinline__ void reduce_rows(const SubOp& d, const TensorRef* refs, 
   const bool row_out = R::kRowOut && (d.op == kOp_softmax || d.op == kOp_log_softmax);
   const float scale = d.op == kOp_mean ? 1.0f / (float)cols : 1.0f;
   const u32 esz = dtx == kF32 ? 4 : 2;
-#ifndef GPUOS_ROWS2
-#define GPUOS_ROWS2 1
-#endif
-#ifndef GPUOS_U2
-#define GPUOS_U2 8
-#endif
-  if (GPUOS_ROWS2 && !row_out && rows_vec_aligned(rx, esz)) {
-    if (dtx == kF32) reduce_rows_vec<R, GPUOS_U2, VecF32>(d, rx, ro, lane);
-    else reduce_rows_vec<R, GPUOS_U2 / 2, Vec16>(d, rx, ro, lane);
-    return;
-  }
   for (u32 r = 0; r < d.n; ++r) {
     const i64 row = (i64)d.base + r;
     const void* xp = (const void*)(rx.ptr + (u64)(row_offset(rx, nd - 1, row) * esz));
@@ -412,11 +348,11 @@ __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs&
 // FusedArgs in slots 0-1, the Program from slot 2 on (slots 2-4). Tags in cached[] keep a later strided
 // sub-op of the same claim from mistaking those bytes for its TensorRefs.
 __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                           const Program* progs) {
+                                           const Program* progs, i64 rd) {
   constexpr u64 kProgTag = 1ull << 63;
   const u32 prog = (u32)d.in[0];
   if (cached[0] != d.out) {
-    for (u32 w = lane; w < sizeof(FusedArgs) / 4; w += 32) ((u32*)&refs[0])[w] = ld_vol((const u32*)d.out + w);
+    for (u32 w = lane; w < sizeof(FusedArgs) / 4; w += 32) ((u32*)&refs[0])[w] = ld_vol((const u32*)(d.out + rd) + w);
     cached[0] = d.out;
   }
   cached[1] = kProgTag;  // slot 1 holds the second half of the FusedArgs
@@ -437,25 +373,26 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
 }
 
 // Copy the TensorRefs a strided sub-op points at into this warp's shared slots (skipped when unchanged).
-__device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 lane) {
+// rd: added to each pointer when the batch's TensorRefs were copied into the device mirror (see run_claims).
+__device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 lane, i64 rd) {
   constexpr u32 kWords = sizeof(TensorRef) / 4;
   for (u32 k = 0; k < 4; ++k) {
     if (k > 0 && (d.flags & (kFlagConst0 << (k - 1)))) continue;
     const u64 src = k == 0 ? d.out : d.in[k - 1];
     if (src == 0 || cached[k] == src) continue;
-    for (u32 w = lane; w < kWords; w += 32) ((u32*)&refs[k])[w] = ld_vol((const u32*)src + w);
+    for (u32 w = lane; w < kWords; w += 32) ((u32*)&refs[k])[w] = ld_vol((const u32*)(src + rd) + w);
     cached[k] = src;
   }
   __syncwarp();
 }
 
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                           const Program* progs) {
+                                           const Program* progs, i64 rd) {
   if (d.op == kOpFused) {
-    exec_fused(d, refs, cached, lane, progs);
+    exec_fused(d, refs, cached, lane, progs, rd);
     return;
   }
-  if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane);
+  if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
   switch (d.op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
@@ -488,19 +425,19 @@ __device__ __forceinline__ bool user_exec(const SubOp& d, const TensorRef* refs,
 // (kFirstUserOp..kMaxOps-1) and built-ins switched to slot 1 run their generated functor; the rest (built-ins,
 // fused chains) go through exec_subop. The host publishes a sub-op only to a generation that has its code.
 __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                            const Program* progs, const u8* alias) {
+                                            const Program* progs, const u8* alias, i64 rd) {
   const u32 op = d.op;
   const u32 slot = (alias != nullptr && op < kMaxOps) ? (u32)alias[op] : 0u;
   const bool user = op >= kFirstUserOp && op < kMaxOps;
   if (user || slot != 0) {
-    if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane);
+    if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
     if (user_exec(d, refs, lane, slot)) return;
     if (user) {  // slot 1 not in this generation: its slot 0 (never published that way by the host)
       if (slot != 0) user_exec(d, refs, lane, 0);
       return;
     }
   }
-  exec_subop(d, refs, cached, lane, progs);
+  exec_subop(d, refs, cached, lane, progs, rd);
 }
 
 // ---------------------------------------------------------------- claiming
@@ -528,18 +465,8 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   const SubOp* ring = (const SubOp*)args.ring;
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u32 per_claim = nwarps * kClaimPerWarp;
   __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
-  __shared__ u32 s_per_claim;
-  // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but a
-  // batch of only a few claims per block leaves blocks idle and ends on the slowest one: take fewer per warp
-  // until there are >= 4 claims per block (any size is correct: k below uses the size this block claimed).
-  if (threadIdx.x == 0) {
-    const u32 cnt = ld_vol(&dc->bcount[ld_vol(&dc->epoch) & (kMaxBatches - 1)]);
-    const u32 cpw = cnt / (gridDim.x * nwarps * 4);
-    s_per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
-  }
-  __syncthreads();
-  const u32 per_claim = s_per_claim;
   TraceBuf* tb = (TraceBuf*)args.trace;
   u64 t_claim = 0, t_loaded = 0;
   for (;;) {
@@ -570,8 +497,11 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
     __syncthreads();
     if (tb && threadIdx.x == 0) t_loaded = globaltimer();
     const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
+    // A batch whose descriptors came by DMA has its TensorRefs in the device mirror too (GPU reads of pinned
+    // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
+    const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
     for (u32 di = warp; di < k; di += nwarps)
-      exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias);
+      exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
