@@ -465,8 +465,19 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   const SubOp* ring = (const SubOp*)args.ring;
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const u32 per_claim = nwarps * kClaimPerWarp;
   __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
+  __shared__ u32 s_per_claim;
+  // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but a
+  // batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132) and
+  // ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is correct:
+  // k below uses the size this block claimed.)
+  if (threadIdx.x == 0) {
+    const u32 cnt = ld_vol(&dc->bcount[ld_vol(&dc->epoch) & (kMaxBatches - 1)]);
+    const u32 cpw = cnt / (gridDim.x * nwarps * 4);
+    s_per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
+  }
+  __syncthreads();
+  const u32 per_claim = s_per_claim;
   TraceBuf* tb = (TraceBuf*)args.trace;
   u64 t_claim = 0, t_loaded = 0;
   for (;;) {
