@@ -42,6 +42,7 @@ from gpuos_ext import (  # noqa: E402
     submit_mul,
     submit_reduce,
     submit_sub,
+    worker_trace,
 )
 
 logger = logging.getLogger("gpuos")
@@ -106,4 +107,5 @@ __all__ = _injection.__all__ + [
     "submit_reduce",
     "submit_sub",
     "supported_ops",
+    "worker_trace",
 ]

@@ -165,3 +165,11 @@ def test_failed_validation_does_not_initialise_runtime():
     with pytest.raises(TypeError):
         gpuos_ext.submit_add(_cpu(), _cpu(), _cpu())
     assert gpuos_ext.is_initialized() is False
+
+
+def test_worker_trace_without_a_runtime_is_empty():
+    import gpuos
+    if gpuos.is_initialized():
+        pytest.skip("a runtime is running in this process")
+    assert gpuos.worker_trace() == {}
+    assert "GPUOS_TRACE" in gpuos.worker_trace.__doc__
