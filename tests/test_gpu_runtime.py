@@ -490,6 +490,33 @@ def test_big_flush_launches_the_burst_grid_and_gemms_still_run(rt):
     assert "for flushes of >= 2048 sub-ops" in str(gpuos.runtime_info())
 
 
+def test_batch_published_behind_a_gemm_while_the_burst_grid_is_resident_completes(rt):
+    """A worker on every SM whose next batch is published behind a GEMM on the stream must not wait for it with
+    every SM held (DESIGN F7): its poller, stuck on a published-but-not-ready batch, lets the blocks beyond the
+    bounded grid go, the GEMM gets SMs, and the batch that reads the GEMM's output runs."""
+    n = 3000
+    a, b, out = ga((n, 256)), ga((n, 256)), nan((n, 256))
+    W = ga((GEMM_N, GEMM_N), torch.bfloat16)
+    ey = W @ W
+    z = nan((GEMM_N, GEMM_N), torch.bfloat16)
+    rt.flush(sync=True)
+    torch.cuda.synchronize()
+    s0 = rt.stats()
+    t0 = time.perf_counter()
+    rt.submit_many("add", list(a.unbind(0)), list(b.unbind(0)), list(out.unbind(0)))  # the burst grid
+    rt.flush()
+    y = W @ W  # behind the burst batch on the stream
+    rt.submit_add(y, y, z)  # its ready write waits for the GEMM; the host publishes it at once
+    rt.flush()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    assert rt.stats()["burst_launches"] > s0["burst_launches"]
+    assert dt < BOUND_S, f"a batch behind a GEMM took {dt:.1f} s with the burst grid resident"
+    assert_close(out, a + b)
+    assert_close(y, ey)
+    assert_close(z, ey + ey)
+
+
 def test_recording_publishes_early_and_the_flush_still_orders_the_stream(rt):
     """>= publish_min (1,024) sub-ops recorded without a flush go out at once (stats()["early_publishes"]), with
     no stream wait; the flush() that follows -- nothing left to publish -- must still make the stream wait for
