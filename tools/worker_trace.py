@@ -1,6 +1,7 @@
 """Where does the worker's time go? Run on a GPU machine: python tools/worker_trace.py [scenario ...]
 
-Sets GPUOS_TRACE (claim trace, see gpuos_ext.worker_trace) and runs W3-like scenarios (default: all), each as
+Sets GPUOS_TRACE (claim trace, see gpuos_ext.worker_trace) and runs W3-like scenarios (default: all; names: w3,
+views, single; env TPB = threads_per_block, GPUOS_PUBLISH_MIN=0 = no early publication), each as
 `reps` repetitions of: record the sub-ops (host time), flush(sync=True) (host time); the last rep's trace is
 summarised: when the batch opened and its first claim started (relative to the flush call, when the GPU's
 %globaltimer and the host's CLOCK_REALTIME agree), how long until the last claim ended, achieved bandwidth,
