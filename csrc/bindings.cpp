@@ -1689,7 +1689,7 @@ PYBIND11_MODULE(gpuos_ext, m) {
     for (int dev = 0; dev < kMaxDevices; ++dev)
       if (g_rt[dev]) n += g_rt[dev]->has_pending() || !g_def[dev].ops.empty() ? 1 : 0;
     return n;
-  }, "Number of devices with recorded, unpublished work.");
+  }, "Number of devices with recorded work that no flush() has yet ordered a stream after (unpublished, or published early).");
   m.def("yield_worker", [] {
     for (auto* r : g_rt) if (r) r->request_yield();
   }, "Ask resident workers to exit as soon as nothing published is pending (before foreign heavy kernels).");
