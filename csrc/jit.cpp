@@ -79,9 +79,7 @@ std::string hex64(uint64_t h) {
 }
 
 std::vector<std::string> compile_options(const std::string& arch) {
-  std::vector<std::string> o = {"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space",
-                                "-Xptxas", "-O1"};
-  return o;
+  return {"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space", "-Xptxas", "-O1"};
 }
 
 std::string join(const std::vector<std::string>& v) {

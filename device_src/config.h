@@ -28,7 +28,8 @@ constexpr u32 kTileElems = 4096;
 // is compiled for them (__launch_bounds__(kMaxThreads, kWorkerBlocksPerSm): 128 registers per thread). The one
 // worker block per SM then holds half of the SM's registers: the other half stays for foreign kernels (DESIGN
 // F7). Measured on H100 (tools/worker_trace.py, W3 128x1024): 1, 2 or 4 blocks per SM (255 / 128 / 64
-// registers) and a two-rows-in-flight loop all ran within +-15% of each other; 1,024 threads per block
+// registers) and a two-rows-in-flight loop all ran within +-15% of each other (measured while TensorRefs were
+// still read from pinned memory, which bounded every variant: worth re-measuring); 1,024 threads per block
 // (64 registers) was slower, and more registers only grow the per-thread stack the context must reserve.
 constexpr u32 kMaxThreads = 256;
 constexpr u32 kWorkerBlocksPerSm = 2;

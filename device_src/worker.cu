@@ -172,7 +172,7 @@ __device__ __forceinline__ float warp_combine(float v) {
 constexpr u32 kRowLoads = 8, kRowLoadsCached = 2;
 
 // The 16-byte loads stay raw (4 registers each) until they are combined: converted arrays of U x 8 floats made
-// ptxas spill ~800 bytes per thread under the worker's 64-register bound.
+// ptxas spill ~800 bytes per thread under a 64-register bound.
 template <class R, class V, class T>
 __device__ __forceinline__ float fold16(const uint4& q, u32 dt, T t) {
   float f[V::N];
