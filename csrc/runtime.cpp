@@ -403,7 +403,6 @@ void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const O
     if (ins[k].is_const) {
       proto.flags |= kFlagConst0 << k;
       proto.in[k] = f32_bits(ins[k].value);
-      one_dtype = false;
       continue;
     }
     tens[nt++] = ins[k];

@@ -41,7 +41,7 @@ struct FusedArgs {
 
 // Sub-op descriptor flags.
 constexpr u32 kFlagStrided = 1u;  // ptr fields point at TensorRefs (device-visible), not data
-constexpr u32 kFlagVec = 2u;      // contiguous, one dtype, every pointer 16-byte aligned: vector loads
+constexpr u32 kFlagVec = 2u;      // contiguous, tensors of the out dtype (constants allowed), 16-byte aligned
 constexpr u32 kFlagFused = 4u;   // op == kOpFused: `out` points at a FusedArgs (device-visible), in[0] = program id
 constexpr u32 kFlagConst0 = 1u << 8;  // in[k] holds an fp32 constant (bits in the low word): kFlagConst0 << k
 

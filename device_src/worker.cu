@@ -43,7 +43,7 @@ __device__ __forceinline__ uint4 ld_vol4(const void* p) {
 }
 
 // ---------------------------------------------------------------- element access
-__device__ __forceinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
+__device__ __noinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
   i64 off = 0;
   for (int d = (int)r.ndim - 1; d > 0; --d) {
     const i64 s = r.sizes[d];
@@ -90,62 +90,100 @@ struct Vec16 {
 
 __device__ __forceinline__ u32 dt_of(const SubOp& d, u32 k) { return (d.dtype >> (8 * k)) & 0xffu; }
 
-// Operand k (0-based input index) at linear element e.
-__device__ __forceinline__ float operand(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
+// Operand k (0-based input index) of a strided sub-op at linear element e.
+__device__ __forceinline__ float strided_operand(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return bits_f32((u32)d.in[k]);
-  const u32 dt = dt_of(d, k + 1);
-  if (d.flags & kFlagStrided) return load_f32((const void*)refs[k + 1].ptr, dt, ref_offset(refs[k + 1], e));
-  return load_f32((const void*)d.in[k], dt, e);
+  return load_f32((const void*)refs[k + 1].ptr, dt_of(d, k + 1), ref_offset(refs[k + 1], e));
 }
 
-template <class F, u32 A, class V>
-__device__ __forceinline__ void ew_vec(const SubOp& d, u32 lane) {
+// One 16-byte vector holds 4 fp32 or 8 fp16 / bf16 values; the functor runs on chunks of 4 (one chunk for fp32,
+// two for 16-bit, in a loop that is not unrolled), so every op has one copy of its vector code for all three
+// dtypes: the worker module -- and with it the module load of a generation handover -- stays small.
+__device__ __forceinline__ void unpack4(const uint4& q, u32 dt, u32 c, float* f) {
+  if (dt == kF32) {
+    f[0] = __uint_as_float(q.x); f[1] = __uint_as_float(q.y); f[2] = __uint_as_float(q.z); f[3] = __uint_as_float(q.w);
+    return;
+  }
+  const u32 w0 = c ? q.z : q.x, w1 = c ? q.w : q.y;
+  f[0] = Vec16::cvt((u16)(w0 & 0xffffu), dt); f[1] = Vec16::cvt((u16)(w0 >> 16), dt);
+  f[2] = Vec16::cvt((u16)(w1 & 0xffffu), dt); f[3] = Vec16::cvt((u16)(w1 >> 16), dt);
+}
+__device__ __forceinline__ void pack4(uint4& r, u32 dt, u32 c, const float* f) {
+  if (dt == kF32) {
+    r = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    return;
+  }
+  const u32 a = Vec16::rnd(f[0], dt) | (Vec16::rnd(f[1], dt) << 16), b = Vec16::rnd(f[2], dt) | (Vec16::rnd(f[3], dt) << 16);
+  if (c) r.z = a, r.w = b;
+  else r.x = a, r.y = b;
+}
+
+// Contiguous, 16-byte aligned, every tensor operand of the output's dtype (constants allowed): the tile's whole
+// vectors; returns how many elements it did (the rest
+// goes through the element loop).
+template <class F, u32 A>
+__device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
   const u32 dt = d.dtype & 0xffu;
-  const u64 boff = (u64)d.base * (16 / V::N);
-  const u32 nv = d.n / V::N;
+  const u32 per = dt == kF32 ? 4u : 8u;
+  const u64 boff = (u64)d.base * (dt == kF32 ? 4u : 2u);
+  const u32 nv = d.n / per;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
   for (u32 v = lane; v < nv; v += 32) {
-    float x[3][V::N];
+    uint4 q[A];
 #pragma unroll
-    for (u32 k = 0; k < A; ++k) V::load((const char*)d.in[k] + boff + (u64)v * 16, x[k], dt);
+    for (u32 k = 0; k < A; ++k)
+      q[k] = (d.flags & (kFlagConst0 << k)) ? make_uint4(0u, 0u, 0u, 0u)
+                                            : *(const uint4*)((const char*)d.in[k] + boff + (u64)v * 16);
+    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll 1
+    for (u32 c = 0; c < per / 4; ++c) {
+      float x[3][4] = {};
 #pragma unroll
-    for (u32 i = 0; i < V::N; ++i)
-      x[0][i] = F::apply(x[0][i], A > 1 ? x[1][i] : 0.0f, A > 2 ? x[2][i] : 0.0f, s0, s1);
-    V::store((char*)d.out + boff + (u64)v * 16, x[0], dt);
+      for (u32 k = 0; k < A; ++k) {
+        if (d.flags & (kFlagConst0 << k)) x[k][0] = x[k][1] = x[k][2] = x[k][3] = bits_f32((u32)d.in[k]);
+        else unpack4(q[k], dt, c, x[k]);
+      }
+#pragma unroll
+      for (u32 i = 0; i < 4; ++i) x[0][i] = F::apply(x[0][i], x[1][i], x[2][i], s0, s1);
+      pack4(r, dt, c, x[0]);
+    }
+    *(uint4*)((char*)d.out + boff + (u64)v * 16) = r;
   }
-  for (u32 i = nv * V::N + lane; i < d.n; i += 32) {
-    const i64 e = (i64)d.base + i;
-    float x[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (u32 k = 0; k < A; ++k) x[k] = load_f32((const void*)d.in[k], dt, e);
-    store_f32((void*)d.out, dt, e, F::apply(x[0], x[1], x[2], s0, s1));
-  }
+  return nv * per;
 }
 
 // __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
 // op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
 template <class F, u32 A>
 __device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
-  if (d.flags & kFlagVec) {
-    if ((d.dtype & 0xffu) == kF32) ew_vec<F, A, VecF32>(d, lane);
-    else ew_vec<F, A, Vec16>(d, lane);
+  const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
+  const u32 dto = d.dtype & 0xffu;
+  const float s0 = d.scalar[0], s1 = d.scalar[1];
+  if (!(d.flags & kFlagStrided)) {  // contiguous: mixed dtypes, unaligned, or the vectors' tail
+    for (u32 i = done + lane; i < d.n; i += 32) {
+      const i64 e = (i64)d.base + i;
+      float x[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (u32 k = 0; k < A; ++k)
+        x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32((u32)d.in[k]) : load_f32((const void*)d.in[k], dt_of(d, k + 1), e);
+      store_f32((void*)d.out, dto, e, F::apply(x[0], x[1], x[2], s0, s1));
+    }
     return;
   }
-  const bool strided = (d.flags & kFlagStrided) != 0;
-  const u32 dto = d.dtype & 0xffu;
-  void* optr = strided ? (void*)refs[0].ptr : (void*)d.out;
+  // Strided: the address of every operand from its TensorRef (ref_offset, out of line: inlined per operand and
+  // per op it made the worker module 2.8x larger, and its load at a generation handover as much slower).
   for (u32 i = lane; i < d.n; i += 32) {
     const i64 e = (i64)d.base + i;
     float x[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (u32 k = 0; k < A; ++k) x[k] = operand(d, refs, k, e);
-    store_f32(optr, dto, strided ? ref_offset(refs[0], e) : e, F::apply(x[0], x[1], x[2], d.scalar[0], d.scalar[1]));
+    for (u32 k = 0; k < A; ++k) x[k] = strided_operand(d, refs, k, e);
+    store_f32((void*)refs[0].ptr, dto, ref_offset(refs[0], e), F::apply(x[0], x[1], x[2], s0, s1));
   }
 }
 
 // ---------------------------------------------------------------- last-dim reductions, one warp per row
 // Offset of row `row` over the first `nouter` dims; the outermost needs no division (row < its size by then).
-__device__ __forceinline__ i64 row_offset(const TensorRef& r, u32 nouter, i64 row) {
+__device__ __noinline__ i64 row_offset(const TensorRef& r, u32 nouter, i64 row) {
   if (nouter == 0) return 0;
   i64 off = 0;
   for (int k = (int)nouter - 1; k > 0; --k) {

@@ -264,13 +264,16 @@ def test_ew_channels_last_4d(rt):
 
 # ============================================================================ python number operands
 
+# A number operand takes the vector path with the tensor operand (one tile; three tiles with a tail that is not a
+# multiple of the vector width).
+@pytest.mark.parametrize("shape", [(M, N), (3, 4099)], ids=["1tile", "3tiles_tail"])
 @pytest.mark.parametrize("dt", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("position", [1, 0], ids=["tensor_scalar", "scalar_tensor"])
 @pytest.mark.parametrize("op", SCALAR_OPERAND_OPS)
-def test_ew_python_number_operand(rt, op, position, dt):
-    ins = [inp(op, i, (M, N), dt) for i in range(2)]
+def test_ew_python_number_operand(rt, op, position, dt, shape):
+    ins = [inp(op, i, shape, dt) for i in range(2)]
     ins[position] = scalar_operand(op, position)
-    run_op(op, ins, nan_out((M, N), dt), what=f"number at {position}")
+    run_op(op, ins, nan_out(shape, dt), what=f"number at {position}, shape {shape}")
 
 
 def test_ew_python_int_operand_and_alpha(rt):
