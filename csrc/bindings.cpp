@@ -2,6 +2,7 @@
 // The hot submit_* functions are METH_FASTCALL CPython functions (pybind11's dispatcher costs more than the
 // whole record path); everything else is bound with pybind11.
 #include <torch/extension.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "jit.h"
 #include "runtime.h"
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <map>
@@ -43,7 +45,6 @@ Config g_cfg;                            // config for runtimes created from now
 Runtime* g_rt[kMaxDevices] = {nullptr};  // leaked at exit on purpose: atexit shutdown() releases them
 std::mutex g_rt_life;  // g_rt slots change (create / delete) under it: the compile thread's ready hook reads them
 std::vector<PyObject*> g_keep[kMaxDevices];  // strong refs (GIL held) until the pending work is published
-PyObject* g_raw_stream_fn = nullptr;          // torch._C._cuda_getCurrentRawStream
 
 // ------------------------------------------------------------------ errors
 void set_compile_error(const CompileError& e) {
@@ -84,16 +85,13 @@ void set_python_error() {
 }
 
 // ------------------------------------------------------------------ runtimes
+// The caller's current stream on `dev` (what torch.cuda.current_stream(dev) gives), through c10's device
+// guard interface: no Python call, no CUDA headers (the CUDA guard is registered when torch loads its CUDA
+// library). It used to be a call of torch._C._cuda_getCurrentRawStream: ~0.4 us per recorded op.
 CUstream current_stream(int dev) {
-  if (!g_raw_stream_fn) {
-    py::object f = py::module_::import("torch._C").attr("_cuda_getCurrentRawStream");
-    g_raw_stream_fn = f.release().ptr();
-  }
-  PyObject* r = PyObject_CallFunction(g_raw_stream_fn, "i", dev);
-  if (!r) throw py::error_already_set();
-  const unsigned long long v = PyLong_AsUnsignedLongLong(r);
-  Py_DECREF(r);
-  return reinterpret_cast<CUstream>(v);
+  static const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Stream st = impl->getStream(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)dev));
+  return reinterpret_cast<CUstream>(st.native_handle());
 }
 
 // Lock discipline (GIL vs Runtime::mu): a thread never waits for mu while holding the GIL (lock_rt releases
@@ -1072,20 +1070,12 @@ void deferred(int dev, Runtime& rt) {
 
 PyObject* reason(int r) { return PyLong_FromLong(r); }
 
-// sched_ew(op, mode, inputs: tuple, out: Tensor | None, s0, s1, size_threshold) -> Tensor | int (reason)
-PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// Record elementwise op `op` over inputs ins[0..arity) (tensors or numbers) as a deferred op: `mode` says where the
+// result goes (a new tensor, ins[0], or pout). Returns the output tensor, an int reason to run eagerly, or null
+// with a Python error set.
+PyObject* sched_ew_record(uint32_t op, int mode, PyObject* const* ins, PyObject* pout, float s0, float s1,
+                          int64_t thr) {
   try {
-    if (nargs != 7) throw py::type_error("sched_ew takes 7 arguments");
-    const uint32_t op = (uint32_t)PyLong_AsUnsignedLong(args[0]);
-    const int mode = (int)PyLong_AsLong(args[1]);
-    PyObject* tup = args[2];
-    PyObject* pout = args[3];
-    const float s0 = (float)PyFloat_AsDouble(args[4]), s1 = (float)PyFloat_AsDouble(args[5]);
-    const int64_t thr = PyLong_AsLongLong(args[6]);
-    if (PyErr_Occurred()) return nullptr;
-    if (op >= kNumOpsHost || kOps[op].kind != 0 || !PyTuple_Check(tup) ||
-        (uint32_t)PyTuple_GET_SIZE(tup) != kOps[op].arity)
-      return reason(kRArgs);
     const uint32_t nin = kOps[op].arity;
     const bool grad = at::GradMode::is_enabled();
     calibrate_liveness();
@@ -1094,7 +1084,7 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     int first = -1;
     bool same_shape = true, any_dim = false;
     for (uint32_t k = 0; k < nin; ++k) {
-      PyObject* o = PyTuple_GET_ITEM(tup, k);
+      PyObject* o = ins[k];
       if (THPVariable_Check(o)) {
         const at::Tensor& t = THPVariable_Unpack(o);
         if (!t.is_cuda()) return reason(kRNotCuda);
@@ -1143,8 +1133,8 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (numel > thr) return reason(kRSize);
       out = at::empty(shape, t0.options().dtype(dt));
     } else {
-      PyObject* o = mode == kModeInplace ? PyTuple_GET_ITEM(tup, 0) : pout;
-      if (!THPVariable_Check(o)) return reason(kRArgs);
+      PyObject* o = mode == kModeInplace ? ins[0] : pout;
+      if (!o || !THPVariable_Check(o)) return reason(kRArgs);
       const at::Tensor& ot = THPVariable_Unpack(o);
       if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return reason(kRDevice);
       if (ot.scalar_type() != dt || ot.sizes() != shape) return reason(kRArgs);
@@ -1156,7 +1146,7 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     const int dev = out.get_device();
     Runtime& rt = runtime_for(dev);
-    CUstream s = current_stream(dev);  // a Python call: before taking mu
+    CUstream s = current_stream(dev);
     {
       RtLock lk(rt);
       Deferred& D = g_def[dev];
@@ -1186,6 +1176,24 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     set_python_error();
     return nullptr;
   }
+}
+
+// sched_ew(op, mode, inputs: tuple, out: Tensor | None, s0, s1, size_threshold) -> Tensor | int (reason)
+PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "sched_ew takes 7 arguments");
+    return nullptr;
+  }
+  const uint32_t op = (uint32_t)PyLong_AsUnsignedLong(args[0]);
+  const int mode = (int)PyLong_AsLong(args[1]);
+  PyObject* tup = args[2];
+  const float s0 = (float)PyFloat_AsDouble(args[4]), s1 = (float)PyFloat_AsDouble(args[5]);
+  const int64_t thr = PyLong_AsLongLong(args[6]);
+  if (PyErr_Occurred()) return nullptr;
+  if (op >= kNumOpsHost || kOps[op].kind != 0 || !PyTuple_Check(tup) ||
+      (uint32_t)PyTuple_GET_SIZE(tup) != kOps[op].arity)
+    return reason(kRArgs);
+  return sched_ew_record(op, mode, &PyTuple_GET_ITEM(tup, 0), args[3] == Py_None ? nullptr : args[3], s0, s1, thr);
 }
 
 // sched_reduce(op, x, keepdim, size_threshold) -> Tensor | int (reason); last dim only (the handler checks dim).
@@ -1219,7 +1227,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     const int dev = x.get_device();
     Runtime& rt = runtime_for(dev);
-    CUstream s = current_stream(dev);  // a Python call: before taking mu
+    CUstream s = current_stream(dev);
     {
       RtLock lk(rt);
       Deferred& D = g_def[dev];
@@ -1240,6 +1248,134 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     set_python_error();
     return nullptr;
   }
+}
+
+// ------------------------------------------------------------------ the scheduler's __torch_dispatch__
+// gpuos.GpuosScheduler sets its instance's __torch_dispatch__ to this function bound to the mode
+// (types.MethodType), so torch calls C++ directly for every op under the mode: no Python frame on the hot path.
+// Overloads with a fast spec (elementwise ops whose scalars are none, `alpha`, or `rounding_mode=None`) are
+// recorded here; every other overload goes to the mode's Python path (_dispatch_py: reductions, ops with other
+// scalars, user ops), and every op that must run eagerly to the mode's _eager(func, args, kwargs, reason).
+struct FastSpec {
+  uint32_t op = 0, nin = 0;
+  int mode = kModeFunctional;
+  float d0 = 0.f, d1 = 0.f;
+  int scalars = 0;  // 0 none, 1 alpha (kwarg or 3rd positional) -> s0, 2 rounding_mode must be None
+};
+std::unordered_map<PyObject*, FastSpec> g_fast;  // key: the OpOverload object (a strong reference is held)
+
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (!o) throw py::error_already_set();
+  return o;  // kept for the process's life
+}
+
+// sched_set_fast({OpOverload: (op_id, mode, nin, d0, d1, scalars)}): replaces the table.
+void sched_set_fast(py::dict table) {
+  std::unordered_map<PyObject*, FastSpec> t;
+  for (auto item : table) {
+    auto v = item.second.cast<py::tuple>();
+    FastSpec f;
+    f.op = v[0].cast<uint32_t>();
+    f.mode = v[1].cast<int>();
+    f.nin = v[2].cast<uint32_t>();
+    f.d0 = v[3].cast<float>();
+    f.d1 = v[4].cast<float>();
+    f.scalars = v[5].cast<int>();
+    if (f.op >= kNumOpsHost || kOps[f.op].kind != 0 || f.nin != kOps[f.op].arity || f.mode < 0 || f.mode > 2 ||
+        f.scalars < 0 || f.scalars > 2)
+      throw py::value_error("sched_set_fast: bad spec for " + py::str(item.first).cast<std::string>());
+    t[item.first.ptr()] = f;
+  }
+  for (auto& kv : t) Py_INCREF(kv.first);
+  for (auto& kv : g_fast) Py_DECREF(kv.first);
+  g_fast.swap(t);
+}
+
+PyObject* call_mode(PyObject* mode, PyObject* name, PyObject* const* a, size_t n) {
+  PyObject* argv[6] = {mode};
+  for (size_t i = 0; i < n; ++i) argv[1 + i] = a[i];
+  return PyObject_VectorcallMethod(name, argv, (1 + n) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+}
+
+// sched_dispatch(mode, func, types, args=(), kwargs=None)
+PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  static PyObject* s_py = interned("_dispatch_py");
+  static PyObject* s_eager = interned("_eager");
+  static PyObject* s_thr = interned("size_threshold");
+  static PyObject* s_alpha = interned("alpha");
+  static PyObject* s_rmode = interned("rounding_mode");
+  static PyObject* s_out = interned("out");
+  if (n < 3 || n > 5) {
+    PyErr_SetString(PyExc_TypeError, "__torch_dispatch__(func, types, args=(), kwargs=None)");
+    return nullptr;
+  }
+  PyObject* mode = a[0];
+  PyObject* func = a[1];
+  PyObject* args = n > 3 ? a[3] : nullptr;
+  PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
+  auto it = g_fast.find(func);
+  if (it == g_fast.end() || !args || !PyTuple_Check(args) || (kwargs && !PyDict_Check(kwargs)))
+    return call_mode(mode, s_py, a + 1, (size_t)n - 1);
+  const FastSpec& f = it->second;
+  const Py_ssize_t na = PyTuple_GET_SIZE(args);
+  PyObject* why = nullptr;  // new reference: the reason to run eagerly
+  if (na < (Py_ssize_t)f.nin) why = reason(kRArgs);
+  float s0 = f.d0;
+  PyObject* pout = nullptr;
+  if (!why && f.scalars == 1) {
+    PyObject* al = kwargs ? PyDict_GetItemWithError(kwargs, s_alpha) : nullptr;
+    if (!al && PyErr_Occurred()) return nullptr;
+    if (!al && na > 2) al = PyTuple_GET_ITEM(args, 2);
+    if (al) {
+      if (!is_number(al)) why = reason(kRArgs);
+      else s0 = (float)PyFloat_AsDouble(al);
+    }
+  } else if (!why && f.scalars == 2 && kwargs) {
+    PyObject* rm = PyDict_GetItemWithError(kwargs, s_rmode);
+    if (!rm && PyErr_Occurred()) return nullptr;
+    if (rm && rm != Py_None) why = reason(kRArgs);
+  }
+  if (!why && f.mode == kModeOut && kwargs) {
+    pout = PyDict_GetItemWithError(kwargs, s_out);
+    if (!pout && PyErr_Occurred()) return nullptr;
+  }
+  if (!why) {
+    PyObject* t = PyObject_GetAttr(mode, s_thr);
+    if (!t) return nullptr;
+    const int64_t thr = PyLong_AsLongLong(t);
+    Py_DECREF(t);
+    if (thr == -1 && PyErr_Occurred()) return nullptr;
+    PyObject* r = sched_ew_record(f.op, f.mode, &PyTuple_GET_ITEM(args, 0), pout, s0, f.d1, thr);
+    if (!r) {
+      // Outside what GPUOS takes (as the Python handlers do): run it eagerly, the error's type as the reason.
+      if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) return nullptr;
+      PyObject *et, *ev, *tb;
+      PyErr_Fetch(&et, &ev, &tb);
+      why = PyUnicode_FromFormat("rejected:%s", ((PyTypeObject*)et)->tp_name);
+      Py_XDECREF(et);
+      Py_XDECREF(ev);
+      Py_XDECREF(tb);
+      if (!why) return nullptr;
+    } else if (!PyLong_CheckExact(r)) {
+      return r;  // recorded: the output tensor
+    } else {
+      why = r;
+    }
+  }
+  PyObject* empty = nullptr;
+  if (!kwargs) {
+    empty = PyDict_New();
+    if (!empty) {
+      Py_DECREF(why);
+      return nullptr;
+    }
+  }
+  PyObject* ea[4] = {func, args, kwargs ? kwargs : empty, why};
+  PyObject* r = call_mode(mode, s_eager, ea, 4);
+  Py_XDECREF(empty);
+  Py_DECREF(why);
+  return r;
 }
 
 // Publish every device's deferred ops (cause counted). Returns the raw streams published on.
@@ -1621,6 +1757,10 @@ static PyMethodDef kFastMethods[] = {
      "'mean', 'amax', 'amin') (out: x's shape without the last dim, or with it as 1 when keepdim), or 'softmax' / "
      "'log_softmax' (out: x's shape; may be x itself). float32 / float16 / bfloat16, any strides. Runs at the next "
      "flush()."},
+    {"sched_dispatch", (PyCFunction)(void (*)(void))sched_dispatch, METH_FASTCALL,
+     "sched_dispatch(mode, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_dispatch__ (bound to the "
+     "mode): records ops with a fast spec (sched_set_fast), hands the rest to mode._dispatch_py, runs rejected ops "
+     "through mode._eager(func, args, kwargs, reason)."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -1770,6 +1910,15 @@ PYBIND11_MODULE(gpuos_ext, m) {
         "Before an eager op: publish deferred ops that share storage with the op's tensors; returns the streams.");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
   m.def("sched_stats", &sched_stats);
+  m.def("sched_fast_ops", [] {
+    std::vector<std::string> v;
+    for (auto& kv : g_fast) v.push_back(py::str(kv.first).cast<std::string>());
+    std::sort(v.begin(), v.end());
+    return v;
+  }, "The overloads sched_dispatch records without calling Python (sorted names).");
+  m.def("sched_set_fast", &sched_set_fast, py::arg("table"),
+        "Replace sched_dispatch's table {OpOverload: (op_id, mode, nin, d0, d1, scalars)}; scalars: 0 none, 1 alpha, "
+        "2 rounding_mode must be None.");
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
-from typing import Any, Callable
+import types as _types
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -94,6 +94,9 @@ class GpuosScheduler(TorchDispatchMode):
         self._timer: threading.Thread | None = None
         self._stop = threading.Event()
         self._depth = 0
+        # The hot path: torch calls this C++ function (bound to the mode) for every op, no Python frame. It records
+        # the overloads in the fast table itself and calls _dispatch_py / _eager below for everything else.
+        self.__torch_dispatch__ = _types.MethodType(_ext.sched_dispatch, self)
 
     # ----------------------------------------------------------------- context management
     def __enter__(self):
@@ -144,6 +147,8 @@ class GpuosScheduler(TorchDispatchMode):
 
     # ----------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        """The Python path (the instance's __torch_dispatch__ is _ext.sched_dispatch, which calls this for the
+        overloads it has no fast spec for): the handler records the op, or it runs eagerly."""
         kwargs = kwargs or _EMPTY
         handler = _HANDLERS.get(func)
         if handler is not None:
@@ -153,11 +158,18 @@ class GpuosScheduler(TorchDispatchMode):
                 r = "rejected:" + type(e).__name__
             if r.__class__ is not int and r.__class__ is not str:
                 return r  # recorded: the output tensor
-            reason = _REASONS[r] if r.__class__ is int else r
-        else:
-            reason = "unsupported_op"
+            return self._eager(func, args, kwargs, r)
+        return self._eager(func, args, kwargs, "unsupported_op")
+
+    _dispatch_py = __torch_dispatch__
+
+    def _eager(self, func, args, kwargs, reason):
+        """Run `func` eagerly (reason: an int from sched_ew / sched_reduce, or a str), after the deferred work it
+        depends on."""
         if func in _NO_DATA:  # metadata / allocation only: reads no data, needs no flush
             return func(*args, **kwargs)
+        if reason.__class__ is int:
+            reason = _REASONS[reason]
         with STATS.lock:
             STATS.fallbacks[reason] += 1
         # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
@@ -240,12 +252,22 @@ def _div_mode(args, kwargs):
     return {} if kwargs.get("rounding_mode") is None else None
 
 
+# sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule)} for the elementwise
+# overloads whose scalars it can read itself; the Python handler of each stays the definition of its behaviour.
+_FAST: dict = {}
+_SCALAR_RULES = {None: 0, _alpha: 1, _div_mode: 2}
+
+
 def _build_handlers() -> dict:
     h: dict = {}
 
     def family(name, nin, overloads, scalars=None):
+        row = _TABLE[name]
+        d0, d1 = (list(row["defaults"]) + [0.0, 0.0])[:2]
         for ov, mode in overloads:
             h[ov] = _ew(name, nin, scalars, mode)
+            if scalars in _SCALAR_RULES:
+                _FAST[ov] = (row["id"], _MODES[mode], nin, float(d0), float(d1), _SCALAR_RULES[scalars])
 
     family("add", 2, [(aten.add.Tensor, "functional"), (aten.add.Scalar, "functional"),
                       (aten.add_.Tensor, "inplace"), (aten.add_.Scalar, "inplace"), (aten.add.out, "out")], _alpha)
@@ -392,6 +414,10 @@ def _refresh_user_handlers() -> None:
             continue  # an aten name torch does not have: nothing to intercept
         _HANDLERS[ov] = _user_handler(row["id"], row["arity"])
         _USER_KEYS.add(ov)
+    _ext.sched_set_fast({ov: spec for ov, spec in _FAST.items() if ov not in _USER_KEYS})
+
+
+_ext.sched_set_fast(_FAST)
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,

@@ -385,3 +385,65 @@ def test_intercepted_ops_lists_core_overloads():
                  "aten._softmax.default", "aten._log_softmax.default", "aten.sum.dim_IntList", "aten.mean.dim",
                  "aten.amax.default", "aten.relu_.default"):
         assert name in ops, f"{name} not in gpuos.intercepted_ops()"
+
+
+# ============================================================================ the C++ __torch_dispatch__
+
+def test_torch_dispatch_is_the_c_function_bound_to_the_mode():
+    import gpuos_ext
+    m = GpuosScheduler()
+    assert m.__torch_dispatch__.__self__ is m  # torch requires a method bound to the mode
+    assert m.__torch_dispatch__.__func__ is gpuos_ext.sched_dispatch
+    # the class keeps the Python path, which sched_dispatch calls for overloads without a fast spec
+    assert callable(m._dispatch_py) and callable(m._eager)
+
+
+def test_fast_table_has_the_plain_elementwise_overloads_only():
+    import gpuos_ext
+    fast = set(gpuos_ext.sched_fast_ops())
+    for name in ("aten.add.Tensor", "aten.add.Scalar", "aten.add_.Tensor", "aten.add.out", "aten.sub.Tensor",
+                 "aten.mul.Tensor", "aten.div.Tensor", "aten.div_.Scalar", "aten.relu.default", "aten.sigmoid_.default",
+                 "aten.exp.out", "aten.maximum.default", "aten.pow.Tensor_Scalar"):
+        assert name in fast, name
+    # other scalars (negative_slope, min/max, approximate) and reductions keep their Python handlers
+    for name in ("aten.leaky_relu.default", "aten.clamp.default", "aten.gelu.default", "aten.sum.dim_IntList",
+                 "aten._softmax.default", "aten.clamp.Tensor"):
+        assert name not in fast, name
+    assert fast <= set(gpuos.intercepted_ops())
+
+
+def test_set_fast_rejects_a_bad_spec():
+    import gpuos_ext
+    before = gpuos_ext.sched_fast_ops()
+    table = gpuos_ext.op_table()
+    sum_id = next(r["id"] for r in table if r["name"] == "sum")
+    add_id = next(r["id"] for r in table if r["name"] == "add")
+    for spec in ((sum_id, 0, 1, 0.0, 0.0, 0),    # a reduction
+                 (add_id, 0, 1, 1.0, 0.0, 1),    # wrong arity
+                 (add_id, 3, 2, 1.0, 0.0, 1),    # no such mode
+                 (add_id, 0, 2, 1.0, 0.0, 7)):   # no such scalar rule
+        with pytest.raises(ValueError, match="bad spec"):
+            gpuos_ext.sched_set_fast({torch.ops.aten.add.Tensor: spec})
+    assert gpuos_ext.sched_fast_ops() == before  # a rejected table changes nothing
+
+
+@pytest.mark.parametrize("case", ["alpha_kw", "alpha_pos", "alpha_tensor", "rounding_mode", "out_kw", "inplace"])
+def test_fast_path_scalar_rules_match_eager_on_cpu(case):
+    """CPU tensors take the fast table's argument reading, then run eagerly (not_cuda or a rejected scalar)."""
+    a, b = torch.randn(8), torch.randn(8) + 3.0
+    aten = torch.ops.aten
+    calls = {
+        "alpha_kw": lambda: aten.add.Tensor(a, b, alpha=2.5),
+        "alpha_pos": lambda: aten.sub.Scalar(a, 2.0, 0.5),
+        "alpha_tensor": lambda: torch.add(a, b, alpha=torch.tensor(2.0).item()),
+        "rounding_mode": lambda: aten.div.Tensor_mode(a, b, rounding_mode="floor"),
+        "out_kw": lambda: aten.mul.out(a, b, out=torch.empty(8)),
+        "inplace": lambda: aten.mul_.Tensor(a.clone(), b),
+    }
+    expected = calls[case]()
+    before = gpuos.stats()["fallbacks"]
+    with gpuos.scheduler_context():
+        got = calls[case]()
+    after = gpuos.stats()["fallbacks"]
+    assert torch.equal(got, expected)
+    assert sum(after.values()) > sum(before.values())

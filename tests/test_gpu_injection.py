@@ -355,6 +355,29 @@ def test_scheduler_intercepts_registered_op_mapped_to_aten(inj):
     assert after["fallbacks"].get("unsupported_op", 0) == before["fallbacks"].get("unsupported_op", 0)
 
 
+_OVERRIDE_SCRIPT = r"""
+import torch, gpuos, gpuos_ext
+gpuos.init()
+x = torch.randn(4, 300, device="cuda"); y = torch.randn(300, device="cuda")
+assert "aten.mul.Tensor" in gpuos_ext.sched_fast_ops()
+gpuos.register_elementwise("inj_mul_over", "a * b + 1.0f", arity=2, aten="aten::mul.Tensor")
+with gpuos.scheduler_context(auto_flush_ms=0):
+    got = x * y
+torch.testing.assert_close(got, x * y + 1.0, rtol=1e-6, atol=1e-6)
+assert "aten.mul.Tensor" not in gpuos_ext.sched_fast_ops()
+assert "aten.add.Tensor" in gpuos_ext.sched_fast_ops()
+print("OVERRIDDEN")
+"""
+
+
+@pytest.mark.watchdog(300)
+def test_registered_op_mapped_to_a_fast_overload_takes_it_over():
+    """A user op mapped to aten::mul.Tensor (which the C++ dispatcher records itself) leaves the fast table: the
+    scheduler runs the user's code for x * y. In a child process: the mapping lasts for the process."""
+    p = run_python(_OVERRIDE_SCRIPT, env_extra={"GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"]}, timeout=280)
+    assert p.returncode == 0 and "OVERRIDDEN" in p.stdout, describe(p)
+
+
 def test_switched_builtin_is_not_fused_by_the_scheduler(inj):
     """The fused-chain interpreter runs ops.def functors; a built-in switched to slot 1 must run its slot-1
     code, so the scheduler keeps it out of fused chains."""

@@ -2,7 +2,8 @@
 
 Each line is the median host us per op over the W2 chain (5 ops per step, 2,048 fp32 elements), same process:
   floor          a TorchDispatchMode that returns args[0] (PyTorch's cost of entering any Python mode)
-  lookup         the scheduler's __torch_dispatch__ with handlers that return args[0] (its Python layer)
+  lookup         the scheduler's Python path (fast table emptied) with handlers that return args[0]: what the
+                 C++ dispatcher (sched_dispatch) saves per op next to the Python __torch_dispatch__
   sched_ew_only  the 5 sched_ew calls of a step made directly from Python, no mode (the C++ record path)
   empty_only     5 torch.empty calls per step, no mode (allocation + Python wrapping, for scale)
   scheduler      the real scheduler (fusion on), records only: the flush at exit is not timed
@@ -63,11 +64,13 @@ def main():
         def enter():
             cm = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0)
             cm.__enter__()
+            ext.sched_set_fast({})  # every op through the Python path
             return cm
         out["lookup"] = per_op(lambda: step(a, b, c, d), enter, lambda cm: cm.__exit__(None, None, None))
     finally:
         S._HANDLERS.clear()
         S._HANDLERS.update(saved)
+        ext.sched_set_fast(S._FAST)
 
     row = {r["name"]: r["id"] for r in ext.op_table()}
     ops = [(row["add"], (a, b), 1.0), (row["mul"], (a, c), 0.0), (row["relu"], (a,), 0.0),
