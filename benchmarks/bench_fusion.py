@@ -10,15 +10,17 @@ GPU time (the device's share, with the host taken out of the picture):
   gpuos      the loop recorded under scheduler_context(capacity large enough for one batch, no timer); events
              around the context's exit, which publishes everything: the worker's time for the batch
              (fused: one interpreter sub-op per iteration; unfused: five sub-ops per iteration)
-Host time per op: wall time of the loop under the context (recording, before the exit flush) / 5,000; next to
-it the floor of any TorchDispatchMode (a mode returning args[0]) and a mode that only allocates outputs.
+Host time per op: wall time of the loop under the context (recording, before the exit flush) / 5,000 (with the
+__torch_function__ front, and with the dispatch mode alone: front=False); next to it the floor of any
+TorchDispatchMode (a mode returning args[0]), a mode that only allocates outputs, and a TorchFunctionMode
+returning args[0].
 first_use_us: record + flush(sync) of a never-seen fused expression (a constant no earlier chain used, so its
 program is new: built and uploaded on the spot, no NVRTC), median of ``--reps``; next to it the same for a
 chain seen before.
 
 Rows (BENCH_SCHEMA.md) are merged by config into benchmarks/results/injection.json (bench_injection.py writes
 handover_us there): w2_fused_gpu_fraction_of_eager, w2_unfused_gpu_fraction_of_eager, w2_*_gpu_ms,
-w2_*_host_us_per_op, first_use_us, seen_use_us. Without a CUDA GPU: a message, exit 0.
+w2_*_host_us_per_op (incl. w2_dispatch_only_host_us_per_op), first_use_us, seen_use_us. Without a CUDA GPU: a message, exit 0.
 """
 from __future__ import annotations
 
@@ -59,13 +61,13 @@ def eager_graph_gpu_ms(data, iters, reps):
     return statistics.median(times), out
 
 
-def gpuos_w2(gpuos, ext, data, iters, reps, fused):
+def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
     ext.set_fusion(fused)
     try:
         gpu, host, outs = [], [], None
         for _ in range(reps + 1):
             torch.cuda.synchronize()
-            ctx = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0)
+            ctx = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0, front=front)
             ctx.__enter__()
             t0 = time.perf_counter()
             for _ in range(iters):
@@ -96,8 +98,14 @@ def interception_floor(data, iters, reps):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return torch.empty_like(args[0])
 
+    from torch.overrides import TorchFunctionMode
+
+    class FunctionFloor(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return args[0]
+
     out = {}
-    for name, mode in (("floor", Floor), ("alloc", Alloc)):
+    for name, mode in (("floor", Floor), ("alloc", Alloc), ("function_floor", FunctionFloor)):
         ts = []
         for _ in range(reps + 1):
             with mode():
@@ -146,6 +154,7 @@ def main(argv=None) -> int:
     torch.testing.assert_close(gout, ref)
     ext.set_specialize_after(0)  # tier 1 alone first: every fused chain through the interpreter
     fused_gpu, fused_host, fout = gpuos_w2(gpuos, ext, data, args.iters, args.reps, True)
+    _, dispatch_only_host, dout = gpuos_w2(gpuos, ext, data, args.iters, args.reps, True, front=False)
     unfused_gpu, unfused_host, uout = gpuos_w2(gpuos, ext, data, args.iters, args.reps, False)
     # Tier 2: let the W2 program get straight-line code (background compile), hand over once the worker idles
     ext.set_specialize_after(1)
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
     ext.set_specialize_after(64)
     active = ext.generation_info()["active"]
     ok = True
-    for o in (fout, uout, sout):
+    for o in (fout, dout, uout, sout):
         try:
             torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-5)
         except AssertionError:
@@ -179,6 +188,10 @@ def main(argv=None) -> int:
         C.value_row("W2", "w2_unfused_gpu_ms", unfused_gpu, "ms", size=N),
         C.value_row("W2", "w2_fused_host_us_per_op", fused_host, "us", size=N, goal="<= 4"),
         C.value_row("W2", "w2_unfused_host_us_per_op", unfused_host, "us", size=N),
+        C.value_row("W2", "w2_dispatch_only_host_us_per_op", dispatch_only_host, "us", size=N,
+                    note="fused, scheduler_context(front=False): the TorchDispatchMode path alone"),
+        C.value_row("W2", "w2_function_mode_floor_host_us_per_op", floor["function_floor"], "us", size=N,
+                    note="TorchFunctionMode returning args[0]: the floor of the front"),
         C.value_row("W2", "w2_mode_floor_host_us_per_op", floor["floor"], "us", size=N,
                     note="TorchDispatchMode returning args[0]: the interception floor"),
         C.value_row("W2", "w2_mode_alloc_host_us_per_op", floor["alloc"], "us", size=N,

@@ -2,7 +2,11 @@
 // The hot submit_* functions are METH_FASTCALL CPython functions (pybind11's dispatcher costs more than the
 // whole record path); everything else is bound with pybind11.
 #include <torch/extension.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/PyInterpreter.h>
 
 #include <chrono>
 #include <cstring>
@@ -779,6 +783,7 @@ Deferred g_def[kMaxDevices];
 struct SchedStats {
   uint64_t intercepted = 0, flushed_ops = 0, fused_groups = 0, fused_ops = 0, flushes = 0;
   uint64_t independent_eager = 0;  // eager ops that ran without flushing (no shared storage)
+  uint64_t front_ops = 0;          // of `intercepted`: recorded by the __torch_function__ front
   std::map<std::string, uint64_t> by_cause;
 } g_sched;
 bool g_fusion = true;
@@ -1378,6 +1383,136 @@ PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
   return r;
 }
 
+// ------------------------------------------------------------------ the scheduler's __torch_function__ front
+// Entering a TorchDispatchMode costs PyTorch ~3-6 us per op on an H100 host (boxing into IValues, the mode
+// stack, the Python call, unboxing), above the whole record path. The scheduler therefore also pushes a
+// TorchFunctionMode whose __torch_function__ is this function: the plain functional elementwise calls
+// (a + b, x * 2, torch.sigmoid(x), x.relu(), torch.add(a, b, alpha=2), ...) are recorded here, before any
+// dispatch. Whatever it does not take -- and every call while anything could see the op differently: another
+// torch-function mode, a dispatch mode other than a GpuosScheduler on top, an infra mode (fake, proxy,
+// functional), autocast, a tensor subclass or a tensor with extra dispatch keys (conj, neg, batched, ...) --
+// goes on unchanged (func(*args, **kwargs)) to the dispatcher and the GpuosScheduler below.
+struct FrontSpec {
+  uint32_t op = 0, nin = 0;
+  float d0 = 0.f, d1 = 0.f;
+  int scalars = 0;         // as FastSpec
+  bool number_ok = false;  // a Python number may stand for the 2nd operand (the op has a .Scalar overload)
+};
+std::unordered_map<PyObject*, FrontSpec> g_front;  // key: a torch function / Tensor method (strong reference)
+PyObject* g_sched_type = nullptr;                  // gpuos.scheduler.GpuosScheduler
+
+// sched_set_front({callable: (op_id, nin, d0, d1, scalars, number_ok)}, GpuosScheduler): replaces the table.
+void sched_set_front(py::dict table, py::object sched_type) {
+  if (!PyType_Check(sched_type.ptr())) throw py::type_error("sched_set_front: sched_type must be a class");
+  std::unordered_map<PyObject*, FrontSpec> t;
+  for (auto item : table) {
+    auto v = item.second.cast<py::tuple>();
+    FrontSpec f;
+    f.op = v[0].cast<uint32_t>();
+    f.nin = v[1].cast<uint32_t>();
+    f.d0 = v[2].cast<float>();
+    f.d1 = v[3].cast<float>();
+    f.scalars = v[4].cast<int>();
+    f.number_ok = v[5].cast<bool>();
+    if (f.op >= kNumOpsHost || kOps[f.op].kind != 0 || f.nin != kOps[f.op].arity || f.scalars < 0 || f.scalars > 2)
+      throw py::value_error("sched_set_front: bad spec for " + py::str(item.first).cast<std::string>());
+    t[item.first.ptr()] = f;
+  }
+  for (auto& kv : t) Py_INCREF(kv.first);
+  for (auto& kv : g_front) Py_DECREF(kv.first);
+  g_front.swap(t);
+  Py_INCREF(sched_type.ptr());
+  Py_XDECREF(g_sched_type);
+  g_sched_type = sched_type.ptr();
+}
+
+// The innermost dispatch mode if it is a GpuosScheduler and nothing else could see the op first; else null.
+PyObject* front_scheduler() {
+  using c10::impl::TorchDispatchModeTLS;
+  if (!g_sched_type || at::impl::PythonTorchFunctionTLS::stack_len() != 0) return nullptr;  // (ours is popped)
+  const int64_t n = TorchDispatchModeTLS::stack_len();
+  if (n < 1) return nullptr;
+  for (auto k : {c10::impl::TorchDispatchModeKey::FAKE, c10::impl::TorchDispatchModeKey::PROXY,
+                 c10::impl::TorchDispatchModeKey::FUNCTIONAL})
+    if (TorchDispatchModeTLS::get_mode(k).has_value()) return nullptr;
+  PyObject* top = TorchDispatchModeTLS::get_stack_at(n - 1)->ptr(getPyInterpreter());
+  if (!top || !PyObject_TypeCheck(top, (PyTypeObject*)g_sched_type)) return nullptr;
+  if (at::autocast::is_autocast_enabled(at::kCUDA)) return nullptr;
+  return top;
+}
+
+bool plain_cuda_tensor(PyObject* o) {
+  static const c10::DispatchKeySet allowed({c10::DispatchKey::CUDA, c10::DispatchKey::AutogradCUDA,
+                                            c10::DispatchKey::ADInplaceOrView, c10::DispatchKey::AutocastCUDA});
+  if (!THPVariable_CheckExact(o)) return false;
+  const c10::DispatchKeySet ks = THPVariable_Unpack(o).unsafeGetTensorImpl()->key_set();
+  return ks.has(c10::DispatchKey::CUDA) && (ks - allowed).empty();
+}
+
+// sched_function(front, func, types, args=(), kwargs=None)
+PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  static PyObject* s_thr = interned("size_threshold");
+  static PyObject* s_alpha = interned("alpha");
+  static PyObject* s_rmode = interned("rounding_mode");
+  if (n < 3 || n > 5) {
+    PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
+    return nullptr;
+  }
+  PyObject* func = a[1];
+  PyObject* args = n > 3 ? a[3] : nullptr;
+  PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
+  if (kwargs && !PyDict_Check(kwargs)) kwargs = nullptr, args = nullptr;  // not ours to read: pass on
+  auto it = g_front.find(func);
+  PyObject* sched = nullptr;
+  if (it != g_front.end() && args && PyTuple_Check(args) && PyTuple_GET_SIZE(args) == (Py_ssize_t)it->second.nin &&
+      (sched = front_scheduler()) != nullptr) {
+    const FrontSpec& f = it->second;
+    // The first operand a plain CUDA tensor (self / input), the second a tensor or, where the op has a Scalar
+    // overload, a Python number: other calls are PyTorch's to accept or refuse.
+    bool ok = true;
+    float s0 = f.d0;
+    for (uint32_t k = 0; ok && k < f.nin; ++k) {
+      PyObject* o = PyTuple_GET_ITEM(args, k);
+      ok = THPVariable_Check(o) ? plain_cuda_tensor(o) : (k == 1 && f.number_ok && is_number(o));
+    }
+    if (ok && kwargs && PyDict_GET_SIZE(kwargs) > 0) {  // only the op's own scalar may be given
+      PyObject* v = nullptr;
+      if (PyDict_GET_SIZE(kwargs) != 1) ok = false;
+      else if (f.scalars == 1) ok = (v = PyDict_GetItemWithError(kwargs, s_alpha)) != nullptr && is_number(v);
+      else if (f.scalars == 2) ok = (v = PyDict_GetItemWithError(kwargs, s_rmode)) != nullptr && v == Py_None;
+      else ok = false;
+      if (PyErr_Occurred()) return nullptr;
+      if (ok && f.scalars == 1) s0 = (float)PyFloat_AsDouble(v);
+    }
+    if (ok) {
+      PyObject* t = PyObject_GetAttr(sched, s_thr);
+      if (!t) return nullptr;
+      const int64_t thr = PyLong_AsLongLong(t);
+      Py_DECREF(t);
+      if (thr == -1 && PyErr_Occurred()) return nullptr;
+      PyObject* r = sched_ew_record(f.op, kModeFunctional, &PyTuple_GET_ITEM(args, 0), nullptr, s0, f.d1, thr);
+      if (r && !PyLong_CheckExact(r)) {  // recorded
+        g_sched.front_ops++;
+        return r;
+      }
+      // A reason (or a Type/ValueError): the dispatch path below runs the same checks and counts the fallback.
+      if (!r) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) return nullptr;
+        PyErr_Clear();
+      }
+      Py_XDECREF(r);
+    }
+  }
+  if (!args) {
+    PyObject* empty = PyTuple_New(0);
+    if (!empty) return nullptr;
+    PyObject* r = PyObject_Call(func, empty, kwargs);
+    Py_DECREF(empty);
+    return r;
+  }
+  return PyObject_Call(func, args, kwargs);
+}
+
 // Publish every device's deferred ops (cause counted). Returns the raw streams published on.
 py::list sched_flush(const std::string& cause) {
   py::list streams;
@@ -1481,6 +1616,7 @@ py::dict sched_stats() {
   d["fused_groups"] = g_sched.fused_groups;
   d["fused_ops"] = g_sched.fused_ops;
   d["independent_eager"] = g_sched.independent_eager;
+  d["front_ops"] = g_sched.front_ops;
   d["specializations_requested"] = specializations_requested();
   py::dict c;
   for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;
@@ -1761,6 +1897,10 @@ static PyMethodDef kFastMethods[] = {
      "sched_dispatch(mode, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_dispatch__ (bound to the "
      "mode): records ops with a fast spec (sched_set_fast), hands the rest to mode._dispatch_py, runs rejected ops "
      "through mode._eager(func, args, kwargs, reason)."},
+    {"sched_function", (PyCFunction)(void (*)(void))sched_function, METH_FASTCALL,
+     "sched_function(front, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_function__ front (bound "
+     "to its TorchFunctionMode): records plain functional elementwise calls (sched_set_front) when a GpuosScheduler "
+     "is the innermost dispatch mode and nothing else could see the op first; calls func(*args, **kwargs) otherwise."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -1916,6 +2056,15 @@ PYBIND11_MODULE(gpuos_ext, m) {
     std::sort(v.begin(), v.end());
     return v;
   }, "The overloads sched_dispatch records without calling Python (sorted names).");
+  m.def("sched_front_ops", [] {
+    std::vector<std::string> v;
+    for (auto& kv : g_front) v.push_back(py::repr(kv.first).cast<std::string>());
+    std::sort(v.begin(), v.end());
+    return v;
+  }, "The callables sched_function records (sorted reprs).");
+  m.def("sched_set_front", &sched_set_front, py::arg("table"), py::arg("sched_type"),
+        "Replace sched_function's table {callable: (op_id, nin, d0, d1, scalars, number_ok)}; sched_type: the scheduler class "
+        "that must be the innermost dispatch mode.");
   m.def("sched_set_fast", &sched_set_fast, py::arg("table"),
         "Replace sched_dispatch's table {OpOverload: (op_id, mode, nin, d0, d1, scalars)}; scalars: 0 none, 1 alpha, "
         "2 rounding_mode must be None.");

@@ -17,6 +17,7 @@ import types as _types
 from typing import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
@@ -50,6 +51,7 @@ class _Stats:
         n = c["sched_flushes"]
         return {
             "ops_intercepted": c["ops_intercepted"],
+            "front_ops": c["front_ops"],
             "fallbacks": fallbacks,
             "flushes_by_cause": c["flushes_by_cause"],
             "mean_batch_size": (c["flushed_ops"] / n) if n else 0.0,
@@ -81,15 +83,22 @@ class GpuosScheduler(TorchDispatchMode):
         Ops whose output has more elements than this run eagerly.
     auto_flush_ms
         Pending work older than this is flushed by a background timer (0 disables the timer).
+    front
+        Also intercept plain functional elementwise calls (``a + b``, ``torch.sigmoid(x)``, ...) at the
+        ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (several us per op less; every
+        other op, and every call another mode or a tensor subclass could see differently, still goes through the
+        dispatch mode). False: the dispatch mode alone.
     """
 
     def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                 auto_flush_ms: float = 2.0) -> None:
+                 auto_flush_ms: float = 2.0, front: bool = True) -> None:
         super().__init__()
         self.capacity = capacity
         self.threads_per_block = threads_per_block
         self.size_threshold = size_threshold
         self.auto_flush_ms = auto_flush_ms
+        self.front = front
+        self._fronts: list = []  # one per __enter__ that pushed one (the same instance may be entered nested)
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -111,7 +120,12 @@ class GpuosScheduler(TorchDispatchMode):
                     self._stop.clear()
                     self._timer = threading.Thread(target=self._timer_loop, name="gpuos-flush-timer", daemon=True)
                     self._timer.start()
-        return super().__enter__()
+        r = super().__enter__()
+        front = _Front() if self.front and torch.cuda.is_available() else None
+        if front is not None:
+            front.__enter__()  # above the dispatch mode: popped first
+        self._fronts.append(front)
+        return r
 
     def __exit__(self, exc_type, exc, tb):
         try:
@@ -124,6 +138,9 @@ class GpuosScheduler(TorchDispatchMode):
                 self._stop.set()
                 self._timer.join()
                 self._timer = None
+            front = self._fronts.pop() if self._fronts else None
+            if front is not None:
+                front.__exit__(exc_type, exc, tb)
             super().__exit__(exc_type, exc, tb)
 
     # ----------------------------------------------------------------- flushing
@@ -179,6 +196,19 @@ class GpuosScheduler(TorchDispatchMode):
         if func in _HEAVY:
             _ext.yield_worker()
         return func(*args, **kwargs)
+
+
+class _Front(TorchFunctionMode):
+    """The scheduler's __torch_function__ front (see GpuosScheduler's ``front``): its instance attribute
+    __torch_function__ is _ext.sched_function bound to it, which records the calls in its table when a
+    GpuosScheduler is the innermost dispatch mode and passes every other call on unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.__torch_function__ = _types.MethodType(_ext.sched_function, self)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # the class's definition; instances use C++
+        return func(*args, **(kwargs or {}))
 
 
 # --------------------------------------------------------------------- handlers
@@ -415,16 +445,35 @@ def _refresh_user_handlers() -> None:
         _HANDLERS[ov] = _user_handler(row["id"], row["arity"])
         _USER_KEYS.add(ov)
     _ext.sched_set_fast({ov: spec for ov, spec in _FAST.items() if ov not in _USER_KEYS})
+    _ext.sched_set_front(_front_table(), GpuosScheduler)
+
+
+def _front_table() -> dict:
+    """sched_function's table: the torch function and the Tensor method of each functional fast overload's op
+    (torch.add / Tensor.add for aten.add.Tensor and aten.add.Scalar), unless a registered op took over any
+    overload of that op."""
+    taken = {ov.overloadpacket for ov in _USER_KEYS if hasattr(ov, "overloadpacket")}
+    number_ok = {ov.overloadpacket for ov in _FAST if "Scalar" in ov._overloadname}
+    table = {}
+    for ov, (op, mode, nin, d0, d1, rule) in _FAST.items():
+        if mode != _MODES["functional"] or ov.overloadpacket in taken:
+            continue
+        name = ov.overloadpacket.__name__
+        for f in (getattr(torch._C.TensorBase, name, None), getattr(torch, name, None)):
+            if type(f).__name__ in ("method_descriptor", "builtin_function_or_method"):
+                table[f] = (op, nin, d0, d1, rule, ov.overloadpacket in number_ok)
+    return table
 
 
 _ext.sched_set_fast(_FAST)
+_ext.sched_set_front(_front_table(), GpuosScheduler)
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                      auto_flush_ms: float = 2.0) -> GpuosScheduler:
+                      auto_flush_ms: float = 2.0, front: bool = True) -> GpuosScheduler:
     """Context manager: ``with gpuos.scheduler_context(): ...`` batches supported small ops (see module doc)."""
     return GpuosScheduler(capacity=capacity, threads_per_block=threads_per_block, size_threshold=size_threshold,
-                          auto_flush_ms=auto_flush_ms)
+                          auto_flush_ms=auto_flush_ms, front=front)
 
 
 def scheduler_stats() -> dict:

@@ -338,7 +338,8 @@ def test_flush_without_pending_is_noop():
 def test_scheduler_context_signature():
     sig = inspect.signature(gpuos.scheduler_context)
     params = sig.parameters
-    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms"]
+    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front"]
+    assert params["front"].default is True
     assert params["capacity"].default == 8192
     assert params["threads_per_block"].default == 256
     assert params["size_threshold"].default == 1 << 15
@@ -354,6 +355,7 @@ def test_scheduler_context_returns_configured_mode():
     assert (ctx.capacity, ctx.threads_per_block, ctx.size_threshold, ctx.auto_flush_ms) == (1024, 128, 99, 0.5)
     d = gpuos.scheduler_context()
     assert (d.capacity, d.threads_per_block, d.size_threshold, d.auto_flush_ms) == (8192, 256, 1 << 15, 2.0)
+    assert d.front is True and gpuos.scheduler_context(front=False).front is False
 
 
 def test_stats_has_scheduler_keys():
@@ -447,3 +449,67 @@ def test_fast_path_scalar_rules_match_eager_on_cpu(case):
     after = gpuos.stats()["fallbacks"]
     assert torch.equal(got, expected)
     assert sum(after.values()) > sum(before.values())
+
+
+# ============================================================================ the __torch_function__ front
+
+def test_front_table_has_the_functional_calls_of_the_fast_ops():
+    import gpuos_ext
+    front = set(gpuos_ext.sched_front_ops())
+    for f in (torch.add, torch.Tensor.add, torch.mul, torch.Tensor.mul, torch.Tensor.div, torch.sigmoid,
+              torch.Tensor.relu, torch.maximum, torch.exp):
+        assert repr(f) in front, f
+    for f in (torch.Tensor.add_, torch.nn.functional.gelu, torch.clamp, torch.softmax, torch.sum, torch.matmul):
+        assert repr(f) not in front, f
+
+
+def _front_cases():
+    x, y = torch.randn(6, 5), torch.randn(5) + 3.0
+    return {
+        "add": lambda: x + y, "radd": lambda: 2 + x, "mul_number": lambda: x * 2, "sub_alpha": lambda: torch.sub(x, y, alpha=3),
+        "div": lambda: x / y, "div_floor": lambda: torch.div(x, y, rounding_mode="floor"),
+        "add_out": lambda: torch.add(x, y, out=torch.empty(6, 5)), "sigmoid": lambda: torch.sigmoid(x),
+        "relu_method": lambda: x.relu(), "maximum": lambda: torch.maximum(x, y), "pow_number": lambda: torch.pow(x, 2),
+        "alpha_method": lambda: x.add(y, alpha=0.5),
+        "shape": lambda: torch.tensor(x.shape), "view": lambda: x.view(30), "sum": lambda: x.sum(-1),
+    }
+
+
+@pytest.mark.parametrize("case", list(_front_cases()))
+def test_front_passes_calls_through_unchanged(case):
+    """With no CUDA tensor nothing is recorded: the front hands every call on (func(*args, **kwargs)) and the
+    results equal eager's."""
+    from gpuos.scheduler import _Front
+    fn = _front_cases()[case]
+    expected = fn()
+    with GpuosScheduler(front=False):
+        with _Front():
+            got = fn()
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("bad", ["maximum_number", "sigmoid_number", "relu_two_args"])
+def test_front_leaves_invalid_calls_to_pytorch(bad):
+    """Calls PyTorch refuses (a number where a tensor must be, extra arguments) raise the same TypeError."""
+    from gpuos.scheduler import _Front
+    x = torch.randn(4)
+    fn = {"maximum_number": lambda: torch.maximum(x, 2.0), "sigmoid_number": lambda: torch.sigmoid(2.0),
+          "relu_two_args": lambda: torch.relu(x, x)}[bad]
+    with pytest.raises(TypeError) as eager:
+        fn()
+    with GpuosScheduler(front=False):
+        with _Front():
+            with pytest.raises(TypeError) as fronted:
+                fn()
+    assert str(fronted.value) == str(eager.value)
+
+
+def test_front_not_pushed_without_cuda_and_stacks_cleanly():
+    depth = torch._C._len_torch_function_stack()
+    with gpuos.scheduler_context() as m:
+        inside = torch._C._len_torch_function_stack()
+        with m:  # the same instance nested
+            pass
+        assert torch._C._len_torch_function_stack() == inside
+    assert torch._C._len_torch_function_stack() == depth
+    assert inside == depth + (1 if torch.cuda.is_available() else 0)

@@ -497,3 +497,103 @@ def test_zero_dim_tensor_promotion(rt):
         got = (x * s32, s32 + x, h0 * s32, x.add(s32, alpha=2))
     assert [g.dtype for g in got] == [e.dtype for e in exp] == [F16, F16, F32, F16]
     _compare(got, exp, "f16")
+
+
+# ============================================================================ the __torch_function__ front
+
+def _w2(a, b, c, d):
+    return torch.sigmoid(torch.relu((a + b) * c)) / d
+
+
+def test_front_records_the_w2_chain_and_matches_eager(rt):
+    a, b, c = randn(2048), randn(2048), randn(2048)
+    d = randn(2048).abs() + 0.5
+    for front in (True, False):
+        before = gpuos.stats()
+        with gpuos.scheduler_context(auto_flush_ms=0, front=front):
+            outs = [_w2(a, b, c, d) for _ in range(20)]
+        after = gpuos.stats()
+        assert after["ops_intercepted"] - before["ops_intercepted"] == 100
+        assert after["front_ops"] - before["front_ops"] == (100 if front else 0)
+        for o in outs:
+            assert_close(o, _w2(a, b, c, d), rtol=1e-5, atol=1e-6)
+
+
+def test_front_reads_alpha_numbers_and_rounding_mode(rt):
+    x, y = randn(3, 300), randn(300)
+    cases = {
+        "alpha": lambda: torch.add(x, y, alpha=-2.5), "sub_alpha_method": lambda: x.sub(y, alpha=3),
+        "number": lambda: x * 0.5 - 2, "div_none": lambda: torch.div(x, y.abs() + 1, rounding_mode=None),
+        "pow_int": lambda: torch.pow(x, 2), "maximum": lambda: torch.maximum(x, y),
+        "f16_times_f32_0d": lambda: x.half() * torch.tensor(3.0, device=DEV),
+    }
+    for name, fn in cases.items():
+        expected = fn()
+        before = gpuos.stats()
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            got = fn()
+        assert gpuos.stats()["front_ops"] > before["front_ops"], name
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_front_hands_on_what_others_must_see(rt):
+    """Another dispatch mode on top, autocast, a tensor subclass, the op's out= / floor rounding, a size over the
+    threshold: the front records nothing and the result is eager's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.funcs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.funcs.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, y = randn(1000), randn(1000).abs() + 1
+    p = torch.nn.Parameter(randn(1000), requires_grad=False)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        f0 = gpuos.stats()["front_ops"]
+        seen = Seen()
+        with seen:
+            z = x + y
+        assert "aten.add.Tensor" in seen.funcs  # the inner mode saw the op
+        with torch.autocast("cuda", dtype=torch.float16):
+            e = torch.exp(x.half())  # autocast runs exp in fp32
+        q = p * 2
+        fl = torch.div(x, y, rounding_mode="floor")
+        o = torch.empty(1000, device=DEV)
+        torch.add(x, y, out=o)
+        assert gpuos.stats()["front_ops"] == f0
+    with gpuos.scheduler_context(auto_flush_ms=0, size_threshold=100):
+        f1 = gpuos.stats()["front_ops"]
+        big = x * 3
+        assert gpuos.stats()["front_ops"] == f1
+    assert_close(z, x + y, rtol=0, atol=0)
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert e.dtype == torch.exp(x.half()).dtype
+    assert_close(e, torch.exp(x.half().float()), rtol=1e-5, atol=1e-5)
+    assert_close(q, p.detach() * 2, rtol=0, atol=0)
+    assert_close(fl, torch.div(x, y, rounding_mode="floor"), rtol=0, atol=0)
+    assert_close(o, x + y, rtol=0, atol=0)
+    assert_close(big, x * 3, rtol=0, atol=0)
+
+
+def test_front_under_inference_mode_and_with_grad_inputs(rt):
+    w = randn(500).requires_grad_(True)
+    x = randn(500)
+    with torch.inference_mode():
+        xi = randn(500)
+        before = gpuos.stats()["front_ops"]
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            yi = torch.sigmoid(xi * 2)
+        assert gpuos.stats()["front_ops"] - before == 2  # inference tensors are plain CUDA tensors
+    assert_close(yi, torch.sigmoid(xi * 2), rtol=1e-6, atol=1e-6)
+    before = gpuos.stats()["front_ops"]
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        loss = (torch.sigmoid(w) * x).sum()  # grad-tracked: the dispatch mode's autograd fallback, not the front
+        loss.backward()
+    assert gpuos.stats()["front_ops"] == before
+    s = torch.sigmoid(w.detach())
+    assert_close(w.grad, s * (1 - s) * x, rtol=1e-5, atol=1e-6)

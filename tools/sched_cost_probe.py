@@ -6,7 +6,9 @@ Each line is the median host us per op over the W2 chain (5 ops per step, 2,048 
                  C++ dispatcher (sched_dispatch) saves per op next to the Python __torch_dispatch__
   sched_ew_only  the 5 sched_ew calls of a step made directly from Python, no mode (the C++ record path)
   empty_only     5 torch.empty calls per step, no mode (allocation + Python wrapping, for scale)
-  scheduler      the real scheduler (fusion on), records only: the flush at exit is not timed
+  scheduler      the real scheduler (fusion on, __torch_function__ front), records only: the exit flush not timed
+  sched_no_front the same with front=False (the TorchDispatchMode path alone)
+  meta_*         x.shape / x.view(-1) per call: none (no mode), sched (under the scheduler with the front)
   eager          the chain without any mode, synchronized at the end
 """
 import statistics
@@ -92,6 +94,17 @@ def main():
         cm.__enter__()
         return cm
     out["scheduler"] = per_op(lambda: step(a, b, c, d), enter2, lambda cm: cm.__exit__(None, None, None))
+
+    def enter3():
+        cm = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0, front=False)
+        cm.__enter__()
+        return cm
+    out["sched_no_front"] = per_op(lambda: step(a, b, c, d), enter3, lambda cm: cm.__exit__(None, None, None))
+
+    def meta():  # 5 calls, as per_op divides by 5 per iteration
+        a.shape, a.view(-1), a.shape, a.view(-1), a.shape
+    out["meta_none"] = per_op(meta)
+    out["meta_sched"] = per_op(meta, enter2, lambda cm: cm.__exit__(None, None, None))
     out["eager"] = per_op(lambda: step(a, b, c, d))
     for k, v in out.items():
         print(f"sched_cost {k:14s} {v:6.2f} us/op", flush=True)
