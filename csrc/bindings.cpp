@@ -1445,8 +1445,9 @@ bool plain_cuda_tensor(PyObject* o) {
   static const c10::DispatchKeySet allowed({c10::DispatchKey::CUDA, c10::DispatchKey::AutogradCUDA,
                                             c10::DispatchKey::ADInplaceOrView, c10::DispatchKey::AutocastCUDA});
   if (!THPVariable_CheckExact(o)) return false;
+  // (operator- of DispatchKeySet keeps backend bits: a subset test is an intersection that changes nothing)
   const c10::DispatchKeySet ks = THPVariable_Unpack(o).unsafeGetTensorImpl()->key_set();
-  return ks.has(c10::DispatchKey::CUDA) && (ks - allowed).empty();
+  return ks.has(c10::DispatchKey::CUDA) && (ks & allowed) == ks;
 }
 
 // sched_function(front, func, types, args=(), kwargs=None)
@@ -2062,6 +2063,23 @@ PYBIND11_MODULE(gpuos_ext, m) {
     std::sort(v.begin(), v.end());
     return v;
   }, "The callables sched_function records (sorted reprs).");
+  m.def("_front_diag", [](py::object t) {
+    using c10::impl::TorchDispatchModeTLS;
+    py::dict d;
+    d["torch_function_stack"] = at::impl::PythonTorchFunctionTLS::stack_len();
+    const int64_t n = TorchDispatchModeTLS::stack_len();
+    d["dispatch_stack"] = n;
+    if (n > 0) {
+      PyObject* top = TorchDispatchModeTLS::get_stack_at(n - 1)->ptr(getPyInterpreter());
+      d["top"] = py::str(py::handle((PyObject*)Py_TYPE(top)));
+      d["top_is_scheduler"] = g_sched_type && PyObject_TypeCheck(top, (PyTypeObject*)g_sched_type);
+    }
+    d["autocast_cuda"] = at::autocast::is_autocast_enabled(at::kCUDA);
+    d["plain_cuda_tensor"] = plain_cuda_tensor(t.ptr());
+    if (THPVariable_Check(t.ptr())) d["key_set"] = c10::toString(THPVariable_Unpack(t.ptr()).key_set());
+    d["front_scheduler"] = front_scheduler() != nullptr;
+    return d;
+  }, py::arg("tensor"), "Why the __torch_function__ front would or would not record an op on `tensor` here.");
   m.def("sched_set_front", &sched_set_front, py::arg("table"), py::arg("sched_type"),
         "Replace sched_function's table {callable: (op_id, nin, d0, d1, scalars, number_ok)}; sched_type: the scheduler class "
         "that must be the innermost dispatch mode.");

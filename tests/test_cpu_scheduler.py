@@ -513,3 +513,37 @@ def test_front_not_pushed_without_cuda_and_stacks_cleanly():
         assert torch._C._len_torch_function_stack() == inside
     assert torch._C._len_torch_function_stack() == depth
     assert inside == depth + (1 if torch.cuda.is_available() else 0)
+
+
+def test_front_conditions_seen_from_inside_a_function_mode():
+    """_front_diag reports the front's checks where a __torch_function__ runs: a GpuosScheduler as the innermost
+    dispatch mode and no other function mode qualify; another dispatch mode on top does not; CPU tensors never."""
+    import gpuos_ext
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Probe(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(gpuos_ext._front_diag(args[0]))
+            return func(*args, **(kwargs or {}))
+
+    class Other(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(3)
+    with GpuosScheduler(front=False):
+        with Probe():
+            x + 1
+        with Other(), Probe():
+            x + 1
+        with Probe(), Probe():  # the inner one sees a function mode below it
+            x + 1
+    alone, other, inner, outer = seen  # the innermost function mode runs first, with the outer one still pushed
+    assert alone["front_scheduler"] and alone["top_is_scheduler"] and alone["torch_function_stack"] == 0
+    assert not other["front_scheduler"] and not other["top_is_scheduler"]
+    assert inner["torch_function_stack"] == 1 and not inner["front_scheduler"]
+    assert outer["torch_function_stack"] == 0 and outer["front_scheduler"]
+    assert not any(d["plain_cuda_tensor"] for d in seen)  # CPU tensors
