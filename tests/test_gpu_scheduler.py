@@ -553,27 +553,33 @@ def test_front_hands_on_what_others_must_see(rt):
 
     x, y = randn(1000), randn(1000).abs() + 1
     p = torch.nn.Parameter(randn(1000), requires_grad=False)
-    with gpuos.scheduler_context(auto_flush_ms=0):
+    xh = x.half()
+    o = torch.empty(1000, device=DEV)
+
+    def none_by_front(what, fn):
         f0 = gpuos.stats()["front_ops"]
+        r = fn()
+        assert gpuos.stats()["front_ops"] == f0, what
+        return r
+
+    with gpuos.scheduler_context(auto_flush_ms=0):
         seen = Seen()
         with seen:
-            z = x + y
+            z = none_by_front("inner dispatch mode", lambda: x + y)
         assert "aten.add.Tensor" in seen.funcs  # the inner mode saw the op
         with torch.autocast("cuda", dtype=torch.float16):
-            e = torch.exp(x.half())  # autocast runs exp in fp32
-        q = p * 2
-        fl = torch.div(x, y, rounding_mode="floor")
-        o = torch.empty(1000, device=DEV)
-        torch.add(x, y, out=o)
-        assert gpuos.stats()["front_ops"] == f0
+            e = none_by_front("autocast", lambda: torch.exp(xh))  # autocast runs exp in fp32
+        q = none_by_front("Parameter", lambda: p * 2)
+        fl = none_by_front("rounding_mode=floor", lambda: torch.div(x, y, rounding_mode="floor"))
+        none_by_front("out=", lambda: torch.add(x, y, out=o))
     with gpuos.scheduler_context(auto_flush_ms=0, size_threshold=100):
         f1 = gpuos.stats()["front_ops"]
         big = x * 3
         assert gpuos.stats()["front_ops"] == f1
     assert_close(z, x + y, rtol=0, atol=0)
     with torch.autocast("cuda", dtype=torch.float16):
-        assert e.dtype == torch.exp(x.half()).dtype
-    assert_close(e, torch.exp(x.half().float()), rtol=1e-5, atol=1e-5)
+        assert e.dtype == torch.exp(xh).dtype
+    assert_close(e, torch.exp(xh.float()), rtol=1e-5, atol=1e-5)
     assert_close(q, p.detach() * 2, rtol=0, atol=0)
     assert_close(fl, torch.div(x, y, rounding_mode="floor"), rtol=0, atol=0)
     assert_close(o, x + y, rtol=0, atol=0)
