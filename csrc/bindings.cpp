@@ -1451,7 +1451,16 @@ bool plain_cuda_tensor(PyObject* o) {
 }
 
 // sched_function(front, func, types, args=(), kwargs=None)
-PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
+uint64_t g_front_ns = 0, g_front_rec_ns = 0, g_front_calls = 0;  // TMP diagnostics
+PyObject* sched_function_impl(PyObject*, PyObject* const* a, Py_ssize_t n);
+PyObject* sched_function(PyObject* self, PyObject* const* a, Py_ssize_t n) {
+  auto t0 = std::chrono::steady_clock::now();
+  PyObject* r = sched_function_impl(self, a, n);
+  g_front_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  g_front_calls++;
+  return r;
+}
+PyObject* sched_function_impl(PyObject*, PyObject* const* a, Py_ssize_t n) {
   static PyObject* s_thr = interned("size_threshold");
   static PyObject* s_alpha = interned("alpha");
   static PyObject* s_rmode = interned("rounding_mode");
@@ -1497,7 +1506,9 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
         // the scheduler's own __torch_dispatch__ (Python) and cost ~9 us per op on an H100 host.
         c10::impl::ExcludeDispatchKeyGuard no_modes(
             c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+        auto t1 = std::chrono::steady_clock::now();
         r = sched_ew_record(f.op, kModeFunctional, &PyTuple_GET_ITEM(args, 0), nullptr, s0, f.d1, thr);
+        g_front_rec_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t1).count();
       }
       if (r && !PyLong_CheckExact(r)) {  // recorded
         g_sched.front_ops++;
@@ -1625,6 +1636,9 @@ py::dict sched_stats() {
   d["fused_ops"] = g_sched.fused_ops;
   d["independent_eager"] = g_sched.independent_eager;
   d["front_ops"] = g_sched.front_ops;
+  d["TMP_front_ns"] = g_front_ns;
+  d["TMP_front_rec_ns"] = g_front_rec_ns;
+  d["TMP_front_calls"] = g_front_calls;
   d["specializations_requested"] = specializations_requested();
   py::dict c;
   for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;

@@ -537,9 +537,13 @@ def test_front_reads_alpha_numbers_and_rounding_mode(rt):
         assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=name)
 
 
+class _Sub(torch.Tensor):
+    pass
+
+
 def test_front_hands_on_what_others_must_see(rt):
     """Another dispatch mode on top, autocast, a tensor subclass, the op's out= / floor rounding, a size over the
-    threshold: the front records nothing and the result is eager's."""
+    threshold: the front records nothing and the result is eager's (a Parameter is recorded: a plain tensor)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Seen(TorchDispatchMode):
@@ -569,7 +573,11 @@ def test_front_hands_on_what_others_must_see(rt):
         assert "aten.add.Tensor" in seen.funcs  # the inner mode saw the op
         with torch.autocast("cuda", dtype=torch.float16):
             e = none_by_front("autocast", lambda: torch.exp(xh))  # autocast runs exp in fp32
-        q = none_by_front("Parameter", lambda: p * 2)
+        sub = x.as_subclass(_Sub)
+        q = none_by_front("a tensor subclass", lambda: sub * 2)
+        f0 = gpuos.stats()["front_ops"]
+        pp = p * 2  # a Parameter is a plain tensor to PyTorch (THPVariable_CheckExact): recorded
+        assert gpuos.stats()["front_ops"] == f0 + 1
         fl = none_by_front("rounding_mode=floor", lambda: torch.div(x, y, rounding_mode="floor"))
         none_by_front("out=", lambda: torch.add(x, y, out=o))
     with gpuos.scheduler_context(auto_flush_ms=0, size_threshold=100):
@@ -580,7 +588,8 @@ def test_front_hands_on_what_others_must_see(rt):
     with torch.autocast("cuda", dtype=torch.float16):
         assert e.dtype == torch.exp(xh).dtype
     assert_close(e, torch.exp(xh.float()), rtol=1e-5, atol=1e-5)
-    assert_close(q, p.detach() * 2, rtol=0, atol=0)
+    assert_close(q.as_subclass(torch.Tensor), x * 2, rtol=0, atol=0)
+    assert_close(pp, p.detach() * 2, rtol=0, atol=0)
     assert_close(fl, torch.div(x, y, rounding_mode="floor"), rtol=0, atol=0)
     assert_close(o, x + y, rtol=0, atol=0)
     assert_close(big, x * 3, rtol=0, atol=0)
