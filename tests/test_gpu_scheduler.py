@@ -612,3 +612,44 @@ def test_front_under_inference_mode_and_with_grad_inputs(rt):
     assert gpuos.stats()["front_ops"] == before
     s = torch.sigmoid(w.detach())
     assert_close(w.grad, s * (1 - s) * x, rtol=1e-5, atol=1e-6)
+
+
+# ============================================================================ the output pool
+
+def test_output_pool_reuses_freed_outputs(rt):
+    x = randn(4096)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        for _ in range(50):
+            y = torch.sigmoid(x * 2)  # intermediates dropped: their buffers go back to the pool after the flush
+    torch.cuda.synchronize()
+    del y
+    s0 = gpuos.stats()
+    assert s0["output_pool_bytes"] > 0
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        outs = [torch.sigmoid(x * (3 + i)) for i in range(20)]
+    s1 = gpuos.stats()
+    assert s1["output_pool_hits"] - s0["output_pool_hits"] >= 20
+    assert len({o.data_ptr() for o in outs}) == 20  # live outputs never share a buffer
+    for i, o in enumerate(outs):
+        assert o.is_contiguous() and o.dtype == F32 and o.shape == x.shape
+        assert_close(o, torch.sigmoid(x * (3 + i)), rtol=1e-6, atol=1e-6)
+
+
+_POOL_OFF_SCRIPT = r"""
+import torch, gpuos
+gpuos.init()
+x = torch.randn(4096, device="cuda")
+for _ in range(3):
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        ys = [torch.relu(x - i) for i in range(10)]
+    torch.testing.assert_close(ys[-1], torch.relu(x - 9))
+st = gpuos.stats()
+print("POOL", st["output_pool_hits"], st["output_pool_bytes"], st["ops_intercepted"])
+"""
+
+
+def test_output_pool_off_with_zero_mb(rt):
+    from _helpers import describe, run_python
+    p = run_python(_POOL_OFF_SCRIPT, env_extra={"GPUOS_OUTPUT_POOL_MB": "0"}, timeout=240)
+    assert p.returncode == 0, describe(p)
+    assert "POOL 0 0 30" in p.stdout, describe(p)
