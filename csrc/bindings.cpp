@@ -1080,7 +1080,6 @@ PyObject* reason(int r) { return PyLong_FromLong(r); }
 // Record elementwise op `op` over inputs ins[0..arity) (tensors or numbers) as a deferred op: `mode` says where the
 // result goes (a new tensor, ins[0], or pout). Returns the output tensor, an int reason to run eagerly, or null
 // with a Python error set.
-uint64_t g_tmp_empty_ns = 0, g_tmp_lock_ns = 0, g_tmp_wrap_ns = 0;  // TMP diagnostics
 
 // A new contiguous CUDA tensor on `like`'s device from the allocator that made `like`'s storage (PyTorch's
 // CUDA caching allocator, or whichever allocator or pool the program gave it): at::empty's CUDA kernel without
@@ -1250,9 +1249,7 @@ PyObject* sched_ew_record(uint32_t op, int mode, PyObject* const* ins, PyObject*
       int64_t numel = 1;
       for (int64_t s : shape) numel *= s;
       if (numel > thr) return reason(kRSize);
-      auto te = std::chrono::steady_clock::now();
       out = output_tensor(t0, shape, dt, current_stream(t0.get_device()));
-      g_tmp_empty_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - te).count();
     } else {
       PyObject* o = mode == kModeInplace ? ins[0] : pout;
       if (!o || !THPVariable_Check(o)) return reason(kRArgs);
@@ -1265,7 +1262,6 @@ PyObject* sched_ew_record(uint32_t op, int mode, PyObject* const* ins, PyObject*
       out = ot;
       ret = o;
     }
-    auto tl = std::chrono::steady_clock::now();
     const int dev = out.get_device();
     Runtime& rt = runtime_for(dev);
     CUstream s = current_stream(dev);
@@ -1289,15 +1285,11 @@ PyObject* sched_ew_record(uint32_t op, int mode, PyObject* const* ins, PyObject*
       }
       deferred(dev, rt);
     }
-    g_tmp_lock_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - tl).count();
     if (ret) {
       Py_INCREF(ret);
       return ret;
     }
-    auto tw = std::chrono::steady_clock::now();
-    PyObject* wrapped = THPVariable_Wrap(std::move(out));
-    g_tmp_wrap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - tw).count();
-    return wrapped;
+    return THPVariable_Wrap(std::move(out));
   } catch (...) {
     set_python_error();
     return nullptr;
@@ -1572,16 +1564,7 @@ bool plain_cuda_tensor(PyObject* o) {
 }
 
 // sched_function(front, func, types, args=(), kwargs=None)
-uint64_t g_front_ns = 0, g_front_rec_ns = 0, g_front_calls = 0;  // TMP diagnostics
-PyObject* sched_function_impl(PyObject*, PyObject* const* a, Py_ssize_t n);
-PyObject* sched_function(PyObject* self, PyObject* const* a, Py_ssize_t n) {
-  auto t0 = std::chrono::steady_clock::now();
-  PyObject* r = sched_function_impl(self, a, n);
-  g_front_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  g_front_calls++;
-  return r;
-}
-PyObject* sched_function_impl(PyObject*, PyObject* const* a, Py_ssize_t n) {
+PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
   static PyObject* s_thr = interned("size_threshold");
   static PyObject* s_alpha = interned("alpha");
   static PyObject* s_rmode = interned("rounding_mode");
@@ -1627,9 +1610,7 @@ PyObject* sched_function_impl(PyObject*, PyObject* const* a, Py_ssize_t n) {
         // the scheduler's own __torch_dispatch__ (Python) and cost ~9 us per op on an H100 host.
         c10::impl::ExcludeDispatchKeyGuard no_modes(
             c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-        auto t1 = std::chrono::steady_clock::now();
         r = sched_ew_record(f.op, kModeFunctional, &PyTuple_GET_ITEM(args, 0), nullptr, s0, f.d1, thr);
-        g_front_rec_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t1).count();
       }
       if (r && !PyLong_CheckExact(r)) {  // recorded
         g_sched.front_ops++;
@@ -1757,12 +1738,6 @@ py::dict sched_stats() {
   d["fused_ops"] = g_sched.fused_ops;
   d["independent_eager"] = g_sched.independent_eager;
   d["front_ops"] = g_sched.front_ops;
-  d["TMP_front_ns"] = g_front_ns;
-  d["TMP_front_rec_ns"] = g_front_rec_ns;
-  d["TMP_front_calls"] = g_front_calls;
-  d["TMP_empty_ns"] = g_tmp_empty_ns;
-  d["TMP_lock_ns"] = g_tmp_lock_ns;
-  d["TMP_wrap_ns"] = g_tmp_wrap_ns;
   d["specializations_requested"] = specializations_requested();
   py::dict c;
   for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;

@@ -82,9 +82,7 @@ def main():
     def direct():
         for op, ins, s0 in ops:
             sched_ew(op, 0, ins, None, s0, 0.0, 1 << 15)
-    e0 = ext.sched_stats()["TMP_empty_ns"]
     out["sched_ew_only"] = per_op(direct, None, lambda _: ext.sched_flush())
-    print("TMP sched_ew_only empty ns/op", (ext.sched_stats()["TMP_empty_ns"] - e0) / ((REPS + 1) * ITERS * 5))
 
     def empties():
         for _ in range(5):
@@ -108,25 +106,6 @@ def main():
     out["meta_none"] = per_op(meta)
     out["meta_sched"] = per_op(meta, enter2, lambda cm: cm.__exit__(None, None, None))
     out["eager"] = per_op(lambda: step(a, b, c, d))
-    st0 = ext.sched_stats()
-    out["scheduler_again"] = per_op(lambda: step(a, b, c, d), enter2, lambda cm: cm.__exit__(None, None, None))
-    st1 = ext.sched_stats()
-    calls = st1["TMP_front_calls"] - st0["TMP_front_calls"]
-    print("TMP front calls", calls, "ns/call", (st1["TMP_front_ns"] - st0["TMP_front_ns"]) / max(calls, 1),
-          "record ns/call", (st1["TMP_front_rec_ns"] - st0["TMP_front_rec_ns"]) / max(calls, 1),
-          "front_ops", st1["front_ops"] - st0["front_ops"],
-          "empty", (st1["TMP_empty_ns"] - st0["TMP_empty_ns"]) / max(calls, 1),
-          "lock+record", (st1["TMP_lock_ns"] - st0["TMP_lock_ns"]) / max(calls, 1),
-          "wrap", (st1["TMP_wrap_ns"] - st0["TMP_wrap_ns"]) / max(calls, 1))
-    import cProfile, pstats
-    cm = enter2()
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(200):
-        step(a, b, c, d)
-    pr.disable()
-    cm.__exit__(None, None, None)
-    pstats.Stats(pr).sort_stats("tottime").print_stats(8)
     for k, v in out.items():
         print(f"sched_cost {k:14s} {v:6.2f} us/op", flush=True)
 
