@@ -1077,10 +1077,6 @@ void deferred(int dev, Runtime& rt) {
 
 PyObject* reason(int r) { return PyLong_FromLong(r); }
 
-// Record elementwise op `op` over inputs ins[0..arity) (tensors or numbers) as a deferred op: `mode` says where the
-// result goes (a new tensor, ins[0], or pout). Returns the output tensor, an int reason to run eagerly, or null
-// with a Python error set.
-
 // A new contiguous CUDA tensor on `like`'s device from the allocator that made `like`'s storage (PyTorch's
 // CUDA caching allocator, or whichever allocator or pool the program gave it): at::empty's CUDA kernel without
 // the dispatcher. Storages without an allocator (from_blob, DLPack) fall back to at::empty.
@@ -1093,104 +1089,9 @@ at::Tensor empty_like_device(const at::Tensor& like, at::IntArrayRef shape, at::
   return at::detail::empty_generic(shape, alloc, c10::DispatchKeySet(c10::DispatchKey::CUDA), dt, std::nullopt);
 }
 
-// ------------------------------------------------------------------ the output pool
-// The scheduler's outputs are mostly short-lived intermediates of one size. Allocating each from the caching
-// allocator (and freeing it) was ~1 us of the ~3 us recorded op on an H100 host; a freed output's buffer now
-// goes to a free list of (device, stream, size class) and the next output of that class on that stream takes
-// it -- the caching allocator's rule (a block freed on a stream is reused by later work on that stream, which
-// runs after every use of it there). Bounded (GPUOS_OUTPUT_POOL_MB, default 64; 0 turns it off); shutdown()
-// returns every pooled buffer. Like from_blob memory, pooled outputs ignore Tensor.record_stream(): work on
-// another stream that reads one must be ordered (wait_stream) before the tensor is dropped.
-constexpr size_t kPoolMaxBytes = 1u << 20;  // larger outputs come from the caching allocator
-struct PoolKey {
-  int dev;
-  CUstream stream;
-  size_t bytes;
-  bool operator==(const PoolKey& o) const { return dev == o.dev && stream == o.stream && bytes == o.bytes; }
-};
-struct PoolKeyHash {
-  size_t operator()(const PoolKey& k) const {
-    return std::hash<size_t>()(k.bytes * 1315423911u ^ (size_t)(uintptr_t)k.stream ^ (size_t)k.dev);
-  }
-};
-struct OutputPool {
-  std::mutex mu;
-  std::unordered_map<PoolKey, std::vector<c10::DataPtr>, PoolKeyHash> free;
-  size_t held = 0, cap = 0;
-  uint64_t hits = 0, misses = 0;
-};
-OutputPool& pool() {  // leaked: buffers may be dropped during interpreter exit
-  static OutputPool* p = [] {
-    auto* o = new OutputPool;
-    const char* e = std::getenv("GPUOS_OUTPUT_POOL_MB");
-    o->cap = (size_t)((e && *e) ? std::max(0.0, std::atof(e)) : 64.0) << 20;
-    return o;
-  }();
-  return *p;
-}
-struct PooledBuf {
-  c10::DataPtr inner;  // the caching allocator's allocation
-  PoolKey key;
-};
-void pooled_delete(void* ctx) {
-  auto* b = static_cast<PooledBuf*>(ctx);
-  OutputPool& p = pool();
-  {
-    std::lock_guard<std::mutex> lk(p.mu);
-    if (p.held + b->key.bytes <= p.cap) {
-      p.free[b->key].push_back(std::move(b->inner));
-      p.held += b->key.bytes;
-    }
-  }
-  delete b;  // frees `inner` to its allocator unless the pool kept it
-}
-
-// Return every pooled buffer to its allocator (shutdown()).
-void pool_trim() {
-  std::unordered_map<PoolKey, std::vector<c10::DataPtr>, PoolKeyHash> drop;
-  OutputPool& p = pool();
-  {
-    std::lock_guard<std::mutex> lk(p.mu);
-    drop.swap(p.free);
-    p.held = 0;
-  }
-}
-
-// A new contiguous output for a recorded op on stream `s`: a pooled buffer of its size class when one is free.
-at::Tensor output_tensor(const at::Tensor& like, at::IntArrayRef shape, at::ScalarType dt, CUstream s) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const size_t nbytes = (size_t)numel * c10::elementSize(dt);
-  OutputPool& p = pool();
-  if (p.cap == 0 || nbytes == 0 || nbytes > kPoolMaxBytes || !like.storage().allocator())
-    return empty_like_device(like, shape, dt);
-  const PoolKey key{like.get_device(), s, (nbytes + 511) & ~(size_t)511};
-  c10::DataPtr inner;
-  {
-    std::lock_guard<std::mutex> lk(p.mu);
-    auto it = p.free.find(key);
-    if (it != p.free.end() && !it->second.empty()) {
-      inner = std::move(it->second.back());
-      it->second.pop_back();
-      p.held -= key.bytes;
-      p.hits++;
-    } else {
-      p.misses++;
-    }
-  }
-  if (!inner) {  // a new buffer from the caching allocator, owned from here on by the pool's deleter
-    at::Tensor raw = empty_like_device(like, {(int64_t)key.bytes}, at::kByte);
-    inner = raw.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, like.device()));
-  }
-  void* ptr = inner.get();
-  auto* b = new PooledBuf{std::move(inner), key};
-  c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(ptr, b, &pooled_delete, like.device()),
-                  nullptr, false);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::CUDA),
-                                                           c10::scalarTypeToTypeMeta(dt));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  return t;
-}
+// Record elementwise op `op` over inputs ins[0..arity) (tensors or numbers) as a deferred op: `mode` says where the
+// result goes (a new tensor, ins[0], or pout). Returns the output tensor, an int reason to run eagerly, or null
+// with a Python error set.
 PyObject* sched_ew_record(uint32_t op, int mode, PyObject* const* ins, PyObject* pout, float s0, float s1,
                           int64_t thr) {
   try {
@@ -1249,7 +1150,7 @@ PyObject* sched_ew_record(uint32_t op, int mode, PyObject* const* ins, PyObject*
       int64_t numel = 1;
       for (int64_t s : shape) numel *= s;
       if (numel > thr) return reason(kRSize);
-      out = output_tensor(t0, shape, dt, current_stream(t0.get_device()));
+      out = empty_like_device(t0, shape, dt);
     } else {
       PyObject* o = mode == kModeInplace ? ins[0] : pout;
       if (!o || !THPVariable_Check(o)) return reason(kRArgs);
@@ -1336,12 +1237,12 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if ((name == "amax" || name == "amin") && x.size(-1) == 0) return reason(kRArgs);
     at::Tensor out;
     if (row_out) {
-      out = output_tensor(x, x.sizes(), x.scalar_type(), current_stream(x.get_device()));
+      out = empty_like_device(x, x.sizes(), x.scalar_type());
     } else {
       std::vector<int64_t> shape = x.sizes().vec();
       shape.pop_back();
       if (keepdim) shape.push_back(1);
-      out = output_tensor(x, shape, x.scalar_type(), current_stream(x.get_device()));
+      out = empty_like_device(x, shape, x.scalar_type());
     }
     const int dev = x.get_device();
     Runtime& rt = runtime_for(dev);
@@ -1931,7 +1832,6 @@ void shutdown() {
     }
     delete rt;
   }
-  pool_trim();
 }
 
 py::dict stats() {
@@ -1960,13 +1860,6 @@ py::dict stats() {
   d["burst_launches"] = s.burst_launches;
   d["early_publishes"] = s.early_publishes;
   d["jit_compiles"] = j.compiles;
-  {
-    OutputPool& p = pool();
-    std::lock_guard<std::mutex> lk(p.mu);
-    d["output_pool_bytes"] = p.held;
-    d["output_pool_hits"] = p.hits;
-    d["output_pool_misses"] = p.misses;
-  }
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;
   d["full_queue_flushes"] = s.full_queue_flushes;

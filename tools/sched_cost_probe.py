@@ -8,7 +8,8 @@ Each line is the median host us per op over the W2 chain (5 ops per step, 2,048 
   empty_only     5 torch.empty calls per step, no mode (allocation + Python wrapping, for scale)
   scheduler      the real scheduler (fusion on, __torch_function__ front), records only: the exit flush not timed
   sched_no_front the same with front=False (the TorchDispatchMode path alone)
-  meta_*         x.shape / x.view(-1) per call: none (no mode), sched (under the scheduler with the front)
+  meta_*         x.shape / x.view(-1) per call: none (no mode), sched (under the scheduler with the front),
+                 no_front (front=False)
   eager          the chain without any mode, synchronized at the end
 """
 import statistics
@@ -105,6 +106,7 @@ def main():
         a.shape, a.view(-1), a.shape, a.view(-1), a.shape
     out["meta_none"] = per_op(meta)
     out["meta_sched"] = per_op(meta, enter2, lambda cm: cm.__exit__(None, None, None))
+    out["meta_no_front"] = per_op(meta, enter3, lambda cm: cm.__exit__(None, None, None))
     out["eager"] = per_op(lambda: step(a, b, c, d))
     for k, v in out.items():
         print(f"sched_cost {k:14s} {v:6.2f} us/op", flush=True)
