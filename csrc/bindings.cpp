@@ -1275,40 +1275,52 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // Overloads with a fast spec (elementwise ops whose scalars are none, `alpha`, or `rounding_mode=None`) are
 // recorded here; every other overload goes to the mode's Python path (_dispatch_py: reductions, ops with other
 // scalars, user ops), and every op that must run eagerly to the mode's _eager(func, args, kwargs, reason).
-struct FastSpec {
+// One recordable call: sched_dispatch's table is keyed by OpOverload, the front's by torch function / Tensor
+// method; Python gives both as {key: (op_id, mode, nin, d0, d1, scalars, number_ok)}.
+struct OpSpec {
   uint32_t op = 0, nin = 0;
   int mode = kModeFunctional;
   float d0 = 0.f, d1 = 0.f;
-  int scalars = 0;  // 0 none, 1 alpha (kwarg or 3rd positional) -> s0, 2 rounding_mode must be None
+  int scalars = 0;         // 0 none, 1 alpha (kwarg, or 3rd positional at the aten level) -> s0, 2 rounding_mode None
+  bool number_ok = false;  // front: a Python number may stand for the 2nd operand (the op has a .Scalar overload)
 };
-std::unordered_map<PyObject*, FastSpec> g_fast;  // key: the OpOverload object (a strong reference is held)
+using SpecTable = std::unordered_map<PyObject*, OpSpec>;  // keys: strong references
+SpecTable g_fast;                                        // sched_dispatch: OpOverload -> spec
 
-PyObject* interned(const char* s) {
-  PyObject* o = PyUnicode_InternFromString(s);
-  if (!o) throw py::error_already_set();
-  return o;  // kept for the process's life
-}
-
-// sched_set_fast({OpOverload: (op_id, mode, nin, d0, d1, scalars)}): replaces the table.
-void sched_set_fast(py::dict table) {
-  std::unordered_map<PyObject*, FastSpec> t;
+// Replace `dst` with `table` (checked first: a bad spec changes nothing).
+void set_spec_table(SpecTable& dst, py::dict table, const char* who) {
+  SpecTable t;
   for (auto item : table) {
     auto v = item.second.cast<py::tuple>();
-    FastSpec f;
+    OpSpec f;
     f.op = v[0].cast<uint32_t>();
     f.mode = v[1].cast<int>();
     f.nin = v[2].cast<uint32_t>();
     f.d0 = v[3].cast<float>();
     f.d1 = v[4].cast<float>();
     f.scalars = v[5].cast<int>();
+    f.number_ok = v[6].cast<bool>();
     if (f.op >= kNumOpsHost || kOps[f.op].kind != 0 || f.nin != kOps[f.op].arity || f.mode < 0 || f.mode > 2 ||
         f.scalars < 0 || f.scalars > 2)
-      throw py::value_error("sched_set_fast: bad spec for " + py::str(item.first).cast<std::string>());
+      throw py::value_error(std::string(who) + ": bad spec for " + py::str(item.first).cast<std::string>());
     t[item.first.ptr()] = f;
   }
   for (auto& kv : t) Py_INCREF(kv.first);
-  for (auto& kv : g_fast) Py_DECREF(kv.first);
-  g_fast.swap(t);
+  for (auto& kv : dst) Py_DECREF(kv.first);
+  dst.swap(t);
+}
+
+std::vector<std::string> spec_table_names(const SpecTable& t) {  // str() of every key, sorted
+  std::vector<std::string> v;
+  for (auto& kv : t) v.push_back(py::str(kv.first).cast<std::string>());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (!o) throw py::error_already_set();
+  return o;  // kept for the process's life
 }
 
 PyObject* call_mode(PyObject* mode, PyObject* name, PyObject* const* a, size_t n) {
@@ -1317,18 +1329,41 @@ PyObject* call_mode(PyObject* mode, PyObject* name, PyObject* const* a, size_t n
   return PyObject_VectorcallMethod(name, argv, (1 + n) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
 }
 
+// The names sched_dispatch / sched_function look up (interned once).
+struct SchedNames {
+  PyObject* dispatch_py = interned("_dispatch_py");
+  PyObject* eager = interned("_eager");
+  PyObject* thr = interned("size_threshold");
+  PyObject* alpha = interned("alpha");
+  PyObject* rmode = interned("rounding_mode");
+  PyObject* out = interned("out");
+};
+const SchedNames& names() {
+  static const SchedNames* n = new SchedNames;
+  return *n;
+}
+
+// A __torch_dispatch__ / __torch_function__ call: (self, func, types, args=(), kwargs=None).
+bool check_mode_call(Py_ssize_t n, const char* what) {
+  if (n >= 3 && n <= 5) return true;
+  PyErr_Format(PyExc_TypeError, "%s(func, types, args=(), kwargs=None)", what);
+  return false;
+}
+
+// The scheduler's size_threshold (false with a Python error set).
+bool read_threshold(PyObject* sched, int64_t& thr) {
+  PyObject* t = PyObject_GetAttr(sched, names().thr);
+  if (!t) return false;
+  thr = PyLong_AsLongLong(t);
+  Py_DECREF(t);
+  return !(thr == -1 && PyErr_Occurred());
+}
+
 // sched_dispatch(mode, func, types, args=(), kwargs=None)
 PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  static PyObject* s_py = interned("_dispatch_py");
-  static PyObject* s_eager = interned("_eager");
-  static PyObject* s_thr = interned("size_threshold");
-  static PyObject* s_alpha = interned("alpha");
-  static PyObject* s_rmode = interned("rounding_mode");
-  static PyObject* s_out = interned("out");
-  if (n < 3 || n > 5) {
-    PyErr_SetString(PyExc_TypeError, "__torch_dispatch__(func, types, args=(), kwargs=None)");
-    return nullptr;
-  }
+  const SchedNames& nm = names();
+  PyObject *s_py = nm.dispatch_py, *s_eager = nm.eager, *s_alpha = nm.alpha, *s_rmode = nm.rmode, *s_out = nm.out;
+  if (!check_mode_call(n, "__torch_dispatch__")) return nullptr;
   PyObject* mode = a[0];
   PyObject* func = a[1];
   PyObject* args = n > 3 ? a[3] : nullptr;
@@ -1336,7 +1371,7 @@ PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
   auto it = g_fast.find(func);
   if (it == g_fast.end() || !args || !PyTuple_Check(args) || (kwargs && !PyDict_Check(kwargs)))
     return call_mode(mode, s_py, a + 1, (size_t)n - 1);
-  const FastSpec& f = it->second;
+  const OpSpec& f = it->second;
   const Py_ssize_t na = PyTuple_GET_SIZE(args);
   PyObject* why = nullptr;  // new reference: the reason to run eagerly
   if (na < (Py_ssize_t)f.nin) why = reason(kRArgs);
@@ -1360,11 +1395,8 @@ PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (!pout && PyErr_Occurred()) return nullptr;
   }
   if (!why) {
-    PyObject* t = PyObject_GetAttr(mode, s_thr);
-    if (!t) return nullptr;
-    const int64_t thr = PyLong_AsLongLong(t);
-    Py_DECREF(t);
-    if (thr == -1 && PyErr_Occurred()) return nullptr;
+    int64_t thr = 0;
+    if (!read_threshold(mode, thr)) return nullptr;
     PyObject* r = sched_ew_record(f.op, f.mode, &PyTuple_GET_ITEM(args, 0), pout, s0, f.d1, thr);
     if (!r) {
       // Outside what GPUOS takes (as the Python handlers do): run it eagerly, the error's type as the reason.
@@ -1406,35 +1438,12 @@ PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
 // torch-function mode, a dispatch mode other than a GpuosScheduler on top, an infra mode (fake, proxy,
 // functional), autocast, a tensor subclass or a tensor with extra dispatch keys (conj, neg, batched, ...) --
 // goes on unchanged (func(*args, **kwargs)) to the dispatcher and the GpuosScheduler below.
-struct FrontSpec {
-  uint32_t op = 0, nin = 0;
-  float d0 = 0.f, d1 = 0.f;
-  int scalars = 0;         // as FastSpec
-  bool number_ok = false;  // a Python number may stand for the 2nd operand (the op has a .Scalar overload)
-};
-std::unordered_map<PyObject*, FrontSpec> g_front;  // key: a torch function / Tensor method (strong reference)
-PyObject* g_sched_type = nullptr;                  // gpuos.scheduler.GpuosScheduler
+SpecTable g_front;                 // sched_function: torch function / Tensor method -> spec (mode functional)
+PyObject* g_sched_type = nullptr;  // gpuos.scheduler.GpuosScheduler
 
-// sched_set_front({callable: (op_id, nin, d0, d1, scalars, number_ok)}, GpuosScheduler): replaces the table.
 void sched_set_front(py::dict table, py::object sched_type) {
   if (!PyType_Check(sched_type.ptr())) throw py::type_error("sched_set_front: sched_type must be a class");
-  std::unordered_map<PyObject*, FrontSpec> t;
-  for (auto item : table) {
-    auto v = item.second.cast<py::tuple>();
-    FrontSpec f;
-    f.op = v[0].cast<uint32_t>();
-    f.nin = v[1].cast<uint32_t>();
-    f.d0 = v[2].cast<float>();
-    f.d1 = v[3].cast<float>();
-    f.scalars = v[4].cast<int>();
-    f.number_ok = v[5].cast<bool>();
-    if (f.op >= kNumOpsHost || kOps[f.op].kind != 0 || f.nin != kOps[f.op].arity || f.scalars < 0 || f.scalars > 2)
-      throw py::value_error("sched_set_front: bad spec for " + py::str(item.first).cast<std::string>());
-    t[item.first.ptr()] = f;
-  }
-  for (auto& kv : t) Py_INCREF(kv.first);
-  for (auto& kv : g_front) Py_DECREF(kv.first);
-  g_front.swap(t);
+  set_spec_table(g_front, table, "sched_set_front");
   Py_INCREF(sched_type.ptr());
   Py_XDECREF(g_sched_type);
   g_sched_type = sched_type.ptr();
@@ -1466,13 +1475,8 @@ bool plain_cuda_tensor(PyObject* o) {
 
 // sched_function(front, func, types, args=(), kwargs=None)
 PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  static PyObject* s_thr = interned("size_threshold");
-  static PyObject* s_alpha = interned("alpha");
-  static PyObject* s_rmode = interned("rounding_mode");
-  if (n < 3 || n > 5) {
-    PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
-    return nullptr;
-  }
+  PyObject *s_alpha = names().alpha, *s_rmode = names().rmode;
+  if (!check_mode_call(n, "__torch_function__")) return nullptr;
   PyObject* func = a[1];
   PyObject* args = n > 3 ? a[3] : nullptr;
   PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
@@ -1481,7 +1485,7 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* sched = nullptr;
   if (it != g_front.end() && args && PyTuple_Check(args) && PyTuple_GET_SIZE(args) == (Py_ssize_t)it->second.nin &&
       (sched = front_scheduler()) != nullptr) {
-    const FrontSpec& f = it->second;
+    const OpSpec& f = it->second;
     // The first operand a plain CUDA tensor (self / input), the second a tensor or, where the op has a Scalar
     // overload, a Python number: other calls are PyTorch's to accept or refuse.
     bool ok = true;
@@ -1500,11 +1504,8 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
       if (ok && f.scalars == 1) s0 = (float)PyFloat_AsDouble(v);
     }
     if (ok) {
-      PyObject* t = PyObject_GetAttr(sched, s_thr);
-      if (!t) return nullptr;
-      const int64_t thr = PyLong_AsLongLong(t);
-      Py_DECREF(t);
-      if (thr == -1 && PyErr_Occurred()) return nullptr;
+      int64_t thr = 0;
+      if (!read_threshold(sched, thr)) return nullptr;
       PyObject* r;
       {
         // The dispatch modes are still pushed at this level: without this the output's at::empty went through
@@ -2072,18 +2073,9 @@ PYBIND11_MODULE(gpuos_ext, m) {
         "Before an eager op: publish deferred ops that share storage with the op's tensors; returns the streams.");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
   m.def("sched_stats", &sched_stats);
-  m.def("sched_fast_ops", [] {
-    std::vector<std::string> v;
-    for (auto& kv : g_fast) v.push_back(py::str(kv.first).cast<std::string>());
-    std::sort(v.begin(), v.end());
-    return v;
-  }, "The overloads sched_dispatch records without calling Python (sorted names).");
-  m.def("sched_front_ops", [] {
-    std::vector<std::string> v;
-    for (auto& kv : g_front) v.push_back(py::repr(kv.first).cast<std::string>());
-    std::sort(v.begin(), v.end());
-    return v;
-  }, "The callables sched_function records (sorted reprs).");
+  m.def("sched_fast_ops", [] { return spec_table_names(g_fast); },
+        "The overloads sched_dispatch records without calling Python (sorted names).");
+  m.def("sched_front_ops", [] { return spec_table_names(g_front); }, "The callables sched_function records (sorted).");
   m.def("_front_diag", [](py::object t) {
     using c10::impl::TorchDispatchModeTLS;
     py::dict d;
@@ -2102,11 +2094,11 @@ PYBIND11_MODULE(gpuos_ext, m) {
     return d;
   }, py::arg("tensor"), "Why the __torch_function__ front would or would not record an op on `tensor` here.");
   m.def("sched_set_front", &sched_set_front, py::arg("table"), py::arg("sched_type"),
-        "Replace sched_function's table {callable: (op_id, nin, d0, d1, scalars, number_ok)}; sched_type: the scheduler class "
-        "that must be the innermost dispatch mode.");
-  m.def("sched_set_fast", &sched_set_fast, py::arg("table"),
-        "Replace sched_dispatch's table {OpOverload: (op_id, mode, nin, d0, d1, scalars)}; scalars: 0 none, 1 alpha, "
-        "2 rounding_mode must be None.");
+        "Replace sched_function's table {callable: (op_id, mode, nin, d0, d1, scalars, number_ok)}; sched_type: the "
+        "scheduler class that must be the innermost dispatch mode.");
+  m.def("sched_set_fast", [](py::dict t) { set_spec_table(g_fast, t, "sched_set_fast"); }, py::arg("table"),
+        "Replace sched_dispatch's table {OpOverload: (op_id, mode, nin, d0, d1, scalars, number_ok)}; scalars: 0 "
+        "none, 1 alpha, 2 rounding_mode must be None.");
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });

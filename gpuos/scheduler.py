@@ -282,7 +282,7 @@ def _div_mode(args, kwargs):
     return {} if kwargs.get("rounding_mode") is None else None
 
 
-# sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule)} for the elementwise
+# sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)} for the elementwise
 # overloads whose scalars it can read itself; the Python handler of each stays the definition of its behaviour.
 _FAST: dict = {}
 _SCALAR_RULES = {None: 0, _alpha: 1, _div_mode: 2}
@@ -297,7 +297,7 @@ def _build_handlers() -> dict:
         for ov, mode in overloads:
             h[ov] = _ew(name, nin, scalars, mode)
             if scalars in _SCALAR_RULES:
-                _FAST[ov] = (row["id"], _MODES[mode], nin, float(d0), float(d1), _SCALAR_RULES[scalars])
+                _FAST[ov] = (row["id"], _MODES[mode], nin, float(d0), float(d1), _SCALAR_RULES[scalars], False)
 
     family("add", 2, [(aten.add.Tensor, "functional"), (aten.add.Scalar, "functional"),
                       (aten.add_.Tensor, "inplace"), (aten.add_.Scalar, "inplace"), (aten.add.out, "out")], _alpha)
@@ -455,13 +455,13 @@ def _front_table() -> dict:
     taken = {ov.overloadpacket for ov in _USER_KEYS if hasattr(ov, "overloadpacket")}
     number_ok = {ov.overloadpacket for ov in _FAST if "Scalar" in ov._overloadname}
     table = {}
-    for ov, (op, mode, nin, d0, d1, rule) in _FAST.items():
+    for ov, (op, mode, nin, d0, d1, rule, _) in _FAST.items():
         if mode != _MODES["functional"] or ov.overloadpacket in taken:
             continue
         name = ov.overloadpacket.__name__
         for f in (getattr(torch._C.TensorBase, name, None), getattr(torch, name, None)):
             if type(f).__name__ in ("method_descriptor", "builtin_function_or_method"):
-                table[f] = (op, nin, d0, d1, rule, ov.overloadpacket in number_ok)
+                table[f] = (op, mode, nin, d0, d1, rule, ov.overloadpacket in number_ok)
     return table
 
 

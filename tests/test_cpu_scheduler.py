@@ -420,10 +420,10 @@ def test_set_fast_rejects_a_bad_spec():
     table = gpuos_ext.op_table()
     sum_id = next(r["id"] for r in table if r["name"] == "sum")
     add_id = next(r["id"] for r in table if r["name"] == "add")
-    for spec in ((sum_id, 0, 1, 0.0, 0.0, 0),    # a reduction
-                 (add_id, 0, 1, 1.0, 0.0, 1),    # wrong arity
-                 (add_id, 3, 2, 1.0, 0.0, 1),    # no such mode
-                 (add_id, 0, 2, 1.0, 0.0, 7)):   # no such scalar rule
+    for spec in ((sum_id, 0, 1, 0.0, 0.0, 0, False),    # a reduction
+                 (add_id, 0, 1, 1.0, 0.0, 1, False),    # wrong arity
+                 (add_id, 3, 2, 1.0, 0.0, 1, False),    # no such mode
+                 (add_id, 0, 2, 1.0, 0.0, 7, False)):   # no such scalar rule
         with pytest.raises(ValueError, match="bad spec"):
             gpuos_ext.sched_set_fast({torch.ops.aten.add.Tensor: spec})
     assert gpuos_ext.sched_fast_ops() == before  # a rejected table changes nothing
