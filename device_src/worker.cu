@@ -119,8 +119,7 @@ __device__ __forceinline__ void pack4(uint4& r, u32 dt, u32 c, const float* f) {
 }
 
 // Contiguous, 16-byte aligned, every tensor operand of the output's dtype (constants allowed): the tile's whole
-// vectors; returns how many elements it did (the rest
-// goes through the element loop).
+// vectors; returns how many elements it did (the rest goes through the element loop).
 template <class F, u32 A>
 __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
   const u32 dt = d.dtype & 0xffu;
