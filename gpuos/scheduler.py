@@ -85,9 +85,9 @@ class GpuosScheduler(TorchDispatchMode):
         Pending work older than this is flushed by a background timer (0 disables the timer).
     front
         Also intercept plain functional elementwise calls (``a + b``, ``torch.sigmoid(x)``, ...) at the
-        ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an H100; every
-        other op, and every call another mode or a tensor subclass could see differently, still goes through the
-        dispatch mode). False: the dispatch mode alone.
+        ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an
+        H100 host; every other op, and every call another mode or a tensor subclass could see differently, still
+        goes through the dispatch mode). False: the dispatch mode alone.
     """
 
     def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
