@@ -9,18 +9,23 @@ GPU time (the device's share, with the host taken out of the picture):
   eager      the whole loop captured in a CUDA graph and replayed: the 5,000 kernels back to back (events)
   gpuos      the loop recorded under scheduler_context(capacity large enough for one batch, no timer); events
              around the context's exit, which publishes everything: the worker's time for the batch
-             (fused: one interpreter sub-op per iteration; unfused: five sub-ops per iteration)
-Host time per op: wall time of the loop under the context (recording, before the exit flush) / 5,000 (with the
-__torch_function__ front, and with the dispatch mode alone: front=False); next to it the floor of any
-TorchDispatchMode (a mode returning args[0]), a mode that only allocates outputs, and a TorchFunctionMode
-returning args[0]; measured in interleaved rounds (host_costs), medians.
+             (fused: one interpreter sub-op per iteration; unfused: five sub-ops per iteration). The runtime is
+             initialised with that capacity first (init is idempotent: a runtime made with a smaller one would
+             publish every capacity / 8 ops during the loop, and the events would time only the last batch);
+             every rep checks that nothing but the exit flush published.
+Host time per op: wall time of the loop under the context plus the exit flush's host work (lowering, fusion,
+publication; not the GPU wait) / 5,000 (with the __torch_function__ front, and with the dispatch mode alone:
+front=False); next to it the floor of any TorchDispatchMode (a mode returning args[0]), a mode that only
+allocates outputs, and a TorchFunctionMode returning args[0]; measured in interleaved rounds (host_costs),
+medians.
 first_use_us: record + flush(sync) of a never-seen fused expression (a constant no earlier chain used, so its
 program is new: built and uploaded on the spot, no NVRTC), median of ``--reps``; next to it the same for a
 chain seen before.
 
 Rows (BENCH_SCHEMA.md) are merged by config into benchmarks/results/injection.json (bench_injection.py writes
 handover_us there): w2_fused_gpu_fraction_of_eager, w2_unfused_gpu_fraction_of_eager, w2_*_gpu_ms,
-w2_*_host_us_per_op (incl. w2_dispatch_only_host_us_per_op), first_use_us, seen_use_us. Without a CUDA GPU: a message, exit 0.
+w2_*_host_us_per_op (incl. w2_dispatch_only_host_us_per_op), first_use_us, seen_use_us. Without a CUDA GPU: a
+message, exit 0.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ else:
 
 NAME = "injection"
 N = 2048
+CAPACITY = 1 << 16  # descriptor ring slots: the scheduler publishes at capacity / 8 deferred ops (> 5,000)
 
 
 def gpu_ms_of(fn) -> float:
@@ -61,23 +67,34 @@ def eager_graph_gpu_ms(data, iters, reps):
     return statistics.median(times), out
 
 
+def one_batch_check(ext, before):
+    """Only the exit flush may have published since `before` (ext.sched_stats()): else the events around the
+    exit timed a part of the work."""
+    causes = ext.sched_stats()["flushes_by_cause"]
+    extra = {k: v - before.get(k, 0) for k, v in causes.items() if k != "exit" and v != before.get(k, 0)}
+    if extra:
+        raise RuntimeError(f"bench_fusion: the loop was published in several batches ({extra}): raise CAPACITY")
+
+
 def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
     ext.set_fusion(fused)
     try:
         gpu, host, outs = [], [], None
         for _ in range(reps + 1):
             torch.cuda.synchronize()
-            ctx = gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0, front=front)
+            before = dict(ext.sched_stats()["flushes_by_cause"])
+            ctx = gpuos.scheduler_context(capacity=CAPACITY, auto_flush_ms=0, front=front)
             ctx.__enter__()
             t0 = time.perf_counter()
             for _ in range(iters):
                 outs = w2_step(*data)
-            t1 = time.perf_counter()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             ctx.__exit__(None, None, None)
             e.record()
+            t1 = time.perf_counter()
             torch.cuda.synchronize()
+            one_batch_check(ext, before)
             gpu.append(s.elapsed_time(e))
             host.append((t1 - t0) * 1e6 / (iters * 5))
         return statistics.median(gpu[1:]), statistics.median(host[1:]), outs
@@ -86,12 +103,13 @@ def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
 
 
 def host_costs(gpuos, data, iters, reps):
-    """Host us/op of the W2 loop (recording only: the exit flush is not timed) under the scheduler, with the
+    """Host us/op of the W2 loop (recording, and the exit flush's host work) under the scheduler, with the
     __torch_function__ front and without it, next to modes that do nothing but return (the floor of any
     mode-based scheduler: TorchDispatchMode, TorchFunctionMode) or only allocate the output. The variants are
     measured in interleaved rounds (one of each per round; medians): this host's speed drifts between runs."""
     import gc
 
+    import gpuos_ext
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -108,8 +126,8 @@ def host_costs(gpuos, data, iters, reps):
             return args[0]
 
     variants = {
-        "fused": lambda: gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0),
-        "dispatch_only": lambda: gpuos.scheduler_context(capacity=1 << 16, auto_flush_ms=0, front=False),
+        "fused": lambda: gpuos.scheduler_context(capacity=CAPACITY, auto_flush_ms=0),
+        "dispatch_only": lambda: gpuos.scheduler_context(capacity=CAPACITY, auto_flush_ms=0, front=False),
         "floor": Floor, "alloc": Alloc, "function_floor": FunctionFloor,
     }
     ts: dict = {k: [] for k in variants}
@@ -117,14 +135,16 @@ def host_costs(gpuos, data, iters, reps):
         for name, make in variants.items():
             torch.cuda.synchronize()
             gc.collect()
+            before = dict(gpuos_ext.sched_stats()["flushes_by_cause"])
             ctx = make()
             ctx.__enter__()
             t0 = time.perf_counter()
             for _ in range(iters):
                 w2_step(*data)
-            t1 = time.perf_counter()
             ctx.__exit__(None, None, None)
+            t1 = time.perf_counter()
             torch.cuda.synchronize()
+            one_batch_check(gpuos_ext, before)
             if r:
                 ts[name].append((t1 - t0) * 1e6 / (iters * 5))
     return {k: statistics.median(v) for k, v in ts.items()}
@@ -159,7 +179,7 @@ def main(argv=None) -> int:
         return 0
     import gpuos
     import gpuos_ext as ext
-    gpuos.init()
+    gpuos.init(capacity=CAPACITY)  # before any scheduler context (one_batch_check catches a smaller runtime)
     g = torch.Generator().manual_seed(0)
     data = tuple(torch.randn(N, generator=g).cuda() for _ in range(3)) + ((torch.rand(N, generator=g) + 0.5).cuda(),)
     ref = w2_step(*data)
