@@ -1480,11 +1480,10 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* func = a[1];
   PyObject* args = n > 3 ? a[3] : nullptr;
   PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
-  if (kwargs && !PyDict_Check(kwargs)) kwargs = nullptr, args = nullptr;  // not ours to read: pass on
   auto it = g_front.find(func);
   PyObject* sched = nullptr;
   if (it != g_front.end() && args && PyTuple_Check(args) && PyTuple_GET_SIZE(args) == (Py_ssize_t)it->second.nin &&
-      (sched = front_scheduler()) != nullptr) {
+      (!kwargs || PyDict_Check(kwargs)) && (sched = front_scheduler()) != nullptr) {
     const OpSpec& f = it->second;
     // The first operand a plain CUDA tensor (self / input), the second a tensor or, where the op has a Scalar
     // overload, a Python number: other calls are PyTorch's to accept or refuse.
@@ -1526,11 +1525,17 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
       Py_XDECREF(r);
     }
   }
-  if (!args) {
-    PyObject* empty = PyTuple_New(0);
-    if (!empty) return nullptr;
-    PyObject* r = PyObject_Call(func, empty, kwargs);
-    Py_DECREF(empty);
+  if (!args || !PyTuple_Check(args) || (kwargs && !PyDict_Check(kwargs))) {  // not what torch passes: as Python would
+    PyObject* star = args ? PySequence_Tuple(args) : PyTuple_New(0);
+    PyObject* kw = kwargs ? PyDict_New() : nullptr;
+    if (!star || (kwargs && (!kw || PyDict_Merge(kw, kwargs, 1) < 0))) {
+      Py_XDECREF(star);
+      Py_XDECREF(kw);
+      return nullptr;
+    }
+    PyObject* r = PyObject_Call(func, star, kw);
+    Py_DECREF(star);
+    Py_XDECREF(kw);
     return r;
   }
   return PyObject_Call(func, args, kwargs);

@@ -547,3 +547,18 @@ def test_front_conditions_seen_from_inside_a_function_mode():
     assert inner["torch_function_stack"] == 1 and not inner["front_scheduler"]
     assert outer["torch_function_stack"] == 0 and outer["front_scheduler"]
     assert not any(d["plain_cuda_tensor"] for d in seen)  # CPU tensors
+
+
+def test_front_called_with_a_list_and_a_mapping_passes_them_on():
+    """Called directly with args / kwargs that are not a tuple / dict (torch never does), the front calls func as
+    func(*args, **kwargs) would."""
+    import types
+
+    from gpuos.scheduler import _Front
+    x, y = torch.randn(5), torch.randn(5)
+    f = _Front()
+    assert torch.equal(f.__torch_function__(torch.add, (), [x, y], types.MappingProxyType({"alpha": 2})),
+                       torch.add(x, y, alpha=2))
+    assert torch.equal(f.__torch_function__(torch.sigmoid, (), (x,), None), torch.sigmoid(x))
+    with pytest.raises(TypeError):
+        f.__torch_function__(torch.add, ())  # too few arguments for torch.add: PyTorch's own error
