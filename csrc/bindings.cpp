@@ -1382,8 +1382,10 @@ PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (!al && PyErr_Occurred()) return nullptr;
     if (!al && na > 2) al = PyTuple_GET_ITEM(args, 2);
     if (al) {
+      const double v = is_number(al) ? PyFloat_AsDouble(al) : 0.0;
+      if (v == -1.0 && PyErr_Occurred()) return nullptr;  // an int beyond a double's range
       if (!is_number(al)) why = reason(kRArgs);
-      else s0 = (float)PyFloat_AsDouble(al);
+      else s0 = (float)v;
     }
   } else if (!why && f.scalars == 2 && kwargs) {
     PyObject* rm = PyDict_GetItemWithError(kwargs, s_rmode);
@@ -1500,7 +1502,11 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
       else if (f.scalars == 2) ok = (v = PyDict_GetItemWithError(kwargs, s_rmode)) != nullptr && v == Py_None;
       else ok = false;
       if (PyErr_Occurred()) return nullptr;
-      if (ok && f.scalars == 1) s0 = (float)PyFloat_AsDouble(v);
+      if (ok && f.scalars == 1) {
+        const double d = PyFloat_AsDouble(v);
+        if (d == -1.0 && PyErr_Occurred()) PyErr_Clear(), ok = false;  // PyTorch reports it (pass the call on)
+        else s0 = (float)d;
+      }
     }
     if (ok) {
       int64_t thr = 0;

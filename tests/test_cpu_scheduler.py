@@ -562,3 +562,16 @@ def test_front_called_with_a_list_and_a_mapping_passes_them_on():
     assert torch.equal(f.__torch_function__(torch.sigmoid, (), (x,), None), torch.sigmoid(x))
     with pytest.raises(TypeError):
         f.__torch_function__(torch.add, ())  # too few arguments for torch.add: PyTorch's own error
+
+
+def test_front_alpha_beyond_a_double_is_pytorchs_error():
+    """alpha=10**400 cannot become a float: the front passes the call on (with a CUDA tensor it reads alpha first
+    and clears the OverflowError) and PyTorch raises its own error."""
+    from gpuos.scheduler import _Front
+    x = torch.randn(4)
+    with pytest.raises(Exception) as eager:
+        torch.add(x, x, alpha=10 ** 400)
+    with GpuosScheduler(front=False):
+        with _Front():
+            with pytest.raises(type(eager.value)):
+                torch.add(x, x, alpha=10 ** 400)
