@@ -8,11 +8,15 @@ W2 = ``iters`` iterations of ``x=a+b; y=x*c; z=relu(y); w=sigmoid(z); out=w/d`` 
 GPU time (the device's share, with the host taken out of the picture):
   eager      the whole loop captured in a CUDA graph and replayed: the 5,000 kernels back to back (events)
   gpuos      the loop recorded under scheduler_context(capacity large enough for one batch, no timer); events
-             around the context's exit, which publishes everything: the worker's time for the batch
+             around the context's exit, which publishes everything in stream order: the descriptor copies and
+             the worker's time for the batch
              (fused: one interpreter sub-op per iteration; unfused: five sub-ops per iteration). The runtime is
              initialised with that capacity first (init is idempotent: a runtime made with a smaller one would
              publish every capacity / 8 ops during the loop, and the events would time only the last batch);
              every rep checks that nothing but the exit flush published.
+  Both are timed behind a gate (gpu_ms_of): a busy kernel holds the stream while the host enqueues (graph
+  launch; the exit flush's lowering and publication), so host time never counts as GPU time; a check raises if
+  the host was not done before the gate ended.
 Host time per op: wall time of the loop under the context plus the exit flush's host work (lowering, fusion,
 publication; not the GPU wait) / 5,000 (with the __torch_function__ front, and with the dispatch mode alone:
 front=False); next to it the floor of any TorchDispatchMode (a mode returning args[0]), a mode that only
@@ -50,20 +54,31 @@ N = 2048
 CAPACITY = 1 << 16  # descriptor ring slots: the scheduler publishes at capacity / 8 deferred ops (> 5,000)
 
 
-def gpu_ms_of(fn) -> float:
+GATE_CYCLES = 60_000_000  # ~35 ms of GPU clock: longer than the host part of any timed region below
+
+
+def gpu_ms_of(fn) -> tuple[float, float]:
+    """(GPU ms, host s) of the stream work `fn` enqueues, with the host's enqueue time taken out of the GPU
+    time: the stream is held by a busy kernel (the gate) while the host runs `fn`, so the events time only the
+    device's work. Raises if the host was not done before the gate ended (its time would leak into the result)."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
+    torch.cuda._sleep(GATE_CYCLES)
     s.record()
+    t0 = time.perf_counter()
     fn()
+    host_s = time.perf_counter() - t0
     e.record()
+    if s.query():
+        raise RuntimeError("bench_fusion: the host part outlasted the GPU gate; raise GATE_CYCLES")
     torch.cuda.synchronize()
-    return s.elapsed_time(e)
+    return s.elapsed_time(e), host_s
 
 
 def eager_graph_gpu_ms(data, iters, reps):
     g, out, _ = C.capture_cuda_graph(lambda: [w2_step(*data) for _ in range(3)][-1],
                                      lambda: [w2_step(*data) for _ in range(iters)][-1])
-    times = [gpu_ms_of(g.replay) for _ in range(reps)]
+    times = [gpu_ms_of(g.replay)[0] for _ in range(reps)]
     return statistics.median(times), out
 
 
@@ -88,15 +103,11 @@ def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
             t0 = time.perf_counter()
             for _ in range(iters):
                 outs = w2_step(*data)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            ctx.__exit__(None, None, None)
-            e.record()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
+            t_rec = time.perf_counter() - t0
+            gpu_ms, exit_s = gpu_ms_of(lambda: ctx.__exit__(None, None, None))  # exit flush: lowering, publication
             one_batch_check(ext, before)
-            gpu.append(s.elapsed_time(e))
-            host.append((t1 - t0) * 1e6 / (iters * 5))
+            gpu.append(gpu_ms)
+            host.append((t_rec + exit_s) * 1e6 / (iters * 5))
         return statistics.median(gpu[1:]), statistics.median(host[1:]), outs
     finally:
         ext.set_fusion(True)
