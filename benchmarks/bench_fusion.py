@@ -57,16 +57,17 @@ CAPACITY = 1 << 16  # descriptor ring slots: the scheduler publishes at capacity
 GATE_CYCLES = 60_000_000  # ~30 ms of GPU clock to start with; doubled while the host part outlasts it
 
 
-def gpu_ms_of(fn, repeatable=True) -> tuple[float, float]:
+def gpu_ms_of(fn, gate=None) -> tuple[float, float]:
     """(GPU ms, host s) of the stream work `fn` enqueues, with the host's enqueue time taken out of the GPU
-    time: the stream is held by a busy kernel (the gate) while the host runs `fn`, so the events time only the
-    device's work. If the host was not done before the gate ended (its time would leak into the result), the
-    measurement is discarded and repeated with a gate twice as long (not repeatable: raises)."""
+    time: the stream is held by a busy kernel (the gate, `gate` cycles) while the host runs `fn`, so the events
+    time only the device's work. If the host was not done before the gate ended (its time would leak into the
+    result), the measurement is discarded and repeated with a gate twice as long; with an explicit `gate` (for
+    work that cannot be repeated), it raises instead."""
     global GATE_CYCLES
     for _ in range(6):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        torch.cuda._sleep(GATE_CYCLES)
+        torch.cuda._sleep(gate or GATE_CYCLES)
         s.record()
         t0 = time.perf_counter()
         fn()
@@ -76,11 +77,28 @@ def gpu_ms_of(fn, repeatable=True) -> tuple[float, float]:
         torch.cuda.synchronize()
         if not leaked:
             return s.elapsed_time(e), host_s
+        if gate:
+            raise RuntimeError(f"bench_fusion: the host part ({host_s * 1e3:.1f} ms) outlasted a GPU gate of "
+                               f"{gate} cycles")
         GATE_CYCLES *= 2
-        if not repeatable:
-            break
     raise RuntimeError(f"bench_fusion: the host part ({host_s * 1e3:.1f} ms) outlasted a GPU gate of "
                        f"{GATE_CYCLES // 2} cycles")
+
+
+_CYCLES_PER_MS = []
+
+
+def gate_for(host_ms: float) -> int:
+    """Gate cycles for host work of about `host_ms` (three times that, at least GATE_CYCLES)."""
+    if not _CYCLES_PER_MS:
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.cuda._sleep(GATE_CYCLES)
+        e.record()
+        torch.cuda.synchronize()
+        _CYCLES_PER_MS.append(GATE_CYCLES / s.elapsed_time(e))
+    return max(GATE_CYCLES, int(3 * host_ms * _CYCLES_PER_MS[0]))
 
 
 def eager_graph_gpu_ms(data, iters, reps):
@@ -103,8 +121,9 @@ def one_batch_check(ext, before):
 def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
     ext.set_fusion(fused)
     try:
-        gpu, host, outs = [], [], None
-        for _ in range(reps + 1):
+        gpu, host, outs, gate = [], [], None, None
+        st0 = ext.stats()
+        for rep in range(reps + 1):
             torch.cuda.synchronize()
             before = dict(ext.sched_stats()["flushes_by_cause"])
             ctx = gpuos.scheduler_context(capacity=CAPACITY, auto_flush_ms=0, front=front)
@@ -113,12 +132,23 @@ def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
             for _ in range(iters):
                 outs = w2_step(*data)
             t_rec = time.perf_counter() - t0
-            # The exit flush (lowering, publication) behind the gate (~30 ms: a few times the exit's host work)
-            gpu_ms, exit_s = gpu_ms_of(lambda: ctx.__exit__(None, None, None), repeatable=False)
+            if rep == 0:  # warm-up: its exit, ungated, sizes the gate for the timed reps
+                t1 = time.perf_counter()
+                ctx.__exit__(None, None, None)
+                gate = gate_for((time.perf_counter() - t1) * 1e3)
+                torch.cuda.synchronize()
+                continue
+            # The exit flush (lowering, publication) behind the gate
+            gpu_ms, exit_s = gpu_ms_of(lambda: ctx.__exit__(None, None, None), gate)
             one_batch_check(ext, before)
             gpu.append(gpu_ms)
             host.append((t_rec + exit_s) * 1e6 / (iters * 5))
-        return statistics.median(gpu[1:]), statistics.median(host[1:]), outs
+        st1 = ext.stats()
+        print(f"W2 {'fused' if fused else 'unfused'} (front={front}, {iters} iterations): per batch "
+              + ", ".join(f"{k} {(st1[k] - st0[k]) / (reps + 1):.0f}" for k in ("subops", "levels_split", "flushes")
+                          if k in st0)
+              + f"; GPU {statistics.median(gpu):.3f} ms, host {statistics.median(host):.2f} us/op", flush=True)
+        return statistics.median(gpu), statistics.median(host), outs
     finally:
         ext.set_fusion(True)
 
