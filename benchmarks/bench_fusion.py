@@ -62,18 +62,19 @@ def gpu_ms_of(fn, gate=None) -> tuple[float, float]:
     time: the stream is held by a busy kernel (the gate, `gate` cycles) while the host runs `fn`, so the events
     time only the device's work. If the host was not done before the gate ended (its time would leak into the
     result), the measurement is discarded and repeated with a gate twice as long; with an explicit `gate` (for
-    work that cannot be repeated), it raises instead."""
+    work that cannot be repeated), it raises instead. gate=-1: no gate (host time may count as GPU time)."""
     global GATE_CYCLES
     for _ in range(6):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        torch.cuda._sleep(gate or GATE_CYCLES)
+        if gate != -1:
+            torch.cuda._sleep(gate or GATE_CYCLES)
         s.record()
         t0 = time.perf_counter()
         fn()
         host_s = time.perf_counter() - t0
         e.record()
-        leaked = s.query()
+        leaked = s.query() and gate != -1
         torch.cuda.synchronize()
         if not leaked:
             return s.elapsed_time(e), host_s
@@ -119,9 +120,13 @@ def one_batch_check(ext, before):
 
 
 def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
+    """(GPU ms, host us/op, outputs) of W2 recorded under the scheduler and published by the context's exit.
+    Unfused, the exit cannot be gated: W2's five-op chains make 5,000 one-sub-op dependency levels, published in
+    flushes of at most 200 levels, and the host waits for batch slots the GPU frees, so its events include the
+    host's publication work."""
     ext.set_fusion(fused)
     try:
-        gpu, host, outs, gate = [], [], None, None
+        gpu, host, outs, gate, exits = [], [], None, None, []
         st0 = ext.stats()
         for rep in range(reps + 1):
             torch.cuda.synchronize()
@@ -139,15 +144,17 @@ def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
                 torch.cuda.synchronize()
                 continue
             # The exit flush (lowering, publication) behind the gate
-            gpu_ms, exit_s = gpu_ms_of(lambda: ctx.__exit__(None, None, None), gate)
+            gpu_ms, exit_s = gpu_ms_of(lambda: ctx.__exit__(None, None, None), gate if fused else -1)
             one_batch_check(ext, before)
+            exits.append(exit_s * 1e6 / (iters * 5))
             gpu.append(gpu_ms)
             host.append((t_rec + exit_s) * 1e6 / (iters * 5))
         st1 = ext.stats()
         print(f"W2 {'fused' if fused else 'unfused'} (front={front}, {iters} iterations): per batch "
               + ", ".join(f"{k} {(st1[k] - st0[k]) / (reps + 1):.0f}" for k in ("subops", "levels_split", "flushes")
                           if k in st0)
-              + f"; GPU {statistics.median(gpu):.3f} ms, host {statistics.median(host):.2f} us/op", flush=True)
+              + f"; GPU {statistics.median(gpu):.3f} ms, host {statistics.median(host):.2f} us/op (of which "
+              f"exit flush {statistics.median(exits):.2f})", flush=True)
         return statistics.median(gpu), statistics.median(host), outs
     finally:
         ext.set_fusion(True)
@@ -262,7 +269,8 @@ def main(argv=None) -> int:
     rows = [
         C.value_row("W2", "w2_fused_gpu_fraction_of_eager", fused_gpu / eager_gpu, "ratio", size=N, correct=ok,
                     goal="<= 0.333"),
-        C.value_row("W2", "w2_unfused_gpu_fraction_of_eager", unfused_gpu / eager_gpu, "ratio", size=N, correct=ok),
+        C.value_row("W2", "w2_unfused_gpu_fraction_of_eager", unfused_gpu / eager_gpu, "ratio", size=N, correct=ok,
+                    note="ungated: 5,000 one-sub-op dependency levels; the host's publication (room waits) counts"),
         C.value_row("W2", "w2_fused_spec_gpu_fraction_of_eager", spec_gpu / eager_gpu, "ratio", size=N, correct=ok,
                     note=f"tier 2 (specialized code, generation {dict(active)}); compile+handover "
                          f"{spec_compile_s:.1f} s in the background"),
