@@ -368,7 +368,9 @@ def test_stats_has_scheduler_keys():
     assert isinstance(st["mean_batch_size"], float)
     assert all(isinstance(v, int) for v in st["fallbacks"].values())
     ss = gpuos.scheduler_stats()
-    assert set(ss) >= {"ops_intercepted", "fallbacks", "flushes_by_cause", "mean_batch_size"}
+    assert set(ss) >= {"ops_intercepted", "fallbacks", "flushes_by_cause", "mean_batch_size", "flush_host_us"}
+    assert set(ss["flush_host_us"]) == {"analyse_us", "emit_us", "keep_us", "publish_us"}
+    assert all(isinstance(v, float) and v >= 0 for v in ss["flush_host_us"].values())
 
 
 def test_gpuos_scheduler_class():

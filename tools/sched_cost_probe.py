@@ -110,6 +110,13 @@ def main():
     out["eager"] = per_op(lambda: step(a, b, c, d))
     for k, v in out.items():
         print(f"sched_cost {k:14s} {v:6.2f} us/op", flush=True)
+    # The exit flush's host work by phase (sched_stats flush_host_us), W2 fused, one batch of ITERS steps.
+    before = ext.sched_stats()["flush_host_us"]
+    per_op(lambda: step(a, b, c, d), enter2, lambda cm: cm.__exit__(None, None, None))
+    after = ext.sched_stats()["flush_host_us"]
+    ops = (REPS + 1) * ITERS * 5
+    print("sched_cost flush phases (us/op): " +
+          ", ".join(f"{k[:-3]} {(after[k] - before[k]) / ops:.3f}" for k in after), flush=True)
 
 
 if __name__ == "__main__":
