@@ -983,14 +983,14 @@ void lower_deferred(int dev, Runtime& rt) {
       }
       producer[impl_of(o.out)] = j;
     }
-    // Leaf storages of each subtree (for the write hazard check) and instruction budget.
-    std::vector<std::vector<const void*>> leaf_st(n);
-    std::vector<int> size(n, 1), first(n);
+    // Instruction budget, first op of each subtree, and how many ops before each position write memory they
+    // did not allocate (in-place / out= ops): only those can be a write hazard for a subtree.
+    std::vector<int> size(n, 1), first(n), not_fresh(n + 1, 0);
+    for (int m = 0; m < n; ++m) not_fresh[m + 1] = not_fresh[m] + (ops[m].fresh ? 0 : 1);
+    std::vector<int> stack;
     for (int j = 0; j < n; ++j) {
       DeferredOp& o = ops[j];
       first[j] = j;
-      for (uint32_t k = 0; k < o.nin; ++k)
-        if (o.in[k].defined() && prod_of[j][k] < 0) leaf_st[j].push_back(storage_of(o.in[k]));
       if (o.reduce) continue;
       for (uint32_t k = 0; k < o.nin; ++k) {
         const int i = prod_of[j][k];
@@ -1002,21 +1002,25 @@ void lower_deferred(int dev, Runtime& rt) {
                   o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
                   p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
         // Nothing between the subtree's first op and j may write memory the subtree reads (it is evaluated
-        // at j's position).
-        for (int m = first[i] + 1; ok && m < j; ++m) {
+        // at j's position): checked against the subtree's leaves when such a writer exists.
+        for (int m = first[i] + 1; ok && m < j && not_fresh[j] > not_fresh[first[i] + 1]; ++m) {
           if (ops[m].fresh) continue;
           const void* w = storage_of(ops[m].out);
-          for (const void* st : leaf_st[i]) ok &= st != w;
+          stack.assign(1, i);
+          while (ok && !stack.empty()) {
+            const int x = stack.back();
+            stack.pop_back();
+            for (uint32_t q = 0; q < ops[x].nin; ++q) {
+              if (child[x][q] >= 0) stack.push_back(child[x][q]);
+              else if (ops[x].in[q].defined()) ok &= storage_of(ops[x].in[q]) != w;
+            }
+          }
         }
-        if (!ok) {
-          leaf_st[j].push_back(storage_of(o.in[k]));
-          continue;
-        }
+        if (!ok) continue;
         child[j][k] = i;
         fused_away[i] = 1;
         size[j] += size[i];
         first[j] = std::min(first[j], first[i]);
-        leaf_st[j].insert(leaf_st[j].end(), leaf_st[i].begin(), leaf_st[i].end());
       }
     }
   }
