@@ -59,6 +59,7 @@ class _Stats:
             "fused_ops": c["fused_ops"],
             "independent_eager": c["independent_eager"],
             "specializations_requested": c["specializations_requested"],
+            "recycled_outputs": c["recycled_outputs"],  # outputs given a fused-away intermediate's storage
             "flush_host_us": c["flush_host_us"],  # host time of publication by phase (analyse/emit/keep/publish)
         }
 

@@ -370,6 +370,7 @@ def test_stats_has_scheduler_keys():
     ss = gpuos.scheduler_stats()
     assert set(ss) >= {"ops_intercepted", "fallbacks", "flushes_by_cause", "mean_batch_size", "flush_host_us"}
     assert set(ss["flush_host_us"]) == {"analyse_us", "emit_us", "keep_us", "publish_us"}
+    assert isinstance(ss["recycled_outputs"], int) and ss["recycled_outputs"] >= 0
     assert all(isinstance(v, float) and v >= 0 for v in ss["flush_host_us"].values())
 
 

@@ -212,6 +212,40 @@ def test_write_between_hits_a_grandchild_leaf(rt):
     assert after["fused_ops"] - before["fused_ops"] == 3, (before["fused_ops"], after["fused_ops"])
 
 
+def test_fused_away_intermediates_are_recycled(rt):
+    """Storages of fused-away intermediates serve later outputs of the same size on the same stream; live tensors
+    (results, materialised intermediates) are never handed out again, and another stream gets none of them."""
+    a, b = torch.randn(4096, device=DEV), torch.randn(4096, device=DEV)
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        for _ in range(8):
+            torch.sigmoid(a * b) + 1  # a * b and sigmoid are fused away: their storages go to the pool
+        live = a * 3                   # materialised (still referenced): never pooled
+        t = torch.tanh(live) - 1
+    live_before = live.clone()
+    before = _stats()
+    keep = []
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        for i in range(8):
+            keep.append(torch.sigmoid(a * (b + i)) * 2)
+    after = _stats()
+    assert after["recycled_outputs"] > before["recycled_outputs"], (before, after)
+    for i, k in enumerate(keep):
+        assert_close(k, torch.sigmoid(a * (b + i)) * 2, rtol=1e-5, atol=1e-6)
+    ptrs = [k.data_ptr() for k in keep] + [live.data_ptr(), t.data_ptr()]
+    assert len(set(ptrs)) == len(ptrs), "a live tensor's memory was handed out again"
+    assert_close(live, live_before, rtol=0, atol=0)
+    assert_close(t, torch.tanh(a * 3) - 1, rtol=1e-5, atol=1e-6)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    mid = _stats()
+    with torch.cuda.stream(side):
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            y = torch.sigmoid(a * b) + 1
+    torch.cuda.current_stream().wait_stream(side)
+    assert _stats()["recycled_outputs"] == mid["recycled_outputs"], "a storage crossed streams"
+    assert_close(y, torch.sigmoid(a * b) + 1, rtol=1e-5, atol=1e-6)
+
+
 def test_inplace_root_reads_its_own_output(rt):
     a, b = torch.randn(300, device=DEV), torch.randn(300, device=DEV)
     a0 = a.clone()
