@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         C.value_row("W2", "w2_fused_gpu_ms", fused_gpu, "ms", size=N),
         C.value_row("W2", "w2_unfused_gpu_ms", unfused_gpu, "ms", size=N),
         C.value_row("W2", "w2_fused_host_us_per_op", host["fused"], "us", size=N, goal="<= 4",
-                    note="scheduler_context() (fusion, __torch_function__ front): recording only"),
+                    note="scheduler_context() (fusion, __torch_function__ front): recording + the exit flush's host work"),
         C.value_row("W2", "w2_unfused_host_us_per_op", unfused_host, "us", size=N),
         C.value_row("W2", "w2_dispatch_only_host_us_per_op", host["dispatch_only"], "us", size=N,
                     note="fused, scheduler_context(front=False): the TorchDispatchMode path alone"),
