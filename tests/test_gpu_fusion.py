@@ -184,28 +184,28 @@ def test_write_between_producer_and_consumer(rt):
     assert_close(a, a0 + 1, rtol=0, atol=0)
 
 
+def _chain_with_write_between(x0, written):
+    """z = (x0 * 2 + 1) * 3 recorded with `written += 1` between y = x + 1 and z = y * 3."""
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        x = x0 * 2
+        y = x + 1
+        del x
+        written.add_(1)
+        z = y * 3
+        del y
+    return z
+
+
 def test_write_between_hits_a_grandchild_leaf(rt):
     """The hazard check covers the whole subtree: a written between y = f(x(a)) and z = g(y) blocks fusing y into
     z; a write to unrelated memory in the same place does not block fusion."""
     a, c = torch.randn(512, device=DEV), torch.randn(512, device=DEV)
     a0, c0 = a.clone(), c.clone()
-    with gpuos.scheduler_context(auto_flush_ms=0):
-        x = a * 2
-        y = x + 1
-        del x
-        a.add_(1)
-        z = y * 3
-        del y
+    z = _chain_with_write_between(a, a)
     assert_close(z, (a0 * 2 + 1) * 3, rtol=1e-6, atol=1e-6)
     assert_close(a, a0 + 1, rtol=0, atol=0)
     before = _stats()
-    with gpuos.scheduler_context(auto_flush_ms=0):
-        x = a0 * 2
-        y = x + 1
-        del x
-        c.add_(1)
-        z = y * 3
-        del y
+    z = _chain_with_write_between(a0, c)
     after = _stats()
     assert_close(z, (a0 * 2 + 1) * 3, rtol=1e-6, atol=1e-6)
     assert_close(c, c0 + 1, rtol=0, atol=0)
