@@ -1077,6 +1077,71 @@ void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<s
   emit_plain(rt, ops[r]);
 }
 
+// The order in which lower_deferred emits its units (a plain op, or a fused root with its subtree; fused-away
+// ops are not units): by dependency level, recording order within a level. A unit's level is 1 + the highest
+// level of an earlier unit it must follow (it reads memory that unit writes, or writes memory it reads or
+// writes), judged per storage by the union byte range and the highest level of the reads and of the writes
+// so far: conservative, so every conflicting pair keeps its recording order. The runtime starts a new batch
+// level where a sub-op conflicts with the open level, so emitting level by level lets independent chains share
+// levels: recorded in order, W2 without fusion (1,000 interleaved 5-op chains) was 5,000 one-sub-op levels.
+std::vector<int> emission_order(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child,
+                                const std::vector<char>& fused_away) {
+  struct Span {
+    uint64_t rlo = ~0ull, rhi = 0, wlo = ~0ull, whi = 0;
+    int rlev = 0, wlev = 0;
+  };
+  const int n = (int)ops.size();
+  std::unordered_map<uintptr_t, Span> spans;
+  spans.reserve(64);
+  std::vector<int> order, level(n, 0), stack;
+  std::vector<Operand> reads;
+  order.reserve(n);
+  bool sorted = true;
+  int last = 0;
+  const auto overlaps = [](uint64_t lo, uint64_t hi, uint64_t a, uint64_t b) { return lo < b && a < hi; };
+  for (int j = 0; j < n; ++j) {
+    if (fused_away[j]) continue;
+    reads.clear();
+    stack.assign(1, j);
+    while (!stack.empty()) {  // the unit's inputs: the leaves of its subtree
+      const int x = stack.back();
+      stack.pop_back();
+      for (uint32_t k = 0; k < ops[x].nin; ++k) {
+        if (child[x][k] >= 0) stack.push_back(child[x][k]);
+        else if (ops[x].in[k].defined()) reads.push_back(operand(ops[x].in[k]));
+      }
+    }
+    const Operand w = operand(ops[j].out);
+    int lev = 1;
+    for (const Operand& r : reads) {
+      auto it = spans.find(r.storage);
+      if (it != spans.end() && overlaps(r.lo, r.hi, it->second.wlo, it->second.whi))
+        lev = std::max(lev, it->second.wlev + 1);
+    }
+    auto wi = spans.find(w.storage);
+    if (wi != spans.end()) {
+      if (overlaps(w.lo, w.hi, wi->second.wlo, wi->second.whi)) lev = std::max(lev, wi->second.wlev + 1);
+      if (overlaps(w.lo, w.hi, wi->second.rlo, wi->second.rhi)) lev = std::max(lev, wi->second.rlev + 1);
+    }
+    for (const Operand& r : reads) {
+      Span& sp = spans[r.storage];
+      sp.rlo = std::min(sp.rlo, r.lo);
+      sp.rhi = std::max(sp.rhi, r.hi);
+      sp.rlev = std::max(sp.rlev, lev);
+    }
+    Span& sw = spans[w.storage];
+    sw.wlo = std::min(sw.wlo, w.lo);
+    sw.whi = std::max(sw.whi, w.hi);
+    sw.wlev = std::max(sw.wlev, lev);
+    level[j] = lev;
+    sorted &= lev >= last;
+    last = lev;
+    order.push_back(j);
+  }
+  if (!sorted) std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return level[a] < level[b]; });
+  return order;
+}
+
 void lower_deferred(int dev, Runtime& rt) {
   auto& ops = g_def[dev].ops;
   if (ops.empty()) return;
@@ -1148,11 +1213,11 @@ void lower_deferred(int dev, Runtime& rt) {
       }
     }
   }
+  const std::vector<int> order = emission_order(ops, child, fused_away);
   g_sched.analyse_ns += ns_since(t0);
   t0 = clk::now();
   std::vector<char> elided(n, 0);  // fused away into an emitted interpreter sub-op: never written
-  for (int j = 0; j < n; ++j) {
-    if (fused_away[j]) continue;
+  for (const int j : order) {
     const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0;
     if (!has_child) {
       emit_plain(rt, ops[j]);
