@@ -44,7 +44,7 @@ setup(
     ext_modules=[
         CppExtension(
             name="gpuos_ext",
-            sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cpp")),
+            sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp")),
             include_dirs=[str(ROOT), str(ROOT / "csrc")],
             define_macros=[("GPUOS_VERSION", f'"{VERSION}"')],
             extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],

@@ -50,7 +50,7 @@ if os.environ.get("GPUOS_LOG"):
     logging.basicConfig()
     logger.setLevel(os.environ["GPUOS_LOG"].upper())
 
-__version__ = "0.1.0"
+__version__ = _ext.__version__
 
 from .scheduler import GpuosScheduler, intercepted_ops, scheduler_context, scheduler_stats  # noqa: E402
 from . import injection as _injection  # noqa: E402

@@ -2,10 +2,10 @@
 
 A :class:`Chain` records elementwise ops of the op table over a few inputs; :meth:`Chain.compile` turns it
 into the register bytecode of ``device_src/interp.h`` (``Program``), with registers reused once a value is
-dead. ``gpuos_ext._cpu_run_program`` evaluates a program with the same functors the worker uses.
+dead. ``gpuos_ext._testing.cpu_run_program`` evaluates a program with the same functors the worker uses.
 
 The worker runs programs as fused sub-ops (kOpFused); the scheduler builds them at flush time from chains of
-recorded ops (csrc/bindings.cpp lower_deferred). This class is the explicit way to build one, used by the tests.
+recorded ops (csrc/sched/lower.cpp). This class is the explicit way to build one, used by the tests.
 
     ch = Chain(ninputs=2)
     x, y = ch.inputs
@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import gpuos_ext as _ext
 
-MAX_REGS = 16
-MAX_INSTR = 24
-MAX_INPUTS = 8
-OP_CONST = 0xFF
-PROGRAM_BYTES = 16 + MAX_INSTR * 16  # device_src/interp.h Program
+_LIMITS = _ext.limits()  # device_src/interp.h, read from the extension
+MAX_REGS = _LIMITS["prog_max_regs"]
+MAX_INSTR = _LIMITS["prog_max_instr"]
+MAX_INPUTS = _LIMITS["prog_max_inputs"]
+OP_CONST = _LIMITS["op_const"]
+PROGRAM_BYTES = _LIMITS["program_bytes"]
 
 
 @dataclass(frozen=True)

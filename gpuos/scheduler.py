@@ -68,10 +68,9 @@ STATS = _Stats()
 
 
 _EMPTY: dict = {}
-# sched_ew / sched_reduce return an int when an op must run eagerly (csrc/bindings.cpp SchedReason).
-_REASONS = {1: "not_cuda", 2: "layout", 3: "dtype", 4: "size", 5: "autograd", 6: "unsupported_args", 7: "device"}
-_MODES = {"functional": 0, "inplace": 1, "out": 2}
-_TABLE = {row["name"]: row for row in _ext.op_table()}
+# sched_ew / sched_reduce return an int when an op must run eagerly (csrc/sched/deferred.h SchedReason).
+_REASONS = _ext.sched_reasons()
+_MODES = _ext.sched_modes()
 
 
 class GpuosScheduler(TorchDispatchMode):
@@ -214,181 +213,170 @@ class _Front(TorchFunctionMode):
 
 
 # --------------------------------------------------------------------- handlers
-# A handler maps (size_threshold, args, kwargs) to the output tensor (recorded), or to an int / str reason to
-# run eagerly. The work -- checks, broadcasting, type promotion, allocation, recording -- is one C++ call.
+# Generated from the op table (device_src/ops.def, through gpuos_ext.op_table()): each row's aten column names the
+# overloads it serves, optionally with a condition ("aten::gelu[approximate=tanh]", "aten::sum.dim_IntList[dim=-1]",
+# "aten::rsub.Scalar[swap]": the two inputs exchanged). A handler maps (size_threshold, args, kwargs) to the output
+# tensor (recorded) or to an int / str reason to run eagerly; checks, broadcasting, type promotion, allocation and
+# recording are one C++ call. Each overload's schema says where its inputs, scalars and out= tensor are; any other
+# argument must have its default value.
 def _number(x) -> bool:
     return isinstance(x, (int, float, bool)) and not isinstance(x, torch.Tensor)
 
 
-def _ew(name: str, nin: int, scalars: Callable[[tuple, dict], dict] | None = None, mode: str = "functional"):
-    """Handler for an elementwise op: functional (allocate out), inplace (out = self), or out= form."""
-    row = _TABLE[name]
-    op, m, snames = row["id"], _MODES[mode], row["scalars"]
-    d0, d1 = (list(row["defaults"]) + [0.0, 0.0])[:2]
+_UNSUPPORTED = next(code for code, name in _REASONS.items() if name == "unsupported_args")
+_MISSING = object()
+
+
+def _parse_aten(entry: str):
+    """'aten::gelu[approximate=tanh]' -> ('aten::gelu', {'approximate': 'tanh'}); '[swap]' -> {'swap': True}."""
+    name, _, cond = entry.partition("[")
+    conds = {}
+    for part in filter(None, cond.rstrip("]").split(",")):
+        key, eq, val = part.partition("=")
+        conds[key] = True if not eq else (int(val) if val.lstrip("-").isdigit() else val)
+    return name, conds
+
+
+def _mode_of(ov) -> int:
+    packet, overload = ov._schema.name.split("::")[1], ov._overloadname
+    if overload == "out" or overload.endswith("_out"):
+        return _MODES["out"]
+    return _MODES["inplace"] if packet.endswith("_") else _MODES["functional"]
+
+
+class _Schema:
+    """Positions and defaults of an overload's arguments."""
+
+    def __init__(self, ov) -> None:
+        self.args = [(a.name, a.kwarg_only, a.default_value if a.has_default_value() else _MISSING)
+                     for a in ov._schema.arguments]
+        self.index = {name: i for i, (name, _, _) in enumerate(self.args)}
+
+    def get(self, args, kwargs, name):
+        i = self.index[name]
+        if name in kwargs:
+            return kwargs[name]
+        if i < len(args) and not self.args[i][1]:
+            return args[i]
+        return self.args[i][2]
+
+
+def _conditions_hold(schema, args, kwargs, conds, sibling_keys) -> bool:
+    for key in sibling_keys:  # conditions of the overload's other rows: this row wants their defaults
+        want = conds.get(key, schema.args[schema.index[key]][2]) if key in schema.index else conds.get(key)
+        if key in schema.index and schema.get(args, kwargs, key) != want:
+            return False
+    return True
+
+
+def _ew_handler(row, ov, conds, sibling_keys):
+    """Handler of elementwise table row `row` for overload `ov`."""
+    schema, op, nin, mode = _Schema(ov), row["id"], row["arity"], _mode_of(ov)
+    d = (list(row["defaults"]) + [0.0, 0.0])[:2]
+    snames = [n for n in row["scalars"] if n in schema.index]
+    inputs = [name for name, _, _ in schema.args[:nin]]
+    swap = conds.get("swap", False)
+    extra = [(name, dflt) for name, _, dflt in schema.args[nin:]
+             if name not in snames and name != "out" and name not in sibling_keys]
     sched_ew = _ext.sched_ew
 
-    if scalars is None:
-        if mode == "out":
-            def handler(thr, args, kwargs):
-                return sched_ew(op, m, args[:nin], kwargs.get("out"), d0, d1, thr)
-        else:
-            def handler(thr, args, kwargs):
-                return sched_ew(op, m, args[:nin], None, d0, d1, thr)
-        return handler
-
     def handler(thr, args, kwargs):
-        sc = scalars(args, kwargs)
-        if sc is None:
-            return 6
-        v = [d0, d1]
-        for key, val in sc.items():
-            i = snames.index(key)
-            v[i] = (float("-inf") if i == 0 else float("inf")) if val is None else val
-        return sched_ew(op, m, args[:nin], kwargs.get("out") if mode == "out" else None, v[0], v[1], thr)
+        if not _conditions_hold(schema, args, kwargs, conds, sibling_keys):
+            return None
+        for name, dflt in extra:
+            if dflt is _MISSING or schema.get(args, kwargs, name) != dflt:
+                return _UNSUPPORTED
+        ins = tuple(schema.get(args, kwargs, name) for name in inputs)
+        if any(x is None or x is _MISSING for x in ins):
+            return _UNSUPPORTED
+        if swap:
+            ins = ins[::-1]
+        v = list(d)
+        for k, name in enumerate(snames):
+            val = schema.get(args, kwargs, name)
+            if val is None and name in ("min", "max"):
+                val = float("-inf") if k == 0 else float("inf")
+            elif not _number(val):
+                return _UNSUPPORTED
+            v[row["scalars"].index(name)] = float(val)
+        return sched_ew(op, mode, ins, kwargs.get("out") if mode == _MODES["out"] else None, v[0], v[1], thr)
 
-    return handler
+    # sched_dispatch's C++ fast table takes overloads whose only scalar is none or a leading `alpha`.
+    fast = None
+    if not swap and not conds and not extra:
+        if not snames:
+            fast = (op, mode, nin, float(d[0]), float(d[1]), 0, False)
+        elif snames == ["alpha"] and schema.index["alpha"] == nin:
+            fast = (op, mode, nin, float(d[0]), float(d[1]), 1, False)
+    return handler, fast
 
 
-def _reduce(name: str, kind: str):
-    op = _TABLE[name]["id"]
+def _reduce_handler(row, ov, conds):
+    """Handler of reduction row `row` (last dim only) for overload `ov`."""
+    schema, op = _Schema(ov), row["id"]
     sched_reduce = _ext.sched_reduce
+    others = [(name, dflt) for name, _, dflt in schema.args[1:] if name not in ("dim", "keepdim")]
 
     def handler(thr, args, kwargs):
-        x = args[0]
-        if not isinstance(x, torch.Tensor):
-            return 6
-        if kind == "softmax":  # _softmax(self, dim, half_to_float)
-            dim, half_to_float = args[1], args[2]
-            if half_to_float or dim not in (-1, x.dim() - 1):
-                return 6
-            return sched_reduce(op, x, False, thr)
-        # sum.dim_IntList(self, dim, keepdim=False, *, dtype=None) / mean.dim / amax / amin
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-        if kwargs.get("dtype") is not None or x.dim() == 0:
-            return 6
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return _UNSUPPORTED
+        for name, dflt in others:  # dtype=None; half_to_float (no default) must be False
+            if schema.get(args, kwargs, name) != (False if dflt is _MISSING else dflt):
+                return _UNSUPPORTED
+        dim = schema.get(args, kwargs, "dim")
         dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
         if len(dims) != 1 or dims[0] not in (-1, x.dim() - 1):
-            return 6
-        return sched_reduce(op, x, bool(keepdim), thr)
+            return _UNSUPPORTED
+        keepdim = bool(schema.get(args, kwargs, "keepdim")) if "keepdim" in schema.index else False
+        return sched_reduce(op, x, keepdim, thr)
 
     return handler
 
 
-def _alpha(args, kwargs):
-    a = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-    return {"alpha": float(a)} if _number(a) else None
-
-
-def _div_mode(args, kwargs):
-    return {} if kwargs.get("rounding_mode") is None else None
-
-
-# sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)} for the elementwise
-# overloads whose scalars it can read itself; the Python handler of each stays the definition of its behaviour.
+# sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)}; the Python
+# handler of each stays the definition of its behaviour.
 _FAST: dict = {}
-_SCALAR_RULES = {None: 0, _alpha: 1, _div_mode: 2}
 
 
 def _build_handlers() -> dict:
+    rows_of: dict = collections.defaultdict(list)  # overload -> [(row, conditions)]
+    for row in _ext.op_table():
+        for entry in row["aten"]:
+            name, conds = _parse_aten(entry)
+            ov = _resolve_aten(name)
+            if ov is not None:
+                rows_of[ov].append((row, conds))
     h: dict = {}
-
-    def family(name, nin, overloads, scalars=None):
-        row = _TABLE[name]
-        d0, d1 = (list(row["defaults"]) + [0.0, 0.0])[:2]
-        for ov, mode in overloads:
-            h[ov] = _ew(name, nin, scalars, mode)
-            if scalars in _SCALAR_RULES:
-                _FAST[ov] = (row["id"], _MODES[mode], nin, float(d0), float(d1), _SCALAR_RULES[scalars], False)
-
-    family("add", 2, [(aten.add.Tensor, "functional"), (aten.add.Scalar, "functional"),
-                      (aten.add_.Tensor, "inplace"), (aten.add_.Scalar, "inplace"), (aten.add.out, "out")], _alpha)
-    family("sub", 2, [(aten.sub.Tensor, "functional"), (aten.sub.Scalar, "functional"),
-                      (aten.sub_.Tensor, "inplace"), (aten.sub_.Scalar, "inplace"), (aten.sub.out, "out")], _alpha)
-    family("mul", 2, [(aten.mul.Tensor, "functional"), (aten.mul.Scalar, "functional"),
-                      (aten.mul_.Tensor, "inplace"), (aten.mul_.Scalar, "inplace"), (aten.mul.out, "out")])
-    family("div", 2, [(aten.div.Tensor, "functional"), (aten.div.Scalar, "functional"),
-                      (aten.div_.Tensor, "inplace"), (aten.div_.Scalar, "inplace"), (aten.div.out, "out")], _div_mode)
-    family("maximum", 2, [(aten.maximum.default, "functional"), (aten.maximum.out, "out")])
-    family("minimum", 2, [(aten.minimum.default, "functional"), (aten.minimum.out, "out")])
-    family("pow", 2, [(aten.pow.Tensor_Tensor, "functional"), (aten.pow.Tensor_Scalar, "functional"),
-                      (aten.pow_.Tensor, "inplace"), (aten.pow_.Scalar, "inplace")])
-    for name in ("neg", "reciprocal", "abs", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "erf",
-                 "silu", "hardsigmoid", "hardswish"):
-        ovs = [(getattr(aten, name).default, "functional"), (getattr(aten, name + "_").default, "inplace")]
-        if hasattr(getattr(aten, name), "out"):
-            ovs.append((getattr(aten, name).out, "out"))
-        family(name, 1, ovs)
-    family("relu", 1, [(aten.relu.default, "functional"), (aten.relu_.default, "inplace")])
-
-    def gelu_handler(mode):
-        plain, tanh = _ew("gelu", 1, None, mode), _ew("gelu_tanh", 1, None, mode)
-
-        def handler(thr, args, kwargs):
-            approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
-            return (tanh if approx == "tanh" else plain)(thr, args[:1], kwargs)
-        return handler
-
-    h[aten.gelu.default] = gelu_handler("functional")
-    h[aten.gelu_.default] = gelu_handler("inplace")
-
-    def pos(i, key, default):
-        return lambda args, kwargs: kwargs.get(key, args[i] if len(args) > i else default)
-
-    def scal(**spec):
-        def f(args, kwargs):
-            out = {}
-            for key, (i, default) in spec.items():
-                v = kwargs.get(key, args[i] if len(args) > i else default)
-                if v is None and key in ("min", "max"):
-                    out[key] = None
-                    continue
-                if not _number(v):
-                    return None
-                out[key] = float(v)
-            return out
-        return f
-
-    family("leaky_relu", 1, [(aten.leaky_relu.default, "functional"), (aten.leaky_relu_.default, "inplace")],
-           scal(negative_slope=(1, 0.01)))
-    family("hardtanh", 1, [(aten.hardtanh.default, "functional"), (aten.hardtanh_.default, "inplace")],
-           scal(min_val=(1, -1.0), max_val=(2, 1.0)))
-
-    def elu_scalars(args, kwargs):
-        alpha, scale, input_scale = (list(args[1:4]) + [1.0, 1.0, 1.0])[:3]
-        return {"alpha": float(alpha)} if scale == 1 and input_scale == 1 else None
-
-    family("elu", 1, [(aten.elu.default, "functional")], elu_scalars)
-    family("softplus", 1, [(aten.softplus.default, "functional")], scal(beta=(1, 1.0), threshold=(2, 20.0)))
-    family("clamp", 1, [(aten.clamp.default, "functional"), (aten.clamp_.default, "inplace")],
-           scal(min=(1, None), max=(2, None)))
-    family("clamp_min", 1, [(aten.clamp_min.default, "functional")], scal(min=(1, 0.0)))
-    family("clamp_max", 1, [(aten.clamp_max.default, "functional")], scal(max=(1, 0.0)))
-
-    clamp3 = _ew("clamp_tensor", 3)
-
-    def clamp_tensor(thr, args, kwargs):
-        x = args[0]
-        lo = args[1] if len(args) > 1 else kwargs.get("min")
-        hi = args[2] if len(args) > 2 else kwargs.get("max")
-        if not isinstance(lo, torch.Tensor) or not isinstance(hi, torch.Tensor):
-            return 6
-        return clamp3(thr, (x, lo, hi), _EMPTY)
-
-    h[aten.clamp.Tensor] = clamp_tensor
-
-    h[aten.sum.dim_IntList] = _reduce("sum", "reduce")
-    h[aten.mean.dim] = _reduce("mean", "reduce")
-    h[aten.amax.default] = _reduce("amax", "reduce")
-    h[aten.amin.default] = _reduce("amin", "reduce")
-    h[aten._softmax.default] = _reduce("softmax", "softmax")
-    h[aten._log_softmax.default] = _reduce("log_softmax", "softmax")
+    for ov, entries in rows_of.items():
+        if entries[0][0]["kind"] == "reduce":
+            h[ov] = _reduce_handler(entries[0][0], ov, entries[0][1])
+            continue
+        sibling_keys = sorted({k for _, c in entries for k in c if k != "swap"})
+        built = [_ew_handler(row, ov, conds, sibling_keys) for row, conds in entries]
+        if len(built) == 1 and built[0][1] is not None and not sibling_keys:
+            _FAST[ov] = built[0][1]
+        h[ov] = _first_match([b[0] for b in built])
     return h
 
 
-_BUILTIN_HANDLERS = _build_handlers()
-_HANDLERS = dict(_BUILTIN_HANDLERS)
-_USER_KEYS: set = set()
+def _first_match(handlers):
+    """One overload served by several rows (gelu / gelu_tanh): the first whose conditions hold."""
+    if len(handlers) == 1:
+        only = handlers[0]
+
+        def handler(thr, args, kwargs):
+            r = only(thr, args, kwargs)
+            return _UNSUPPORTED if r is None else r
+        return handler
+
+    def pick(thr, args, kwargs):
+        for f in handlers:
+            r = f(thr, args, kwargs)
+            if r is not None:
+                return r
+        return _UNSUPPORTED
+    return pick
 
 
 def _resolve_aten(name: str):
@@ -402,31 +390,19 @@ def _resolve_aten(name: str):
     return getattr(packet, overload or "default", None)
 
 
+_BUILTIN_HANDLERS = _build_handlers()
+_HANDLERS = dict(_BUILTIN_HANDLERS)
+_USER_KEYS: set = set()
+
+
 def _user_handler(op_id: int, arity: int):
-    """Handler for a registered op mapped to an aten op (issue #5): recorded directly by gpuos.submit."""
+    """Handler of a registered op mapped to an aten op: recorded through the same deferral as the table's ops."""
+    sched_ew = _ext.sched_ew
+
     def handler(thr, args, kwargs):
-        inputs = list(args[:arity])
-        if len(inputs) != arity or kwargs:
-            return 6
-        tens = [x for x in inputs if isinstance(x, torch.Tensor)]
-        if not tens or not all(_number(x) or isinstance(x, torch.Tensor) for x in inputs):
-            return 6
-        for t in tens:
-            if not t.is_cuda:
-                return 1
-            if t.dtype not in _FLOAT_DTYPES:
-                return 3
-            if t.numel() > thr:
-                return 4
-            if t.requires_grad and torch.is_grad_enabled():
-                return 5
-        dtype = tens[0].dtype
-        for x in inputs[1:]:
-            dtype = torch.result_type(torch.empty((), dtype=dtype), x) if not isinstance(x, torch.Tensor) else \
-                torch.promote_types(dtype, x.dtype)
-        out = torch.empty(torch.broadcast_shapes(*(t.shape for t in tens)), dtype=dtype, device=tens[0].device)
-        _ext.submit(op_id, inputs, out)
-        return out
+        if len(args) != arity or kwargs:
+            return _UNSUPPORTED
+        return sched_ew(op_id, _MODES["functional"], tuple(args), None, 0.0, 0.0, thr)
     return handler
 
 

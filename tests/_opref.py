@@ -98,7 +98,7 @@ def full_scalars(op, kw=None):
 
 
 def positional_scalars(op, kw=None):
-    """(s0, s1) for gpuos_ext._cpu_apply, in table order."""
+    """(s0, s1) for gpuos_ext._testing.cpu_apply, in table order."""
     s = full_scalars(op, kw)
     vals = [float(s[name]) for name in _table()[op]["scalars"]]
     vals += [0.0] * (2 - len(vals))

@@ -17,7 +17,7 @@ BINARY = ["add", "sub", "mul", "maximum", "minimum"]
 
 def _run(prog, inputs, dtype=torch.float32):
     out = torch.full_like(inputs[0], float("nan"), dtype=dtype)
-    gpuos_ext._cpu_run_program(prog, inputs, out)
+    gpuos_ext._testing.cpu_run_program(prog, inputs, out)
     return out
 
 
@@ -150,20 +150,20 @@ def test_liveness_rule_sees_dropped_tensors():
     import gpuos_ext as ext
 
     x = torch.empty(4)
-    ext._liveness_probe(x)
+    ext._testing.liveness_probe(x)
     y = torch.empty(4)
-    ext._liveness_probe(y)
+    ext._testing.liveness_probe(y)
     del x
     z = torch.empty(4) * 2
-    ext._liveness_probe(z)
+    ext._testing.liveness_probe(z)
     del z
     v = torch.empty(8)
-    ext._liveness_probe(v)
+    ext._testing.liveness_probe(v)
     w = v.view(2, 4)
     del v
     keep = [torch.empty(3)]
-    ext._liveness_probe(keep[0])
-    assert ext._liveness_probe(None) == [True, False, True, False, False]
+    ext._testing.liveness_probe(keep[0])
+    assert ext._testing.liveness_probe(None) == [True, False, True, False, False]
     del y, w, keep
 
 

@@ -1,5 +1,5 @@
 """Operator library without a GPU: the op table, the device functors evaluated on the CPU
-(gpuos_ext._cpu_apply / _cpu_reduce, the SAME functor code g++ compiles) against PyTorch, and
+(gpuos_ext._testing.cpu_apply / _cpu_reduce, the SAME functor code g++ compiles) against PyTorch, and
 the argument checks of gpuos.submit / gpuos.submit_reduce that happen before any GPU work.
 
 References are computed by PyTorch in float32 from the same (already rounded) inputs and cast
@@ -41,7 +41,7 @@ def _f32(v):
 
 def cpu_apply(op, inputs, out, kw=None):
     s0, s1 = positional_scalars(op, kw)
-    gpuos_ext._cpu_apply(op, inputs, out, s0, s1)
+    gpuos_ext._testing.cpu_apply(op, inputs, out, s0, s1)
 
 
 def _cast(inputs, dtype):
@@ -219,7 +219,7 @@ def test_cpu_reduce_matches_torch(op, dtype, shape):
     x = _reduce_input(shape, dtype)
     x0 = x.clone()
     out = _reduce_out(op, x)
-    gpuos_ext._cpu_reduce(op, x, out)
+    gpuos_ext._testing.cpu_reduce(op, x, out)
     assert_reduce_close(op, out, x0)
     assert torch.equal(x.nan_to_num(), x0.nan_to_num())
 
@@ -243,7 +243,7 @@ def _special_rows(op):
 def test_cpu_reduce_special_rows(op, dtype):
     x = _special_rows(op).to(dtype)
     out = _reduce_out(op, x)
-    gpuos_ext._cpu_reduce(op, x, out)
+    gpuos_ext._testing.cpu_reduce(op, x, out)
     assert_reduce_close(op, out, x)
 
 
@@ -251,7 +251,7 @@ def test_cpu_reduce_special_rows(op, dtype):
 def test_cpu_softmax_large_values_do_not_overflow(op):
     x = torch.tensor([[1000.0, 999.0, -1000.0], [88.0, 89.0, 90.0]])
     out = _reduce_out(op, x)
-    gpuos_ext._cpu_reduce(op, x, out)
+    gpuos_ext._testing.cpu_reduce(op, x, out)
     assert torch.isfinite(out).all(), out
     assert_reduce_close(op, out, x)
 

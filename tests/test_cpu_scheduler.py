@@ -529,7 +529,7 @@ def test_front_conditions_seen_from_inside_a_function_mode():
 
     class Probe(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(gpuos_ext._front_diag(args[0]))
+            seen.append(gpuos_ext._testing.front_diag(args[0]))
             return func(*args, **(kwargs or {}))
 
     class Other(TorchDispatchMode):
@@ -578,3 +578,31 @@ def test_front_alpha_beyond_a_double_is_pytorchs_error():
         with _Front():
             with pytest.raises(type(eager.value)):
                 torch.add(x, x, alpha=10 ** 400)
+
+
+def test_every_ops_def_aten_overload_has_a_handler():
+    """The scheduler's handler table is generated from ops.def's aten column: every overload torch has is served."""
+    import gpuos_ext
+
+    from gpuos import scheduler as sched
+
+    missing = []
+    for row in gpuos_ext.op_table():
+        for entry in row["aten"]:
+            name, _ = sched._parse_aten(entry)
+            ov = sched._resolve_aten(name)
+            if ov is not None and ov not in sched._HANDLERS:
+                missing.append(entry)
+    assert not missing, missing
+    assert torch.ops.aten.rsub.Scalar in sched._HANDLERS and torch.ops.aten.pow.Scalar in sched._HANDLERS
+
+
+def test_reasons_and_modes_come_from_the_extension():
+    import gpuos_ext
+
+    from gpuos import scheduler as sched
+
+    assert sched._REASONS == gpuos_ext.sched_reasons() and sched._REASONS[6] == "unsupported_args"
+    assert sched._MODES == {"functional": 0, "inplace": 1, "out": 2}
+    lim = gpuos_ext.limits()
+    assert lim["program_bytes"] == 16 + lim["prog_max_instr"] * 16

@@ -1,7 +1,7 @@
 """Round-trip breakdown (submit / flush / wait) and host-memory write costs; run on a GPU machine."""
 import time, torch, gpuos, gpuos_ext, os
 gpuos_ext.init()
-print("probe", gpuos_ext._probe_host_memory(1 << 20), flush=True)
+print("probe", gpuos_ext._testing.probe_host_memory(1 << 20), flush=True)
 a = torch.randn(256, device='cuda'); b = torch.randn(256, device='cuda'); c = torch.empty(256, device='cuda')
 def med(f, n=2000):
     for _ in range(200): f()

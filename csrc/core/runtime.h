@@ -1,4 +1,8 @@
-// csrc/runtime.h -- the per-device runtime: descriptor ring, batch publication, elastic worker.
+// csrc/core/runtime.h -- the per-device runtime: dependency levels, descriptor ring, batch publication, the
+// elastic worker, generation handover and the alias table. Torch-free: it records Operands.
+//
+// Files: core/runtime.cpp (setup, teardown), core/record.cpp (sub-ops and their levels), core/publish.cpp
+// (ring, batches, worker launch, waits), core/generation.cpp (handover, alias table).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -8,18 +12,17 @@
 #include <string>
 #include <vector>
 
-#include "cuda_api.h"
-#include "device_src/types.h"
-#include "generations.h"
+#include "core/hazards.h"
 #include "device_src/interp.h"
-#include <unordered_map>
+#include "device_src/types.h"
+#include "driver/cuda_api.h"
 
 namespace gpuos {
 
 struct Config {
   uint32_t capacity = 4096;        // descriptor ring slots
   uint32_t threads_per_block = 256;
-  uint32_t worker_blocks = 0;      // 0: about a quarter of the SMs (DESIGN F7)
+  uint32_t worker_blocks = 0;      // 0: about a quarter of the SMs (a resident worker on every SM blocks cuBLAS GEMMs)
   // A worker launched by a flush of >= burst_min sub-ops gets burst_blocks (0: every SM) until it idles out or
   // yields: big batches are bandwidth work a quarter of the SMs cannot feed. 0 disables. (Env GPUOS_BURST_MIN,
   // GPUOS_BURST_BLOCKS.)
@@ -32,7 +35,10 @@ struct Config {
   double idle_us = 200.0;          // worker exits after this long with nothing published
   double timeout_s = 60.0;         // every GPU wait
   uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
+  uint32_t dma_min = 128;          // levels of >= this many descriptors reach the device by one async copy
 };
+// Defaults with the environment's settings applied (config/config.h).
+Config config_from_env();
 
 // One operand as the recorder sees it (filled by the binding layer from a tensor).
 struct Operand {
@@ -46,39 +52,18 @@ struct Operand {
   uint64_t lo = 0, hi = 0;  // byte range the view can touch
   bool is_const = false;    // a scalar operand (Tensor-Scalar forms): `value`, no memory
   float value = 0.0f;
+  Access access() const { return {storage, lo, hi}; }
 };
 
 struct RuntimeStats {
   uint64_t submitted = 0, subops = 0, batches = 0, flushes = 0, worker_launches = 0, handovers = 0;
-  uint64_t full_queue_flushes = 0, room_waits = 0, levels_split = 0;
+  uint64_t full_queue_flushes = 0, room_waits = 0;
+  uint64_t levels_split = 0;  // sub-ops that opened a new dependency level (levels beyond the first)
   uint64_t dma_batches = 0;
   uint64_t fused_subops = 0, programs = 0;
   uint64_t idle_adoptions = 0;  // handovers done by the compile thread while no worker was resident
   uint64_t burst_launches = 0;  // worker launches on the burst grid (Config::burst_min)
   uint64_t early_publishes = 0;  // publications made during recording (Config::publish_min)
-};
-
-// Per-level access footprint: storage -> bounding byte ranges read and written in the open level.
-// Open addressing, cleared in O(1) by bumping a generation tag. Bounding ranges are exact for the common
-// patterns (distinct tensors; rows / slices of one buffer visited in order); anything else errs on the side
-// of a new dependency level, never of a missed dependency.
-class Footprint {
- public:
-  Footprint() { grow(256); }
-  bool reads_overlap(uintptr_t storage, uint64_t lo, uint64_t hi) const;
-  bool writes_overlap(uintptr_t storage, uint64_t lo, uint64_t hi) const;
-  void add_read(uintptr_t storage, uint64_t lo, uint64_t hi) { add(storage, lo, hi, false); }
-  void add_write(uintptr_t storage, uint64_t lo, uint64_t hi) { add(storage, lo, hi, true); }
-  void clear() { ++gen_; count_ = 0; }
-
- private:
-  struct Entry { uintptr_t key; uint32_t tag; uint64_t rlo, rhi, wlo, whi; };
-  const Entry* find(uintptr_t k) const;
-  void add(uintptr_t k, uint64_t lo, uint64_t hi, bool write);
-  void grow(size_t n);
-  std::vector<Entry> e_;
-  uint32_t gen_ = 1;
-  size_t count_ = 0;
 };
 
 class Runtime {
@@ -92,6 +77,9 @@ class Runtime {
   int device() const { return device_; }
   const Config& config() const { return cfg_; }
 
+  // Every record_* gives the sub-op its dependency level (the hazard model: 1 + the highest level of earlier
+  // unpublished work it reads from or overwrites) and stages it there; flush() writes the levels into the ring
+  // in order. So independent work recorded in any order shares levels.
   // Record out = op(ins...; s0, s1) over `numel` elements: every input already has out's shape (broadcast
   // inputs arrive as stride-0 views). Keeps nothing alive: the caller holds tensors until publication.
   void record_ew(uint32_t op, uint32_t arity, const Operand& out, const Operand* ins, float s0, float s1,
@@ -116,7 +104,7 @@ class Runtime {
   // Wait (GIL must be released by the caller) until batch `seq` is done, or all in flight if seq == 0.
   void wait_done(uint32_t seq);
   // Recorded work not yet published, or published early and not yet ordered before a stream by flush().
-  bool has_pending() const { return !levels_.empty() || cur_count_ > 0 || unwaited_seq_ != 0; }
+  bool has_pending() const { return staged_ > 0 || !levels_.empty() || unwaited_seq_ != 0; }
   // The worker exits at its next poll once nothing published is pending (reset by the next launch).
   void request_yield() { if (alive_) __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST); }
   // Complete everything (pending work is published on `stream`; nullptr = legacy default stream), stop the
@@ -137,7 +125,7 @@ class Runtime {
   // Called (under mu) each time pending work is published: the binding layer drops its keep-alive refs.
   void set_publish_hook(std::function<void()> f) { on_publish_ = std::move(f); }
 
-  // ---- generations and the dual-slot alias table (issue #5; csrc/generations.cpp). Call under mu. ----
+  // ---- generations and the dual-slot alias table (core/generation.cpp). Call under mu. ----
   struct HandoverTimes { double drain_us = 0, load_us = 0, launch_us = 0; };
   uint32_t active_generation() const { return active_gen_; }
   // Make generation >= gen active: drain the worker (it leaves once everything published has run), load the
@@ -157,14 +145,18 @@ class Runtime {
 
  private:
   CUstream record_stream() { return rec_stream_on_ ? rec_stream_ : stream_fn_(); }
-  void ensure_room(uint32_t ndesc, uint32_t nref);
+  // Room for nref TensorRefs in the arena (publishes pending work and waits for old batches if needed).
+  void ensure_ref_room(uint32_t nref);
+  // Room for ndesc descriptors in the ring, waiting for published batches only (never publishes).
+  void wait_ring_room(uint32_t ndesc);
   void maybe_publish_early() {
     if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
       st_.early_publishes++;
       flush(record_stream(), /*early=*/true);
     }
   }
-  void close_level();
+  void commit_level(std::vector<SubOp>& descs);     // staged level -> ring, as one unpublished level
+  uint32_t publish(CUstream stream, bool early, bool last);  // levels_ -> batches (one memop call)
   void retire();
   bool seq_done(uint32_t seq) const;
   void wait_seq(uint32_t seq, const char* what);
@@ -176,18 +168,15 @@ class Runtime {
   double drain_worker(const char* why);  // us waited until no worker is resident or queued
   HandoverTimes handover(uint32_t gen, const char* why);
   void maybe_adopt_generation();     // flush: take over a newer ready generation if no worker is resident
-  void note_op_gen(uint32_t op) {
-    const uint32_t g = op_need_gen(op);
-    if (g > pending_need_gen_) pending_need_gen_ = g;
-  }
+  void note_op_gen(uint32_t op);
   void make_current();
   void fit_stack(CUfunction f);  // per-thread stack limit >= the worker's local memory (before any launch)
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
-  bool conflicts(const Operand& out, const Operand* ins, uint32_t nin) const;
-  void note_access(const Operand& out, const Operand* ins, uint32_t nin);
-  // Append ceil(total / per_tile) tiles of `proto`; with nref > 0, refs[0..nref) go to the TensorRef arena
-  // (again for every piece of an op larger than the ring) and proto's pointer fields point at them.
-  void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref);
+  // Stage ceil(total / per_tile) tiles of `proto` at the level the hazard model gives (out written, the
+  // non-constant ins read); with nref > 0, refs[0..nref) go to the TensorRef arena (again for every piece of an
+  // op larger than half the ring) and proto's pointer fields point at them.
+  void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
+                    const Operand& out, const Operand* ins, uint32_t nin);
 
   int device_;
   Config cfg_;
@@ -224,10 +213,12 @@ class Runtime {
 
   uint64_t desc_head_ = 0, desc_tail_ = 0;  // monotonic descriptor indices
   uint64_t ref_head_ = 0, ref_tail_ = 0;
+  Hazards hazards_;                      // levels of the staged (unpublished) work
+  std::vector<std::vector<SubOp>> stage_;  // stage_[L-1]: descriptors of level L (vectors reused)
+  size_t stage_levels_ = 0;              // levels in use in stage_
+  uint64_t staged_ = 0;                  // descriptors staged
   struct Level { uint64_t start; uint32_t count; };
-  std::vector<Level> levels_;       // closed, unpublished levels
-  uint64_t cur_start_ = 0;          // open level
-  uint32_t cur_count_ = 0;
+  std::vector<Level> levels_;       // committed to the ring, not yet published
   bool rec_stream_on_ = false;   // set_record_stream
   CUstream rec_stream_ = nullptr;
   uint64_t pending_subops_ = 0;  // sub-ops recorded since the last publication
@@ -236,13 +227,12 @@ class Runtime {
   std::deque<InFlight> inflight_;
   uint32_t last_seq_ = 0;
   uint32_t launches_ = 0;
-  Footprint footprint_;
   std::function<void()> on_publish_;
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;
   bool alive_ = false;
 
-  // generations and the alias table (csrc/generations.cpp)
+  // generations and the alias table (core/generation.cpp)
   std::string arch_;                  // NVRTC arch of this GPU
   uint32_t active_gen_ = 0;           // generation whose module the worker is launched from
   uint32_t pending_need_gen_ = 0;     // newest generation any recorded sub-op needed (monotonic)

@@ -1,4 +1,4 @@
-// csrc/jit.h -- NVRTC compilation of the embedded device sources, with a memory + disk cache.
+// csrc/jit/jit.h -- NVRTC compilation of the embedded device sources, with a memory + disk cache.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -26,7 +26,7 @@ std::string jit_compile_arch(const std::string& arch);
 std::string jit_arch_for(int cc_major, int cc_minor);
 
 // Device sources replacing or adding embedded files for one compile (path -> text), e.g. a generation's
-// generated "device_src/user_ops.h" (csrc/generations.cpp). The cache key covers them.
+// generated "device_src/user_ops.h" (inject/registry.cpp). The cache key covers them.
 using SourceOverrides = std::map<std::string, std::string>;
 // Compile `main` (an embedded path or one of `overrides`) with the embedded sources, `overrides` replacing or
 // adding files. Same cache (memory + disk) and forbid-compile switch as jit_compile_arch.

@@ -1,5 +1,5 @@
-// csrc/jit.cpp -- NVRTC compile of the worker module; memory + disk cache; the "forbid compile" switch.
-#include "jit.h"
+// csrc/jit/jit.cpp -- NVRTC compile of the worker module; memory + disk cache; the "forbid compile" switch.
+#include "jit/jit.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,8 @@
 #include <shared_mutex>
 #include <unordered_map>
 
-#include "cuda_api.h"
+#include "config/config.h"
+#include "driver/cuda_api.h"
 #include "generated/embedded_sources.h"  // kEmbeddedSources[], kEmbeddedCount (setup.py)
 
 #ifndef GPUOS_VERSION
@@ -29,12 +30,7 @@ std::unordered_map<std::string, std::string> g_mem_cache;  // key -> image
 std::mutex g_stats_mu;
 JitStats g_stats;
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
-// File helpers use stdio, not iostreams (see shape_str in bindings.cpp for why).
+// File helpers use stdio, not iostreams (see shape_str in tensor/describe.cpp for why).
 void mkdirs(const std::string& path) {
   for (size_t pos = 1; pos <= path.size(); ++pos)
     if (pos == path.size() || path[pos] == '/') ::mkdir(path.substr(0, pos).c_str(), 0755);
@@ -92,7 +88,7 @@ std::string join(const std::vector<std::string>& v) {
 // log, arch, options and a dumped source path.
 std::string nvrtc_compile(const std::string& arch, const std::vector<std::string>& opts, uint64_t key,
                           const std::map<std::string, std::string>& srcs, const std::string& main) {
-  if (env_flag("GPUOS_FORBID_COMPILE"))
+  if (env_config().forbid_compile)
     throw CompileError("gpuos: an NVRTC compile of " + main + " for " + arch +
                            " was requested but GPUOS_FORBID_COMPILE=1 forbids compiling (cache miss; key " +
                            hex64(key) + ", cache dir '" + jit_cache_dir() +
@@ -176,11 +172,7 @@ const std::map<std::string, std::string>& embedded_sources() {
 }
 
 std::string jit_cache_dir() {
-  if (env_flag("GPUOS_DISABLE_CACHE")) return "";
-  if (const char* d = std::getenv("GPUOS_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/gpuos";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/gpuos";
-  return "";
+  return env_config().cache_dir;
 }
 
 std::string jit_compile_arch(const std::string& arch) { return jit_compile_sources(arch, {}, kMainSource); }

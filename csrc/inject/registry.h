@@ -1,7 +1,8 @@
-// csrc/generations.h -- injected operators (issue #5): the process-wide registry of user ops and installed
-// slots, the generations compiled from it (one NVRTC module each: the worker plus every op, DESIGN F2), and
-// the generation a sub-op of each op id needs. Runtime's handover and alias-table methods live in
-// generations.cpp too.
+// csrc/inject/registry.h -- injected operators: the process-wide registry of user ops and installed slots,
+// the generations compiled from it (one NVRTC module each: the worker plus every op, because a device function
+// pointer is only valid inside the module that holds it), and the generation a sub-op of each op id needs.
+// The runtime's side (loading a generation, the alias table) is core/generation.cpp; this layer never calls
+// a runtime: switch/rollback hand the new table to a callback.
 //
 // Lock order: Runtime::mu, then the registry's lock. The registry never takes a Runtime::mu while holding
 // its own lock, never runs Python and never needs the GIL; callers that may wait (register with block=True,
@@ -15,12 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "cuda_api.h"
 #include "device_src/config.h"
+#include "driver/cuda_api.h"
+#include "inject/codegen.h"
 
 namespace gpuos {
-
-class Runtime;
 
 // The generation whose module a sub-op of op id `op` needs: the one that first held the code of the op's
 // active slot (0: the built-in module has it). Read on every record, written by the registry (release, after
@@ -67,11 +67,13 @@ uint32_t register_user_op(const std::string& who, const std::string& name, const
 // Put new code into slot 0 or 1 of `name` (a registered op, or slot 1 of a built-in elementwise op).
 // Expression or function source (a source containing "__device__" is a function). Returns the op id.
 uint32_t install_user_op(const std::string& name, const std::string& source, uint32_t slot, bool block);
-// Make the alias table select `slot` for `name` on every runtime (handover first where a runtime's active
-// generation lacks that slot's code). Returns the slot that was active before.
-uint32_t switch_user_op(const std::string& name, uint32_t slot, const std::vector<Runtime*>& runtimes);
+// Hands every runtime the new alias table once it holds generation >= need (core/devices.cpp gives one that
+// drains and reloads where a runtime's active generation lacks the slot's code).
+using ApplyAlias = std::function<void(uint32_t need, const uint8_t table[256])>;
+// Make the alias table select `slot` for `name` (through `apply`). Returns the slot that was active before.
+uint32_t switch_user_op(const std::string& name, uint32_t slot, const ApplyAlias& apply);
 // Switch back to the slot that was active before the last switch. Returns the slot now active.
-uint32_t rollback_user_op(const std::string& name, const std::vector<Runtime*>& runtimes);
+uint32_t rollback_user_op(const std::string& name, const ApplyAlias& apply);
 // Op id for submit: waits while the op's code is still compiling (block=False registrations) and throws the
 // recorded CompileError of a failed one. Throws std::invalid_argument for unknown names / ids.
 struct SubmitOp { uint32_t id; uint32_t arity; std::string name; };
@@ -92,16 +94,17 @@ std::string current_generation_header();
 void shutdown_generations();
 
 // Generated header for explicit op specs (tests: NVRTC checks the generator without touching the registry).
-struct OpSpec { uint32_t id, slot, arity; std::string name, source; bool is_expr; };
 std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen,
                                   const std::map<uint32_t, std::string>& fused = {});
-constexpr const char* kUserOpsPath = "device_src/user_ops.h";
 
 // Called on the compile thread, with no lock held, each time a generation has compiled and become the newest
-// ready one (the bindings hand it to every runtime: Runtime::adopt_generation_if_idle). Set once, at import.
+// ready one (core/devices.cpp hands it to every runtime: Runtime::adopt_generation_if_idle). Set once, at import.
 void set_generation_ready_hook(std::function<void(uint32_t gen)> hook);
 
-// ---- used by Runtime ----
+// Queue a generation holding tier-2 code `code` for fused-chain program `id` (inject/specialize.cpp).
+void request_fused_spec(uint32_t id, const std::string& code);
+
+// ---- used by the runtime (core/generation.cpp) ----
 void registry_add_arch(const std::string& arch);
 // Image of generation `gen` for `arch` (compiles it now if the generation was compiled without that arch).
 std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::string& arch);

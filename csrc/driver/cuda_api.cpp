@@ -1,11 +1,13 @@
-// csrc/cuda_api.cpp -- run-time loading of libcuda and libnvrtc.
-#include "cuda_api.h"
+// csrc/driver/cuda_api.cpp -- run-time loading of libcuda and libnvrtc.
+#include "driver/cuda_api.h"
+#include "driver/wait.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <mutex>
+
+#include "config/config.h"
 
 namespace gpuos {
 namespace {
@@ -94,12 +96,11 @@ const Nvrtc& nvrtc() {
   if (!done) {
     done = true;
     std::vector<std::string> candidates;
-    if (const char* p = std::getenv("GPUOS_NVRTC_PATH"); p && *p) candidates.push_back(p);
+    const EnvConfig& env = env_config();
+    if (!env.nvrtc_path.empty()) candidates.push_back(env.nvrtc_path);
     static const char* kNames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-    for (const char* env : {"CUDA_HOME", "CUDA_PATH"}) {
-      if (const char* h = std::getenv(env); h && *h)
-        for (const char* nm : kNames) candidates.push_back(std::string(h) + "/lib64/" + nm);
-    }
+    if (!env.cuda_home.empty())
+      for (const char* nm : kNames) candidates.push_back(env.cuda_home + "/lib64/" + nm);
     for (const auto& dir : nvrtc_dirs())
       for (const char* nm : kNames) candidates.push_back(dir + "/" + nm);
     for (const char* nm : kNames) candidates.push_back(nm);
@@ -127,6 +128,18 @@ const Nvrtc& nvrtc() {
   }
   if (!error.empty()) throw CudaError(error);
   return n;
+}
+
+void wait_stream(CUstream stream, double timeout_s, const std::string& what) {
+  const Driver& d = driver();
+  spin_wait(
+      timeout_s,
+      [&] {
+        const CUresult r = d.cuStreamQuery(stream);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) GPUOS_CU(r);
+        return r == CUDA_SUCCESS;
+      },
+      [&] { return "gpuos: timed out after " + std::to_string(timeout_s) + " s waiting for " + what; });
 }
 
 }  // namespace gpuos

@@ -1,31 +1,27 @@
-// csrc/injection_bindings.cpp -- the Python face of operator injection (issue #5): register_elementwise,
-// register_op, install, switch, rollback, user_ops, generation_info. The work is in generations.cpp; every
-// call that may wait (NVRTC, a generation compile, a worker drain) runs without the GIL.
+// csrc/python/inject.cpp -- the Python face of operator injection: register_elementwise, register_op, install,
+// switch, rollback, user_ops, generation_info. The work is in inject/registry.cpp; every call that may wait
+// (NVRTC, a generation compile, a worker drain) runs without the GIL.
 #include <torch/extension.h>
 
 #include <functional>
 #include <vector>
 
-#include "fusion.h"
-#include "generations.h"
-#include "jit.h"
-#include "runtime.h"
+#include "inject/registry.h"
+#include "inject/specialize.h"
+#include "jit/jit.h"
+#include "python/bindings.h"
+#include "tensor/devices.h"
 
 namespace py = pybind11;
 
 namespace gpuos {
 
 namespace {
-std::function<std::vector<Runtime*>()> g_runtimes;
-std::function<Runtime*()> g_current_runtime;
 
 std::string opt_str(const py::object& o) { return o.is_none() ? std::string() : o.cast<std::string>(); }
 }  // namespace
 
-void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>()> runtimes,
-                            std::function<Runtime*()> current_runtime) {
-  g_runtimes = std::move(runtimes);
-  g_current_runtime = std::move(current_runtime);
+void add_injection_bindings(py::module_& m) {
 
   m.def(
       "register_elementwise",
@@ -71,9 +67,8 @@ void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>(
   m.def(
       "switch",
       [](const std::string& name, uint32_t slot) {
-        std::vector<Runtime*> rts = g_runtimes();
         py::gil_scoped_release nogil;
-        return switch_user_op(name, slot, rts);
+        return switch_user_op(name, slot, apply_alias_everywhere);
       },
       py::arg("name"), py::arg("slot"),
       "switch(name, slot) -> previous slot\n\nMake `name` run the code of `slot` (0 or 1): one write of the "
@@ -82,9 +77,8 @@ void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>(
   m.def(
       "rollback",
       [](const std::string& name) {
-        std::vector<Runtime*> rts = g_runtimes();
         py::gil_scoped_release nogil;
-        return rollback_user_op(name, rts);
+        return rollback_user_op(name, apply_alias_everywhere);
       },
       py::arg("name"), "rollback(name) -> slot now active\n\nSwitch `name` back to the slot active before the "
                        "last switch.");
@@ -133,7 +127,7 @@ void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>(
     }
     py::dict active;
     uint64_t handovers = 0;
-    for (Runtime* rt : g_runtimes()) {
+    for (Runtime* rt : runtimes()) {
       active[py::int_(rt->device())] = rt->active_generation();
       handovers += rt->stats().handovers;
     }
@@ -199,7 +193,7 @@ void add_injection_bindings(py::module_& m, std::function<std::vector<Runtime*>(
   m.def(
       "_force_handover",
       [] {
-        Runtime* rt = g_current_runtime();
+        Runtime* rt = &runtime_for(current_device());
         Runtime::HandoverTimes t;
         {
           py::gil_scoped_release nogil;

@@ -1,4 +1,4 @@
-// csrc/cuda_api.h -- the CUDA driver API and NVRTC, loaded at run time (dlopen).
+// csrc/driver/cuda_api.h -- the CUDA driver API and NVRTC, loaded at run time (dlopen).
 // The extension builds with g++ alone (no CUDA toolkit) and imports on machines without a GPU; calls that
 // need the driver or NVRTC raise a typed error saying why they cannot run.
 #pragma once
@@ -50,7 +50,7 @@ union CUstreamBatchMemOpParams {
 };
 static_assert(sizeof(CUstreamBatchMemOpParams) == 48, "CUstreamBatchMemOpParams ABI");
 
-// ---- errors (mapped to gpuos.CudaError / gpuos.CompileError in bindings.cpp) ----
+// ---- errors (mapped to gpuos.CudaError / gpuos.CompileError in tensor/errors.cpp) ----
 struct CudaError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

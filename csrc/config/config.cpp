@@ -1,0 +1,89 @@
+// csrc/config/config.cpp -- see config.h.
+#include "config/config.h"
+
+#include <cstdlib>
+#include <mutex>
+
+namespace gpuos {
+namespace {
+
+std::mutex g_mu;
+EnvConfig g_cfg;
+bool g_read = false;
+
+const char* get(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+void read_u32(const char* name, uint32_t& dst) {
+  if (const char* v = get(name)) dst = (uint32_t)std::strtoul(v, nullptr, 10);
+}
+void read_f64(const char* name, double& dst) {
+  if (const char* v = get(name)) dst = std::strtod(v, nullptr);
+}
+bool flag(const char* name) {
+  const char* v = get(name);
+  return v && std::string(v) != "0";
+}
+
+EnvConfig read_env() {
+  EnvConfig c;
+  read_u32("GPUOS_WORKER_BLOCKS", c.worker_blocks);
+  read_f64("GPUOS_IDLE_US", c.idle_us);
+  read_u32("GPUOS_BURST_MIN", c.burst_min);
+  read_u32("GPUOS_BURST_BLOCKS", c.burst_blocks);
+  read_u32("GPUOS_PUBLISH_MIN", c.publish_min);
+  read_f64("GPUOS_TIMEOUT_S", c.timeout_s);
+  read_u32("GPUOS_TRACE", c.trace_records);
+  read_u32("GPUOS_DMA_MIN", c.dma_min);
+  if (c.dma_min == 0) c.dma_min = 1;
+  read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
+  c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
+  if (!flag("GPUOS_DISABLE_CACHE")) {
+    if (const char* d = get("GPUOS_CACHE_DIR")) c.cache_dir = d;
+    else if (const char* x = get("XDG_CACHE_HOME")) c.cache_dir = std::string(x) + "/gpuos";
+    else if (const char* h = get("HOME")) c.cache_dir = std::string(h) + "/.cache/gpuos";
+  }
+  if (const char* p = get("GPUOS_NVRTC_PATH")) c.nvrtc_path = p;
+  if (const char* h = get("CUDA_HOME")) c.cuda_home = h;
+  else if (const char* h2 = get("CUDA_PATH")) c.cuda_home = h2;
+  return c;
+}
+
+}  // namespace
+
+const EnvConfig& env_config() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (!g_read) {
+    g_cfg = read_env();
+    g_read = true;
+  }
+  return g_cfg;
+}
+
+void reload_env_config() {
+  EnvConfig c = read_env();
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_cfg = std::move(c);
+  g_read = true;
+}
+
+std::string describe_env_config() {
+  const EnvConfig& c = env_config();
+  auto num = [](double v) {
+    std::string s = std::to_string(v);
+    while (s.size() > 1 && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s;
+  };
+  return "GPUOS_WORKER_BLOCKS=" + std::to_string(c.worker_blocks) + "\nGPUOS_IDLE_US=" +
+         (c.idle_us < 0 ? std::string("(init argument)") : num(c.idle_us)) +
+         "\nGPUOS_BURST_MIN=" + std::to_string(c.burst_min) + "\nGPUOS_BURST_BLOCKS=" +
+         std::to_string(c.burst_blocks) + "\nGPUOS_PUBLISH_MIN=" + std::to_string(c.publish_min) +
+         "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
+         "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) + "\nGPUOS_SPECIALIZE_AFTER=" +
+         std::to_string(c.specialize_after) + "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
+         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path + "\nCUDA_HOME=" + c.cuda_home;
+}
+
+}  // namespace gpuos

@@ -1,0 +1,36 @@
+// csrc/config/config.h -- every setting read from the environment, in one place (the lowest layer: no other
+// gpuos header). Read on first use and again by init() while no runtime exists; gpuos.runtime_info() reports
+// it. Nothing else in csrc/ calls getenv.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace gpuos {
+
+struct EnvConfig {
+  // Runtime (init() arguments win where given): 0 / empty = the built-in default.
+  uint32_t worker_blocks = 0;     // GPUOS_WORKER_BLOCKS: persistent grid (0: about a quarter of the SMs)
+  double idle_us = -1.0;          // GPUOS_IDLE_US (< 0: init()'s argument)
+  uint32_t burst_min = 2048;      // GPUOS_BURST_MIN: flushes of >= this many sub-ops launch on the burst grid
+  uint32_t burst_blocks = 0;      // GPUOS_BURST_BLOCKS (0: every SM)
+  uint32_t publish_min = 1024;    // GPUOS_PUBLISH_MIN: publish during recording after this many sub-ops
+  double timeout_s = 60.0;        // GPUOS_TIMEOUT_S: bound of every GPU wait
+  uint32_t trace_records = 0;     // GPUOS_TRACE: claim-trace records per block (0: off)
+  uint32_t dma_min = 128;         // GPUOS_DMA_MIN: levels of >= this many descriptors go by copy engine
+  uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)
+  // JIT and libraries.
+  bool forbid_compile = false;    // GPUOS_FORBID_COMPILE=1: any NVRTC compile is an error (warm-start proof)
+  std::string cache_dir;          // GPUOS_CACHE_DIR, else $XDG_CACHE_HOME/gpuos, else ~/.cache/gpuos;
+                                  // "" when GPUOS_DISABLE_CACHE=1 or no home is known
+  std::string nvrtc_path;         // GPUOS_NVRTC_PATH: an explicit libnvrtc.so
+  std::string cuda_home;          // CUDA_HOME, else CUDA_PATH: <cuda_home>/lib64/libnvrtc.so.*
+};
+
+// The settings as last read (first use reads them).
+const EnvConfig& env_config();
+// Read the environment again (init() does, while no runtime exists).
+void reload_env_config();
+// "KEY=value" lines of every setting (gpuos.runtime_info()).
+std::string describe_env_config();
+
+}  // namespace gpuos

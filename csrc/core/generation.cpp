@@ -1,0 +1,199 @@
+// csrc/core/generation.cpp -- the runtime's side of operator injection: which generation's module the worker
+// runs (handover: drain the worker, load the new module, relaunch on the same queue memory) and the dual-slot
+// alias table the worker reads to pick an op's slot.
+#include <chrono>
+#include <cstring>
+
+#include "core/runtime.h"
+#include "driver/wait.h"
+#include "inject/registry.h"
+#include "jit/jit.h"
+
+namespace gpuos {
+
+std::string Runtime::gen_startup_image() {
+  arch_ = jit_arch_for(cc_major_, cc_minor_);
+  registry_add_arch(arch_);
+  const uint32_t g = g_latest_ready_gen.load();
+  std::string image = *generation_image(g, arch_);
+  active_gen_ = g;
+  return image;
+}
+
+void Runtime::gen_init() {
+  // The registry's alias choices (ops switched before this runtime existed), in stream order after the
+  // DevCtl memset on the side stream and before any worker launch there.
+  uint8_t table[256];
+  current_alias_table(table);
+  bool any = false;
+  for (uint8_t v : table) any |= v != 0;
+  std::memcpy(alias_host_[0], table, 256);
+  alias_ver_ = any ? kAliasActive : 0u;
+  if (!any) return;
+  std::vector<CUstreamBatchMemOpParams> ops;
+  const CUdeviceptr base = dc_d_ + __builtin_offsetof(DevCtl, alias);
+  for (uint32_t j = 0; j < 64; ++j) {
+    CUstreamBatchMemOpParams w{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    w.writeValue.address = base + __builtin_offsetof(AliasCtl, slot) + 4ull * j;
+    std::memcpy(&w.writeValue.value, &table[4 * j], 4);
+    ops.push_back(w);
+  }
+  CUstreamBatchMemOpParams w{};
+  w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  w.writeValue.address = base + __builtin_offsetof(AliasCtl, ver);
+  w.writeValue.value = alias_ver_;
+  ops.push_back(w);
+  GPUOS_CU(driver().cuStreamBatchMemOp(side_, (unsigned)ops.size(), ops.data(), 0));
+}
+
+void Runtime::gen_shutdown() {
+  const Driver& d = driver();
+  for (CUmodule m : old_modules_) d.cuModuleUnload(m);
+  old_modules_.clear();
+}
+
+// Wait until no worker of ours is resident or queued (the side stream is idle), asking it to leave.
+double Runtime::drain_worker(const char* why) {
+  const Driver& d = driver();
+  const auto t0 = std::chrono::steady_clock::now();
+  CUresult r = d.cuStreamQuery(side_);
+  if (r == CUDA_SUCCESS) return 0.0;
+  __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST);
+  spin_wait(
+      cfg_.timeout_s,
+      [&] {
+        const CUresult q = d.cuStreamQuery(side_);
+        if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) GPUOS_CU(q);
+        return q == CUDA_SUCCESS;
+      },
+      [&] {
+        return "gpuos: timed out after " + std::to_string(cfg_.timeout_s) + " s waiting for the worker to exit (" +
+               why + ") on " + name_ + "; worker state=" + std::to_string(hc_->worker_state) +
+               ", last published batch " + std::to_string(last_seq_) + ". A batch flushed on a stream that never "
+               "reaches its ready write keeps the worker resident; raise GPUOS_TIMEOUT_S if that stream's work is "
+               "legitimately long.";
+      });
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
+  const Driver& d = driver();
+  make_current();
+  HandoverTimes t;
+  t.drain_us = drain_worker(why);
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::shared_ptr<const std::string> image = generation_image(gen, arch_);
+  CUmodule m = nullptr;
+  CUresult r = d.cuModuleLoadData(&m, image->data());
+  CUfunction f = nullptr;
+  if (r == CUDA_SUCCESS) {
+    r = d.cuModuleGetFunction(&f, m, "gpuos_worker");
+    if (r != CUDA_SUCCESS) d.cuModuleUnload(m);
+  }
+  if (r == CUDA_SUCCESS) {
+    try {
+      fit_stack(f);  // drained: no worker resident or awaited
+    } catch (...) {
+      d.cuModuleUnload(m);
+      throw;
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    failed_load_gen_ = gen;
+    const char* nm = "?";
+    const char* text = "";
+    d.cuGetErrorName(r, &nm);
+    d.cuGetErrorString(r, &text);
+    const std::string log = std::string("cuModuleLoadData / cuModuleGetFunction: ") + nm + ": " + text;
+    const std::string msg = "gpuos: generation " + std::to_string(gen) + " (" + arch_ + ") failed to load on " +
+                            name_ + "; generation " + std::to_string(active_gen_) + " keeps running. " + log;
+    note_generation_load_error(gen, msg);
+    throw CompileError(msg, log, arch_, "", "");  // a load failure counts as a failed generation
+  }
+  old_modules_.push_back(module_);  // kept until shutdown: unloading would wait on resident kernels (F3)
+  module_ = m;
+  worker_fn_ = f;
+  active_gen_ = gen;
+  st_.handovers++;
+  t.load_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count();
+  return t;
+}
+
+void Runtime::ensure_generation(uint32_t gen) {
+  if (active_gen_ >= gen) return;
+  const uint32_t target = g_latest_ready_gen.load();
+  if (target < gen)
+    throw std::logic_error("gpuos internal error: generation " + std::to_string(gen) + " needed but only " +
+                           std::to_string(target) + " is ready");
+  handover(target, "handover to a newer generation");
+}
+
+void Runtime::maybe_adopt_generation() {
+  const uint32_t latest = g_latest_ready_gen.load(std::memory_order_relaxed);
+  if (latest <= active_gen_ || latest == failed_load_gen_) return;
+  if (driver().cuStreamQuery(side_) != CUDA_SUCCESS) return;  // a worker is still resident or queued
+  try {
+    handover(latest, "idle exit");
+  } catch (const std::exception&) {
+    // Recorded (note_generation_load_error); the old generation keeps running. A flush that needs the
+    // generation retries the load and raises.
+  }
+}
+
+bool Runtime::adopt_generation_if_idle() {
+  std::unique_lock<std::mutex> lk(mu, std::try_to_lock);
+  if (!lk.owns_lock() || !alive_) return false;  // busy: the next flush adopts it (maybe_adopt_generation)
+  const uint64_t before = st_.handovers;
+  try {
+    make_current();
+    maybe_adopt_generation();
+  } catch (const std::exception&) {
+    return false;  // no context on this thread: the flush path adopts it
+  }
+  if (st_.handovers == before) return false;
+  st_.idle_adoptions++;
+  return true;
+}
+
+Runtime::HandoverTimes Runtime::force_handover() {
+  HandoverTimes t = handover(active_gen_, "explicit handover");
+  const auto t0 = std::chrono::steady_clock::now();
+  maybe_launch_worker(grid_);
+  t.launch_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  return t;
+}
+
+void Runtime::set_alias_table(const uint8_t* table) {
+  const uint32_t cur = alias_ver_ & 1u, nxt = cur ^ 1u;
+  if (std::memcmp(table, alias_host_[cur], 256) == 0) return;
+  make_current();
+  // Batches published before the last flip may have opened on the version about to be rewritten.
+  if (alias_flip_seq_) wait_seq(alias_flip_seq_, "batches that may still read the alias-table version being rewritten");
+  std::memcpy(alias_host_[nxt], table, 256);
+  bool any = false;
+  for (uint32_t i = 0; i < 256; ++i) any |= table[i] != 0;
+  const uint32_t ver = nxt | (any ? kAliasActive : 0u);
+  CUstreamBatchMemOpParams ops[65];
+  const CUdeviceptr base = dc_d_ + __builtin_offsetof(DevCtl, alias);
+  for (uint32_t j = 0; j < 64; ++j) {
+    CUstreamBatchMemOpParams& w = ops[j];
+    w = CUstreamBatchMemOpParams{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    w.writeValue.address = base + __builtin_offsetof(AliasCtl, slot) + 256ull * nxt + 4ull * j;
+    std::memcpy(&w.writeValue.value, &table[4 * j], 4);
+    w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  // Written last, after a memory barrier (WRITE_VALUE_DEFAULT): a poller that sees the new version sees its row.
+  ops[64] = CUstreamBatchMemOpParams{};
+  ops[64].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[64].writeValue.address = base + __builtin_offsetof(AliasCtl, ver);
+  ops[64].writeValue.value = ver;
+  ops[64].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  GPUOS_CU(driver().cuStreamBatchMemOp(ctl_, 65, ops, 0));
+  sync_ctl("an alias-table switch");
+  alias_ver_ = ver;
+  alias_flip_seq_ = last_seq_;
+}
+
+}  // namespace gpuos

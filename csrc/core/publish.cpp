@@ -1,0 +1,296 @@
+// csrc/core/publish.cpp -- publication: staged levels -> ring -> batches in stream order; the elastic worker's
+// launch; every wait of the host for a batch.
+//
+// flush() issues one cuStreamBatchMemOp on the user's stream that (a) writes each level's ready word in device
+// memory -- so the worker opens a level only after the stream work queued before the flush -- and (b) makes
+// the stream wait for the last level's done word -- so later stream work sees the outputs. No host sync. The
+// worker is launched on a side stream when the Dekker handshake says none is running; it exits by itself
+// after idle_us with nothing published.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/runtime.h"
+#include "driver/wait.h"
+
+namespace gpuos {
+
+// cuStreamBatchMemOp takes fewer than 256 operations: one ready write per level plus the final wait.
+constexpr size_t kMaxLevelsPerFlush = 200;
+
+bool Runtime::seq_done(uint32_t seq) const {
+  const uint32_t v = __atomic_load_n(&hc_->done[seq & (kMaxBatches - 1)], __ATOMIC_ACQUIRE);
+  return (int32_t)(v - seq) >= 0 && v != 0;
+}
+
+void Runtime::retire() {
+  while (!inflight_.empty() && seq_done(inflight_.front().seq)) {
+    desc_tail_ = inflight_.front().desc_end;
+    ref_tail_ = inflight_.front().ref_end;
+    inflight_.pop_front();
+  }
+}
+
+void Runtime::wait_seq(uint32_t seq, const char* what) {
+  spin_wait(
+      cfg_.timeout_s, [&] { return seq_done(seq); },
+      [&] {
+        return std::string("gpuos: timed out after ") + std::to_string(cfg_.timeout_s) + " s waiting for batch " +
+               std::to_string(seq) + " (" + what + ") on " + name_ + "; done word=" +
+               std::to_string(hc_->done[seq & (kMaxBatches - 1)]) + ", worker state=" +
+               std::to_string(hc_->worker_state) +
+               ". The stream it was flushed on may be blocked by other work; raise GPUOS_TIMEOUT_S if that work is "
+               "legitimately long.";
+      });
+}
+
+void Runtime::ensure_ref_room(uint32_t nref) {
+  retire();
+  auto fits = [&] { return ref_head_ + nref - ref_tail_ <= ref_capacity_; };
+  if (fits()) return;
+  // Full: publish what is pending (it may be what fills the arena), then wait for the oldest batches.
+  if (has_pending()) {
+    st_.full_queue_flushes++;
+    flush(record_stream());
+  }
+  while (!fits()) {
+    if (inflight_.empty())
+      throw std::logic_error("gpuos internal error: TensorRef arena accounting broken (nothing in flight, no room)");
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, "room in the TensorRef arena");
+    retire();
+  }
+}
+
+void Runtime::wait_ring_room(uint32_t ndesc) {
+  retire();
+  while (desc_head_ + ndesc - desc_tail_ > cfg_.capacity) {
+    if (inflight_.empty())
+      throw std::logic_error("gpuos internal error: ring accounting broken (nothing in flight, no room)");
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, "room in the descriptor ring");
+    retire();
+  }
+}
+
+// How a level's descriptors reach the worker (in stream order, before the level's ready word):
+//   >= Config::dma_min descriptors: one async copy-engine transfer into the device ring (PCIe at full rate);
+//   fewer: the worker reads them from the pinned ring with coalesced 16-byte loads (one PCIe round trip).
+// Measured on H200 (tools/roundtrip_probe.py): delivering a 1-descriptor level by 64-bit memop writes instead made the
+// round trip slower (15.5 us vs 11.3 us), so small levels are read from pinned memory.
+uint32_t Runtime::flush(CUstream stream, bool early) {
+  if (staged_ == 0 && levels_.empty()) {
+    if (early || unwaited_seq_ == 0) return 0;
+    // Everything was published early: only the stream wait is missing.
+    make_current();
+    CUstreamBatchMemOpParams wt{};
+    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (unwaited_seq_ & (kMaxBatches - 1));
+    wt.waitValue.value = unwaited_seq_;
+    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
+    unwaited_seq_ = 0;
+    st_.flushes++;
+    if (on_publish_) on_publish_();
+    return last_seq_;
+  }
+  // Staged levels go into the ring in level order and out in publications of at most kMaxLevelsPerFlush
+  // levels (one memop call each; batch slots are finite too).
+  uint32_t seq = 0;
+  size_t li = 0;
+  do {
+    while (li < stage_levels_ && levels_.size() < kMaxLevelsPerFlush &&
+           (levels_.empty() || levels_.size() + inflight_.size() < kMaxBatches / 2))
+      commit_level(stage_[li++]);
+    seq = publish(stream, early, li == stage_levels_);
+  } while (li < stage_levels_);
+  stage_levels_ = 0;
+  staged_ = 0;
+  hazards_.clear();
+  return seq;
+}
+
+void Runtime::commit_level(std::vector<SubOp>& descs) {
+  if (descs.empty()) return;
+  const uint32_t n = (uint32_t)descs.size();
+  wait_ring_room(n);
+  const uint64_t start = desc_head_;
+  const uint32_t a = (uint32_t)(start % cfg_.capacity);
+  const uint32_t first = std::min(n, cfg_.capacity - a);
+  std::memcpy((void*)&ring_[a], descs.data(), (size_t)first * sizeof(SubOp));
+  if (first < n) std::memcpy((void*)&ring_[0], descs.data() + first, (size_t)(n - first) * sizeof(SubOp));
+  desc_head_ += n;
+  levels_.push_back({start, n});
+  descs.clear();
+}
+
+// Publish the committed levels as batches, one per level, in one cuStreamBatchMemOp call. `last`: no further
+// publication follows in this flush (only then may the TensorRefs recorded for the flush be reclaimed once
+// its batches are done, and the keep-alive references go).
+uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
+  make_current();
+  // Generations, before anything is published (a module load must not wait behind a stream that
+  // waits for work no worker would run): a pending sub-op that needs a newer generation drains the worker and
+  // loads it; otherwise a newer ready generation takes over if the worker has left (idle exit).
+  // (pending_need_gen_ is never reset: an op whose tiles straddle a ring-full flush keeps its need.)
+  if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
+  else maybe_adopt_generation();
+  const Driver& d = driver();
+  // An early publication is bulk work: if a worker on the bounded grid is resident and idle (everything
+  // published has run), let it leave so that this publication launches one on the burst grid. (A busy one keeps
+  // the work: waiting for it here would block the recording thread.)
+  retire();
+  if (early && launched_grid_ < burst_grid_ && inflight_.empty() &&
+      __atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) == kWorkerRunning)
+    drain_worker("an early publication moving to the burst grid");
+  std::vector<CUstreamBatchMemOpParams>& ops = memops_;
+  ops.clear();
+  auto write64 = [&ops](CUdeviceptr addr, uint64_t v, unsigned flags) {
+    CUstreamBatchMemOpParams w{};
+    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    w.writeValue.address = addr;
+    w.writeValue.value64 = v;
+    w.writeValue.flags = flags;
+    ops.push_back(w);
+  };
+  retire();
+  while (inflight_.size() + levels_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, "a free batch slot");
+    retire();
+  }
+  std::vector<Level> publishing;
+  publishing.swap(levels_);
+  // TensorRefs are reclaimed batch by batch (retire): only the flush's last batch may release the refs recorded
+  // for the flush, which earlier levels and later publications of it still read.
+  const uint64_t held_refs = inflight_.empty() ? ref_tail_ : inflight_.back().ref_end;
+  uint64_t publishing_subops = 0;
+  for (const Level& lv : publishing) publishing_subops += lv.count;
+  bool refs_sent = false;
+  for (const Level& lv : publishing) {
+    const uint32_t seq = ++last_seq_;
+    const uint32_t slot = seq & (kMaxBatches - 1);
+    const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
+    uint32_t src = 0;
+    if (lv.count >= cfg_.dma_min) {
+      // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
+      // the device mirror first, once per flush, before any DMA-delivered level's ready write.
+      if (!refs_sent && ref_head_ > ref_pub_) {
+        const uint64_t a = ref_pub_ % ref_capacity_, n = ref_head_ - ref_pub_;
+        const uint64_t n1 = std::min<uint64_t>(n, ref_capacity_ - a);
+        GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_ + a * sizeof(TensorRef), &refs_[a], n1 * sizeof(TensorRef), stream));
+        if (n1 < n) GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_, &refs_[0], (n - n1) * sizeof(TensorRef), stream));
+        refs_sent = true;
+      }
+      const uint32_t first = std::min(lv.count, cfg_.capacity - start);
+      GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
+                                   (size_t)first * sizeof(SubOp), stream));
+      if (first < lv.count)
+        GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(lv.count - first) * sizeof(SubOp), stream));
+      src = kReadyDevRing;
+      st_.dma_batches++;
+    }
+    write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
+            ((uint64_t)(lv.count | src) << 32) | seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+    const bool final_batch = last && &lv == &publishing.back();
+    inflight_.push_back({seq, lv.start + lv.count, final_batch ? ref_head_ : held_refs});
+    st_.batches++;
+  }
+  // The stream waits for the last batch (batches complete in order: for all of them), except after an early
+  // publication: the host is still recording, and the flush() that follows adds the wait.
+  if (!early) {
+    CUstreamBatchMemOpParams wt{};
+    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
+    wt.waitValue.value = last_seq_;
+    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    ops.push_back(wt);
+  }
+
+  // One cuStreamBatchMemOp call publishes these levels (flush() passes at most kMaxLevelsPerFlush; the API
+  // takes fewer than 256 operations). If it fails, nothing was published: undo the
+  // bookkeeping so the levels stay pending and no seq is left "published but never ready".
+  CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
+  if (r != CUDA_SUCCESS) {
+    for (size_t i = 0; i < publishing.size(); ++i) inflight_.pop_back();
+    last_seq_ -= (uint32_t)publishing.size();
+    st_.batches -= publishing.size();
+    levels_ = std::move(publishing);
+    throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
+  }
+  // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
+  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  unwaited_seq_ = early ? last_seq_ : 0;
+  pending_subops_ = 0;
+  ref_pub_ = ref_head_;
+  maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
+  if (!early && last) st_.flushes++;
+  // Keep-alive references may go once the stream waits for the work (a later allocation on that stream cannot
+  // reuse the memory before the worker is done with it): not after an early publication.
+  if (!early && last && on_publish_) on_publish_();
+  return last_seq_;
+}
+
+void Runtime::maybe_launch_worker(uint32_t grid) {
+  if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
+  const Driver& d = driver();
+  __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);
+  WorkerArgs args{};
+  args.host_ctl = hc_d_;
+  args.dev_ctl = dc_d_;
+  args.ring = ring_d_;
+  args.ring_dev = ring_dev_;
+  args.capacity = cfg_.capacity;
+  args.gen = ++launches_;
+  args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
+  args.progs = progs_d_;
+  args.trace = trace_d_;
+  args.keep_blocks = grid_;
+  args.refs = refs_d_;
+  args.refs_dev = refs_dev_;
+  void* params[] = {&args};
+  GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
+  launched_grid_ = grid;
+  st_.worker_launches++;
+  if (grid != grid_) st_.burst_launches++;
+}
+
+void Runtime::wait_done(uint32_t seq) {
+  if (seq == 0) seq = last_seq_;
+  if (seq == 0) return;
+  wait_seq(seq, "flush(sync=True)");
+}
+
+void Runtime::shutdown(CUstream stream) {
+  if (!alive_) return;
+  const Driver& d = driver();
+  make_current();
+  if (has_pending()) flush(stream);
+  if (last_seq_) wait_seq(last_seq_, "shutdown: pending work");
+  inflight_.clear();
+  // Ask the worker to leave now that nothing is published, and wait for the side stream to drain (F3:
+  // freeing memory while it is resident would block).
+  __atomic_store_n(&hc_->yield_request, 1u, __ATOMIC_SEQ_CST);
+  wait_stream(side_, cfg_.timeout_s, "the worker to exit (shutdown) on " + name_);
+  alive_ = false;
+  d.cuStreamDestroy(side_);
+  d.cuMemFree(dc_d_);
+  d.cuMemFree(ring_dev_);
+  d.cuMemFree(refs_dev_);
+  d.cuMemFree(progs_d_);
+  d.cuMemFreeHost(progs_h_);
+  d.cuStreamDestroy(ctl_);
+  d.cuMemFreeHost(refs_);
+  d.cuMemFreeHost(ring_);
+  d.cuMemFreeHost(hc_);
+  if (trace_) d.cuMemFreeHost(trace_);
+  trace_ = nullptr;
+  gen_shutdown();
+  d.cuModuleUnload(module_);
+  d.cuDevicePrimaryCtxRelease(cu_dev_);
+}
+
+}  // namespace gpuos

@@ -1,0 +1,225 @@
+// csrc/core/record.cpp -- recording: a sub-op's tiles, TensorRefs and dependency level (staged until flush).
+#include <algorithm>
+#include <cstring>
+
+#include "core/runtime.h"
+#include "device_src/numeric.h"
+#include "driver/wait.h"
+#include "inject/registry.h"
+#include "inject/specialize.h"
+
+namespace gpuos {
+
+// Merge dims (drop size-1, fuse dims contiguous across all operands) and fill TensorRefs. Returns the merged
+// ndim; ndim == 1 with every stride 1 means every operand is contiguous.
+uint32_t Runtime::merge_refs(const Operand* ops, int nops, TensorRef* out_refs) {
+  const int nd = ops[0].ndim;
+  int64_t sizes[64];
+  int64_t strides[4][64];
+  int m = 0;
+  for (int i = 0; i < nd; ++i) {
+    const int64_t sz = ops[0].sizes[i];
+    if (sz == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < nops && merge; ++k) merge = strides[k][m - 1] == ops[k].strides[i] * sz;
+    if (merge) {
+      sizes[m - 1] *= sz;
+      for (int k = 0; k < nops; ++k) strides[k][m - 1] = ops[k].strides[i];
+    } else {
+      sizes[m] = sz;
+      for (int k = 0; k < nops; ++k) strides[k][m] = ops[k].strides[i];
+      ++m;
+    }
+  }
+  if (m == 0) {  // 0-d or all-ones shape: one element
+    sizes[0] = 1;
+    for (int k = 0; k < nops; ++k) strides[k][0] = 1;
+    m = 1;
+  }
+  if (m > (int)kMaxDims)
+    throw std::invalid_argument("gpuos: tensors with more than " + std::to_string(kMaxDims) +
+                                " non-mergeable dims are not supported; call .contiguous() first");
+  for (int k = 0; k < nops; ++k) {
+    TensorRef& r = out_refs[k];
+    r.ptr = ops[k].ptr;
+    r.ndim = (uint32_t)m;
+    r.dtype = ops[k].dtype;
+    for (int i = 0; i < (int)kMaxDims; ++i) {
+      r.sizes[i] = i < m ? sizes[i] : 1;
+      r.strides[i] = i < m ? strides[k][i] : 0;
+    }
+  }
+  return (uint32_t)m;
+}
+
+void Runtime::note_op_gen(uint32_t op) {
+  const uint32_t g = op_need_gen(op);
+  if (g > pending_need_gen_) pending_need_gen_ = g;
+}
+
+void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
+                           const Operand& out, const Operand* ins, uint32_t nin) {
+  Access reads[4];
+  uint32_t nr = 0;
+  for (uint32_t k = 0; k < nin; ++k)
+    if (!ins[k].is_const) reads[nr++] = ins[k].access();
+  const Access w = out.access();
+  // A fused sub-op's FusedArgs spans two arena slots that must be adjacent: at the arena's end, skip a slot.
+  const bool span = (proto.flags & kFlagFused) != 0;
+  const uint64_t tiles_total = (total + per_tile - 1) / per_tile;
+  const uint64_t stage_limit = cfg_.capacity;  // staged work must fit the ring once older batches are done
+  uint32_t level = 1;
+  uint64_t tile = 0;
+  while (tile < tiles_total) {
+    const uint32_t piece = (uint32_t)std::min<uint64_t>(tiles_total - tile, cfg_.capacity / 2);
+    if (staged_ + piece > stage_limit) {
+      st_.full_queue_flushes++;
+      flush(record_stream());
+    }
+    ensure_ref_room(nref + (span ? 1 : 0));  // may publish everything staged
+    if (span && ref_head_ % ref_capacity_ == ref_capacity_ - 1) ++ref_head_;
+    if (nref) {
+      uint64_t dev[4] = {0, 0, 0, 0};
+      for (uint32_t k = 0; k < nref; ++k) {
+        const uint32_t slot = (uint32_t)(ref_head_ % ref_capacity_);
+        refs_[slot] = refs[k];
+        dev[k] = refs_d_ + (uint64_t)slot * sizeof(TensorRef);
+        ++ref_head_;
+      }
+      proto.out = dev[0];
+      if (!span)
+        for (uint32_t k = 0; k + 1 < nref; ++k)
+          if (!(proto.flags & (kFlagConst0 << k))) proto.in[k] = dev[k + 1];
+    }
+    // The level after any publication above (published work runs before everything recorded later).
+    level = hazards_.level_of(w, reads, nr);
+    if (level > hazards_.max_level() && hazards_.max_level() > 0) st_.levels_split++;
+    if (level > stage_levels_) {
+      stage_levels_ = level;
+      if (stage_.size() < level) stage_.resize(level);
+    }
+    std::vector<SubOp>& v = stage_[level - 1];
+    for (uint32_t t = 0; t < piece; ++t, ++tile) {
+      SubOp d = proto;
+      const uint64_t base = tile * per_tile;
+      d.n = (uint32_t)std::min<uint64_t>(per_tile, total - base);
+      d.base = (uint32_t)base;
+      v.push_back(d);
+    }
+    staged_ += piece;
+    pending_subops_ += piece;
+    st_.subops += piece;
+  }
+  hazards_.note(w, reads, nr, level);
+}
+
+void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const Operand* ins, float s0, float s1,
+                        int64_t numel) {
+  if (numel <= 0) return;
+  note_op_gen(op);
+  SubOp proto{};
+  proto.op = op;
+  proto.scalar[0] = s0;
+  proto.scalar[1] = s1;
+  proto.dtype = out.dtype;
+  // Tensor operands (out first) for dim merging; constants travel in the descriptor.
+  Operand tens[4] = {out};
+  int nt = 1;
+  bool contiguous = out.contiguous, one_dtype = true;
+  uint64_t ptr_bits = out.ptr;
+  for (uint32_t k = 0; k < arity; ++k) {
+    proto.dtype |= (ins[k].is_const ? 0u : ins[k].dtype) << (8 * (k + 1));
+    if (ins[k].is_const) {
+      proto.flags |= kFlagConst0 << k;
+      proto.in[k] = f32_bits(ins[k].value);
+      continue;
+    }
+    tens[nt++] = ins[k];
+    contiguous &= ins[k].contiguous;
+    one_dtype &= ins[k].dtype == out.dtype;
+    ptr_bits |= ins[k].ptr;
+  }
+  TensorRef refs[4];
+  bool strided = !contiguous;
+  if (strided) {
+    const uint32_t m = merge_refs(tens, nt, refs);
+    strided = m != 1;
+    for (int k = 0; k < nt && !strided; ++k) strided = refs[k].strides[0] != 1;
+  }
+  if (strided) {
+    proto.flags |= kFlagStrided;
+    // Refs in operand order: out, then each input slot (constants keep a zero ref that is never read).
+    TensorRef slots[4] = {refs[0]};
+    for (uint32_t k = 0, t = 1; k < arity; ++k) slots[k + 1] = ins[k].is_const ? TensorRef{} : refs[t++];
+    append_tiles(proto, (uint64_t)numel, kTileElems, slots, arity + 1, out, ins, arity);
+  } else {
+    if (one_dtype && (ptr_bits & 15) == 0) proto.flags |= kFlagVec;
+    proto.out = out.ptr;
+    for (uint32_t k = 0; k < arity; ++k)
+      if (!ins[k].is_const) proto.in[k] = ins[k].ptr;
+    append_tiles(proto, (uint64_t)numel, kTileElems, nullptr, 0, out, ins, arity);
+  }
+  st_.submitted++;
+  maybe_publish_early();
+}
+
+void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
+                            const TensorRef& x_ref, int64_t rows, int64_t cols) {
+  if (rows <= 0) return;
+  if (cols >= (int64_t(1) << 32))  // the worker indexes a row's 16-byte vectors with 32 bits
+    throw std::invalid_argument("gpuos.submit_reduce: rows of " + std::to_string(cols) + " elements (2^32 or more) "
+                                "are not supported; reduce such a tensor with torch directly.");
+  SubOp proto{};
+  proto.op = op;
+  proto.flags = kFlagStrided;
+  proto.dtype = out.dtype | (x.dtype << 8);
+  const TensorRef refs[2] = {out_ref, x_ref};
+  // One warp per row, rows of a tile processed in turn: about kTileElems elements per descriptor, 4x that for
+  // reductions of 32 x kTileElems elements or more (still >= 8 descriptors each): recording 32 descriptors per
+  // 128 x 1,024 reduction cost more host time than the GPU spent on them.
+  const int64_t elems = rows * std::max<int64_t>(cols, 1);
+  const int64_t tile_elems = elems >= 32 * (int64_t)kTileElems ? 4 * (int64_t)kTileElems : (int64_t)kTileElems;
+  const uint64_t per_tile = (uint64_t)std::max<int64_t>(1, std::min<int64_t>(32, tile_elems / std::max<int64_t>(cols, 1)));
+  append_tiles(proto, (uint64_t)rows, per_tile, refs, 2, out, &x, 1);
+  st_.submitted++;
+  maybe_publish_early();
+}
+
+void Runtime::sync_ctl(const char* what) {
+  wait_stream(ctl_, cfg_.timeout_s, std::string(what) + " on " + name_);
+}
+
+int32_t Runtime::program_id(const Program& p) {
+  const int32_t id = intern_program(p);  // process-wide ids: a generation's tier-2 code names them
+  if (id < 0) return -1;
+  if (prog_uploaded_.size() <= (size_t)id) prog_uploaded_.resize((size_t)id + 1, 0);
+  if (prog_uploaded_[(size_t)id]) return id;
+  progs_h_[id] = p;
+  // Uploaded once, on a control stream the resident worker does not occupy, and complete before any
+  // descriptor naming it can be published (so no stream of the user needs ordering with it).
+  make_current();
+  const Driver& d = driver();
+  GPUOS_CU(d.cuMemcpyHtoDAsync(progs_d_ + (uint64_t)id * sizeof(Program), &progs_h_[id], sizeof(Program), ctl_));
+  sync_ctl("a fused-chain program upload");
+  prog_uploaded_[(size_t)id] = 1;
+  st_.programs++;
+  return id;
+}
+
+void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
+                           int64_t numel) {
+  if (numel <= 0) return;
+  SubOp proto{};
+  proto.op = kOpFused;
+  proto.flags = kFlagFused;
+  proto.in[0] = prog;
+  proto.dtype = out.dtype;
+  TensorRef slots[2];
+  std::memcpy((void*)slots, (const void*)&fa, sizeof(FusedArgs));
+  append_tiles(proto, (uint64_t)numel, kTileElems, slots, 2, out, ins, nin);
+  st_.submitted++;
+  st_.fused_subops++;
+  maybe_publish_early();
+}
+
+}  // namespace gpuos

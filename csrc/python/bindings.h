@@ -1,0 +1,12 @@
+// csrc/python/bindings.h -- the registration functions of gpuos_ext's parts (called by module.cpp).
+#pragma once
+#include <torch/extension.h>
+
+namespace gpuos {
+
+// register_elementwise, register_op, install, switch, rollback, user_ops, generation_info, ... (inject.cpp)
+void add_injection_bindings(pybind11::module_& m);
+// gpuos_ext._testing: CPU evaluators, liveness and front probes, host-memory probe (testing.cpp)
+void add_testing_module(pybind11::module_& m);
+
+}  // namespace gpuos

@@ -1,0 +1,286 @@
+// csrc/python/module.cpp -- the Python module `gpuos_ext`: registration only; the logic lives in the layers
+// below (tensor/: explicit API, sched/: scheduler and module-level API, inject/: operator injection).
+// The hot submit_* and scheduler entry points are METH_FASTCALL CPython functions (pybind11's dispatcher costs
+// more than the whole record path); everything else is bound with pybind11.
+#include <torch/extension.h>
+
+#include <cstring>
+
+#include "config/config.h"
+#include "device_src/interp.h"
+#include "driver/cuda_api.h"
+#include "inject/registry.h"
+#include "inject/specialize.h"
+#include "jit/jit.h"
+#include "ops/op_table.h"
+#include "python/bindings.h"
+#include "sched/api.h"
+#include "sched/bytecode.h"
+#include "sched/deferred.h"
+#include "sched/dispatch.h"
+#include "sched/record.h"
+#include "tensor/devices.h"
+#include "tensor/errors.h"
+#include "tensor/submit.h"
+
+#ifndef GPUOS_VERSION
+#define GPUOS_VERSION "dev"
+#endif
+
+namespace py = pybind11;
+using namespace gpuos;
+
+namespace {
+
+template <uint32_t OP>
+PyObject* submit_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 3)
+      throw py::type_error(std::string(kOps[OP].submit_name) + "(a, b, out) takes 3 positional arguments, got " +
+                           std::to_string(nargs));
+    submit_binary(OP, args[0], args[1], args[2]);
+    Py_RETURN_NONE;
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+PyObject* submit_reduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  try {
+    static const char* const kNames[4] = {"op", "x", "out", "keepdim"};
+    PyObject* a[4] = {nullptr, nullptr, nullptr, nullptr};
+    if (nargs > 4)
+      throw py::type_error("gpuos.submit_reduce(op, x, out, keepdim=False) takes at most 4 arguments, got " +
+                           std::to_string(nargs));
+    for (Py_ssize_t i = 0; i < nargs; ++i) a[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      const char* kw = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+      int slot = -1;
+      for (int i = 0; i < 4 && kw; ++i)
+        if (std::strcmp(kw, kNames[i]) == 0) slot = i;
+      if (slot < 0)
+        throw py::type_error(std::string("gpuos.submit_reduce() got an unexpected keyword argument '") +
+                             (kw ? kw : "?") + "'");
+      if (a[slot]) throw py::type_error(std::string("gpuos.submit_reduce() got multiple values for '") + kw + "'");
+      a[slot] = args[nargs + k];
+    }
+    for (int i = 0; i < 3; ++i)
+      if (!a[i]) throw py::type_error(std::string("gpuos.submit_reduce() missing required argument '") + kNames[i] + "'");
+    int keepdim = 0;
+    if (a[3] && (keepdim = PyObject_IsTrue(a[3])) < 0) throw py::error_already_set();
+    submit_reduce(a[0], a[1], a[2], keepdim != 0);
+    Py_RETURN_NONE;
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+PyMethodDef kFastMethods[] = {
+#define GPUOS_SEED_OP(name, id)                                                                   \
+  {"submit_" #name, (PyCFunction)(void (*)(void))submit_fast<id>, METH_FASTCALL,                   \
+   "submit_" #name "(a, b, out)\n\nRecord out = " #name "(a, b) for CUDA tensors of one dtype (float32, "  \
+   "float16, bfloat16) and equal shape, any strides. Runs at the next flush()."},
+    GPUOS_SEED_OP(add, kOp_add) GPUOS_SEED_OP(sub, kOp_sub) GPUOS_SEED_OP(mul, kOp_mul) GPUOS_SEED_OP(div, kOp_div)
+#undef GPUOS_SEED_OP
+    {"sched_ew", (PyCFunction)(void (*)(void))sched_ew, METH_FASTCALL,
+     "sched_ew(op_id, mode, inputs, out, s0, s1, size_threshold) -> Tensor | int\n\nThe scheduler's record path "
+     "(gpuos/scheduler.py): validates, allocates the output and defers the op; an int is the fallback reason."},
+    {"submit_reduce", (PyCFunction)(void (*)(void))submit_reduce_fast, METH_FASTCALL | METH_KEYWORDS,
+     "submit_reduce(op, x, out, keepdim=False)\n\nRecord a last-dim reduction of x into out: op in ('sum', "
+     "'mean', 'amax', 'amin') (out: x's shape without the last dim, or with it as 1 when keepdim), or 'softmax' / "
+     "'log_softmax' (out: x's shape; may be x itself). float32 / float16 / bfloat16, any strides. Runs at the next "
+     "flush()."},
+    {"sched_dispatch", (PyCFunction)(void (*)(void))sched_dispatch, METH_FASTCALL,
+     "sched_dispatch(mode, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_dispatch__ (bound to the "
+     "mode): records ops with a fast spec (sched_set_fast), hands the rest to mode._dispatch_py, runs rejected ops "
+     "through mode._eager(func, args, kwargs, reason)."},
+    {"sched_function", (PyCFunction)(void (*)(void))sched_function, METH_FASTCALL,
+     "sched_function(front, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_function__ front (bound "
+     "to its TorchFunctionMode): records plain functional elementwise calls (sched_set_front) when a GpuosScheduler "
+     "is the innermost dispatch mode and nothing else could see the op first; calls func(*args, **kwargs) otherwise."},
+    {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
+     "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+PYBIND11_MODULE(gpuos_ext, m) {
+  m.doc() = "GPUOS core: work queue, elastic persistent worker, NVRTC JIT (see README.md)";
+  init_exceptions(m);
+  PyModule_AddFunctions(m.ptr(), kFastMethods);
+  set_generation_ready_hook([](uint32_t) { adopt_generation_everywhere(); });
+  init_deferred();
+  add_injection_bindings(m);
+  // NVRTC may come from the nvidia-cuda-nvrtc wheel (CUDA builds of torch install it): find its lib dirs.
+  try {
+    py::object spec = py::module_::import("importlib.util").attr("find_spec")("nvidia");
+    std::vector<std::string> dirs;
+    if (!spec.is_none() && !spec.attr("submodule_search_locations").is_none()) {
+      py::object glob = py::module_::import("glob").attr("glob");
+      for (auto base : spec.attr("submodule_search_locations"))
+        for (auto lib : glob(py::str(base) + py::str("/*/lib/libnvrtc.so*")))
+          dirs.push_back(py::str(py::module_::import("os.path").attr("dirname")(lib)));
+    }
+    set_nvrtc_search_dirs(std::move(dirs));
+  } catch (py::error_already_set& e) {
+    // No nvidia namespace package: CUDA_HOME / GPUOS_NVRTC_PATH / the loader path still apply.
+  }
+
+  m.def("init", &init, py::arg("capacity") = 4096, py::arg("threads_per_block") = 256,
+        py::arg("worker_blocks") = 0, py::arg("idle_us") = 200.0,
+        "Start the runtime on the current CUDA device (idempotent). capacity: descriptor ring slots "
+        "(one per 4096-element tile); worker_blocks: persistent grid size (0 = about 1/4 of the SMs); "
+        "idle_us: the worker exits after this long with nothing to do.");
+  m.def("submit_many", &submit_many, py::arg("op"), py::arg("a_list"), py::arg("b_list"), py::arg("out_list"),
+        "Record out_list[i] = op(a_list[i], b_list[i]) for every i; op in ('add', 'sub', 'mul', 'div').");
+  m.def("pending", &pending_devices, "Number of devices with recorded work that no flush() has yet ordered a stream after (unpublished, or published early).");
+  m.def("yield_worker", [] {
+    for (Runtime* r : runtimes()) r->request_yield();
+  }, "Ask resident workers to exit as soon as nothing published is pending (before foreign heavy kernels).");
+  m.def("flush", &flush, py::arg("sync") = false, py::arg("stream") = py::none(),
+        "Publish pending work on the current stream (stream-ordered, no host sync); sync=True also waits.");
+  m.def("shutdown", &shutdown, "Complete pending work, stop the worker and free the queue. init() may follow.");
+  m.def("stats", &stats, "Counters: submitted, batches, flushes, worker_launches, handovers, jit_compiles, ...");
+  m.def("is_initialized", [] { return !runtimes().empty(); });
+  m.def("worker_trace", [] {
+    py::dict d;
+    for (int dev = 0; dev < kMaxDevices; ++dev) {
+      Runtime* rt = runtime_if(dev);
+      if (!rt) continue;
+      uint64_t dropped = 0;
+      std::vector<TraceRec> recs;
+      {
+        std::lock_guard<std::mutex> lk(rt->mu);
+        recs = rt->take_trace(&dropped);
+      }
+      py::list l;
+      for (const TraceRec& r : recs)
+        l.append(py::make_tuple(r.block == kTraceOpen ? -1 : (int64_t)r.block, r.seq, r.idx, r.k, r.t0, r.load_ns,
+                                r.exec_ns));
+      d[py::int_(dev)] = py::dict(py::arg("records") = l, py::arg("dropped") = dropped);
+    }
+    return d;
+  }, "Claim trace since the last call, per device: {'records': [(block, seq, idx, k, t0_ns, load_ns, exec_ns)], "
+     "'dropped': n}; block -1 = the poller opening batch seq (idx = ring start, k = count). Needs GPUOS_TRACE=<records "
+     "per block> before init; call after flush(sync=True). See tools/worker_trace.py.");
+  m.def("runtime_info", [] {
+    py::dict d;
+    for (int dev = 0; dev < kMaxDevices; ++dev)
+      if (Runtime* rt = runtime_if(dev)) d[py::int_(dev)] = rt->describe();
+    return d;
+  }, "Per initialised device: GPU, grid, worker resources.");
+  m.def("config", [] {
+    py::dict d;
+    for (const std::string& line : split(describe_env_config(), '\n')) {
+      const size_t eq = line.find('=');
+      d[py::str(line.substr(0, eq))] = line.substr(eq + 1);
+    }
+    return d;
+  }, "The settings read from the environment (GPUOS_* variables), as read at the last init() or first use.");
+  m.def("jit_compile", [](const std::string& arch) { return py::bytes(jit_compile_arch(arch)); }, py::arg("arch"),
+        "Compile the embedded device sources with NVRTC for `arch` ('sm_90', 'compute_90'); returns the image.");
+  m.def("nvrtc_version", [] {
+    int a = 0, b = 0;
+    nvrtc().nvrtcVersion(&a, &b);
+    return py::make_tuple(a, b);
+  });
+  m.def("nvrtc_path", [] { return nvrtc().path; });
+  m.def("device_sources", [] {
+    py::dict d;
+    for (auto& kv : embedded_sources()) d[py::str(kv.first)] = kv.second;
+    return d;
+  });
+  m.def("jit_cache_dir", &jit_cache_dir);
+  m.def("op_table", [] {
+    py::list l;
+    for (uint32_t i = 0; i < kNumOps; ++i) {
+      const OpInfo& o = kOps[i];
+      py::list defaults;
+      if (o.nscalars > 0) defaults.append(o.d0);
+      if (o.nscalars > 1) defaults.append(o.d1);
+      py::list sn, aten;
+      for (auto& x : split(o.scalar_names, ',')) sn.append(x);
+      for (auto& x : split(o.aten, '|')) aten.append(x);
+      l.append(py::dict(py::arg("id") = i, py::arg("name") = o.name, py::arg("arity") = o.arity,
+                        py::arg("kind") = o.kind == kKindEw ? "ew" : "reduce", py::arg("functor") = o.functor,
+                        py::arg("scalars") = sn, py::arg("defaults") = defaults, py::arg("aten") = aten));
+    }
+    return l;
+  });
+  m.def("submit", &submit_generic, py::arg("op"), py::arg("inputs"), py::arg("out"),
+        "submit(op, inputs, out, **scalars): record out = op(*inputs) for any elementwise op of the table; "
+        "inputs are CUDA tensors (broadcast to out.shape, mixed float dtypes) or Python numbers.");
+  m.def("sched_flush", &sched_flush, py::arg("cause") = "explicit",
+        "Publish the scheduler's deferred ops (lowered, fused) on the streams they were recorded on; returns those "
+        "streams.");
+  m.def("sched_flush_for", &sched_flush_for, py::arg("args"), py::arg("kwargs"), py::arg("cause") = "dependency",
+        "Before an eager op: publish deferred ops that share storage with the op's tensors; returns the streams.");
+  m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
+  m.def("sched_stats", &sched_stats);
+  m.def("sched_fast_ops", &sched_fast_ops,
+        "The overloads sched_dispatch records without calling Python (sorted names).");
+  m.def("sched_front_ops", &sched_front_ops, "The callables sched_function records (sorted).");
+  m.def("sched_set_front", &sched_set_front, py::arg("table"), py::arg("sched_type"),
+        "Replace sched_function's table {callable: (op_id, mode, nin, d0, d1, scalars, number_ok)}; sched_type: the "
+        "scheduler class that must be the innermost dispatch mode.");
+  m.def("sched_set_fast", &sched_set_fast, py::arg("table"),
+        "Replace sched_dispatch's table {OpOverload: (op_id, mode, nin, d0, d1, scalars, number_ok)}; scalars: 0 "
+        "none, 1 alpha, 2 rounding_mode must be None.");
+  m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
+        "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
+  m.def("fusion_enabled", [] { return g_fusion; });
+  m.def("set_specialize_after", &set_specialize_after, py::arg("uses"),
+        "Tier 2: a fused-chain program run this many times gets straight-line code in a later generation "
+        "(compiled in the background; 0 = never). Default 64, or GPUOS_SPECIALIZE_AFTER.");
+  m.def("specialize_after", &specialize_after);
+  m.def("_build_program", [](uint32_t ninputs, py::list nodes, uint32_t out) {
+    std::vector<ExprNode> v;
+    for (auto item : nodes) {
+      py::tuple t = item.cast<py::tuple>();
+      ExprNode n{};
+      n.op = t[0].cast<uint32_t>();
+      py::list srcs = t[1].cast<py::list>();
+      if (srcs.size() > 3) throw py::value_error("_build_program: at most 3 operands per node");
+      n.nsrc = (uint32_t)srcs.size();
+      for (size_t k = 0; k < srcs.size(); ++k) n.src[k] = srcs[k].cast<uint32_t>();
+      n.s0 = t[2].cast<float>();
+      n.s1 = t[3].cast<float>();
+      n.round = t.size() > 4 ? t[4].cast<uint32_t>() : (uint32_t)kF32;
+      v.push_back(n);
+    }
+    const Program p = build_program(ninputs, v, out);
+    return py::bytes((const char*)&p, sizeof p);
+  }, py::arg("ninputs"), py::arg("nodes"), py::arg("out"),
+        "Bytecode (device_src/interp.h Program) for nodes [(op, [srcs], s0, s1[, round_dtype])].");
+  m.attr("__version__") = GPUOS_VERSION;
+  m.def("limits", [] {
+    return py::dict(py::arg("prog_max_inputs") = kProgMaxInputs, py::arg("prog_max_regs") = kProgMaxRegs,
+                    py::arg("prog_max_instr") = kProgMaxInstr, py::arg("op_const") = kOpConst,
+                    py::arg("program_bytes") = sizeof(Program), py::arg("max_programs") = kMaxPrograms,
+                    py::arg("max_dims") = kMaxDims, py::arg("first_user_op") = kFirstUserOp,
+                    py::arg("tile_elems") = kTileElems);
+  }, "Limits of the interpreter, the op id space and tensors (device_src/config.h, interp.h).");
+  m.def("sched_reasons", [] {
+    py::dict d;
+#define GPUOS_REASON(n, name) d[py::int_(n)] = #name;
+    GPUOS_SCHED_REASONS(GPUOS_REASON)
+#undef GPUOS_REASON
+    return d;
+  }, "The scheduler's fallback reasons: {code: name} (sched_ew / sched_reduce return the code).");
+  m.def("sched_modes", [] {
+    return py::dict(py::arg("functional") = (int)kModeFunctional, py::arg("inplace") = (int)kModeInplace,
+                    py::arg("out") = (int)kModeOut);
+  }, "Where sched_ew puts a result: {name: code}.");
+  add_testing_module(m);
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    try {
+      shutdown();
+    } catch (...) {
+      // At exit there is no one to report to; the process is ending either way.
+    }
+  }));
+}
+

@@ -1,0 +1,142 @@
+// csrc/sched/api.cpp -- see api.h.
+#include "sched/api.h"
+
+#include <chrono>
+
+#include "config/config.h"
+#include "jit/jit.h"
+#include "sched/deferred.h"
+#include "sched/outpool.h"
+
+namespace py = pybind11;
+
+namespace gpuos {
+
+void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks, double idle_us) {
+  driver();  // a clear CudaError on machines without a driver / GPU
+  const int dev = current_device();
+  if (dev < 0 || dev >= kMaxDevices) throw std::invalid_argument("gpuos.init: bad device index");
+  if (runtime_if(dev)) return;  // idempotent
+  if (runtimes().empty()) reload_env_config();
+  Config cfg = config_from_env();  // the environment's settings (config/config.h); arguments below win
+  cfg.capacity = capacity;
+  cfg.threads_per_block = threads_per_block;
+  if (worker_blocks) cfg.worker_blocks = worker_blocks;
+  if (env_config().idle_us < 0) cfg.idle_us = idle_us;
+  set_runtime_config(cfg);
+  runtime_for(dev);
+}
+
+// stream: a raw cudaStream_t (torch.cuda.Stream.cuda_stream) to publish on; None = the current stream.
+void flush(bool sync, py::object stream) {
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = runtime_if(dev);
+    if (!rt) continue;
+    uint32_t seq;
+    {
+      CUstream s = nullptr;  // Python call: before taking mu
+      // An explicit stream belongs to the current device; other devices publish on their own current stream.
+      if (!deferred_of(dev).ops.empty()) {  // the scheduler's deferred ops go out on the stream they were recorded on
+        RtLock lk(*rt);
+        sched_publish(dev, *rt, "explicit");
+      }
+      if (rt->has_pending())
+        s = stream.is_none() || dev != current_device() ? current_stream(dev)
+                                                        : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
+      RtLock lk(*rt);
+      seq = s || rt->has_pending() ? rt->flush(s ? s : current_stream(dev)) : 0;
+    }
+    if (sync) {
+      py::gil_scoped_release nogil;
+      rt->wait_done(seq);
+    }
+  }
+}
+
+void shutdown() {
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = runtime_if(dev);
+    if (!rt) continue;
+    CUstream s = current_stream(dev);
+    {
+      RtLock lk(*rt);
+      sched_publish(dev, *rt, "exit");
+      rt->shutdown(s);
+    }
+    pool_clear(dev);
+    delete_runtime(dev);
+  }
+}
+
+py::dict stats() {
+  RuntimeStats s;
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = runtime_if(dev);
+    if (!rt) continue;
+    RuntimeStats r = rt->stats();
+    s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
+    s.worker_launches += r.worker_launches; s.handovers += r.handovers; s.idle_adoptions += r.idle_adoptions;
+    s.burst_launches += r.burst_launches;
+    s.early_publishes += r.early_publishes;
+    s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
+    s.dma_batches += r.dma_batches;
+    s.fused_subops += r.fused_subops;
+    s.programs += r.programs;
+  }
+  JitStats j = jit_stats();
+  py::dict d;
+  d["submitted"] = s.submitted;
+  d["subops"] = s.subops;
+  d["batches"] = s.batches;
+  d["flushes"] = s.flushes;
+  d["worker_launches"] = s.worker_launches;
+  d["handovers"] = s.handovers;
+  d["idle_adoptions"] = s.idle_adoptions;
+  d["burst_launches"] = s.burst_launches;
+  d["early_publishes"] = s.early_publishes;
+  d["jit_compiles"] = j.compiles;
+  d["cache_hits"] = j.cache_hits;
+  d["disk_cache_hits"] = j.disk_hits;
+  d["full_queue_flushes"] = s.full_queue_flushes;
+  d["room_waits"] = s.room_waits;
+  d["levels_split"] = s.levels_split;
+  d["dma_batches"] = s.dma_batches;
+  d["fused_subops"] = s.fused_subops;
+  d["programs"] = s.programs;
+  return d;
+}
+
+size_t pending_devices() {
+  size_t n = 0;
+  for (int dev = 0; dev < kMaxDevices; ++dev)
+    if (Runtime* rt = runtime_if(dev)) n += rt->has_pending() || !deferred_of(dev).ops.empty() ? 1 : 0;
+  return n;
+}
+
+// Diagnostics: ns per 64-byte descriptor write into pinned (cuMemHostAlloc) vs pageable memory, and per
+// read of a word the GPU may write. Used to explain record-path costs on a given host.
+py::dict probe_host_memory(size_t n) {
+  const Driver& d = driver();
+  runtime_for(current_device());  // a context on the current device
+  void* pinned = nullptr;
+  GPUOS_CU(d.cuMemHostAlloc(&pinned, n * sizeof(SubOp), CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  std::vector<SubOp> pageable(n);
+  auto bench = [&](SubOp* dst) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      SubOp& s = dst[i];
+      s.op = 1; s.flags = 2; s.n = 256; s.base = 0; s.out = i; s.in[0] = i; s.in[1] = i; s.in[2] = 0;
+      s.scalar[0] = s.scalar[1] = 0.f; s.dtype = 0; s.reserved = 0;
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  };
+  py::dict r;
+  r["pinned_ns_per_desc"] = bench((SubOp*)pinned);
+  r["pinned_ns_per_desc_2nd"] = bench((SubOp*)pinned);
+  r["pageable_ns_per_desc"] = bench(pageable.data());
+  r["pageable_ns_per_desc_2nd"] = bench(pageable.data());
+  d.cuMemFreeHost(pinned);
+  return r;
+}
+
+}  // namespace gpuos

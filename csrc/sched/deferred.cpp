@@ -1,0 +1,51 @@
+// csrc/sched/deferred.cpp -- see deferred.h.
+#include "sched/deferred.h"
+
+namespace gpuos {
+namespace {
+Deferred g_def[kMaxDevices];
+}  // namespace
+
+SchedStats g_sched;
+bool g_fusion = true;
+
+Deferred& deferred_of(int dev) { return g_def[dev]; }
+
+size_t deferred_count() {
+  size_t n = 0;
+  for (auto& D : g_def) n += D.ops.size();
+  return n;
+}
+
+void init_deferred() { set_before_record_hook([](int dev, Runtime& rt) { lower_deferred(dev, rt); }); }
+
+void sched_publish(int dev, Runtime& rt, const char* cause) {
+  Deferred& D = deferred_of(dev);
+  if (D.ops.empty()) return;
+  CUstream s = D.stream;
+  lower_deferred(dev, rt);
+  const auto t0 = std::chrono::steady_clock::now();
+  rt.flush(s);
+  g_sched.publish_ns += (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count();
+  g_sched.flushes++;
+  g_sched.by_cause[cause]++;
+}
+
+DeferredOp& defer(int dev, Runtime& rt, CUstream s) {
+  Deferred& D = deferred_of(dev);
+  if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
+  if (D.ops.empty()) {
+    D.stream = s;
+    D.oldest = std::chrono::steady_clock::now();
+  }
+  D.ops.emplace_back();
+  return D.ops.back();
+}
+
+// Count the op; publish when the deferred ops could fill the ring (ops up to size_threshold use up to 8 tiles).
+void note_deferred(int dev, Runtime& rt) {
+  g_sched.intercepted++;
+  if (deferred_of(dev).ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+}
+
+}  // namespace gpuos

@@ -1,0 +1,83 @@
+// csrc/sched/deferred.h -- the scheduler's deferred queue. gpuos.scheduler_context's handlers call sched_ew /
+// sched_reduce (sched/record.cpp): one C++ call validates, allocates the output and defers the op. Deferred ops
+// are lowered into runtime sub-ops (sched/lower.cpp) when they are flushed, or before anything else is recorded
+// on the device; lowering fuses chains of elementwise ops whose intermediates nothing else can read into one
+// interpreter sub-op. Everything here runs under Runtime::mu except the argument checks.
+#pragma once
+#include <torch/extension.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/hazards.h"
+#include "tensor/devices.h"
+
+namespace gpuos {
+
+// Why an op runs eagerly (Python reads the names through gpuos_ext.sched_reasons()).
+#define GPUOS_SCHED_REASONS(X) \
+  X(1, not_cuda) X(2, layout) X(3, dtype) X(4, size) X(5, autograd) X(6, unsupported_args) X(7, device)
+enum SchedReason : int {
+#define GPUOS_REASON(n, name) kR_##name = n,
+  GPUOS_SCHED_REASONS(GPUOS_REASON)
+#undef GPUOS_REASON
+};
+// Where a recorded elementwise op's result goes (gpuos_ext.sched_modes()).
+enum SchedMode : int { kModeFunctional = 0, kModeInplace = 1, kModeOut = 2 };
+
+struct DeferredOp {
+  uint32_t op = 0, nin = 0;
+  bool reduce = false, keepdim = false, fresh = false;  // fresh: out was allocated by the scheduler
+  float s0 = 0.f, s1 = 0.f;
+  at::Tensor out;
+  at::Tensor in[3];  // undefined: constant cv[k]
+  float cv[3] = {0.f, 0.f, 0.f};
+};
+
+struct Deferred {
+  std::vector<DeferredOp> ops;
+  Hazards touched;  // every storage the deferred ops read or write (the hazard model; levels unused here)
+  CUstream stream = nullptr;
+  std::chrono::steady_clock::time_point oldest;
+};
+Deferred& deferred_of(int dev);
+
+struct SchedStats {
+  uint64_t intercepted = 0, flushed_ops = 0, fused_groups = 0, fused_ops = 0, flushes = 0;
+  uint64_t independent_eager = 0;  // eager ops that ran without flushing (no shared storage)
+  uint64_t front_ops = 0;          // of `intercepted`: recorded by the __torch_function__ front
+  uint64_t recycled = 0;           // outputs given a fused-away intermediate's storage (sched/outpool.cpp)
+  // Host time of publication (steady clock, ns): fusion analysis, emitting sub-ops, keep-alive, Runtime::flush.
+  uint64_t analyse_ns = 0, emit_ns = 0, keep_ns = 0, publish_ns = 0;
+  std::map<std::string, uint64_t> by_cause;
+};
+extern SchedStats g_sched;
+extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
+
+// Does Python still see the tensor (sched/lower.cpp)? True when its only references are `ours` (plus the
+// preserved Python object, whose own refcount is then 1). calibrate_liveness() first, once.
+void calibrate_liveness();
+bool dead_to_python(const at::Tensor& t, long ours);
+
+// Lower the device's deferred ops into sub-ops (sched/lower.cpp). mu held.
+void lower_deferred(int dev, Runtime& rt);
+// Lower and publish the device's deferred ops on the stream they were recorded under (cause counted). mu held.
+void sched_publish(int dev, Runtime& rt, const char* cause);
+// A new deferred op on `dev` recorded under stream `s` (work deferred under another stream is published
+// first: batches are per stream). The caller fills it in, then calls note_deferred(). mu held.
+DeferredOp& defer(int dev, Runtime& rt, CUstream s);
+void note_deferred(int dev, Runtime& rt);
+// Installs lower_deferred as the explicit API's before-record hook (module init).
+void init_deferred();
+
+// Flushes (sched/flush.cpp): every device / only devices whose deferred work shares storage with the tensors in
+// args and kwargs / work older than age_s. The first two return the raw streams published on.
+pybind11::list sched_flush(const std::string& cause);
+pybind11::list sched_flush_for(pybind11::handle args, pybind11::handle kwargs, const std::string& cause);
+int sched_flush_due(double age_s);
+pybind11::dict sched_stats();
+size_t deferred_count();
+
+}  // namespace gpuos

@@ -1,0 +1,132 @@
+// csrc/sched/flush.cpp -- when the scheduler's deferred work is published: on request (exit, explicit), before
+// an eager op that shares storage with it (dependency), and by the timer (age).
+#include "sched/deferred.h"
+
+#include "inject/specialize.h"
+#include "tensor/tensor.h"
+
+namespace py = pybind11;
+
+namespace gpuos {
+namespace {
+
+// Publish the device's pending work: the deferred ops on the stream they were recorded under, else
+// explicit-API work on the current stream. mu held. Appends the stream published on.
+void publish_device(int dev, Runtime& rt, const std::string& cause, py::list& streams) {
+  Deferred& D = deferred_of(dev);
+  if (!D.ops.empty()) {
+    streams.append((uintptr_t)D.stream);
+    sched_publish(dev, rt, cause.c_str());
+    return;
+  }
+  if (!rt.has_pending()) return;
+  const CUstream s = current_stream(dev);
+  streams.append((uintptr_t)s);
+  rt.flush(s);
+  g_sched.flushes++;
+  g_sched.by_cause[cause]++;
+}
+
+}  // namespace
+
+py::list sched_flush(const std::string& cause) {
+  py::list streams;
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = runtime_if(dev);
+    if (!rt) continue;
+    RtLock lk(*rt);
+    publish_device(dev, *rt, cause, streams);
+  }
+  return streams;
+}
+
+// Before an eager op: publish the deferred ops of a device only if the op's tensors share storage with them
+// (it reads their results, or writes what they read or write) or explicit-API work is pending there.
+// Independent eager ops run ahead; the deferred batch keeps accumulating (stream order still holds: it is
+// published later on the same stream). Returns the streams published on.
+static void collect_storages(PyObject* o, std::vector<std::pair<int, const void*>>& out, int depth = 0) {
+  if (THPVariable_Check(o)) {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.defined() && t.is_cuda() && t.has_storage()) out.emplace_back(t.get_device(), storage_of(t));
+    else if (t.defined() && t.is_cuda()) out.emplace_back(t.get_device(), nullptr);  // no storage: be safe
+    return;
+  }
+  if (depth > 2) return;
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    PyObject* f = PySequence_Fast(o, "");
+    if (!f) { PyErr_Clear(); return; }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+    for (Py_ssize_t i = 0; i < n; ++i) collect_storages(PySequence_Fast_GET_ITEM(f, i), out, depth + 1);
+    Py_DECREF(f);
+  } else if (PyDict_Check(o)) {
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) collect_storages(v, out, depth + 1);
+  }
+}
+
+py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& cause) {
+  std::vector<std::pair<int, const void*>> used;
+  collect_storages(args.ptr(), used);
+  if (!kwargs.is_none()) collect_storages(kwargs.ptr(), used);
+  py::list streams;
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = runtime_if(dev);
+    if (!rt) continue;
+    RtLock lk(*rt);
+    const Deferred& D = deferred_of(dev);
+    if (D.ops.empty() && !rt->has_pending()) continue;
+    // Explicit-API work pending there is not tracked by storage: publish (conservative).
+    bool touch = D.ops.empty() || rt->has_pending();
+    for (auto& u : used)
+      touch |= u.first == dev && (u.second == nullptr || D.touched.touches((uintptr_t)u.second));
+    if (!touch) {
+      g_sched.independent_eager++;
+      continue;
+    }
+    publish_device(dev, *rt, cause, streams);
+  }
+  return streams;
+}
+
+// Timer: publish deferred ops older than age_s. Returns how many devices were flushed.
+int sched_flush_due(double age_s) {
+  int n = 0;
+  const auto now = std::chrono::steady_clock::now();
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Runtime* rt = runtime_if(dev);
+    if (!rt) continue;
+    RtLock lk(*rt);
+    Deferred& D = deferred_of(dev);
+    if (D.ops.empty() || std::chrono::duration<double>(now - D.oldest).count() < age_s) continue;
+    sched_publish(dev, *rt, "timer");
+    ++n;
+  }
+  return n;
+}
+
+py::dict sched_stats() {
+  py::dict d;
+  d["ops_intercepted"] = g_sched.intercepted;
+  d["flushed_ops"] = g_sched.flushed_ops;
+  d["sched_flushes"] = g_sched.flushes;
+  d["fused_groups"] = g_sched.fused_groups;
+  d["fused_ops"] = g_sched.fused_ops;
+  d["independent_eager"] = g_sched.independent_eager;
+  d["front_ops"] = g_sched.front_ops;
+  d["recycled_outputs"] = g_sched.recycled;
+  py::dict h;  // host time spent publishing deferred ops, in microseconds
+  h["analyse_us"] = g_sched.analyse_ns / 1e3;
+  h["emit_us"] = g_sched.emit_ns / 1e3;
+  h["keep_us"] = g_sched.keep_ns / 1e3;
+  h["publish_us"] = g_sched.publish_ns / 1e3;
+  d["flush_host_us"] = h;
+  d["specializations_requested"] = specializations_requested();
+  py::dict c;
+  for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;
+  d["flushes_by_cause"] = c;
+  d["deferred"] = deferred_count();
+  return d;
+}
+
+}  // namespace gpuos

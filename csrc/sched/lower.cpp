@@ -1,0 +1,307 @@
+// csrc/sched/lower.cpp -- lowering of the deferred ops at a flush: fusion analysis (which producers fold into
+// their single consumer), interpreter programs for fused chains, and the recording of every unit.
+#include <array>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+
+#include "inject/registry.h"
+#include "inject/specialize.h"
+#include "ops/op_table.h"
+#include "sched/bytecode.h"
+#include "sched/deferred.h"
+#include "sched/outpool.h"
+#include "tensor/record.h"
+
+namespace gpuos {
+
+// Does Python still see the tensor? PyTorch's PyObject preservation differs between versions: either the
+// Python object keeps a strong reference to the TensorImpl (and C++ references beyond it keep the Python
+// object alive), or a Python object dropped while C++ holds the tensor is resurrected as a borrowed one.
+// calibrate_liveness() finds out which, once; then a tensor whose only references are `ours` (plus the
+// preserved Python object, whose own refcount is then 1) is dead to the program.
+int g_pyobj_holds_impl = -1;  // -1: not calibrated
+
+void calibrate_liveness() {
+  if (g_pyobj_holds_impl >= 0) return;
+  at::Tensor held = at::empty({1});
+  PyObject* o = THPVariable_Wrap(held);  // a Python object as an op result would have
+  if (!o) throw py::error_already_set();
+  Py_DECREF(o);                          // the program drops it; C++ still holds `held`
+  g_pyobj_holds_impl = held.use_count() >= 2 ? 1 : 0;
+}
+
+bool dead_to_python(const at::Tensor& t, long ours) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  PyObject* po = impl->pyobj_slot()->load_pyobj();
+  if (!po) return (long)t.use_count() == ours;
+  return Py_REFCNT(po) == 1 && (long)t.use_count() == ours + g_pyobj_holds_impl;
+}
+
+namespace {
+
+const c10::TensorImpl* impl_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+// offset(e) = ((e / div) % mod) * stride of `t` read at linear index e of `shape` (t broadcast to it).
+bool fused_rule(const at::Tensor& t, at::IntArrayRef shape, FusedOperand& r) {
+  const int64_t nd = (int64_t)shape.size(), td = t.dim();
+  r.ptr = (uint64_t)(uintptr_t)t.data_ptr();
+  r.stride = 0;
+  r.div = 1;
+  r.mod = 0;
+  int64_t inner = 1;      // product of sizes inside the current dim
+  int64_t blk_lo = -1, blk_hi = -1, blk_stride = 0, expect = 0;
+  bool outer_bcast = false;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    const int64_t sz = shape[d];
+    const int64_t td_i = d - (nd - td);
+    const int64_t st = (td_i >= 0 && t.size(td_i) != 1) ? t.stride(td_i) : 0;
+    if (sz == 1) continue;
+    if (st != 0) {
+      if (blk_lo >= 0 && blk_lo != d + 1 && blk_hi >= 0) {
+        // a second block of strided dims (a zero-stride dim sits between): not one block
+        bool gap = false;
+        for (int64_t g = d + 1; g < blk_lo; ++g) gap |= shape[g] != 1;
+        if (gap) return false;
+      }
+      if (blk_lo < 0) {
+        blk_hi = d;
+        blk_stride = st;
+        expect = st;
+        r.div = (uint32_t)inner;
+      }
+      if (st != expect) return false;
+      expect = st * sz;
+      blk_lo = d;
+    } else if (blk_lo >= 0) {
+      outer_bcast = true;
+    }
+    inner *= sz;
+  }
+  if (blk_lo < 0) return true;  // every dim broadcast: one element
+  int64_t blk = 1;
+  for (int64_t d = blk_lo; d <= blk_hi; ++d) blk *= shape[d];
+  r.stride = blk_stride;
+  r.mod = outer_bcast ? (uint32_t)blk : 0u;
+  if (inner > 0xffffffffll) return false;
+  return true;
+}
+
+// Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
+// (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
+bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
+  const DeferredOp& root = ops[r];
+  std::vector<ExprNode> nodes;
+  std::vector<const at::Tensor*> leaves;
+  nodes.reserve(2 * kProgMaxInstr);
+  leaves.reserve(kProgMaxInputs + 1);
+  std::function<uint32_t(int)> visit;  // returns the value index (inputs numbered later: fix-up below)
+  // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index.
+  visit = [&](int i) -> uint32_t {
+    const DeferredOp& o = ops[i];
+    ExprNode n{};
+    n.op = o.op;
+    n.nsrc = o.nin;
+    n.s0 = o.s0;
+    n.s1 = o.s1;
+    n.round = (i == r) ? (uint32_t)kF32 : (uint32_t)dtype_code(o.out.scalar_type());
+    for (uint32_t k = 0; k < o.nin; ++k) {
+      if (child[i][k] >= 0) {
+        n.src[k] = visit(child[i][k]);
+      } else if (!o.in[k].defined()) {
+        ExprNode c{};
+        c.op = kOpConst;
+        c.s0 = o.cv[k];
+        c.round = kF32;
+        nodes.push_back(c);
+        n.src[k] = (uint32_t)(nodes.size() - 1);
+      } else {
+        const at::Tensor& t = o.in[k];
+        size_t li = 0;
+        for (; li < leaves.size(); ++li)
+          if (leaves[li]->data_ptr() == t.data_ptr() && leaves[li]->sizes() == t.sizes() &&
+              leaves[li]->strides() == t.strides() && leaves[li]->scalar_type() == t.scalar_type())
+            break;
+        if (li == leaves.size()) leaves.push_back(&t);
+        n.src[k] = (1u << 20) + (uint32_t)li;
+      }
+    }
+    nodes.push_back(n);
+    return (uint32_t)(nodes.size() - 1);
+  };
+  const uint32_t outv = visit(r);
+  const uint32_t nin = (uint32_t)leaves.size();
+  if (nin < 1 || nin > kProgMaxInputs) return false;
+  for (auto& n : nodes)
+    for (uint32_t k = 0; k < n.nsrc; ++k) n.src[k] = n.src[k] >= (1u << 20) ? n.src[k] - (1u << 20) : n.src[k] + nin;
+  FusedArgs fa;
+  std::memset((void*)&fa, 0, sizeof fa);
+  const at::IntArrayRef shape = root.out.sizes();
+  if (!fused_rule(root.out, shape, fa.opnd[0]) || (fa.opnd[0].mod != 0 || fa.opnd[0].div != 1)) return false;
+  fa.dtype[0] = (uint8_t)dtype_code(root.out.scalar_type());
+  Operand ins[kProgMaxInputs];
+  at::Tensor expanded[kProgMaxInputs];
+  for (uint32_t k = 0; k < nin; ++k) {
+    const at::Tensor& t = *leaves[k];
+    if (!fused_rule(t, shape, fa.opnd[1 + k])) return false;
+    // A leaf in the output's storage must be the output's exact view (read and write at the same index).
+    if (storage_of(t) == storage_of(root.out) &&
+        !(t.data_ptr() == root.out.data_ptr() && t.sizes() == shape && t.strides() == root.out.strides()))
+      return false;
+    fa.dtype[1 + k] = (uint8_t)dtype_code(t.scalar_type());
+    expanded[k] = t.sizes() == shape ? t : t.expand(shape);
+    ins[k] = operand(expanded[k]);
+  }
+  Program prog;
+  try {
+    prog = build_program(nin, nodes, nin + outv);
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  const int32_t pid = rt.program_id(prog);
+  if (pid < 0) return false;
+  note_program_use(pid);
+  fa.prog = (uint32_t)pid;
+  fa.ninputs = nin;
+  rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel());
+  return true;
+}
+
+void emit_plain(Runtime& rt, const DeferredOp& o) {
+  if (o.reduce) record_reduce_tensors(rt, o.op, o.in[0], o.out, o.keepdim);
+  else record_ew_tensors(rt, o.op, o.nin, o.out, o.in, o.cv, o.s0, o.s1);
+}
+
+// Emit the tree rooted at r op by op (its producers first), materialising every intermediate.
+void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
+  for (uint32_t k = 0; k < ops[r].nin; ++k)
+    if (child[r][k] >= 0) emit_unfused(rt, ops, child, child[r][k]);
+  emit_plain(rt, ops[r]);
+}
+
+// The order in which lower_deferred emits its units (a plain op, or a fused root with its subtree; fused-away
+// ops are not units): by dependency level, recording order within a level. A unit's level is 1 + the highest
+// level of an earlier unit it must follow (it reads memory that unit writes, or writes memory it reads or
+// writes), judged per storage by the union byte range and the highest level of the reads and of the writes
+// so far: conservative, so every conflicting pair keeps its recording order. The runtime starts a new batch
+// level where a sub-op conflicts with the open level, so emitting level by level lets independent chains share
+// levels: recorded in order, W2 without fusion (1,000 interleaved 5-op chains) was 5,000 one-sub-op levels.
+
+}  // namespace
+
+void lower_deferred(int dev, Runtime& rt) {
+  Deferred& D = deferred_of(dev);
+  auto& ops = D.ops;
+  if (ops.empty()) return;
+  // Publications during lowering (ring full, early) go on the stream these ops were recorded under.
+  rt.set_record_stream(true, D.stream);
+  struct Reset { Runtime& rt; ~Reset() { rt.set_record_stream(false); } } reset{rt};
+  using clk = std::chrono::steady_clock;
+  const auto ns_since = [](clk::time_point t) { return (uint64_t)std::chrono::nanoseconds(clk::now() - t).count(); };
+  auto t0 = clk::now();
+  const int n = (int)ops.size();
+  std::vector<std::array<int, 3>> child(n, {-1, -1, -1});
+  std::vector<char> fused_away(n, 0);
+  if (g_fusion && n > 1) {
+    // Readers of each op's output (by TensorImpl, the producer being the latest writer before the reader).
+    std::unordered_map<const c10::TensorImpl*, int> producer;
+    producer.reserve((size_t)n * 2);
+    std::vector<int> readers(n, 0);
+    std::vector<std::array<int, 3>> prod_of(n, {-1, -1, -1});
+    for (int j = 0; j < n; ++j) {
+      const DeferredOp& o = ops[j];
+      for (uint32_t k = 0; k < o.nin; ++k) {
+        if (!o.in[k].defined()) continue;
+        auto it = producer.find(impl_of(o.in[k]));
+        if (it != producer.end()) {
+          readers[it->second]++;
+          prod_of[j][k] = it->second;
+        }
+      }
+      producer[impl_of(o.out)] = j;
+    }
+    // Instruction budget, first op of each subtree, and how many ops before each position write memory they
+    // did not allocate (in-place / out= ops): only those can be a write hazard for a subtree.
+    std::vector<int> size(n, 1), first(n), not_fresh(n + 1, 0);
+    for (int m = 0; m < n; ++m) not_fresh[m + 1] = not_fresh[m] + (ops[m].fresh ? 0 : 1);
+    std::vector<int> stack;
+    for (int j = 0; j < n; ++j) {
+      DeferredOp& o = ops[j];
+      first[j] = j;
+      if (o.reduce) continue;
+      for (uint32_t k = 0; k < o.nin; ++k) {
+        const int i = prod_of[j][k];
+        if (i < 0) continue;
+        const DeferredOp& p = ops[i];
+        // Switched built-ins run their slot-1 code, which the interpreter does not have: never fused.
+        // Injected ops (ids >= kNumOps) are not in the interpreter either.
+        bool ok = !p.reduce && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
+                  p.op < kNumOps && o.op < kNumOps && !op_switched(p.op) && !op_switched(o.op) &&
+                  o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
+                  p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
+        // Nothing between the subtree's first op and j may write memory the subtree reads (it is evaluated
+        // at j's position): checked against the subtree's leaves when such a writer exists.
+        for (int m = first[i] + 1; ok && m < j && not_fresh[j] > not_fresh[first[i] + 1]; ++m) {
+          if (ops[m].fresh) continue;
+          const void* w = storage_of(ops[m].out);
+          stack.assign(1, i);
+          while (ok && !stack.empty()) {
+            const int x = stack.back();
+            stack.pop_back();
+            for (uint32_t q = 0; q < ops[x].nin; ++q) {
+              if (child[x][q] >= 0) stack.push_back(child[x][q]);
+              else if (ops[x].in[q].defined()) ok &= storage_of(ops[x].in[q]) != w;
+            }
+          }
+        }
+        if (!ok) continue;
+        child[j][k] = i;
+        fused_away[i] = 1;
+        size[j] += size[i];
+        first[j] = std::min(first[j], first[i]);
+      }
+    }
+  }
+  g_sched.analyse_ns += ns_since(t0);
+  t0 = clk::now();
+  // Units (a plain op, or a fused root with its subtree) in recording order: the runtime gives each sub-op its
+  // dependency level (core/hazards.h), so independent chains share levels whatever the order.
+  std::vector<char> elided(n, 0);  // fused away into an emitted interpreter sub-op: never written
+  for (int j = 0; j < n; ++j) {
+    if (fused_away[j]) continue;
+    const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0;
+    if (!has_child) {
+      emit_plain(rt, ops[j]);
+      continue;
+    }
+    if (emit_fused(rt, ops, child, j)) {
+      int members = 0;
+      std::function<void(int)> count = [&](int i) {
+        ++members;
+        elided[i] = i != j;
+        for (int c : child[i]) if (c >= 0) count(c);
+      };
+      count(j);
+      g_sched.fused_groups++;
+      g_sched.fused_ops += members;
+    } else {
+      emit_unfused(rt, ops, child, j);
+    }
+  }
+  g_sched.emit_ns += ns_since(t0);
+  t0 = clk::now();
+  // Keep every tensor alive until publication (the publish hook moves them to the release list): moved, as
+  // the ops are cleared below (no reference-count traffic).
+  for (int j = 0; j < n; ++j) {
+    DeferredOp& o = ops[j];
+    if (elided[j] && o.fresh) pool_put(dev, D.stream, o.out.storage());
+    keep_tensor(dev, std::move(o.out));
+    for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
+  }
+  g_sched.flushed_ops += ops.size();
+  ops.clear();
+  D.touched.clear();
+  g_sched.keep_ns += ns_since(t0);
+}
+
+}  // namespace gpuos

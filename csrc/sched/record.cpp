@@ -1,0 +1,209 @@
+// csrc/sched/record.cpp -- see record.h.
+#include "sched/record.h"
+
+#include "inject/registry.h"
+#include "ops/op_table.h"
+#include "sched/deferred.h"
+#include "sched/outpool.h"
+#include "tensor/errors.h"
+#include "tensor/tensor.h"
+
+namespace gpuos {
+
+PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
+                          float s1, int64_t thr) {
+  try {
+    const bool grad = at::GradMode::is_enabled();
+    calibrate_liveness();
+    const at::Tensor* ts[3] = {nullptr, nullptr, nullptr};
+    float cv[3] = {0.f, 0.f, 0.f};
+    int first = -1;
+    bool same_shape = true, any_dim = false;
+    for (uint32_t k = 0; k < nin; ++k) {
+      PyObject* o = ins[k];
+      if (THPVariable_Check(o)) {
+        const at::Tensor& t = THPVariable_Unpack(o);
+        if (!t.is_cuda()) return reason(kR_not_cuda);
+        if (t.layout() != at::kStrided) return reason(kR_layout);
+        if (dtype_code(t.scalar_type()) < 0) return reason(kR_dtype);
+        if (t.numel() > thr) return reason(kR_size);
+        if (grad && t.requires_grad()) return reason(kR_autograd);
+        if (first < 0) first = (int)k;
+        else same_shape &= t.sizes() == ts[first]->sizes();
+        any_dim |= t.dim() > 0;
+        ts[k] = &t;
+      } else if (is_number(o)) {
+        cv[k] = (float)PyFloat_AsDouble(o);
+      } else {
+        return reason(kR_unsupported_args);
+      }
+    }
+    if (first < 0) return reason(kR_unsupported_args);
+    const at::Tensor& t0 = *ts[first];
+    at::ScalarType dt = t0.scalar_type();
+    bool have = false;
+    for (uint32_t k = 0; k < nin; ++k) {
+      if (!ts[k]) continue;
+      if (ts[k]->get_device() != t0.get_device()) return reason(kR_device);
+      if (any_dim && ts[k]->dim() == 0) continue;  // 0-d tensors promote only without dimensioned ones
+      dt = have ? c10::promoteTypes(dt, ts[k]->scalar_type()) : ts[k]->scalar_type();
+      have = true;
+    }
+    std::vector<int64_t> shape_v;
+    at::IntArrayRef shape = t0.sizes();
+    if (!same_shape) {
+      shape_v = t0.sizes().vec();
+      try {
+        for (uint32_t k = 0; k < nin; ++k)
+          if (ts[k]) shape_v = at::infer_size(shape_v, ts[k]->sizes());
+      } catch (const c10::Error&) {
+        return reason(kR_unsupported_args);
+      }
+      shape = shape_v;
+    }
+    at::Tensor out;
+    PyObject* ret = nullptr;
+    if (mode == kModeFunctional) {
+      int64_t numel = 1;
+      for (int64_t s : shape) numel *= s;
+      if (numel > thr) return reason(kR_size);
+      out = empty_like_device(t0, shape, dt);
+    } else {
+      PyObject* o = mode == kModeInplace ? ins[0] : pout;
+      if (!o || !THPVariable_Check(o)) return reason(kR_unsupported_args);
+      const at::Tensor& ot = THPVariable_Unpack(o);
+      if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return reason(kR_device);
+      if (ot.scalar_type() != dt || ot.sizes() != shape) return reason(kR_unsupported_args);
+      if (!ot.is_contiguous() && has_internal_overlap(ot)) return reason(kR_unsupported_args);
+      for (uint32_t k = 0; k < nin; ++k)
+        if (ts[k] && partially_overlaps(ot, *ts[k])) return reason(kR_unsupported_args);
+      out = ot;
+      ret = o;
+    }
+    const int dev = out.get_device();
+    Runtime& rt = runtime_for(dev);
+    CUstream s = current_stream(dev);
+    {
+      RtLock lk(rt);
+      Deferred& D = deferred_of(dev);
+      DeferredOp& d = defer(dev, rt, s);
+      d.op = op;
+      d.nin = nin;
+      d.fresh = mode == kModeFunctional;
+      d.s0 = s0;
+      d.s1 = s1;
+      d.out = out;
+      Access reads[3];
+      uint32_t nr = 0;
+      for (uint32_t k = 0; k < nin; ++k) {
+        if (ts[k]) {
+          d.in[k] = *ts[k];
+          reads[nr++] = {(uintptr_t)storage_of(*ts[k]), 0, 0};
+        }
+        d.cv[k] = cv[k];
+      }
+      D.touched.note({(uintptr_t)storage_of(out), 0, 0}, reads, nr, 1);
+      note_deferred(dev, rt);
+    }
+    if (ret) {
+      Py_INCREF(ret);
+      return ret;
+    }
+    return THPVariable_Wrap(std::move(out));
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+// sched_ew(op, mode, inputs: tuple, out: Tensor | None, s0, s1, size_threshold) -> Tensor | int (reason); op: a
+// table op or an injected op id
+PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "sched_ew takes 7 arguments");
+    return nullptr;
+  }
+  const uint32_t op = (uint32_t)PyLong_AsUnsignedLong(args[0]);
+  const int mode = (int)PyLong_AsLong(args[1]);
+  PyObject* tup = args[2];
+  const float s0 = (float)PyFloat_AsDouble(args[4]), s1 = (float)PyFloat_AsDouble(args[5]);
+  const int64_t thr = PyLong_AsLongLong(args[6]);
+  if (PyErr_Occurred()) return nullptr;
+  uint32_t nin = 0;
+  if (op < kNumOps) {
+    if (kOps[op].kind != kKindEw) return reason(kR_unsupported_args);
+    nin = kOps[op].arity;
+  } else {
+    // An injected op (the scheduler maps registered ops with an aten name to it): its arity from the
+    // registry, which waits while the op's first generation compiles.
+    try {
+      SubmitOp so;
+      {
+        pybind11::gil_scoped_release nogil;
+        so = user_op_for_submit("", (int64_t)op);
+      }
+      nin = so.arity;
+    } catch (...) {
+      set_python_error();
+      return nullptr;
+    }
+  }
+  if (!PyTuple_Check(tup) || (uint32_t)PyTuple_GET_SIZE(tup) != nin) return reason(kR_unsupported_args);
+  return sched_ew_record(op, nin, mode, &PyTuple_GET_ITEM(tup, 0), args[3] == Py_None ? nullptr : args[3], s0, s1,
+                         thr);
+}
+
+// sched_reduce(op, x, keepdim, size_threshold) -> Tensor | int (reason); last dim only (the handler checks dim).
+PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 4) throw py::type_error("sched_reduce takes 4 arguments");
+    const uint32_t op = (uint32_t)PyLong_AsUnsignedLong(args[0]);
+    PyObject* px = args[1];
+    const bool keepdim = PyObject_IsTrue(args[2]) == 1;
+    const int64_t thr = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return nullptr;
+    if (op >= kNumOps || kOps[op].kind != kKindReduce || !THPVariable_Check(px)) return reason(kR_unsupported_args);
+    const at::Tensor& x = THPVariable_Unpack(px);
+    if (!x.is_cuda()) return reason(kR_not_cuda);
+    if (x.layout() != at::kStrided) return reason(kR_layout);
+    if (dtype_code(x.scalar_type()) < 0) return reason(kR_dtype);
+    if (x.numel() > thr) return reason(kR_size);
+    if (at::GradMode::is_enabled() && x.requires_grad()) return reason(kR_autograd);
+    if (x.dim() < 1 || x.dim() > (int64_t)kMaxDims) return reason(kR_unsupported_args);
+    const bool row_out = row_output(op);
+    if ((op == kOp_amax || op == kOp_amin) && x.size(-1) == 0) return reason(kR_unsupported_args);
+    at::Tensor out;
+    if (row_out) {
+      out = empty_like_device(x, x.sizes(), x.scalar_type());
+    } else {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.pop_back();
+      if (keepdim) shape.push_back(1);
+      out = empty_like_device(x, shape, x.scalar_type());
+    }
+    const int dev = x.get_device();
+    Runtime& rt = runtime_for(dev);
+    CUstream s = current_stream(dev);
+    {
+      RtLock lk(rt);
+      Deferred& D = deferred_of(dev);
+      DeferredOp& d = defer(dev, rt, s);
+      d.op = op;
+      d.nin = 1;
+      d.reduce = true;
+      d.keepdim = keepdim;
+      d.fresh = true;
+      d.out = out;
+      d.in[0] = x;
+      const Access xr{(uintptr_t)storage_of(x), 0, 0};
+      D.touched.note({(uintptr_t)storage_of(out), 0, 0}, &xr, 1, 1);
+      note_deferred(dev, rt);
+    }
+    return THPVariable_Wrap(std::move(out));
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+}  // namespace gpuos

@@ -1,0 +1,17 @@
+// csrc/sched/record.h -- the scheduler's record path: validate, allocate the output, defer (sched/deferred.h).
+// Each returns the output tensor, an int SchedReason to run the op eagerly, or null with a Python error set.
+#pragma once
+#include <torch/extension.h>
+
+namespace gpuos {
+
+inline PyObject* reason(int r) { return PyLong_FromLong(r); }
+// Elementwise op `op` (nin operands: tensors or numbers) in `mode` (SchedMode); pout: the out= tensor.
+PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
+                          float s1, int64_t thr);
+// sched_ew(op, mode, inputs, out, s0, s1, size_threshold) and sched_reduce(op, x, keepdim, size_threshold):
+// METH_FASTCALL entry points of gpuos/scheduler.py's handlers.
+PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+
+}  // namespace gpuos

@@ -1,0 +1,121 @@
+// csrc/tensor/devices.cpp -- see devices.h.
+#include "tensor/devices.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+namespace py = pybind11;
+
+namespace gpuos {
+namespace {
+
+DeviceState g_dev[kMaxDevices];  // runtimes leaked at exit on purpose: atexit shutdown() releases them
+std::mutex g_life;  // g_dev[].rt changes (create / delete) under it: the compile thread's ready hook reads them
+Config g_cfg;       // configuration of runtimes created from now on
+std::function<void(int, Runtime&)> g_before_record;
+
+void move_keep_to_release(int dev) {
+  DeviceState& d = g_dev[dev];
+  d.release.insert(d.release.end(), d.keep.begin(), d.keep.end());
+  d.keep.clear();
+  for (auto& t : d.keep_t) d.release_t.push_back(std::move(t));
+  d.keep_t.clear();
+}
+
+}  // namespace
+
+DeviceState& device_state(int dev) { return g_dev[dev]; }
+Runtime* runtime_if(int dev) { return dev >= 0 && dev < kMaxDevices ? g_dev[dev].rt : nullptr; }
+void set_runtime_config(const Config& cfg) { g_cfg = cfg; }
+const Config& runtime_config() { return g_cfg; }
+
+Runtime& runtime_for(int dev) {
+  if (dev < 0 || dev >= kMaxDevices)
+    throw std::invalid_argument("gpuos: CUDA device index " + std::to_string(dev) + " out of range");
+  if (!g_dev[dev].rt) {
+    auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
+    rt->set_publish_hook([dev] { move_keep_to_release(dev); });
+    std::lock_guard<std::mutex> life(g_life);
+    g_dev[dev].rt = rt;
+  }
+  return *g_dev[dev].rt;
+}
+
+std::vector<Runtime*> runtimes() {
+  std::vector<Runtime*> v;
+  for (auto& d : g_dev)
+    if (d.rt) v.push_back(d.rt);
+  return v;
+}
+
+void delete_runtime(int dev) {
+  Runtime* rt = g_dev[dev].rt;
+  release_keep(dev);
+  {
+    std::lock_guard<std::mutex> life(g_life);
+    g_dev[dev].rt = nullptr;
+  }
+  delete rt;
+}
+
+int current_device() { return py::module_::import("torch").attr("cuda").attr("current_device")().cast<int>(); }
+
+// Through c10's device guard interface: no Python call, no CUDA headers (the CUDA guard is registered when
+// torch loads its CUDA library). A call of torch._C._cuda_getCurrentRawStream cost ~0.4 us per recorded op.
+CUstream current_stream(int dev) {
+  static const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Stream st = impl->getStream(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)dev));
+  return reinterpret_cast<CUstream>(st.native_handle());
+}
+
+void set_before_record_hook(std::function<void(int, Runtime&)> hook) { g_before_record = std::move(hook); }
+void before_record(int dev, Runtime& rt) {
+  if (g_before_record) g_before_record(dev, rt);
+}
+
+void keep_object(int dev, PyObject* o) {
+  Py_INCREF(o);
+  g_dev[dev].keep.push_back(o);
+}
+void keep_tensor(int dev, at::Tensor&& t) { g_dev[dev].keep_t.push_back(std::move(t)); }
+
+void drain_release() {
+  for (auto& d : g_dev) {
+    if (!d.release.empty()) {
+      std::vector<PyObject*> batch;
+      batch.swap(d.release);
+      for (PyObject* o : batch) Py_DECREF(o);
+    }
+    if (!d.release_t.empty()) {
+      std::vector<at::Tensor> batch;
+      batch.swap(d.release_t);
+    }
+  }
+}
+
+void release_keep(int dev) {
+  move_keep_to_release(dev);
+  drain_release();
+}
+
+RtLock::RtLock(Runtime& rt) : lk(rt.mu, std::try_to_lock) {
+  if (!lk.owns_lock()) {
+    py::gil_scoped_release nogil;
+    lk.lock();
+  }
+}
+
+void apply_alias_everywhere(uint32_t need, const uint8_t table[256]) {
+  for (Runtime* rt : runtimes()) {
+    std::lock_guard<std::mutex> lk(rt->mu);
+    rt->ensure_generation(need);
+    rt->set_alias_table(table);
+  }
+}
+
+void adopt_generation_everywhere() {
+  std::lock_guard<std::mutex> life(g_life);
+  for (auto& d : g_dev)
+    if (d.rt) d.rt->adopt_generation_if_idle();
+}
+
+}  // namespace gpuos

@@ -1,0 +1,66 @@
+// csrc/tensor/devices.h -- the per-device state of the process: each device's runtime and the references that
+// keep the tensors of its unpublished work alive. The one place that creates, finds and deletes runtimes.
+//
+// Lock discipline (GIL vs Runtime::mu): a thread never waits for mu while holding the GIL (RtLock releases it
+// while waiting), and code holding mu never runs Python that could hand the GIL to another thread. So
+// keep-alive references are not dropped under mu (a tensor's dealloc can run arbitrary Python, e.g. GC):
+// publication moves them to the release lists, and RtLock's destructor drops them after mu is released.
+#pragma once
+#include <torch/extension.h>
+
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "core/runtime.h"
+
+namespace gpuos {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceState {
+  Runtime* rt = nullptr;                    // null until first use on the device
+  std::vector<PyObject*> keep, release;     // strong refs (GIL held) of recorded work: unpublished / published
+  std::vector<at::Tensor> keep_t, release_t;  // the same, for tensors the scheduler's lowering recorded
+};
+
+// The device's state (0 <= dev < kMaxDevices).
+DeviceState& device_state(int dev);
+Runtime* runtime_if(int dev);     // the device's runtime, or null
+Runtime& runtime_for(int dev);    // created on first use with the configuration set by set_runtime_config
+std::vector<Runtime*> runtimes();  // every live runtime
+void set_runtime_config(const Config& cfg);
+const Config& runtime_config();
+// Delete the device's runtime (after Runtime::shutdown); its keep-alive references are released.
+void delete_runtime(int dev);
+
+int current_device();               // torch.cuda.current_device()
+CUstream current_stream(int dev);   // the caller's current stream on `dev`, without a Python call
+
+// Called under the runtime's lock before the explicit API records on `dev`: the scheduler lowers its deferred
+// work there first, so that recording order is kept (set once by the scheduler layer).
+void set_before_record_hook(std::function<void(int dev, Runtime& rt)> hook);
+void before_record(int dev, Runtime& rt);
+
+// Keep-alive references (GIL held).
+void keep_object(int dev, PyObject* o);  // new strong reference
+void keep_tensor(int dev, at::Tensor&& t);
+void release_keep(int dev);  // everything kept on `dev` goes now (after shutdown)
+void drain_release();        // drop references whose work is published (never under a runtime's lock)
+
+// Holds a runtime's lock for a binding call (waiting without the GIL); drops released references after.
+struct RtLock {
+  std::unique_lock<std::mutex> lk;
+  explicit RtLock(Runtime& rt);
+  ~RtLock() {
+    if (lk.owns_lock()) lk.unlock();
+    drain_release();
+  }
+};
+
+// Switch the alias table of every runtime (inject/registry.h ApplyAlias).
+void apply_alias_everywhere(uint32_t need, const uint8_t table[256]);
+// Hand a newly ready generation to every idle runtime (the registry's ready hook).
+void adopt_generation_everywhere();
+
+}  // namespace gpuos

@@ -1,0 +1,37 @@
+// csrc/tensor/record.cpp -- see record.h.
+#include "tensor/record.h"
+
+#include "ops/op_table.h"
+
+namespace gpuos {
+
+void record_ew_tensors(Runtime& rt, uint32_t op, uint32_t arity, const at::Tensor& out, const at::Tensor* ins,
+                       const float* cv, float s0, float s1) {
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
+  at::Tensor expanded[3];
+  Operand opnd[3];
+  for (uint32_t k = 0; k < arity; ++k) {
+    if (!ins[k].defined()) {
+      opnd[k].is_const = true;
+      opnd[k].value = cv[k];
+      continue;
+    }
+    expanded[k] = ins[k].sizes() == out.sizes() ? ins[k] : ins[k].expand(out.sizes());
+    opnd[k] = operand(expanded[k]);
+  }
+  rt.record_ew(op, arity, operand(out), opnd, s0, s1, numel);
+}
+
+void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const at::Tensor& out, bool keepdim) {
+  const bool row_out = row_output(op);
+  const int64_t cols = x.size(-1);
+  const int64_t rows = cols == 0 ? out.numel() : x.numel() / cols;
+  if (rows == 0 || out.numel() == 0) return;
+  const TensorRef xr = make_ref(x, (int)x.dim());
+  TensorRef orf = make_ref(out, row_out ? (int)out.dim() : (int)x.dim() - 1);
+  if (!row_out && keepdim) orf = make_ref(out.squeeze(-1), (int)x.dim() - 1);
+  rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
+}
+
+}  // namespace gpuos
