@@ -191,12 +191,16 @@ def prelude_empty_and_0d():
     with gpuos.scheduler_context():
         ye = e * 2 + 1          # numel 0
         ys = s * 3 - 1          # 0-d
+        ye2 = torch.mul(e, e)   # tensor-tensor forms: recorded, never a scalar fallback
+        ys2 = torch.mul(s, s)
         yb = x * s              # 0-d broadcast (expanded at lowering)
     ok, _ = synced("prelude empty_and_0d: sync", lambda: None)
     if ok:
-        if tuple(ye.shape) != (0,):
-            fail("numel-0 result has shape %s" % (tuple(ye.shape),))
+        for name, t in (("ye", ye), ("ye2", ye2)):
+            if tuple(t.shape) != (0,):
+                fail("numel-0 result %s has shape %s" % (name, tuple(t.shape)))
         check_close("prelude 0-d", ys, s * 3 - 1)
+        check_close("prelude 0-d mul", ys2, s * s)
         check_close("prelude 0-d broadcast", yb, x * s)
 
 

@@ -1,6 +1,7 @@
 // csrc/core/record.cpp -- recording: a sub-op's tiles, TensorRefs and dependency level (staged until flush).
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "core/runtime.h"
 #include "device_src/numeric.h"
@@ -59,7 +60,10 @@ void Runtime::note_op_gen(uint32_t op) {
 
 void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
                            const Operand& out, const Operand* ins, uint32_t nin) {
-  Access reads[4];
+  // nin: up to 3 elementwise operands, or up to kProgMaxInputs leaves of a fused chain.
+  static_assert(kProgMaxInputs >= 3, "read slots");
+  if (nin > kProgMaxInputs) throw std::logic_error("gpuos internal error: more inputs than a fused chain holds");
+  Access reads[kProgMaxInputs];
   uint32_t nr = 0;
   for (uint32_t k = 0; k < nin; ++k)
     if (!ins[k].is_const) reads[nr++] = ins[k].access();
