@@ -303,7 +303,8 @@ def _ew_handler(row, ov, conds, sibling_keys):
 
     # sched_dispatch's C++ fast table takes overloads whose only scalar is none or a leading `alpha`.
     fast = None
-    if not swap and not conds and not extra:
+    optional_inputs = any(dflt is not _MISSING for _, _, dflt in schema.args[:nin])  # clamp.Tensor's min/max
+    if not swap and not conds and not extra and not optional_inputs:
         if not snames:
             fast = (op, mode, nin, float(d[0]), float(d[1]), 0, False)
         elif snames == ["alpha"] and schema.index["alpha"] == nin:
