@@ -79,7 +79,7 @@ class GpuosScheduler(TorchDispatchMode):
     Parameters
     ----------
     capacity, threads_per_block
-        Passed to ``gpuos_ext.init`` the first time a runtime is needed.
+        Passed to ``gpuos_ext.init`` when the context creates the runtime; a running runtime keeps its own.
     size_threshold
         Ops whose output has more elements than this run eagerly.
     auto_flush_ms
@@ -102,6 +102,7 @@ class GpuosScheduler(TorchDispatchMode):
         self._fronts: list = []  # one per __enter__ that pushed one (the same instance may be entered nested)
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
+        self._timer_error: BaseException | None = None  # raised by the context's exit (the timer has no caller)
         self._stop = threading.Event()
         self._depth = 0
         # The hot path: torch calls this C++ function (bound to the mode) for every op, no Python frame. It records
@@ -112,7 +113,10 @@ class GpuosScheduler(TorchDispatchMode):
     def __enter__(self):
         with self._lock:
             if self._depth == 0 and torch.cuda.is_available():
-                _ext.init(capacity=self.capacity, threads_per_block=self.threads_per_block)
+                # The settings apply when this creates the runtime; a running one is taken as it is (0: no check).
+                running = _ext.is_initialized()
+                _ext.init(capacity=0 if running else self.capacity,
+                          threads_per_block=0 if running else self.threads_per_block)
             if self._depth == 0:
                 _refresh_user_handlers()
             self._depth += 1
@@ -143,6 +147,9 @@ class GpuosScheduler(TorchDispatchMode):
             if front is not None:
                 front.__exit__(exc_type, exc, tb)
             super().__exit__(exc_type, exc, tb)
+        err, self._timer_error = self._timer_error, None
+        if err is not None and exc_type is None:
+            raise err
 
     # ----------------------------------------------------------------- flushing
     def flush(self, cause: str = "explicit") -> None:
@@ -160,8 +167,11 @@ class GpuosScheduler(TorchDispatchMode):
 
     def _timer_loop(self) -> None:
         period = self.auto_flush_ms / 1000.0
-        while not self._stop.wait(period / 2):
-            _ext.sched_flush_due(period)
+        try:
+            while not self._stop.wait(period / 2):
+                _ext.sched_flush_due(period)
+        except BaseException as e:  # noqa: BLE001 -- kept for the context's exit; the exit's flush retries the work
+            self._timer_error = e
 
     # ----------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

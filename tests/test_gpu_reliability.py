@@ -475,7 +475,7 @@ t = torch.randn([2] * 9, device="cuda").permute(*reversed(range(9)))   # 9 dims,
 try:
     with gpuos.scheduler_context(auto_flush_ms=0):
         u = torch.mul(t, t)
-    out["exit"] = "ok"
+    out["exit"] = "ok" if torch.equal(u, t * t) else "wrong result"
 except Exception as e:
     out["exit"] = type(e).__name__ + ": " + str(e)[:300]
 out["deferred_after"] = gpuos_ext.sched_stats()["deferred"]
@@ -510,6 +510,24 @@ def test_lowering_error_does_not_poison_the_deferred_queue():
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GPUOS_RESULT ")]
     assert lines, describe(proc)
     out = json.loads(lines[-1][len("GPUOS_RESULT "):])
+    assert out["exit"] == "ok", out
     assert out["deferred_after"] == 0, out
     assert out["later_context"] == "ok", out
     assert out["shutdown"] == "ok", out
+
+
+def test_init_with_other_settings_raises(rt):
+    """init() on a running runtime with another ring size or block size raises, naming both and the fix; the
+    same values, or none, are accepted (idempotent)."""
+    import gpuos
+
+    rt.init()
+    with pytest.raises(ValueError, match=r"capacity=12345.*already runs with capacity=.*gpuos.shutdown\(\)"):
+        rt.init(capacity=12345)
+    with pytest.raises(ValueError, match="threads_per_block=64"):
+        rt.init(threads_per_block=64)
+    rt.init(capacity=0, threads_per_block=0)  # 0: no preference
+    with gpuos.scheduler_context(capacity=12345, auto_flush_ms=0):  # a context takes the running runtime as is
+        y = torch.ones(8, device=DEV) + 1
+    rt.flush(sync=True)
+    assert torch.equal(y, torch.full((8,), 2.0, device=DEV))

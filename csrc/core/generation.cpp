@@ -1,6 +1,7 @@
 // csrc/core/generation.cpp -- the runtime's side of operator injection: which generation's module the worker
 // runs (handover: drain the worker, load the new module, relaunch on the same queue memory) and the dual-slot
 // alias table the worker reads to pick an op's slot.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -10,6 +11,12 @@
 #include "jit/jit.h"
 
 namespace gpuos {
+namespace {
+std::atomic<int> g_fail_loads{0};
+constexpr CUresult kInvalidImage = 200;  // cuda.h CUDA_ERROR_INVALID_IMAGE
+}  // namespace
+
+void fail_next_module_loads(int n) { g_fail_loads.store(n); }
 
 std::string Runtime::gen_startup_image() {
   arch_ = jit_arch_for(cc_major_, cc_minor_);
@@ -85,7 +92,8 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   const auto t1 = std::chrono::steady_clock::now();
   const std::shared_ptr<const std::string> image = generation_image(gen, arch_);
   CUmodule m = nullptr;
-  CUresult r = d.cuModuleLoadData(&m, image->data());
+  CUresult r = g_fail_loads.load() > 0 && g_fail_loads.fetch_sub(1) > 0 ? kInvalidImage
+                                                                          : d.cuModuleLoadData(&m, image->data());
   CUfunction f = nullptr;
   if (r == CUDA_SUCCESS) {
     r = d.cuModuleGetFunction(&f, m, "gpuos_worker");

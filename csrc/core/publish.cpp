@@ -9,10 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "core/runtime.h"
 #include "driver/wait.h"
+#include "inject/registry.h"
+#include "ops/op_table.h"
 
 namespace gpuos {
 
@@ -32,16 +35,52 @@ void Runtime::retire() {
   }
 }
 
+// The oldest unfinished batch and the ops of its sub-ops, for a timeout's message: the one that does not end
+// (an injected op that loops) or that waits for its stream.
+std::string Runtime::describe_unfinished() const {
+  uint64_t start = desc_tail_;
+  for (const InFlight& f : inflight_) {
+    if (!seq_done(f.seq)) {
+      std::map<uint32_t, uint64_t> count;
+      for (uint64_t i = start; i < f.desc_end; ++i) count[ring_[i % cfg_.capacity].op]++;
+      std::string ops;
+      for (auto& [op, n] : count) {
+        if (!ops.empty()) ops += ", ";
+        ops += op < (uint32_t)kNumOps ? kOps[op].name
+               : op == kOpFused       ? "fused chain"
+                                      : "injected op '" + user_op_name(op) + "' (id " + std::to_string(op) + ")";
+        ops += " x" + std::to_string(n);
+      }
+      return "oldest unfinished batch " + std::to_string(f.seq) + " (" + std::to_string(f.desc_end - start) +
+             " sub-ops: " + ops + ")";
+    }
+    start = f.desc_end;
+  }
+  return "no unfinished batch in flight";
+}
+
 void Runtime::wait_seq(uint32_t seq, const char* what) {
+  uint32_t polls = 0;
   spin_wait(
-      cfg_.timeout_s, [&] { return seq_done(seq); },
+      cfg_.timeout_s,
+      [&] {
+        if (seq_done(seq)) return true;
+        // Now and then, whether the worker died: a faulted kernel never writes its done word, and the wait
+        // should say so at once rather than time out.
+        if ((++polls & 4095) == 0) {
+          const CUresult q = driver().cuStreamQuery(side_);
+          if (is_sticky(q)) throw_cuda(q, "the GPUOS worker kernel", __FILE__, __LINE__);
+        }
+        return false;
+      },
       [&] {
         return std::string("gpuos: timed out after ") + std::to_string(cfg_.timeout_s) + " s waiting for batch " +
-               std::to_string(seq) + " (" + what + ") on " + name_ + "; done word=" +
-               std::to_string(hc_->done[seq & (kMaxBatches - 1)]) + ", worker state=" +
-               std::to_string(hc_->worker_state) +
-               ". The stream it was flushed on may be blocked by other work; raise GPUOS_TIMEOUT_S if that work is "
-               "legitimately long.";
+               std::to_string(seq) + " (" + what + ") on " + name_ + "; " + describe_unfinished() +
+               "; done word=" + std::to_string(hc_->done[seq & (kMaxBatches - 1)]) + ", host published=" +
+               std::to_string(hc_->host_published) + ", worker state=" +
+               (hc_->worker_state == kWorkerRunning ? "running" : "exited") +
+               ". An injected op that never returns keeps its batch open; otherwise the stream it was flushed on "
+               "may be blocked by other work (raise GPUOS_TIMEOUT_S if that work is legitimately long).";
       });
 }
 
@@ -168,34 +207,51 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   uint64_t publishing_subops = 0;
   for (const Level& lv : publishing) publishing_subops += lv.count;
   bool refs_sent = false;
-  for (const Level& lv : publishing) {
-    const uint32_t seq = ++last_seq_;
-    const uint32_t slot = seq & (kMaxBatches - 1);
-    const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
-    uint32_t src = 0;
-    if (lv.count >= cfg_.dma_min) {
-      // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
-      // the device mirror first, once per flush, before any DMA-delivered level's ready write.
-      if (!refs_sent && ref_head_ > ref_pub_) {
-        const uint64_t a = ref_pub_ % ref_capacity_, n = ref_head_ - ref_pub_;
-        const uint64_t n1 = std::min<uint64_t>(n, ref_capacity_ - a);
-        GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_ + a * sizeof(TensorRef), &refs_[a], n1 * sizeof(TensorRef), stream));
-        if (n1 < n) GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_, &refs_[0], (n - n1) * sizeof(TensorRef), stream));
-        refs_sent = true;
-      }
-      const uint32_t first = std::min(lv.count, cfg_.capacity - start);
-      GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
-                                   (size_t)first * sizeof(SubOp), stream));
-      if (first < lv.count)
-        GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(lv.count - first) * sizeof(SubOp), stream));
-      src = kReadyDevRing;
-      st_.dma_batches++;
+  // If anything below fails, nothing was published: undo the bookkeeping so the levels stay pending (a later
+  // flush publishes them) and no seq is left "published but never ready" for a waiter to time out on.
+  size_t pushed = 0;
+  auto undo = [&] {
+    for (; pushed > 0; --pushed) {
+      inflight_.pop_back();
+      --last_seq_;
+      st_.batches--;
     }
-    write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
-            ((uint64_t)(lv.count | src) << 32) | seq, CU_STREAM_WRITE_VALUE_DEFAULT);
-    const bool final_batch = last && &lv == &publishing.back();
-    inflight_.push_back({seq, lv.start + lv.count, final_batch ? ref_head_ : held_refs});
-    st_.batches++;
+    levels_ = std::move(publishing);
+  };
+  try {
+    for (const Level& lv : publishing) {
+      const uint32_t seq = ++last_seq_;
+      const uint32_t slot = seq & (kMaxBatches - 1);
+      const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
+      uint32_t src = 0;
+      if (lv.count >= cfg_.dma_min) {
+        // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
+        // the device mirror first, once per flush, before any DMA-delivered level's ready write.
+        if (!refs_sent && ref_head_ > ref_pub_) {
+          const uint64_t a = ref_pub_ % ref_capacity_, n = ref_head_ - ref_pub_;
+          const uint64_t n1 = std::min<uint64_t>(n, ref_capacity_ - a);
+          GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_ + a * sizeof(TensorRef), &refs_[a], n1 * sizeof(TensorRef), stream));
+          if (n1 < n) GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_, &refs_[0], (n - n1) * sizeof(TensorRef), stream));
+          refs_sent = true;
+        }
+        const uint32_t first = std::min(lv.count, cfg_.capacity - start);
+        GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
+                                     (size_t)first * sizeof(SubOp), stream));
+        if (first < lv.count)
+          GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(lv.count - first) * sizeof(SubOp), stream));
+        src = kReadyDevRing;
+        st_.dma_batches++;
+      }
+      write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
+              ((uint64_t)(lv.count | src) << 32) | seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+      const bool final_batch = last && &lv == &publishing.back();
+      inflight_.push_back({seq, lv.start + lv.count, final_batch ? ref_head_ : held_refs});
+      ++pushed;
+      st_.batches++;
+    }
+  } catch (...) {
+    undo();
+    throw;
   }
   // The stream waits for the last batch (batches complete in order: for all of them), except after an early
   // publication: the host is still recording, and the flush() that follows adds the wait.
@@ -209,14 +265,10 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   }
 
   // One cuStreamBatchMemOp call publishes these levels (flush() passes at most kMaxLevelsPerFlush; the API
-  // takes fewer than 256 operations). If it fails, nothing was published: undo the
-  // bookkeeping so the levels stay pending and no seq is left "published but never ready".
+  // takes fewer than 256 operations).
   CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
   if (r != CUDA_SUCCESS) {
-    for (size_t i = 0; i < publishing.size(); ++i) inflight_.pop_back();
-    last_seq_ -= (uint32_t)publishing.size();
-    st_.batches -= publishing.size();
-    levels_ = std::move(publishing);
+    undo();
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
   // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
@@ -252,7 +304,14 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   args.refs = refs_d_;
   args.refs_dev = refs_dev_;
   void* params[] = {&args};
-  GPUOS_CU(d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr));
+  const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
+  if (r != CUDA_SUCCESS) {
+    // No worker runs: say so, or every later publication would trust a worker that does not exist and every
+    // wait would time out. The batches stay published; the next publication launches a worker for them.
+    --launches_;
+    __atomic_store_n(&hc_->worker_state, kWorkerExiting, __ATOMIC_SEQ_CST);
+    throw_cuda(r, "cuLaunchKernel(worker)", __FILE__, __LINE__);
+  }
   launched_grid_ = grid;
   st_.worker_launches++;
   if (grid != grid_) st_.burst_launches++;

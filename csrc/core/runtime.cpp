@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "config/config.h"
+#include "driver/wait.h"
 #include "inject/registry.h"
 
 namespace gpuos {
@@ -104,6 +105,9 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   w.writeValue.value = 1;
   w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   GPUOS_CU(d.cuStreamBatchMemOp(side_, 1, &w, 0));
+  // The first publication writes ready words from the user's stream, which is not ordered after side_: the
+  // zeroing above must have landed first, or it could erase a ready word and the batch would never open.
+  wait_stream(side_, cfg_.timeout_s, "the device control block's initialisation");
   gen_init();
   alive_ = true;
 }

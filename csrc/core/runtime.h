@@ -19,6 +19,9 @@
 
 namespace gpuos {
 
+// Fault injection for tests: the next n generation module loads fail as an invalid image would.
+void fail_next_module_loads(int n);
+
 struct Config {
   uint32_t capacity = 4096;        // descriptor ring slots
   uint32_t threads_per_block = 256;
@@ -159,6 +162,7 @@ class Runtime {
   uint32_t publish(CUstream stream, bool early, bool last);  // levels_ -> batches (one memop call)
   void retire();
   bool seq_done(uint32_t seq) const;
+  std::string describe_unfinished() const;  // for timeout messages
   void wait_seq(uint32_t seq, const char* what);
   void maybe_launch_worker(uint32_t grid);
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream

@@ -45,8 +45,30 @@ void throw_cuda(CUresult r, const char* call, const char* file, int line) {
   std::string where = std::string(file);
   auto slash = where.find_last_of('/');
   if (slash != std::string::npos) where = where.substr(slash + 1);
-  throw CudaError(std::string(call) + " failed: " + name + " (" + std::to_string(r) + "): " + text + " [" +
-                  where + ":" + std::to_string(line) + "]");
+  std::string msg = std::string(call) + " failed: " + name + " (" + std::to_string(r) + "): " + text + " [" +
+                    where + ":" + std::to_string(line) + "]";
+  if (is_sticky(r))
+    msg += ". The CUDA context is lost: a kernel faulted (when it was the GPUOS worker, one of the ops it ran -- "
+           "an injected op's trap or out-of-bounds access -- caused it). Every later CUDA call in this process "
+           "fails; restart the process.";
+  throw CudaError(msg);
+}
+
+bool is_sticky(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+      return true;
+    default:
+      return false;
+  }
 }
 
 const Driver& driver() {

@@ -22,6 +22,11 @@ using CUstream = CUstream_st*;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
+// Errors after which the context is unusable (a kernel faulted): cuda.h's values.
+constexpr CUresult CUDA_ERROR_ILLEGAL_ADDRESS = 700, CUDA_ERROR_LAUNCH_TIMEOUT = 702, CUDA_ERROR_ASSERT = 710,
+                   CUDA_ERROR_HARDWARE_STACK_ERROR = 714, CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
+                   CUDA_ERROR_MISALIGNED_ADDRESS = 716, CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
+                   CUDA_ERROR_INVALID_PC = 718, CUDA_ERROR_LAUNCH_FAILED = 719;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
@@ -108,7 +113,9 @@ struct Driver {
 // The driver, loaded and cuInit-ed once; throws CudaError naming what is missing.
 const Driver& driver();
 // "cuFoo(...) failed: CUDA_ERROR_X: text" -> CudaError.
+// Throws CudaError naming the call and the error; a sticky error (is_sticky) also says the context is lost.
 [[noreturn]] void throw_cuda(CUresult r, const char* call, const char* file, int line);
+bool is_sticky(CUresult r);
 
 #define GPUOS_CU(call)                                                        \
   do {                                                                        \

@@ -562,6 +562,12 @@ bool is_user_op_name(const std::string& name) {
   return it != r.by_name.end() && !r.ops[it->second].builtin;
 }
 
+std::string user_op_name(uint32_t id) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return id < kMaxOps && r.ops[id].used ? r.ops[id].name : "";
+}
+
 SubmitOp user_op_for_submit(const std::string& name, int64_t id_in) {
   Registry& r = R();
   std::unique_lock<std::mutex> lk(r.mu);

@@ -79,6 +79,8 @@ uint32_t rollback_user_op(const std::string& name, const ApplyAlias& apply);
 struct SubmitOp { uint32_t id; uint32_t arity; std::string name; };
 SubmitOp user_op_for_submit(const std::string& name, int64_t id);
 bool is_user_op_name(const std::string& name);
+// The registered name of op id `id` ("" if none). Takes only the registry's lock: callable under Runtime::mu.
+std::string user_op_name(uint32_t id);
 
 std::vector<UserOpInfo> list_user_ops();
 std::vector<GenerationInfo> list_generations();

@@ -129,11 +129,12 @@ PYBIND11_MODULE(gpuos_ext, m) {
     // No nvidia namespace package: CUDA_HOME / GPUOS_NVRTC_PATH / the loader path still apply.
   }
 
-  m.def("init", &init, py::arg("capacity") = 4096, py::arg("threads_per_block") = 256,
+  m.def("init", &init, py::arg("capacity") = 0, py::arg("threads_per_block") = 0,
         py::arg("worker_blocks") = 0, py::arg("idle_us") = 200.0,
         "Start the runtime on the current CUDA device (idempotent). capacity: descriptor ring slots "
-        "(one per 4096-element tile); worker_blocks: persistent grid size (0 = about 1/4 of the SMs); "
-        "idle_us: the worker exits after this long with nothing to do.");
+        "(one per 4096-element tile; 0 = 4096); threads_per_block (0 = 256); worker_blocks: persistent grid size "
+        "(0 = about 1/4 of the SMs); idle_us: the worker exits after this long with nothing to do. On a device "
+        "whose runtime runs already, a capacity or threads_per_block other than 0 and its own raises ValueError.");
   m.def("submit_many", &submit_many, py::arg("op"), py::arg("a_list"), py::arg("b_list"), py::arg("out_list"),
         "Record out_list[i] = op(a_list[i], b_list[i]) for every i; op in ('add', 'sub', 'mul', 'div').");
   m.def("pending", &pending_devices, "Number of devices with recorded work that no flush() has yet ordered a stream after (unpublished, or published early).");

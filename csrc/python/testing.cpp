@@ -1,6 +1,7 @@
 // csrc/python/testing.cpp -- gpuos_ext._testing: entry points for tests and diagnostics only.
 #include <torch/extension.h>
 
+#include "core/runtime.h"
 #include "driver/cuda_api.h"
 #include "python/bindings.h"
 #include "sched/api.h"
@@ -35,6 +36,8 @@ void add_testing_module(py::module_& m) {
         py::arg("s1") = 0.0f, "Evaluate an op's device functor on the CPU with g++ (numerics tests).");
   t.def("cpu_run_program", &cpu_run_program, py::arg("program"), py::arg("inputs"), py::arg("out"),
         "Evaluate fused-chain bytecode (gpuos.fusion) with the device functors on the CPU.");
+  t.def("fail_next_module_loads", &fail_next_module_loads, py::arg("n"),
+        "Fault injection: the next n generation module loads (handovers) fail as an invalid image would.");
   t.def("cpu_reduce", &cpu_reduce, py::arg("op"), py::arg("x"), py::arg("out"),
         "Evaluate a reduction's row rule on the CPU (x: contiguous 2-D).");
 }

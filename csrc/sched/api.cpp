@@ -16,11 +16,20 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
   driver();  // a clear CudaError on machines without a driver / GPU
   const int dev = current_device();
   if (dev < 0 || dev >= kMaxDevices) throw std::invalid_argument("gpuos.init: bad device index");
-  if (runtime_if(dev)) return;  // idempotent
+  if (Runtime* rt = runtime_if(dev)) {  // idempotent for the same settings; a different ring is an error
+    const Config& c = rt->config();
+    if ((capacity && c.capacity != capacity) || (threads_per_block && c.threads_per_block != threads_per_block))
+      throw std::invalid_argument(
+          "gpuos.init(capacity=" + std::to_string(capacity) + ", threads_per_block=" +
+          std::to_string(threads_per_block) + "): the runtime on cuda:" + std::to_string(dev) +
+          " already runs with capacity=" + std::to_string(c.capacity) + ", threads_per_block=" +
+          std::to_string(c.threads_per_block) + ". Fix: call gpuos.shutdown() first, or pass the same values.");
+    return;
+  }
   if (runtimes().empty()) reload_env_config();
   Config cfg = config_from_env();  // the environment's settings (config/config.h); arguments below win
-  cfg.capacity = capacity;
-  cfg.threads_per_block = threads_per_block;
+  cfg.capacity = capacity ? capacity : 4096;
+  cfg.threads_per_block = threads_per_block ? threads_per_block : 256;
   if (worker_blocks) cfg.worker_blocks = worker_blocks;
   if (env_config().idle_us < 0) cfg.idle_us = idle_us;
   set_runtime_config(cfg);
@@ -53,19 +62,36 @@ void flush(bool sync, py::object stream) {
   }
 }
 
+// Every device is shut down even if one fails; the first failure is raised at the end. A runtime whose work
+// did not finish (a timeout) is abandoned, not freed -- the GPU may still use its memory -- so init() can start
+// a fresh one.
 void shutdown() {
+  std::exception_ptr first;
   for (int dev = 0; dev < kMaxDevices; ++dev) {
     Runtime* rt = runtime_if(dev);
     if (!rt) continue;
     CUstream s = current_stream(dev);
+    bool clean = true;
     {
       RtLock lk(*rt);
-      sched_publish(dev, *rt, "exit");
-      rt->shutdown(s);
+      try {
+        sched_publish(dev, *rt, "exit");
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      try {
+        rt->shutdown(s);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+        clean = false;
+      }
     }
+    deferred_of(dev).ops.clear();
     pool_clear(dev);
-    delete_runtime(dev);
+    if (clean) delete_runtime(dev);
+    else abandon_runtime(dev);
   }
+  if (first) std::rethrow_exception(first);
 }
 
 py::dict stats() {

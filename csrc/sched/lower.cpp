@@ -267,40 +267,51 @@ void lower_deferred(int dev, Runtime& rt) {
   // Units (a plain op, or a fused root with its subtree) in recording order: the runtime gives each sub-op its
   // dependency level (core/hazards.h), so independent chains share levels whatever the order.
   std::vector<char> elided(n, 0);  // fused away into an emitted interpreter sub-op: never written
-  for (int j = 0; j < n; ++j) {
-    if (fused_away[j]) continue;
-    const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0;
-    if (!has_child) {
-      emit_plain(rt, ops[j]);
-      continue;
+  // Keep every tensor alive until publication (the publish hook moves them to the release list): moved, as
+  // the ops are cleared (no reference-count traffic). Also done when lowering throws: the sub-ops staged
+  // before the failing one still reference them, and the failed ops must leave the queue, or every later
+  // flush (any thread's context exit, the timer, shutdown) would raise the same error again.
+  const auto release = [&] {
+    for (int j = 0; j < n; ++j) {
+      DeferredOp& o = ops[j];
+      if (elided[j] && o.fresh) pool_put(dev, D.stream, o.out.storage());
+      if (o.out.defined()) keep_tensor(dev, std::move(o.out));
+      for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
     }
-    if (emit_fused(rt, ops, child, j)) {
-      int members = 0;
-      std::function<void(int)> count = [&](int i) {
-        ++members;
-        elided[i] = i != j;
-        for (int c : child[i]) if (c >= 0) count(c);
-      };
-      count(j);
-      g_sched.fused_groups++;
-      g_sched.fused_ops += members;
-    } else {
-      emit_unfused(rt, ops, child, j);
+    ops.clear();
+    D.touched.clear();
+  };
+  int j = 0;
+  try {
+    for (; j < n; ++j) {
+      if (fused_away[j]) continue;
+      const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0;
+      if (!has_child) {
+        emit_plain(rt, ops[j]);
+        continue;
+      }
+      if (emit_fused(rt, ops, child, j)) {
+        int members = 0;
+        std::function<void(int)> count = [&](int i) {
+          ++members;
+          elided[i] = i != j;
+          for (int c : child[i]) if (c >= 0) count(c);
+        };
+        count(j);
+        g_sched.fused_groups++;
+        g_sched.fused_ops += members;
+      } else {
+        emit_unfused(rt, ops, child, j);
+      }
     }
+  } catch (...) {
+    release();  // the sub-ops staged before the failing unit are published by the next flush
+    throw;
   }
   g_sched.emit_ns += ns_since(t0);
   t0 = clk::now();
-  // Keep every tensor alive until publication (the publish hook moves them to the release list): moved, as
-  // the ops are cleared below (no reference-count traffic).
-  for (int j = 0; j < n; ++j) {
-    DeferredOp& o = ops[j];
-    if (elided[j] && o.fresh) pool_put(dev, D.stream, o.out.storage());
-    keep_tensor(dev, std::move(o.out));
-    for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
-  }
   g_sched.flushed_ops += ops.size();
-  ops.clear();
-  D.touched.clear();
+  release();
   g_sched.keep_ns += ns_since(t0);
 }
 

@@ -61,6 +61,14 @@ PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* 
       }
       shape = shape_v;
     }
+    // More dims than a TensorRef holds can only be lowered when they merge into few; the one case known here
+    // without the strides of the output is every operand contiguous with the same shape (one dim). Anything
+    // else stays eager: refusing it at lowering would fail the whole flush.
+    if (shape.size() > kMaxDims) {
+      bool flat = same_shape;
+      for (uint32_t k = 0; k < nin && flat; ++k) flat = !ts[k] || ts[k]->is_contiguous();
+      if (!flat || mode != kModeFunctional) return reason(kR_layout);
+    }
     at::Tensor out;
     PyObject* ret = nullptr;
     if (mode == kModeFunctional) {

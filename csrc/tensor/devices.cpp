@@ -57,6 +57,18 @@ void delete_runtime(int dev) {
   delete rt;
 }
 
+void abandon_runtime(int dev) {
+  DeviceState& d = g_dev[dev];
+  static std::vector<DeviceState>* graveyard = new std::vector<DeviceState>();  // never freed, by design
+  DeviceState dead;
+  dead.rt = d.rt;
+  dead.keep.swap(d.keep);
+  dead.keep_t.swap(d.keep_t);
+  graveyard->push_back(std::move(dead));
+  std::lock_guard<std::mutex> life(g_life);
+  d.rt = nullptr;
+}
+
 int current_device() { return py::module_::import("torch").attr("cuda").attr("current_device")().cast<int>(); }
 
 // Through c10's device guard interface: no Python call, no CUDA headers (the CUDA guard is registered when

@@ -33,6 +33,9 @@ void set_runtime_config(const Config& cfg);
 const Config& runtime_config();
 // Delete the device's runtime (after Runtime::shutdown); its keep-alive references are released.
 void delete_runtime(int dev);
+// Unregister a runtime whose shutdown failed (a worker that did not finish in time may still read its memory
+// and the tensors it kept): the runtime and those references are leaked, so the device can get a new one.
+void abandon_runtime(int dev);
 
 int current_device();               // torch.cuda.current_device()
 CUstream current_stream(int dev);   // the caller's current stream on `dev`, without a Python call
@@ -49,7 +52,12 @@ void release_keep(int dev);  // everything kept on `dev` goes now (after shutdow
 void drain_release();        // drop references whose work is published (never under a runtime's lock)
 
 // Holds a runtime's lock for a binding call (waiting without the GIL); drops released references after.
+// While it is held, torch calls made under the lock (allocating outputs, the output pool) skip Python
+// dispatch: an active TorchDispatchMode would otherwise re-enter the scheduler on this thread, which would
+// wait for the lock this thread holds.
 struct RtLock {
+  c10::impl::ExcludeDispatchKeyGuard no_python{
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})};
   std::unique_lock<std::mutex> lk;
   explicit RtLock(Runtime& rt);
   ~RtLock() {

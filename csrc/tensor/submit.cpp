@@ -25,10 +25,12 @@ void submit_binary(uint32_t op, PyObject* pa, PyObject* pb, PyObject* pout) {
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   before_record(dev, rt);
-  rt.record_binary(op, operand(out), operand(a), operand(b), numel);
+  // Kept before recording: a recording that fails halfway (a full ring's wait timing out) leaves staged tiles
+  // that still read these tensors.
   keep_object(dev, pa);
   keep_object(dev, pb);
   keep_object(dev, pout);
+  rt.record_binary(op, operand(out), operand(a), operand(b), numel);
 }
 
 void submit_many(const std::string& opname, py::handle A, py::handle B, py::handle C) {
@@ -98,10 +100,10 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
       lk = std::make_unique<RtLock>(*rt);
       before_record(r.dev, *rt);
     }
-    rt->record_binary(op, r.out, r.a, r.b, r.numel);
-    keep_object(r.dev, ia[i]);
+    keep_object(r.dev, ia[i]);  // before recording, as in submit_binary
     keep_object(r.dev, ib[i]);
     keep_object(r.dev, ic[i]);
+    rt->record_binary(op, r.out, r.a, r.b, r.numel);
   }
 }
 
@@ -228,10 +230,10 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   before_record(dev, rt);
-  record_ew_tensors(rt, op, info.arity, out, ins, cv, sc[0], sc[1]);
-  keep_object(dev, out_obj);
+  keep_object(dev, out_obj);  // before recording, as in submit_binary
   for (Py_ssize_t k = 0; k < n; ++k)
     if (!is_number(items[k])) keep_object(dev, items[k]);
+  record_ew_tensors(rt, op, info.arity, out, ins, cv, sc[0], sc[1]);
 }
 
 void submit_reduce(PyObject* pop, PyObject* px, PyObject* pout, bool keepdim) {
@@ -282,9 +284,9 @@ void submit_reduce(PyObject* pop, PyObject* px, PyObject* pout, bool keepdim) {
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   before_record(dev, rt);
-  record_reduce_tensors(rt, op, x, out, keepdim);
-  keep_object(dev, px);
+  keep_object(dev, px);  // before recording, as in submit_binary
   keep_object(dev, pout);
+  record_reduce_tensors(rt, op, x, out, keepdim);
 }
 
 }  // namespace gpuos
