@@ -71,7 +71,7 @@ void shutdown() {
     Runtime* rt = runtime_if(dev);
     if (!rt) continue;
     CUstream s = current_stream(dev);
-    bool clean = true;
+    std::string failed;
     {
       RtLock lk(*rt);
       try {
@@ -81,15 +81,15 @@ void shutdown() {
       }
       try {
         rt->shutdown(s);
-      } catch (...) {
+      } catch (const std::exception& e) {
         if (!first) first = std::current_exception();
-        clean = false;
+        failed = e.what();
       }
     }
     deferred_of(dev).ops.clear();
     pool_clear(dev);
-    if (clean) delete_runtime(dev);
-    else abandon_runtime(dev);
+    if (failed.empty()) delete_runtime(dev);
+    else abandon_runtime(dev, failed);
   }
   if (first) std::rethrow_exception(first);
 }

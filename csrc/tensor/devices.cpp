@@ -31,6 +31,10 @@ const Config& runtime_config() { return g_cfg; }
 Runtime& runtime_for(int dev) {
   if (dev < 0 || dev >= kMaxDevices)
     throw std::invalid_argument("gpuos: CUDA device index " + std::to_string(dev) + " out of range");
+  if (!g_dev[dev].rt && !g_dev[dev].abandoned.empty())
+    throw CudaError("gpuos: cannot start a runtime on cuda:" + std::to_string(dev) + ": " + g_dev[dev].abandoned +
+                    " Its worker may still occupy the GPU, and module loads and allocations in this CUDA context "
+                    "can wait for it without bound. Restart the process.");
   if (!g_dev[dev].rt) {
     auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
     rt->set_publish_hook([dev] { move_keep_to_release(dev); });
@@ -57,8 +61,9 @@ void delete_runtime(int dev) {
   delete rt;
 }
 
-void abandon_runtime(int dev) {
+void abandon_runtime(int dev, const std::string& why) {
   DeviceState& d = g_dev[dev];
+  d.abandoned = "the previous runtime was abandoned after its shutdown failed (" + why + ").";
   static std::vector<DeviceState>* graveyard = new std::vector<DeviceState>();  // never freed, by design
   DeviceState dead;
   dead.rt = d.rt;

@@ -22,6 +22,7 @@ struct DeviceState {
   Runtime* rt = nullptr;                    // null until first use on the device
   std::vector<PyObject*> keep, release;     // strong refs (GIL held) of recorded work: unpublished / published
   std::vector<at::Tensor> keep_t, release_t;  // the same, for tensors the scheduler's lowering recorded
+  std::string abandoned;                    // why this device's runtime was abandoned (empty: it was not)
 };
 
 // The device's state (0 <= dev < kMaxDevices).
@@ -34,8 +35,10 @@ const Config& runtime_config();
 // Delete the device's runtime (after Runtime::shutdown); its keep-alive references are released.
 void delete_runtime(int dev);
 // Unregister a runtime whose shutdown failed (a worker that did not finish in time may still read its memory
-// and the tensors it kept): the runtime and those references are leaked, so the device can get a new one.
-void abandon_runtime(int dev);
+// and the tensors it kept): the runtime and those references are leaked. The device gets no new runtime in this
+// process (runtime_for raises CudaError with `why`): a stuck kernel in the context can make module loads and
+// allocations wait without bound.
+void abandon_runtime(int dev, const std::string& why);
 
 int current_device();               // torch.cuda.current_device()
 CUstream current_stream(int dev);   // the caller's current stream on `dev`, without a Python call
