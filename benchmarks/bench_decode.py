@@ -24,15 +24,12 @@ host ms (until the loop returned) and GPU-stream ms (CUDA events). Results: benc
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/bench_decode.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:  # python -m benchmarks.bench_decode / import
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "decode"
 WORKLOAD = "W4"
@@ -65,7 +62,7 @@ def suite_params(quick: bool) -> dict:
             "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float16", "tolerance": TOL}
 
 
-def make_case(kv: int, steps: int, device: str) -> C.Case:
+def make_case(kv: int, steps: int, device: str) -> H.Case:
     """Inputs of one KV length (seeded) and the eager reference after ``steps`` steps."""
     import torch
     g = torch.Generator(device="cpu").manual_seed(4000 + kv)
@@ -76,7 +73,7 @@ def make_case(kv: int, steps: int, device: str) -> C.Case:
     data = SimpleNamespace(K=r(HEADS, kv, HEAD_DIM, scale=K_SCALE), V=r(HEADS, kv, HEAD_DIM, scale=V_SCALE),
                            x0=r(HEADS, 1, HEAD_DIM), scale=HEAD_DIM ** -0.5, steps=steps)
     ref = run_steps(decode_step, data)
-    return C.Case(size=kv, ref=ref, tol=TOL, data=data, ops_per_rep=5 * steps,
+    return H.Case(size=kv, ref=ref, tol=TOL, data=data, ops_per_rep=5 * steps,
                   extra={"kv_len": kv, "steps": steps, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float16"})
 
 
@@ -96,48 +93,49 @@ def run_steps(step, d, clone: bool = False):
 
 
 # ------------------------------------------------------------------------------------------------ peers
-def setup_eager(case: C.Case) -> C.Prepared:
-    return C.Prepared(lambda: run_steps(decode_step, case.data))
+def setup_eager(case: H.Case) -> H.Prepared:
+    return H.Prepared(lambda: run_steps(decode_step, case.data))
 
 
-def setup_cudagraph(case: C.Case) -> C.Prepared:
+def setup_cudagraph(case: H.Case) -> H.Prepared:
     """One step captured (reading and updating a static x); each repetition resets x and replays it."""
     d = case.data
     x = d.x0.clone()
 
     def step() -> None:
         x.copy_(decode_step(x, d.K, d.V, d.scale))
-    g, _, capture_ms = C.capture_cuda_graph(step, step)
+    g, _, capture_ms = H.capture_cuda_graph(step, step)
 
     def fn():
         x.copy_(d.x0)
         for _ in range(d.steps):
             g.replay()
         return x
-    return C.Prepared(fn, extra={"capture_ms": C._r(capture_ms, 3)})
+    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3)})
 
 
-def prepare_compiled(case: C.Case, compiled, mode: str, ctx: C.RunContext) -> C.Prepared:
+def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.Prepared:
     if mode == "reduce-overhead":
-        C.mark_static(case.data.K, case.data.V)
-        return C.Prepared(lambda: run_steps(compiled, case.data, clone=True))
-    return C.Prepared(lambda: run_steps(compiled, case.data))
+        H.mark_static(case.data.K, case.data.V)
+        return H.Prepared(lambda: run_steps(compiled, case.data, clone=True))
+    return H.Prepared(lambda: run_steps(compiled, case.data))
 
 
-def make_setups(ctx: C.RunContext) -> dict:
+def make_setups(ctx: H.RunContext) -> dict:
     """The in-process peers: {config: setup(case) -> Prepared}."""
     return {"eager": setup_eager, "cudagraph": setup_cudagraph,
-            "gpuos_scheduler": C.scheduler_setup(ctx, lambda case: run_steps(decode_step, case.data))}
+            "gpuos_scheduler": H.scheduler_setup(ctx, lambda case: run_steps(decode_step, case.data))}
 
 
 # ------------------------------------------------------------------------------------------------ suite
-run_workload, compile_child, suite_units = C.standard_hooks(
+run_workload, compile_child, suite_units = H.standard_hooks(
     WORKLOAD, "bench_decode", lambda p: p["kv_lens"], lambda kv, p, device: make_case(kv, p["steps"], device),
     make_setups, decode_step, prepare_compiled, IN_PROCESS, IN_PROCESS_SHARE, NOT_APPLICABLE)
 
 
 def main(argv: Any = None) -> int:
-    return C.standalone_main(WORKLOAD, argv)
+    from benchmarks import run_all  # this workload alone = python -m benchmarks --only <workload>
+    return run_all.standalone_main(WORKLOAD, argv)
 
 
 if __name__ == "__main__":

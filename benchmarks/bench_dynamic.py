@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/bench_dynamic.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-    from benchmarks.bench_scheduler import OPS_PER_ITER, W2_TOL, w2_inputs, w2_step
-else:  # python -m benchmarks.bench_dynamic / import
-    from . import _common as C
-    from .bench_scheduler import OPS_PER_ITER, W2_TOL, w2_inputs, w2_step
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
+from benchmarks.bench_scheduler import OPS_PER_ITER, W2_TOL, w2_inputs, w2_step
 
 NAME = "dynamic"
 WORKLOAD = "W6"
@@ -60,18 +56,18 @@ def suite_params(quick: bool) -> dict:
     return {"iters": QUICK_ITERS if quick else ITERS, "sizes": SIZES, "dtype": "float32", "tolerance": W2_TOL}
 
 
-def make_case(iters: int, device: str) -> C.Case:
+def make_case(iters: int, device: str) -> H.Case:
     """Inputs of every size, the size sequence, and eager's output for each size."""
     inputs = {n: w2_inputs(n, seed=6000 + n, device=device) for n in SIZES}
     seq = [SIZES[(7 * i) % len(SIZES)] for i in range(iters)]
     d = SimpleNamespace(inputs=inputs, seq=seq)
     ref = {n: w2_step(*inputs[n]) for n in SIZES}
-    return C.Case(size=size_label(), ref=ref, tol=W2_TOL, data=d, ops_per_rep=OPS_PER_ITER * iters,
+    return H.Case(size=size_label(), ref=ref, tol=W2_TOL, data=d, ops_per_rep=OPS_PER_ITER * iters,
                   extra={"iters": iters, "sizes": SIZES, "dtype": "float32"})
 
 
-def dynamic_prepared(ctx: C.RunContext, case: C.Case, one: Callable[[int], Any], extra: Optional[dict] = None,
-                     scope: Optional[Callable[[], Any]] = None) -> C.Prepared:
+def dynamic_prepared(ctx: H.RunContext, case: H.Case, one: Callable[[int], Any], extra: Optional[dict] = None,
+                     scope: Optional[Callable[[], Any]] = None) -> H.Prepared:
     """Prepared for a per-iteration callable ``one(n)``: the rep runs it over the size sequence (inside
     ``scope()`` when given, e.g. a scheduler context); the check times the cold first pass
     (``cold_pass_ms``), then compares one call per size (cloned at once) with eager. ``extra`` (kept, not
@@ -96,35 +92,35 @@ def dynamic_prepared(ctx: C.RunContext, case: C.Case, one: Callable[[int], Any],
         t0 = time.perf_counter()
         fn()
         ctx.sync()
-        fields["cold_pass_ms"] = C._r((time.perf_counter() - t0) * 1e3, 3)
+        fields["cold_pass_ms"] = H.rnd((time.perf_counter() - t0) * 1e3, 3)
         if scope is None:
             return {n: one(n).clone() for n in SIZES}
         with scope():
             return {n: one(n) for n in SIZES}
-    return C.Prepared(fn, check, fields)
+    return H.Prepared(fn, check, fields)
 
 
 # ------------------------------------------------------------------------------------------------ peers
-def make_setups(ctx: C.RunContext) -> dict:
-    def eager(case: C.Case) -> C.Prepared:
+def make_setups(ctx: H.RunContext) -> dict:
+    def eager(case: H.Case) -> H.Prepared:
         return dynamic_prepared(ctx, case, lambda n: w2_step(*case.data.inputs[n]))
 
-    def cudagraph(case: C.Case) -> C.Prepared:
+    def cudagraph(case: H.Case) -> H.Prepared:
         graphs: dict = {}
         fields = {"captures": 0, "capture_ms_total": 0.0}
 
         def one(n: int):
             if n not in graphs:  # first appearance of this size: capture (counted and timed)
                 args = case.data.inputs[n]
-                graphs[n] = C.capture_cuda_graph(lambda: w2_step(*args), lambda: w2_step(*args))
+                graphs[n] = H.capture_cuda_graph(lambda: w2_step(*args), lambda: w2_step(*args))
                 fields["captures"] += 1
-                fields["capture_ms_total"] = C._r(fields["capture_ms_total"] + graphs[n][2], 3)
+                fields["capture_ms_total"] = H.rnd(fields["capture_ms_total"] + graphs[n][2], 3)
             g, out, _ = graphs[n]
             g.replay()
             return out
         return dynamic_prepared(ctx, case, one, fields)
 
-    def scheduler(case: C.Case) -> C.Prepared:
+    def scheduler(case: H.Case) -> H.Prepared:
         return dynamic_prepared(ctx, case, lambda n: w2_step(*case.data.inputs[n]), scope=ctx.scheduler)
 
     return {"eager": eager, "cudagraph": cudagraph, "gpuos_scheduler": scheduler}
@@ -140,24 +136,25 @@ def count_rows(rows: list) -> list:
         cfg = r["config"]
         for key, only in COUNT_FIELDS.items():
             if r.get(key) is not None and (only is None or only == cfg):
-                out.append(C.value_row(WORKLOAD, key, r[key], "count", size=r["size"], for_config=cfg))
-        out.append(C.value_row(WORKLOAD, "first_pass_extra_ms", max(0.0, r["cold_pass_ms"] - r["median_ms"]), "ms",
+                out.append(H.value_row(WORKLOAD, key, r[key], "count", size=r["size"], for_config=cfg))
+        out.append(H.value_row(WORKLOAD, "first_pass_extra_ms", max(0.0, r["cold_pass_ms"] - r["median_ms"]), "ms",
                                size=r["size"], for_config=cfg, cold_pass_ms=r["cold_pass_ms"]))
     return out
 
 
 # ------------------------------------------------------------------------------------------------ suite
-def prepare_compiled(case: C.Case, compiled, mode: str, ctx: C.RunContext) -> C.Prepared:
+def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.Prepared:
     return dynamic_prepared(ctx, case, lambda n: compiled(*case.data.inputs[n]))
 
 
-run_workload, compile_child, suite_units = C.standard_hooks(
+run_workload, compile_child, suite_units = H.standard_hooks(
     WORKLOAD, "bench_dynamic", lambda p: [size_label(p["sizes"])], lambda _, p, device: make_case(p["iters"], device),
     make_setups, w2_step, prepare_compiled, IN_PROCESS, IN_PROCESS_SHARE, NOT_APPLICABLE, count_rows)
 
 
 def main(argv: Any = None) -> int:
-    return C.standalone_main(WORKLOAD, argv)
+    from benchmarks import run_all  # this workload alone = python -m benchmarks --only <workload>
+    return run_all.standalone_main(WORKLOAD, argv)
 
 
 if __name__ == "__main__":

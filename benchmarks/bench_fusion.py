@@ -37,85 +37,25 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-    from benchmarks.bench_scheduler import w2_step
-else:
-    from . import _common as C
-    from .bench_scheduler import w2_step
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
+from benchmarks.bench_scheduler import w2_step
 
 NAME = "injection"
 N = 2048
 CAPACITY = 1 << 16  # descriptor ring slots: the scheduler publishes at capacity / 8 deferred ops (> 5,000)
 
 
-GATE_CYCLES = 60_000_000  # ~30 ms of GPU clock to start with; doubled while the host part outlasts it
-
-
-def gpu_ms_of(fn, gate=None) -> tuple[float, float]:
-    """(GPU ms, host s) of the stream work `fn` enqueues, with the host's enqueue time taken out of the GPU
-    time: the stream is held by a busy kernel (the gate, `gate` cycles) while the host runs `fn`, so the events
-    time only the device's work. If the host was not done before the gate ended (its time would leak into the
-    result), the measurement is discarded and repeated with a gate twice as long; with an explicit `gate` (for
-    work that cannot be repeated), it raises instead."""
-    global GATE_CYCLES
-    for _ in range(6):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(gate or GATE_CYCLES)
-        s.record()
-        t0 = time.perf_counter()
-        fn()
-        host_s = time.perf_counter() - t0
-        e.record()
-        leaked = s.query()
-        torch.cuda.synchronize()
-        if not leaked:
-            return s.elapsed_time(e), host_s
-        if gate:
-            raise RuntimeError(f"bench_fusion: the host part ({host_s * 1e3:.1f} ms) outlasted a GPU gate of "
-                               f"{gate} cycles")
-        GATE_CYCLES *= 2
-    raise RuntimeError(f"bench_fusion: the host part ({host_s * 1e3:.1f} ms) outlasted a GPU gate of "
-                       f"{GATE_CYCLES // 2} cycles")
-
-
-_CYCLES_PER_MS = []
-
-
-def gate_for(host_ms: float) -> int:
-    """Gate cycles for host work of about `host_ms` (three times that, at least GATE_CYCLES)."""
-    if not _CYCLES_PER_MS:
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        torch.cuda._sleep(GATE_CYCLES)
-        e.record()
-        torch.cuda.synchronize()
-        _CYCLES_PER_MS.append(GATE_CYCLES / s.elapsed_time(e))
-    return max(GATE_CYCLES, int(3 * host_ms * _CYCLES_PER_MS[0]))
-
-
 def eager_graph_gpu_ms(data, iters, reps):
-    g, out, _ = C.capture_cuda_graph(lambda: [w2_step(*data) for _ in range(3)][-1],
+    g, out, _ = H.capture_cuda_graph(lambda: [w2_step(*data) for _ in range(3)][-1],
                                      lambda: [w2_step(*data) for _ in range(iters)][-1])
     g.replay()  # the first launch uploads the graph
-    times = [gpu_ms_of(g.replay)[0] for _ in range(reps)]
+    times = [H.gpu_ms_of(g.replay)[0] for _ in range(reps)]
     return statistics.median(times), out
-
-
-def one_batch_check(ext, before):
-    """Only the exit flush may have published since `before` (ext.sched_stats()): else the events around the
-    exit timed a part of the work."""
-    causes = ext.sched_stats()["flushes_by_cause"]
-    extra = {k: v - before.get(k, 0) for k, v in causes.items() if k != "exit" and v != before.get(k, 0)}
-    if extra:
-        raise RuntimeError(f"bench_fusion: the loop was published in several batches ({extra}): raise CAPACITY")
 
 
 def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
@@ -137,12 +77,12 @@ def gpuos_w2(gpuos, ext, data, iters, reps, fused, front=True):
             if rep == 0:  # warm-up: its exit, ungated, sizes the gate for the timed reps
                 t1 = time.perf_counter()
                 ctx.__exit__(None, None, None)
-                gate = gate_for((time.perf_counter() - t1) * 1e3)
+                gate = H.gate_for((time.perf_counter() - t1) * 1e3)
                 torch.cuda.synchronize()
                 continue
             # The exit flush (lowering, publication) behind the gate
-            gpu_ms, exit_s = gpu_ms_of(lambda: ctx.__exit__(None, None, None), gate)
-            one_batch_check(ext, before)
+            gpu_ms, exit_s = H.gpu_ms_of(lambda: ctx.__exit__(None, None, None), gate)
+            H.check_one_batch(ext, before)
             exits.append(exit_s * 1e6 / (iters * 5))
             gpu.append(gpu_ms)
             host.append((t_rec + exit_s) * 1e6 / (iters * 5))
@@ -199,7 +139,7 @@ def host_costs(gpuos, data, iters, reps):
             ctx.__exit__(None, None, None)
             t1 = time.perf_counter()
             torch.cuda.synchronize()
-            one_batch_check(gpuos_ext, before)
+            H.check_one_batch(gpuos_ext, before)
             if r:
                 ts[name].append((t1 - t0) * 1e6 / (iters * 5))
     return {k: statistics.median(v) for k, v in ts.items()}
@@ -229,8 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
-    if not C.cuda_available():
-        print("bench_fusion: no CUDA GPU here; nothing measured.")
+    if H.skip_without_cuda("bench_fusion"):
         return 0
     import gpuos
     import gpuos_ext as ext
@@ -264,32 +203,32 @@ def main(argv=None) -> int:
             ok = False
     new_us, seen_us = first_use(gpuos, ext, args.reps)
     rows = [
-        C.value_row("W2", "w2_fused_gpu_fraction_of_eager", fused_gpu / eager_gpu, "ratio", size=N, correct=ok,
+        H.value_row("W2", "w2_fused_gpu_fraction_of_eager", fused_gpu / eager_gpu, "ratio", size=N, correct=ok,
                     goal="<= 0.333"),
-        C.value_row("W2", "w2_unfused_gpu_fraction_of_eager", unfused_gpu / eager_gpu, "ratio", size=N, correct=ok,
+        H.value_row("W2", "w2_unfused_gpu_fraction_of_eager", unfused_gpu / eager_gpu, "ratio", size=N, correct=ok,
                     note="5 dependency levels of 1,000 sub-ops (one per op of the chain), intermediates written"),
-        C.value_row("W2", "w2_fused_spec_gpu_fraction_of_eager", spec_gpu / eager_gpu, "ratio", size=N, correct=ok,
+        H.value_row("W2", "w2_fused_spec_gpu_fraction_of_eager", spec_gpu / eager_gpu, "ratio", size=N, correct=ok,
                     note=f"tier 2 (specialized code, generation {dict(active)}); compile+handover "
                          f"{spec_compile_s:.1f} s in the background"),
-        C.value_row("W2", "w2_fused_spec_gpu_ms", spec_gpu, "ms", size=N),
-        C.value_row("W2", "w2_eager_graph_gpu_ms", eager_gpu, "ms", size=N),
-        C.value_row("W2", "w2_fused_gpu_ms", fused_gpu, "ms", size=N),
-        C.value_row("W2", "w2_unfused_gpu_ms", unfused_gpu, "ms", size=N),
-        C.value_row("W2", "w2_fused_host_us_per_op", host["fused"], "us", size=N, goal="<= 4",
+        H.value_row("W2", "w2_fused_spec_gpu_ms", spec_gpu, "ms", size=N),
+        H.value_row("W2", "w2_eager_graph_gpu_ms", eager_gpu, "ms", size=N),
+        H.value_row("W2", "w2_fused_gpu_ms", fused_gpu, "ms", size=N),
+        H.value_row("W2", "w2_unfused_gpu_ms", unfused_gpu, "ms", size=N),
+        H.value_row("W2", "w2_fused_host_us_per_op", host["fused"], "us", size=N, goal="<= 4",
                     note="scheduler_context() (fusion, __torch_function__ front): recording + the exit flush's host work"),
-        C.value_row("W2", "w2_unfused_host_us_per_op", unfused_host, "us", size=N),
-        C.value_row("W2", "w2_dispatch_only_host_us_per_op", host["dispatch_only"], "us", size=N,
+        H.value_row("W2", "w2_unfused_host_us_per_op", unfused_host, "us", size=N),
+        H.value_row("W2", "w2_dispatch_only_host_us_per_op", host["dispatch_only"], "us", size=N,
                     note="fused, scheduler_context(front=False): the TorchDispatchMode path alone"),
-        C.value_row("W2", "w2_function_mode_floor_host_us_per_op", host["function_floor"], "us", size=N,
+        H.value_row("W2", "w2_function_mode_floor_host_us_per_op", host["function_floor"], "us", size=N,
                     note="TorchFunctionMode returning args[0]: the floor of the front"),
-        C.value_row("W2", "w2_mode_floor_host_us_per_op", host["floor"], "us", size=N,
+        H.value_row("W2", "w2_mode_floor_host_us_per_op", host["floor"], "us", size=N,
                     note="TorchDispatchMode returning args[0]: the interception floor"),
-        C.value_row("W2", "w2_mode_alloc_host_us_per_op", host["alloc"], "us", size=N,
+        H.value_row("W2", "w2_mode_alloc_host_us_per_op", host["alloc"], "us", size=N,
                     note="TorchDispatchMode returning torch.empty_like(args[0])"),
-        C.value_row("first_use", "first_use_us", new_us, "us", size=N, correct=True, goal="<= 1000"),
-        C.value_row("first_use", "seen_use_us", seen_us, "us", size=N, correct=True),
+        H.value_row("first_use", "first_use_us", new_us, "us", size=N, correct=True, goal="<= 1000"),
+        H.value_row("first_use", "seen_use_us", seen_us, "us", size=N, correct=True),
     ]
-    path = C.merge_and_print_values(NAME, rows)
+    path = H.merge_and_print_values(NAME, rows)
     print(f"results merged into {path}")
     return 0
 

@@ -26,15 +26,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "injection"
 OP = "bench_inj_sw"
@@ -45,8 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--subops", type=int, default=2000, help="sub-ops in flight when a handover starts")
     args = ap.parse_args(argv)
-    if not C.cuda_available():
-        print("bench_injection: no CUDA GPU here; nothing measured.")
+    if H.skip_without_cuda("bench_injection"):
         return 0
     import gpuos
     import gpuos_ext as ext
@@ -115,22 +111,22 @@ def main(argv=None) -> int:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     total = [h["total_us"] for h in busy]
     rows = [
-        C.value_row("handover", "handover_us", med(total), "us", reps=args.reps, min=min(total), max=max(total),
+        H.value_row("handover", "handover_us", med(total), "us", reps=args.reps, min=min(total), max=max(total),
                     subops_in_flight=n, correct=correct, goal="<= 1000 us"),
-        C.value_row("handover", "handover_drain_us", med([h["drain_us"] for h in busy]), "us", reps=args.reps),
-        C.value_row("handover", "handover_load_us", med([h["load_us"] for h in busy]), "us", reps=args.reps),
-        C.value_row("handover", "handover_launch_us", med([h["launch_us"] for h in busy]), "us", reps=args.reps),
-        C.value_row("handover", "handover_idle_us", med([h["total_us"] for h in idle]), "us", reps=args.reps),
-        C.value_row("switch", "switch_us", med(switch), "us", reps=len(switch), min=min(switch), max=max(switch)),
-        C.value_row("handover", "first_flush_new_generation_us", first_flush, "us", new_generation=new_generation,
+        H.value_row("handover", "handover_drain_us", med([h["drain_us"] for h in busy]), "us", reps=args.reps),
+        H.value_row("handover", "handover_load_us", med([h["load_us"] for h in busy]), "us", reps=args.reps),
+        H.value_row("handover", "handover_launch_us", med([h["launch_us"] for h in busy]), "us", reps=args.reps),
+        H.value_row("handover", "handover_idle_us", med([h["total_us"] for h in idle]), "us", reps=args.reps),
+        H.value_row("switch", "switch_us", med(switch), "us", reps=len(switch), min=min(switch), max=max(switch)),
+        H.value_row("handover", "first_flush_new_generation_us", first_flush, "us", new_generation=new_generation,
                     idle_adoptions=adopted, steady_flush_us=round(steady_flush, 2),
                     note="submit + flush(sync) of the first sub-op that needs a generation that became ready while "
                          "the worker was idle (the compile thread loaded it: idle_adoptions); steady_flush_us: "
                          "the same flush later"),
-        C.value_row("generation", "generation_compile_s", compile_s, "s",
+        H.value_row("generation", "generation_compile_s", compile_s, "s",
                     note="register + install of one op (one generation) incl. NVRTC; ~0 from a warm cache"),
     ]
-    path = C.merge_and_print_values(NAME, rows)
+    path = H.merge_and_print_values(NAME, rows)
     print(f"handovers counted: {ext.stats()['handovers']}; results merged into {path}")
     return 0 if correct else 1
 

@@ -31,21 +31,16 @@ Results: benchmarks/results/microbatch.json (BENCH_SCHEMA.md).
 """
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import gc
 import math
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/bench_microbatch.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:  # python -m benchmarks.bench_microbatch / import
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "microbatch"
 WORKLOAD = "W1"
@@ -72,68 +67,21 @@ GOAL_ROUNDTRIP_US = 6.0          # one-sub-op round trip <= 6 us
 GOAL_NS_PER_SUBOP = 20.0         # <= 20 ns GPU time per 256-element sub-op
 
 
-def log(msg: str) -> None:
-    print(f"[{NAME}] {msg}", flush=True)
+log = H.prefixed_log(NAME)
 
 
-# --------------------------------------------------------------------------------------------------
-# correctness
-# --------------------------------------------------------------------------------------------------
-def poison(outs) -> None:
-    for c in outs:
-        c.fill_(float("nan"))
-
-
-def check_add(outs, A, B, chunk: int = 1000):
+def check_add(outs, A, B):
     """(True, None) when outs[i] == A[i] + B[i] for all i (assert_close), else (False, why)."""
     import torch
-    if outs is None or len(outs) != len(A):
-        return False, f"expected {len(A)} outputs, got {None if outs is None else len(outs)}"
-    for i in range(0, len(A), chunk):
-        got = torch.stack(list(outs[i:i + chunk]))
-        exp = torch.stack(A[i:i + chunk]) + torch.stack(B[i:i + chunk])
-        try:
-            torch.testing.assert_close(got, exp)
-        except AssertionError as exc:
-            msg = " ".join(str(exc).split())
-            return False, f"ops {i}..{i + len(got) - 1}: {msg[:400]}"
-    return True, None
-
-
-def run_and_check(fn, A, B, outs=None):
-    """Poison ``outs`` (if given), run fn once, check outs (or what fn returned) against A + B."""
-    import torch
-    if outs is not None:
-        poison(outs)
-    torch.cuda.synchronize()
-    res = fn()
-    torch.cuda.synchronize()
-    return check_add(outs if outs is not None else res, A, B)
-
-
-# --------------------------------------------------------------------------------------------------
-# gpuos helpers
-# --------------------------------------------------------------------------------------------------
-def pow2_at_least(x: int) -> int:
-    return 1 << max(0, int(x - 1).bit_length())
+    return H.check_batch(outs, len(A), lambda i, j: torch.stack(A[i:j]) + torch.stack(B[i:j]))
 
 
 # --------------------------------------------------------------------------------------------------
 # per-size configs
 # --------------------------------------------------------------------------------------------------
-def capture_graph(A, B, Cout):
-    import torch
-
-    def adds():
-        for a, b, c in zip(A, B, Cout):
-            torch.add(a, b, out=c)
-    g, _, ms = C.capture_cuda_graph(adds, adds)
-    return g, ms
-
-
-def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None" = None):
-    """All configs of args.configs at size n. ``ctx`` (the suite's): its budget turns late configs into
-    error rows and trims the reps of slow ones; its gpuos package runs gpuos_scheduler."""
+def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "H.RunContext"):
+    """All configs of args.configs at size n. ``ctx``: its budget turns late configs into error rows and trims
+    the reps of slow ones (the suite's; unbounded when run alone); its gpuos package runs gpuos_scheduler."""
     import torch
 
     count, reps, warmup = args.count, args.reps, args.warmup
@@ -150,59 +98,24 @@ def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None"
         """setup() -> (fn, outs_or_None, extra_fields, after_timing_hook_or_None)."""
         if config not in args.configs:
             return
-        if ctx is not None:
-            ctx.advance(f"{WORKLOAD} {n} {config}")
-        if (config in GPUOS_CONFIGS and mod is None) or (config == "gpuos_scheduler" and (ctx is None or
-                                                                                         ctx.gpuos is None)):
-            why = mod_err if config in GPUOS_CONFIGS else (ctx.gpuos_err if ctx else "needs the suite's context")
-            rows.append(C.error_row(WORKLOAD, n, config, f"gpuos unavailable: {why}", count=count))
+        ctx.advance(f"{WORKLOAD} {n} {config}")
+        why = H.gpuos_unavailable(config, GPUOS_CONFIGS, mod, mod_err, ctx)
+        if why is not None:
+            rows.append(H.error_row(WORKLOAD, n, config, f"gpuos unavailable: {why}", count=count))
             log(f"n={n} {config}: ERROR gpuos unavailable")
-            return
-        if ctx is not None and ctx.budget.expired():
-            rows.append(C.error_row(WORKLOAD, n, config, C.budget_error(ctx), count=count))
-            return
-        st0 = C.gpuos_stats(mod) if (config in GPUOS_CONFIGS and mod is not None) else None
-        try:
-            fn, outs, extra, after = setup()
-            t0 = time.perf_counter()
-            correct, detail = run_and_check(fn, A, B, outs)
-            n_reps, n_warm, note = reps, warmup, None
-            if ctx is not None:  # the check (one call + compare) bounds one rep from above
-                n_reps, n_warm, note = C.plan_reps(time.perf_counter() - t0, reps, warmup, ctx.share_s(),
-                                                   ctx.min_reps)
-            timing = C.time_reps(fn, reps=n_reps, warmup=n_warm)
-        except Exception as exc:
-            rows.append(C.error_row(WORKLOAD, n, config, exc, count=count))
-            log(f"n={n} {config}: ERROR {C.format_exc(exc, 300)}")
-            try:
-                torch.cuda.synchronize()
-            except Exception:
-                pass
-            return
-        row = C.timing_row(WORKLOAD, n, config, timing, correct,
-                           count=count,
-                           us_per_op=C._r(timing.median_ms * 1e3 / count),
-                           host_median_ms=C._r(timing.host_median_ms),
-                           **(extra or {}))
-        if detail:
-            row["correct_detail"] = detail
-        if note:
-            row["reps_note"] = note
-        if st0 is not None:
-            d = C.stats_delta(st0, C.gpuos_stats(mod))
-            if d is not None:
-                row["stats_delta"] = d
-        rows.append(row)
-        if after is not None:
-            after(timing)
-        log(f"n={n} {config:<18} median {timing.median_ms:9.3f} ms  (min {timing.min_ms:.3f}, "
-            f"max {timing.max_ms:.3f}, host {timing.host_median_ms:.3f}) correct={correct}")
+        elif ctx.budget.expired():
+            rows.append(H.error_row(WORKLOAD, n, config, H.budget_error(ctx), count=count))
+        else:  # the whole check (one call + compare) bounds one rep from above
+            H.bench_config(rows, WORKLOAD, n, config, setup, lambda got, _: check_add(got, A, B),
+                           lambda check_s, _: H.plan_reps(check_s, reps, warmup, ctx.share_s(), ctx.min_reps),
+                           count, log, f"n={n}", {"count": count}, lead={"count": count},
+                           stats_mod=mod if config in GPUOS_CONFIGS else None)
 
     # eager: c = a + b, a new output per op
     def setup_eager():
         def fn():
             return [a + b for a, b in zip(A, B)]
-        return fn, None, None, None
+        return fn, None, {}, None
 
     # eager_out: torch.add(a, b, out=c)
     def setup_eager_out():
@@ -211,7 +124,7 @@ def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None"
         def fn():
             for a, b, c in zip(A, B, Cout):
                 add(a, b, out=c)
-        return fn, Cout, None, None
+        return fn, Cout, {}, None
 
     # foreach: out-of-place torch._foreach_add (allocates the outputs)
     def setup_foreach():
@@ -219,15 +132,18 @@ def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None"
 
         def fn():
             return fadd(A, B)
-        return fn, None, None, None
+        return fn, None, {}, None
 
     # cudagraph: replay of one graph holding all the torch.add(out=) calls
     graph_holder = []
 
     def setup_cudagraph():
-        g, capture_ms = capture_graph(A, B, Cout)
+        def adds():
+            for a, b, c in zip(A, B, Cout):
+                torch.add(a, b, out=c)
+        g, _, capture_ms = H.capture_cuda_graph(adds, adds)
         graph_holder.append(g)
-        return g.replay, Cout, {"capture_ms": C._r(capture_ms, 2)}, None
+        return g.replay, Cout, {"capture_ms": H.rnd(capture_ms, 2)}, None
 
     # gpuos_submit: python loop of submit_add, then flush(sync=True)
     def setup_gpuos_submit():
@@ -244,12 +160,9 @@ def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None"
         def after(timing):
             samples = loop_ms[-timing.reps:]
             if samples:
-                us = statistics.median(samples) * 1e3 / count
-                value_rows.append(C.value_row(WORKLOAD, "submit_host_us", us, "us", size=n, count=count,
-                                              min_us=C._r(min(samples) * 1e3 / count),
-                                              max_us=C._r(max(samples) * 1e3 / count)))
-                log(f"n={n} submit_host_us = {us:.3f} us per submit_add (host only)")
-        return fn, Cout, None, after
+                value_rows.append(H.per_op_us_row(WORKLOAD, "submit_host_us", samples, count, size=n))
+                log(f"n={n} submit_host_us = {value_rows[-1]['value']:.3f} us per submit_add (host only)")
+        return fn, Cout, {}, after
 
     # gpuos_submit_many: one submit_many call, then flush(sync=True)
     def setup_gpuos_submit_many():
@@ -265,18 +178,17 @@ def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None"
         def after(timing):
             samples = call_ms[-timing.reps:]
             if samples:
-                us = statistics.median(samples) * 1e3 / count
-                value_rows.append(C.value_row(WORKLOAD, "submit_many_host_us", us, "us", size=n,
-                                              count=count))
-                log(f"n={n} submit_many_host_us = {us:.4f} us per sub-op (host only)")
-        return fn, Cout, None, after
+                value_rows.append(H.per_op_us_row(WORKLOAD, "submit_many_host_us", samples, count, spread=False,
+                                                  size=n))
+                log(f"n={n} submit_many_host_us = {value_rows[-1]['value']:.4f} us per sub-op (host only)")
+        return fn, Cout, {}, after
 
     # gpuos_scheduler: the eager loop inside one scheduler_context (flushed at exit)
     def setup_gpuos_scheduler():
         def fn():
             with ctx.scheduler():
                 return [a + b for a, b in zip(A, B)]
-        return fn, None, None, None
+        return fn, None, {}, None
 
     bench("eager", setup_eager)
     bench("eager_out", setup_eager_out)
@@ -288,12 +200,7 @@ def run_size(n, args, mod, mod_err, rows, value_rows, ctx: "C.RunContext | None"
     bench("gpuos_scheduler", setup_gpuos_scheduler)
 
     del A, B, Cout
-    gc.collect()
-    try:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    except Exception:
-        pass
+    H.release_memory()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,11 +215,6 @@ def measure_roundtrips(args, mod, mod_err, value_rows):
     c = torch.empty(ROUNDTRIP_ELEMS, device="cuda")
     exp = a + b
     torch.cuda.synchronize()
-
-    def summarize_us(samples):
-        s = sorted(samples)
-        return {"min_us": C._r(s[0] * 1e6), "p90_us": C._r(s[int(0.9 * (len(s) - 1))] * 1e6),
-                "max_us": C._r(s[-1] * 1e6)}
 
     # eager: a + b then torch.cuda.synchronize()
     try:
@@ -333,16 +235,16 @@ def measure_roundtrips(args, mod, mod_err, value_rows):
             gc.enable()
         del d
         us = statistics.median(samples) * 1e6
-        value_rows.append(C.value_row(WORKLOAD, "eager_roundtrip_us", us, "us", elements=ROUNDTRIP_ELEMS,
-                                      iters=iters, **summarize_us(samples)))
+        value_rows.append(H.value_row(WORKLOAD, "eager_roundtrip_us", us, "us", elements=ROUNDTRIP_ELEMS,
+                                      iters=iters, **H.spread_us(samples)))
         log(f"eager_roundtrip_us = {us:.2f} us")
     except Exception as exc:
-        value_rows.append(C.error_row(WORKLOAD, None, "eager_roundtrip_us", exc))
-        log(f"eager_roundtrip_us: ERROR {C.format_exc(exc, 300)}")
+        value_rows.append(H.error_row(WORKLOAD, None, "eager_roundtrip_us", exc))
+        log(f"eager_roundtrip_us: ERROR {H.format_exc(exc, 300)}")
 
     # gpuos: submit_add of one 256-element op + flush(sync=True)
     if mod is None:
-        value_rows.append(C.error_row(WORKLOAD, None, "roundtrip_us", f"gpuos unavailable: {mod_err}"))
+        value_rows.append(H.error_row(WORKLOAD, None, "roundtrip_us", f"gpuos unavailable: {mod_err}"))
         return
     try:
         submit, flush = mod.submit_add, mod.flush
@@ -369,33 +271,30 @@ def measure_roundtrips(args, mod, mod_err, value_rows):
         finally:
             gc.enable()
         us = statistics.median(samples) * 1e6
-        row = C.value_row(WORKLOAD, "roundtrip_us", us, "us", elements=ROUNDTRIP_ELEMS, iters=iters,
-                          correct=correct, **summarize_us(samples))
+        row = H.value_row(WORKLOAD, "roundtrip_us", us, "us", elements=ROUNDTRIP_ELEMS, iters=iters,
+                          correct=correct, **H.spread_us(samples))
         if detail:
             row["correct_detail"] = detail
         value_rows.append(row)
         log(f"roundtrip_us = {us:.2f} us (correct={correct})")
     except Exception as exc:
-        value_rows.append(C.error_row(WORKLOAD, None, "roundtrip_us", exc))
-        log(f"roundtrip_us: ERROR {C.format_exc(exc, 300)}")
+        value_rows.append(H.error_row(WORKLOAD, None, "roundtrip_us", exc))
+        log(f"roundtrip_us: ERROR {H.format_exc(exc, 300)}")
     finally:
-        try:
-            torch.cuda.synchronize()
-        except Exception:
-            pass
+        H.try_sync()
 
 
 def measure_ns_per_subop(args, mod, mod_err, value_rows):
     """GPU time per 256-element sub-op from one flush of ``batch`` sub-ops (median of ``reps``)."""
     import torch
     if mod is None:
-        value_rows.append(C.error_row(WORKLOAD, None, "gpu_ns_per_subop", f"gpuos unavailable: {mod_err}"))
+        value_rows.append(H.error_row(WORKLOAD, None, "gpu_ns_per_subop", f"gpuos unavailable: {mod_err}"))
         return
     batch, reps = args.subop_batch, args.subop_reps
-    capacity = max(SUBOP_CAPACITY, pow2_at_least(batch))
+    capacity = max(SUBOP_CAPACITY, H.pow2_at_least(batch))
     A = B = Cout = None
     try:
-        C.gpuos_reinit(mod, capacity)
+        H.gpuos_reinit(mod, capacity)
         torch.manual_seed(99)
         t0 = time.perf_counter()
         A = [torch.randn(SUBOP_ELEMS, device="cuda") for _ in range(batch)]
@@ -408,7 +307,7 @@ def measure_ns_per_subop(args, mod, mod_err, value_rows):
         correct, detail = None, None
         for i in range(1 + reps):  # first pass = warm-up + correctness check
             if i == 0:
-                poison(Cout)
+                H.poison(Cout)
             mod.submit_many("add", A, B, Cout)
             torch.cuda.synchronize()
             start = torch.cuda.Event(enable_timing=True)
@@ -427,18 +326,18 @@ def measure_ns_per_subop(args, mod, mod_err, value_rows):
                 times_ms.append(ms)
                 flush_host_ms.append(th * 1e3)
         ns = statistics.median(times_ms) * 1e6 / batch
-        row = C.value_row(WORKLOAD, "gpu_ns_per_subop", ns, "ns", elements=SUBOP_ELEMS, batch=batch,
+        row = H.value_row(WORKLOAD, "gpu_ns_per_subop", ns, "ns", elements=SUBOP_ELEMS, batch=batch,
                           reps=reps, correct=correct,
-                          min_ns=C._r(min(times_ms) * 1e6 / batch), max_ns=C._r(max(times_ms) * 1e6 / batch),
-                          batch_median_ms=C._r(statistics.median(times_ms)),
-                          flush_host_median_ms=C._r(statistics.median(flush_host_ms)))
+                          min_ns=H.rnd(min(times_ms) * 1e6 / batch), max_ns=H.rnd(max(times_ms) * 1e6 / batch),
+                          batch_median_ms=H.rnd(statistics.median(times_ms)),
+                          flush_host_median_ms=H.rnd(statistics.median(flush_host_ms)))
         if detail:
             row["correct_detail"] = detail
         value_rows.append(row)
         log(f"gpu_ns_per_subop = {ns:.2f} ns (batch {batch}, median of {reps}; correct={correct})")
     except Exception as exc:
-        value_rows.append(C.error_row(WORKLOAD, None, "gpu_ns_per_subop", exc, batch=batch))
-        log(f"gpu_ns_per_subop: ERROR {C.format_exc(exc, 300)}")
+        value_rows.append(H.error_row(WORKLOAD, None, "gpu_ns_per_subop", exc, batch=batch))
+        log(f"gpu_ns_per_subop: ERROR {H.format_exc(exc, 300)}")
     finally:
         del A, B, Cout
         gc.collect()
@@ -446,11 +345,7 @@ def measure_ns_per_subop(args, mod, mod_err, value_rows):
             mod.shutdown()
         except Exception:
             pass
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        except Exception:
-            pass
+        H.release_memory()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -465,30 +360,25 @@ def suite_params(quick: bool) -> dict:
 FIGURES = ("roundtrip_us", "gpu_ns_per_subop")  # value figures of the submit API, measured when it is wanted
 
 
-def _wants_figures(ctx: "C.RunContext") -> bool:
+def _wants_figures(ctx: "H.RunContext") -> bool:
     return any(ctx.wants(c) for c in GPUOS_CONFIGS)
 
 
-def suite_units(params: dict, ctx: "C.RunContext") -> int:
+def suite_units(params: dict, ctx: "H.RunContext") -> int:
     per_size = sum(ctx.wants(c) for c in CONFIGS) + ctx.wants("compile")
     return len(params["sizes"]) * per_size + len(FIGURES) * _wants_figures(ctx)
 
 
-def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
+def run_workload(ctx: "H.RunContext", params: dict, save) -> list:
     """W1 in the suite: every size with every in-process config, the value figures, then the compile child."""
-    rows = [C.not_applicable_row(WORKLOAD, c, why) for c, why in NOT_APPLICABLE.items() if ctx.wants(c)]
+    rows = [H.not_applicable_row(WORKLOAD, c, why) for c, why in NOT_APPLICABLE.items() if ctx.wants(c)]
     value_rows: list = []
     args = SimpleNamespace(count=params["count"], reps=ctx.reps, warmup=ctx.warmup,
                            configs=[c for c in CONFIGS if ctx.wants(c)], roundtrip_iters=params["roundtrip_iters"],
                            subop_batch=params["subop_batch"], subop_reps=params["subop_reps"])
-    capacity = max(4096, pow2_at_least(args.count * max(math.ceil(n / TILE_ELEMS) for n in params["sizes"])))
+    capacity = max(4096, H.pow2_at_least(args.count * max(math.ceil(n / TILE_ELEMS) for n in params["sizes"])))
     ctx.capacity = capacity  # gpuos_scheduler flushes by itself only every capacity / 8 ops
-    mod, mod_err = C.import_gpuos()
-    if mod is not None:
-        try:
-            C.gpuos_reinit(mod, capacity)
-        except Exception as exc:
-            mod, mod_err = None, f"init failed: {C.format_exc(exc, 300)}"
+    mod, mod_err = H.init_gpuos(*H.import_gpuos(), capacity)
     whole = ctx.budget
     ctx.budget = whole.part(whole.remaining() * IN_PROCESS_SHARE)
     ctx.units_left = len(params["sizes"]) * len(args.configs) + len(FIGURES) * _wants_figures(ctx)
@@ -497,22 +387,22 @@ def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
             try:
                 run_size(n, args, mod, mod_err, rows, value_rows, ctx)
             except Exception as exc:  # e.g. the allocation of this size failed: its configs become error rows
-                log(f"n={n}: ERROR {C.format_exc(exc, 300)}")
-                rows += [C.error_row(WORKLOAD, n, c, exc) for c in args.configs if C.find_row(rows, c, n) is None]
+                log(f"n={n}: ERROR {H.format_exc(exc, 300)}")
+                rows += [H.error_row(WORKLOAD, n, c, exc) for c in args.configs if H.find_row(rows, c, n) is None]
             save(rows + value_rows)
         for figure, measure in zip(FIGURES, (measure_roundtrips, measure_ns_per_subop)) if _wants_figures(ctx) else []:
             if ctx.budget.expired():
-                value_rows.append(C.error_row(WORKLOAD, None, figure, C.budget_error(ctx)))
+                value_rows.append(H.error_row(WORKLOAD, None, figure, H.budget_error(ctx)))
             else:
                 try:
                     measure(args, mod, mod_err, value_rows)
                 except Exception as exc:  # never lose the workload's other rows
-                    value_rows.append(C.error_row(WORKLOAD, None, figure, exc))
+                    value_rows.append(H.error_row(WORKLOAD, None, figure, exc))
             ctx.advance(f"{WORKLOAD} {figure}")
     finally:
         ctx.budget = whole
     if ctx.wants("compile"):
-        rows += C.child_rows(ctx, WORKLOAD, "bench_microbatch", params, [(n, "compile") for n in params["sizes"]])
+        rows += H.child_rows(ctx, WORKLOAD, "bench_microbatch", params, [(n, "compile") for n in params["sizes"]])
     return rows + value_rows
 
 
@@ -520,110 +410,51 @@ def _add(a, b):
     return a + b
 
 
-def compile_child(ctx: "C.RunContext", params: dict, emit) -> None:
+def compile_child(ctx: "H.RunContext", params: dict, emit) -> None:
     """Child process: ``torch.compile(a + b)`` called once per pair, the way a user would compile one op."""
     import torch
     count = params["count"]
 
-    def make_case(n: int) -> "C.Case":
+    def make_case(n: int) -> "H.Case":
         torch.manual_seed(1234 + n)
         A = [torch.randn(n, device=ctx.device) for _ in range(count)]
         B = [torch.randn(n, device=ctx.device) for _ in range(count)]
-        return C.Case(size=n, ref=torch.stack(A) + torch.stack(B), tol={}, data=(A, B), ops_per_rep=count,
+        return H.Case(size=n, ref=torch.stack(A) + torch.stack(B), tol={}, data=(A, B), ops_per_rep=count,
                       extra={"count": count, "per_op": True})
 
-    def prepare(case: "C.Case", compiled, mode: str) -> "C.Prepared":
+    def prepare(case: "H.Case", compiled, mode: str) -> "H.Prepared":
         A, B = case.data
 
         def fn():
             return [compiled(a, b) for a, b in zip(A, B)]
-        return C.Prepared(fn, check=lambda: torch.stack(fn()))
-    C.compile_sweep(ctx, WORKLOAD, params["sizes"], make_case, _add, prepare, emit, modes=C.COMPILE_MODES[:1])
+        return H.Prepared(fn, check=lambda: torch.stack(fn()))
+    H.compile_sweep(ctx, WORKLOAD, params["sizes"], make_case, _add, prepare, emit, modes=H.COMPILE_MODES[:1])
 
 
 # --------------------------------------------------------------------------------------------------
 # goals + report
 # --------------------------------------------------------------------------------------------------
 def evaluate_goals(rows, sizes):
-    goals = []
-
-    def add(goal, target, achieved, passed, note=""):
-        # passed None = could not be measured: recorded as a miss, the note says why
-        goals.append({"goal": goal, "target": target, "achieved": C._r(achieved) if achieved is not None else None,
-                      "pass": bool(passed), "note": note})
-
-    # 1. gpuos_submit >= 25x eager at n = 256
-    e = C.find_row(rows, "eager", 256)
-    s = C.find_row(rows, "gpuos_submit", 256)
-    r = C.ratio(C.row_median(e), C.row_median(s))
-    if r is None:
-        add("gpuos_submit vs eager, n=256 (x faster)", f">= {GOAL_SUBMIT_VS_EAGER:g}x", None, None,
-            "no data" + ("" if 256 in sizes else " (n=256 not run)"))
-    else:
-        ok = r >= GOAL_SUBMIT_VS_EAGER and not C.incorrect(s)
-        add("gpuos_submit vs eager, n=256 (x faster)", f">= {GOAL_SUBMIT_VS_EAGER:g}x", r, ok,
-            "results incorrect" if C.incorrect(s) else "")
-
-    # 2. gpuos_submit_many >= 3x faster than cudagraph (each size; n=256 is the headline)
-    for n in sizes:
-        g = C.find_row(rows, "cudagraph", n)
-        m = C.find_row(rows, "gpuos_submit_many", n)
-        r = C.ratio(C.row_median(g), C.row_median(m))
-        name = f"gpuos_submit_many vs cudagraph, n={n} (x faster)"
-        if r is None:
-            add(name, f">= {GOAL_MANY_VS_GRAPH:g}x", None, None, "no data")
-        else:
-            ok = r >= GOAL_MANY_VS_GRAPH and not C.incorrect(m)
-            add(name, f">= {GOAL_MANY_VS_GRAPH:g}x", r, ok, "results incorrect" if C.incorrect(m) else "")
-
-    # 3. round trip <= 6 us
-    rt = C.find_row(rows, "roundtrip_us")
-    if rt is None or "error" in rt:
-        add("roundtrip_us (submit_add + flush(sync=True), 256 el.)", f"<= {GOAL_ROUNDTRIP_US:g} us", None, None,
-            "no data" if rt is None else rt["error"][:80])
-    else:
-        ok = rt["value"] <= GOAL_ROUNDTRIP_US and not C.incorrect(rt)
-        add("roundtrip_us (submit_add + flush(sync=True), 256 el.)", f"<= {GOAL_ROUNDTRIP_US:g} us",
-            rt["value"], ok, "results incorrect" if C.incorrect(rt) else "")
-
-    # 4. <= 20 ns per sub-op
-    ns = C.find_row(rows, "gpu_ns_per_subop")
-    if ns is None or "error" in ns:
-        add("gpu_ns_per_subop (256 el., one batch)", f"<= {GOAL_NS_PER_SUBOP:g} ns", None, None,
-            "no data" if ns is None else ns["error"][:80])
-    else:
-        ok = ns["value"] <= GOAL_NS_PER_SUBOP and not C.incorrect(ns)
-        add("gpu_ns_per_subop (256 el., one batch)", f"<= {GOAL_NS_PER_SUBOP:g} ns", ns["value"], ok,
-            "results incorrect" if C.incorrect(ns) else "")
+    """PASS / MISS of the issue's four goals (no data counts as a miss; the note says why)."""
+    goals = [H.speedup_goal("gpuos_submit vs eager, n=256 (x faster)", GOAL_SUBMIT_VS_EAGER,
+                            H.find_row(rows, "eager", 256), H.find_row(rows, "gpuos_submit", 256),
+                            "no data" + ("" if 256 in sizes else " (n=256 not run)"))]
+    goals += [H.speedup_goal(f"gpuos_submit_many vs cudagraph, n={n} (x faster)", GOAL_MANY_VS_GRAPH,
+                             H.find_row(rows, "cudagraph", n), H.find_row(rows, "gpuos_submit_many", n))
+              for n in sizes]  # each size; n=256 is the headline
+    goals.append(H.value_goal("roundtrip_us (submit_add + flush(sync=True), 256 el.)", f"<= {GOAL_ROUNDTRIP_US:g} us",
+                              H.find_row(rows, "roundtrip_us"), GOAL_ROUNDTRIP_US))
+    goals.append(H.value_goal("gpu_ns_per_subop (256 el., one batch)", f"<= {GOAL_NS_PER_SUBOP:g} ns",
+                              H.find_row(rows, "gpu_ns_per_subop"), GOAL_NS_PER_SUBOP))
     return goals
 
 
 def print_report(meta, rows, goals, sizes, args, out_path):
-    print()
-    print(f"GPUOS micro-batch benchmark (W1): {meta['device']}  driver {meta['driver']}  "
-          f"torch {meta['torch']}  gpuos {meta['gpuos']}  {meta['date']}")
+    H.print_header("GPUOS micro-batch benchmark (W1)", meta)
     print(f"{args.count} independent fp32 adds per rep, {args.reps} reps (+{args.warmup} warm-up); "
           f"time = host perf_counter around work + torch.cuda.synchronize()")
-    headers = ["size", "config", "median ms", "min ms", "max ms", "us/op", "host ms",
-               "vs eager", "vs cudagraph", "correct"]
-    table = []
-    for n in sizes:
-        eager_ms = C.row_median(C.find_row(rows, "eager", n))
-        graph_ms = C.row_median(C.find_row(rows, "cudagraph", n))
-        for cfg in CONFIGS:
-            row = C.find_row(rows, cfg, n)
-            if row is None:
-                continue
-            if "error" in row:
-                table.append([str(n), cfg, "-", "-", "-", "-", "-", "-", "-", "ERROR: " + row["error"][:60]])
-                continue
-            med = row["median_ms"]
-            table.append([str(n), cfg, med, row["min_ms"], row["max_ms"], row.get("us_per_op"),
-                          row.get("host_median_ms"),
-                          C.fmt_ratio(C.ratio(eager_ms, med)), C.fmt_ratio(C.ratio(graph_ms, med)),
-                          "yes" if row.get("correct") else "NO"])
-    C.print_table(headers, table, title="Timings (speedup = baseline median / config median)",
-                  plain=args.plain, align="rlrrrrrrrl")
+    H.print_table(["size", "config"] + H.SPEEDUP_HEADERS, H.speedup_table(rows, sizes, CONFIGS),
+                  title="Timings (speedup = baseline median / config median)", plain=args.plain, align="rlrrrrrrrl")
 
     # value rows, and error rows of value figures (those carry no size)
     vals = [r for r in rows if "unit" in r or ("error" in r and "size" not in r)]
@@ -635,20 +466,8 @@ def print_report(meta, rows, goals, sizes, args, out_path):
             else:
                 note = "" if r.get("correct", True) else "INCORRECT"
                 vt.append([r["config"], str(r.get("size", r.get("elements", "-"))), r["value"], r["unit"], note])
-        C.print_table(["figure", "size", "value", "unit", "note"], vt, title="Figures", plain=args.plain, align="lrrll")
-
-    gt = []
-    for g in goals:
-        res = "PASS" if g["pass"] else "MISS"  # no data counts as a miss (note says why)
-        ach = g["achieved"]
-        if ach is None:
-            ach_s = "-"
-        elif "x" in g["target"]:
-            ach_s = C.fmt_ratio(ach)
-        else:
-            ach_s = f"{ach:.2f}"
-        gt.append([g["goal"], g["target"], ach_s, res + (f" ({g['note']})" if g["note"] else "")])
-    C.print_table(["goal", "target", "achieved", "result"], gt, title="Goals", plain=args.plain, align="lrrl")
+        H.print_table(["figure", "size", "value", "unit", "note"], vt, title="Figures", plain=args.plain, align="lrrll")
+    H.print_goals(goals, args.plain)
     print(f"\nresults written to {out_path}")
 
 
@@ -656,17 +475,14 @@ def print_report(meta, rows, goals, sizes, args, out_path):
 # main
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.new_parser(__doc__)
     p.add_argument("--sizes", nargs="+", default=None,
                    help="element counts per tensor (default 256 1024 4096 16384; commas allowed)")
-    p.add_argument("--reps", type=int, default=None, help="timed reps per config (default 20; --quick 5)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up reps per config (default 3)")
+    H.add_reps_args(p, 20, 5, 3)
     p.add_argument("--count", type=int, default=None, help="independent adds per rep (default 10000; --quick 1000)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: count 1000, reps 5, 500 round trips; writes microbatch_quick.json")
-    p.add_argument("--configs", nargs="+", default=None,
-                   help=f"subset of {' '.join(CONFIGS)} (default: {' '.join(DEFAULT_CONFIGS)})")
+    H.add_configs_arg(p, CONFIGS, DEFAULT_CONFIGS)
     p.add_argument("--capacity", default="auto",
                    help="gpuos ring capacity for the timed configs: 'auto' (default: enough slots for one "
                         "batch of count ops at the largest size, power of two, >= 4096), 'default' "
@@ -676,65 +492,58 @@ def parse_args(argv=None):
     p.add_argument("--subop-reps", type=int, default=5, help="batches timed for gpu_ns_per_subop (median)")
     p.add_argument("--no-roundtrip", action="store_true", help="skip roundtrip_us / eager_roundtrip_us")
     p.add_argument("--no-subop", action="store_true", help="skip gpu_ns_per_subop")
-    p.add_argument("--out", default=None, help="result file (default benchmarks/results/microbatch.json)")
-    p.add_argument("--plain", action="store_true", help="plain-text tables even if rich is installed")
+    H.add_output_args(p, NAME)
     args = p.parse_args(argv)
 
-    args.sizes = C.parse_int_list(args.sizes) if args.sizes else list(DEFAULT_SIZES)
+    args.sizes = H.parse_int_list(args.sizes) if args.sizes else list(DEFAULT_SIZES)
     if args.count is None:
         args.count = 1000 if args.quick else 10000
     if args.reps is None:
         args.reps = 5 if args.quick else 20
     if args.roundtrip_iters is None:
         args.roundtrip_iters = 500 if args.quick else 2000
-    args.configs = C.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
+    args.configs = H.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
     if min(args.sizes) <= 0 or args.count <= 0 or args.reps <= 0 or args.subop_batch <= 0:
         p.error("sizes, --count, --reps and --subop-batch must be positive")
-    args.capacity_value = C.parse_capacity(args.capacity, args.count * max(math.ceil(n / TILE_ELEMS) for n in args.sizes), p.error)
+    args.capacity_value = H.parse_capacity(
+        args.capacity, args.count * max(math.ceil(n / TILE_ELEMS) for n in args.sizes), p.error)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    C.require_cuda(NAME)  # exits 0 with a message when there is no GPU
-    faulthandler.enable()
+    H.require_cuda(NAME)  # exits 0 with a message when there is no GPU
+    H.start_watchdog()
     import torch
 
-    out_path = Path(args.out) if args.out else C.RESULTS_DIR / (f"{NAME}_quick.json" if args.quick else f"{NAME}.json")
-    meta = C.env_metadata(NAME)
+    out_path = H.result_path(NAME, args.quick, args.out)
+    meta = H.env_metadata(NAME)
     params = {"count": args.count, "reps": args.reps, "warmup": args.warmup, "sizes": args.sizes,
               "dtype": "float32", "configs": args.configs, "quick": args.quick,
               "gpuos_capacity": args.capacity_value if args.capacity_value is not None else "default",
               "roundtrip_iters": args.roundtrip_iters, "subop_batch": args.subop_batch,
               "subop_reps": args.subop_reps, "cuda": torch.version.cuda}
-    log(f"{meta['device']} | driver {meta['driver']} | torch {meta['torch']} | gpuos {meta['gpuos']}")
+    log(H.env_line(meta))
     log(f"count={args.count} reps={args.reps} sizes={args.sizes} configs={args.configs}")
 
-    mod, mod_err = C.import_gpuos()
+    mod, mod_err = H.import_gpuos()
+    importable = mod is not None
+    mod, mod_err = H.init_gpuos(mod, mod_err, args.capacity_value)
     if mod is not None:
-        try:
-            C.gpuos_reinit(mod, args.capacity_value)
-            log(f"gpuos runtime from {getattr(mod, '__file__', mod.__name__)}; "
-                f"capacity={params['gpuos_capacity']}")
-        except Exception as exc:
-            mod_err = f"init failed: {C.format_exc(exc, 300)}"
-            log(f"gpuos {mod_err}")
-            mod = None
+        log(f"gpuos runtime from {getattr(mod, '__file__', mod.__name__)}; capacity={params['gpuos_capacity']}")
+    elif importable:
+        log(f"gpuos {mod_err}")
     else:
         log(f"gpuos not importable ({mod_err}); gpuos configs will be error rows")
 
     rows, value_rows = [], []
 
     def save(partial):
-        extra = {"params": params}
-        if partial:
-            extra["partial"] = True
-        else:
-            extra["goals"] = evaluate_goals(rows + value_rows, args.sizes)
-        return C.write_results(NAME, meta, rows + value_rows, path=out_path, **extra)
+        goals = None if partial else evaluate_goals(rows + value_rows, args.sizes)
+        return H.save_results(NAME, meta, rows + value_rows, out_path, params, partial, goals)
 
-    pkg, pkg_err = C.import_gpuos_package()
-    ctx = C.RunContext(budget=C.Budget(math.inf), reps=args.reps, warmup=args.warmup, log=log, gpuos=pkg,
+    pkg, pkg_err = H.import_gpuos_package()
+    ctx = H.RunContext(budget=H.Budget(math.inf), reps=args.reps, warmup=args.warmup, log=log, gpuos=pkg,
                        gpuos_err=pkg_err, capacity=args.capacity_value or 8192)
     for n in args.sizes:
         run_size(n, args, mod, mod_err, rows, value_rows, ctx)
@@ -748,7 +557,7 @@ def main(argv=None) -> int:
         try:
             mod.shutdown()
         except Exception as exc:
-            log(f"gpuos shutdown: {C.format_exc(exc)}")
+            log(f"gpuos shutdown: {H.format_exc(exc)}")
 
     all_rows = rows + value_rows
     goals = evaluate_goals(all_rows, args.sizes)

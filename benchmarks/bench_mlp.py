@@ -20,15 +20,12 @@ Results: benchmarks/results/mlp.json (BENCH_SCHEMA.md).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/bench_mlp.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:  # python -m benchmarks.bench_mlp / import
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "mlp"
 WORKLOAD = "W5"
@@ -64,7 +61,7 @@ def suite_params(quick: bool) -> dict:
             "ffn_mult": 4, "dtype": "float16", "tolerance": TOL}
 
 
-def make_case(size: str, steps: int, device: str) -> C.Case:
+def make_case(size: str, steps: int, device: str) -> H.Case:
     """Seeded weights and batch of one size, and the eager output of one block call."""
     import torch
     batch, hidden = parse_size(size)
@@ -76,7 +73,7 @@ def make_case(size: str, steps: int, device: str) -> C.Case:
     d = SimpleNamespace(x=r(batch, hidden), norm_w=r(hidden, scale=0.1, shift=1.0),
                         w1=r(ffn, hidden, scale=hidden ** -0.5), b1=r(ffn, scale=0.1),
                         w2=r(hidden, ffn, scale=ffn ** -0.5), b2=r(hidden, scale=0.1), steps=steps)
-    return C.Case(size=size, ref=call(mlp_block, d), tol=TOL, data=d, ops_per_rep=OPS_PER_STEP * steps,
+    return H.Case(size=size, ref=call(mlp_block, d), tol=TOL, data=d, ops_per_rep=OPS_PER_STEP * steps,
                   extra={"batch": batch, "hidden": hidden, "ffn": ffn, "steps": steps, "dtype": "float16"})
 
 
@@ -92,43 +89,44 @@ def run_steps(block, d):
 
 
 # ------------------------------------------------------------------------------------------------ peers
-def setup_eager(case: C.Case) -> C.Prepared:
-    return C.Prepared(lambda: run_steps(mlp_block, case.data))
+def setup_eager(case: H.Case) -> H.Prepared:
+    return H.Prepared(lambda: run_steps(mlp_block, case.data))
 
 
-def setup_cudagraph(case: C.Case) -> C.Prepared:
+def setup_cudagraph(case: H.Case) -> H.Prepared:
     """The block captured once (static input and output), replayed once per step."""
     d = case.data
-    g, y, capture_ms = C.capture_cuda_graph(lambda: call(mlp_block, d), lambda: call(mlp_block, d))
+    g, y, capture_ms = H.capture_cuda_graph(lambda: call(mlp_block, d), lambda: call(mlp_block, d))
 
     def fn():
         for _ in range(d.steps):
             g.replay()
         return y
-    return C.Prepared(fn, extra={"capture_ms": C._r(capture_ms, 3)})
+    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3)})
 
 
-def prepare_compiled(case: C.Case, compiled, mode: str, ctx: C.RunContext) -> C.Prepared:
+def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.Prepared:
     d = case.data
     if mode == "reduce-overhead":
-        C.mark_static(d.x, d.norm_w, d.w1, d.b1, d.w2, d.b2)
-    return C.Prepared(lambda: run_steps(compiled, d))
+        H.mark_static(d.x, d.norm_w, d.w1, d.b1, d.w2, d.b2)
+    return H.Prepared(lambda: run_steps(compiled, d))
 
 
-def make_setups(ctx: C.RunContext) -> dict:
+def make_setups(ctx: H.RunContext) -> dict:
     """The in-process peers: {config: setup(case) -> Prepared}."""
     return {"eager": setup_eager, "cudagraph": setup_cudagraph,
-            "gpuos_scheduler": C.scheduler_setup(ctx, lambda case: run_steps(mlp_block, case.data))}
+            "gpuos_scheduler": H.scheduler_setup(ctx, lambda case: run_steps(mlp_block, case.data))}
 
 
 # ------------------------------------------------------------------------------------------------ suite
-run_workload, compile_child, suite_units = C.standard_hooks(
+run_workload, compile_child, suite_units = H.standard_hooks(
     WORKLOAD, "bench_mlp", lambda p: p["sizes"], lambda size, p, device: make_case(size, p["steps"], device),
     make_setups, mlp_block, prepare_compiled, IN_PROCESS, IN_PROCESS_SHARE, NOT_APPLICABLE)
 
 
 def main(argv: Any = None) -> int:
-    return C.standalone_main(WORKLOAD, argv)
+    from benchmarks import run_all  # this workload alone = python -m benchmarks --only <workload>
+    return run_all.standalone_main(WORKLOAD, argv)
 
 
 if __name__ == "__main__":

@@ -36,22 +36,16 @@ Results: benchmarks/results/reduce.json (BENCH_SCHEMA.md). Without a CUDA GPU: m
 """
 from __future__ import annotations
 
-import argparse
 import faulthandler
-import gc
 import math
 import os
-import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/bench_reduce.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:  # python -m benchmarks.bench_reduce / import
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "reduce"
 WORKLOAD = "W3"
@@ -78,124 +72,28 @@ GOAL_VS_EAGER = 4.0  # gpuos >= 4x faster than eager on every shape
 TOL = {"sum": {"rtol": 1e-5, "atol": 1e-4}, "softmax": {"rtol": 1e-5, "atol": 1e-6}}
 
 
-def log(msg: str) -> None:
-    print(f"[{NAME}] {msg}", flush=True)
+log = H.prefixed_log(NAME)
+shape_str = H.shape_str  # "8x256", the rows' size
 
 
-def shape_str(shape) -> str:
-    return f"{shape[0]}x{shape[1]}"
-
-
-def parse_shapes(values) -> list:
-    out = []
-    for v in values:
-        for part in str(v).replace(";", ",").split(","):
-            part = part.strip().lower()
-            if not part:
-                continue
-            dims = part.replace("*", "x").split("x")
-            if len(dims) != 2:
-                raise ValueError(f"shape {part!r}: expected ROWSxCOLS, e.g. 8x256")
-            r, c = int(dims[0]), int(dims[1])
-            if r <= 0 or c <= 0:
-                raise ValueError(f"shape {part!r}: dims must be positive")
-            out.append((r, c))
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# gpuos
-# --------------------------------------------------------------------------------------------------
-def import_gpuos_reduce():
-    """(module, submit_reduce, None) or (None, None, reason).
-
-    ``module`` provides flush/init/shutdown/stats (gpuos_ext preferred); ``submit_reduce`` is taken from
-    gpuos_ext, else from the gpuos package (both share one runtime).
-    """
-    mod, err = C.import_gpuos()
-    if mod is None:
-        return None, None, err
-    fn = getattr(mod, "submit_reduce", None)
-    if fn is None:
-        try:
-            import gpuos as pkg  # noqa: WPS433
-            fn = getattr(pkg, "submit_reduce", None)
-        except Exception as exc:
-            return None, None, (f"{mod.__name__} has no submit_reduce and import gpuos failed: "
-                                f"{C.format_exc(exc, 200)}")
-    if fn is None:
-        return None, None, (f"{mod.__name__} (and the gpuos package) have no submit_reduce: the issue-3 "
-                            f"operator library is not built into this gpuos")
-    return mod, fn, None
-
-
-# --------------------------------------------------------------------------------------------------
-# correctness
-# --------------------------------------------------------------------------------------------------
-def check_outputs(outs, X, op: str, chunk: int = 250):
+def check_outputs(outs, X, op: str):
     """(True, None) when outs[i] matches torch's op over the last dim of X[i], else (False, why)."""
     import torch
-    if outs is None or len(outs) != len(X):
-        return False, f"expected {len(X)} outputs, got {None if outs is None else len(outs)}"
-    tol = TOL[op]
-    for i in range(0, len(X), chunk):
-        xs = torch.stack(X[i:i + chunk])
-        exp = torch.sum(xs, dim=-1) if op == "sum" else torch.softmax(xs, dim=-1)
-        try:
-            got = torch.stack(list(outs[i:i + chunk]))
-            torch.testing.assert_close(got, exp, **tol)
-        except (AssertionError, RuntimeError) as exc:
-            msg = " ".join(str(exc).split())
-            return False, f"ops {i}..{min(len(X), i + chunk) - 1}: {msg[:400]}"
-    return True, None
 
-
-def run_and_check(fn, X, op, outs=None):
-    """Poison ``outs`` (if given), run fn once, check outs (or what fn returned). Returns (ok, why, ms)."""
-    import torch
-    if outs is not None:
-        for o in outs:
-            o.fill_(float("nan"))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    res = fn()
-    torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) * 1e3
-    ok, why = check_outputs(outs if outs is not None else res, X, op)
-    return ok, why, ms
+    def expected(i, j):
+        xs = torch.stack(X[i:j])
+        return torch.sum(xs, dim=-1) if op == "sum" else torch.softmax(xs, dim=-1)
+    return H.check_batch(outs, len(X), expected, TOL[op], chunk=250, errors=(AssertionError, RuntimeError))
 
 
 # --------------------------------------------------------------------------------------------------
 # per-shape configs
 # --------------------------------------------------------------------------------------------------
-def capture_graph(X, O):
-    import torch
-    tsum = torch.sum
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream, as the CUDA graphs docs recommend
-        for x, o in zip(X, O):
-            tsum(x, dim=-1, out=o)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    t0 = time.perf_counter()
-    try:  # thread_local: the gpuos runtime's helper thread must not invalidate our capture
-        ctx = torch.cuda.graph(g, capture_error_mode="thread_local")
-    except TypeError:
-        ctx = torch.cuda.graph(g)
-    with ctx:
-        for x, o in zip(X, O):
-            tsum(x, dim=-1, out=o)
-    torch.cuda.synchronize()
-    return g, (time.perf_counter() - t0) * 1e3
-
-
 class Runner:
-    """Runs the configs of every shape within ``args.budget`` seconds; ``ctx`` (the suite's RunContext, or
-    None) brings the gpuos package for gpuos_scheduler and the progress display."""
+    """Runs the configs of every shape within ``args.budget`` seconds; ``ctx`` (a RunContext: the suite's, or
+    one for this run) brings the gpuos package for gpuos_scheduler and the progress display."""
 
-    def __init__(self, args, mod, submit_reduce, mod_err, rows, value_rows, save, ctx=None):
+    def __init__(self, args, mod, submit_reduce, mod_err, rows, value_rows, save, ctx):
         self.args = args
         self.ctx = ctx
         self.mod = mod
@@ -224,7 +122,7 @@ class Runner:
         wanted = [c for c in CONFIGS if c in args.configs]
         if self.remaining() <= 0:
             for cfg in wanted:
-                self.rows.append(C.error_row(WORKLOAD, size, cfg, f"skipped: time budget ({args.budget:g} s) "
+                self.rows.append(H.error_row(WORKLOAD, size, cfg, f"skipped: time budget ({args.budget:g} s) "
                                              f"used up", **extra_base))
             self.configs_left -= len(wanted)
             log(f"{size}: skipped (time budget used up)")
@@ -244,24 +142,26 @@ class Runner:
             log(f"{size}: allocated {count} inputs (+ outputs) in {time.perf_counter() - t0:.2f} s")
         except Exception as exc:
             for cfg in wanted:
-                self.rows.append(C.error_row(WORKLOAD, size, cfg, f"allocation failed: {C.format_exc(exc, 300)}",
+                self.rows.append(H.error_row(WORKLOAD, size, cfg, f"allocation failed: {H.format_exc(exc, 300)}",
                                              **extra_base))
             self.configs_left -= len(wanted)
-            log(f"{size}: ERROR allocation failed: {C.format_exc(exc, 300)}")
+            log(f"{size}: ERROR allocation failed: {H.format_exc(exc, 300)}")
             X = O = S = None
-            self._cleanup()
+            H.release_memory()
             return
 
         graph_holder = []
-        submit_loop_ms = {}
 
-        # ---- setups: each returns (fn, outs_or_None, op, extra_fields)
+        def fields(op, **extra):
+            return {"op": op, **extra_base, **extra}
+
+        # ---- setups: each returns (fn, outs_or_None, row fields (op first), after_timing_hook_or_None)
         def setup_eager():
             tsum = torch.sum
 
             def fn():
                 return [tsum(x, -1) for x in X]
-            return fn, None, "sum", None
+            return fn, None, fields("sum"), None
 
         def setup_eager_out():
             tsum = torch.sum
@@ -269,16 +169,21 @@ class Runner:
             def fn():
                 for x, o in zip(X, O):
                     tsum(x, dim=-1, out=o)
-            return fn, O, "sum", None
+            return fn, O, fields("sum"), None
 
         def setup_cudagraph():
-            g, capture_ms = capture_graph(X, O)
+            tsum = torch.sum
+
+            def sums():
+                for x, o in zip(X, O):
+                    tsum(x, dim=-1, out=o)
+            g, _, capture_ms = H.capture_cuda_graph(sums, sums)
             graph_holder.append(g)
-            return g.replay, O, "sum", {"capture_ms": C._r(capture_ms, 2)}
+            return g.replay, O, fields("sum", capture_ms=H.rnd(capture_ms, 2)), None
 
         def make_gpuos(op, outs, cfg):
             submit, flush = self.submit_reduce, self.mod.flush
-            loop_ms = submit_loop_ms.setdefault(cfg, [])
+            loop_ms = []
             perf = time.perf_counter
 
             def fn():
@@ -287,20 +192,20 @@ class Runner:
                     submit(op, x, o)
                 loop_ms.append((perf() - t) * 1e3)
                 flush(sync=True)
-            return fn
 
-        def setup_gpuos_sum():
-            return make_gpuos("sum", O, "gpuos_submit_reduce"), O, "sum", None
+            def after(timing):  # the host-only submit loop, per op
+                samples = loop_ms[-timing.reps:]
+                if samples:
+                    self.value_rows.append(H.per_op_us_row(WORKLOAD, f"{cfg}_host_us", samples, count, size=size,
+                                                           op=op))
+            return fn, outs, fields(op), after
 
         def setup_eager_softmax():
             smax = torch.softmax
 
             def fn():
                 return [smax(x, -1) for x in X]
-            return fn, None, "softmax", None
-
-        def setup_gpuos_softmax():
-            return make_gpuos("softmax", S, "gpuos_softmax"), S, "softmax", None
+            return fn, None, fields("softmax"), None
 
         def setup_gpuos_scheduler():
             tsum = torch.sum
@@ -308,99 +213,54 @@ class Runner:
             def fn():
                 with self.ctx.scheduler():
                     return [tsum(x, -1) for x in X]
-            return fn, None, "sum", None
+            return fn, None, fields("sum"), None
 
         setups = {"eager": setup_eager, "eager_out": setup_eager_out, "cudagraph": setup_cudagraph,
-                  "gpuos_submit_reduce": setup_gpuos_sum, "eager_softmax": setup_eager_softmax,
-                  "gpuos_softmax": setup_gpuos_softmax, "gpuos_scheduler": setup_gpuos_scheduler}
+                  "gpuos_submit_reduce": lambda: make_gpuos("sum", O, "gpuos_submit_reduce"),
+                  "eager_softmax": setup_eager_softmax,
+                  "gpuos_softmax": lambda: make_gpuos("softmax", S, "gpuos_softmax"),
+                  "gpuos_scheduler": setup_gpuos_scheduler}
 
         try:
             for cfg in wanted:
-                self.bench(cfg, setups[cfg], size, X, extra_base, submit_loop_ms)
+                self.bench(cfg, setups[cfg], size, X, extra_base)
                 graph_holder.clear()
                 self.configs_left -= 1
                 try:
                     self.save(partial=True)
                 except Exception as exc:  # pragma: no cover - disk trouble
-                    log(f"could not save partial results: {C.format_exc(exc)}")
+                    log(f"could not save partial results: {H.format_exc(exc)}")
         finally:
             graph_holder.clear()
             del X, O, S
-            self._cleanup()
+            H.release_memory()
 
-    def _cleanup(self):
-        import torch
-        gc.collect()
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        except Exception:
-            pass
-
-    def bench(self, config, setup, size, X, extra_base, submit_loop_ms):
-        import torch
+    def bench(self, config, setup, size, X, extra_base):
         args = self.args
-        if self.ctx is not None:
-            self.ctx.advance(f"{WORKLOAD} {size} {config}")
+        self.ctx.advance(f"{WORKLOAD} {size} {config}")
         if self.remaining() <= 0:
-            self.rows.append(C.error_row(WORKLOAD, size, config,
+            self.rows.append(H.error_row(WORKLOAD, size, config,
                                          f"skipped: time budget ({args.budget:g} s) used up", **extra_base))
             log(f"{size} {config}: skipped (time budget used up)")
             return
-        unavailable = None
-        if config in GPUOS_CONFIGS and self.mod is None:
-            unavailable = self.mod_err
-        elif config == "gpuos_scheduler" and (self.ctx is None or self.ctx.gpuos is None):
-            unavailable = self.ctx.gpuos_err if self.ctx is not None else "needs the gpuos package"
-        if unavailable is not None:
-            self.rows.append(C.error_row(WORKLOAD, size, config, f"gpuos unavailable: {unavailable}",
-                                         **extra_base))
+        why = H.gpuos_unavailable(config, GPUOS_CONFIGS, self.mod, self.mod_err, self.ctx)
+        if why is not None:
+            self.rows.append(H.error_row(WORKLOAD, size, config, f"gpuos unavailable: {why}", **extra_base))
             log(f"{size} {config}: ERROR gpuos unavailable")
             return
         is_gpuos = config in GPUOS_CONFIGS
-        st0 = C.gpuos_stats(self.mod) if is_gpuos else None
-        try:
-            fn, outs, op, extra = setup()
-            correct, detail, check_ms = run_and_check(fn, X, op, outs)
-            # trim reps when one call is so slow that the full reps would blow the time budget
-            share = max(2.0, self.remaining() / max(1, self.configs_left))  # s for this config
-            reps, warmup, note = C.plan_reps(check_ms / 1e3, args.reps, args.warmup, share)
-            timing = C.time_reps(fn, reps=reps, warmup=warmup)
-        except Exception as exc:
-            self.rows.append(C.error_row(WORKLOAD, size, config, exc, **extra_base))
-            log(f"{size} {config}: ERROR {C.format_exc(exc, 300)}")
-            try:
-                torch.cuda.synchronize()
-            except Exception:
-                pass
-            if is_gpuos and C.is_fatal_gpuos_error(exc):
-                self.mod_err = f"an earlier gpuos call failed ({size} {config}): {C.format_exc(exc, 200)}"
+
+        def fatal(exc):
+            if is_gpuos and H.is_fatal_gpuos_error(exc):
+                self.mod_err = f"an earlier gpuos call failed ({size} {config}): {H.format_exc(exc, 200)}"
                 self.mod = None
                 log("gpuos marked unusable; later gpuos configs become error rows")
-            return
-        row = C.timing_row(WORKLOAD, size, config, timing, correct,
-                           us_per_op=C._r(timing.median_ms * 1e3 / args.count),
-                           host_median_ms=C._r(timing.host_median_ms),
-                           op=op, **extra_base, **(extra or {}))
-        if note:
-            row["reps_note"] = note
-        if detail:
-            row["correct_detail"] = detail
-        if st0 is not None:
-            d = C.stats_delta(st0, C.gpuos_stats(self.mod))
-            if d is not None:
-                row["stats_delta"] = d
-        self.rows.append(row)
-        if is_gpuos:
-            samples = submit_loop_ms.get(config, [])[-timing.reps:]
-            if samples:
-                us = statistics.median(samples) * 1e3 / args.count
-                self.value_rows.append(C.value_row(WORKLOAD, f"{config}_host_us", us, "us", size=size,
-                                                   op=op, count=args.count,
-                                                   min_us=C._r(min(samples) * 1e3 / args.count),
-                                                   max_us=C._r(max(samples) * 1e3 / args.count)))
-        log(f"{size} {config:<20} median {timing.median_ms:9.3f} ms  (min {timing.min_ms:.3f}, "
-            f"max {timing.max_ms:.3f}, host {timing.host_median_ms:.3f}, reps {timing.reps}) correct={correct}")
+
+        # trim reps when one call is so slow that the full reps would blow the time budget (s for this config)
+        H.bench_config(self.rows, WORKLOAD, size, config, setup, lambda got, f: check_outputs(got, X, f["op"]),
+                       lambda _, run_s: H.plan_reps(run_s, args.reps, args.warmup,
+                                                    max(2.0, self.remaining() / max(1, self.configs_left))),
+                       args.count, log, size, extra_base, stats_mod=self.mod if is_gpuos else None, on_error=fatal)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -412,30 +272,26 @@ def suite_params(quick: bool) -> dict:
             "tolerances": TOL}
 
 
-def suite_units(params: dict, ctx: "C.RunContext") -> int:
+def suite_units(params: dict, ctx: "H.RunContext") -> int:
     return len(params["shapes"]) * (sum(ctx.wants(c) for c in CONFIGS) + ctx.wants("compile"))
 
 
-def run_workload(ctx: "C.RunContext", params: dict, save) -> list:
+def run_workload(ctx: "H.RunContext", params: dict, save) -> list:
     """W3 in the suite: every shape with every in-process config, then the compile child (op sum)."""
-    rows = [C.not_applicable_row(WORKLOAD, c, why) for c, why in NOT_APPLICABLE.items() if ctx.wants(c)]
+    rows = [H.not_applicable_row(WORKLOAD, c, why) for c, why in NOT_APPLICABLE.items() if ctx.wants(c)]
     value_rows: list = []
-    shapes = parse_shapes(params["shapes"])
+    shapes = H.parse_shapes(params["shapes"])
     args = SimpleNamespace(shapes=shapes, count=params["count"], reps=ctx.reps, warmup=ctx.warmup,
                            configs=[c for c in CONFIGS if ctx.wants(c)],
                            budget=ctx.budget.remaining() * IN_PROCESS_SHARE)
     ctx.capacity = DEFAULT_CAPACITY  # gpuos_scheduler flushes by itself only every capacity / 8 ops
-    mod, submit_reduce, mod_err = import_gpuos_reduce()
-    if mod is not None:
-        try:
-            C.gpuos_reinit(mod, DEFAULT_CAPACITY)
-        except Exception as exc:
-            mod, mod_err = None, f"init failed: {C.format_exc(exc, 300)}"
+    mod, submit_reduce, mod_err = H.import_gpuos_reduce()
+    mod, mod_err = H.init_gpuos(mod, mod_err, DEFAULT_CAPACITY)
     runner = Runner(args, mod, submit_reduce, mod_err, rows, value_rows, lambda partial: save(rows + value_rows), ctx)
     for shape in shapes:
         runner.run_shape(shape)
     if ctx.wants("compile"):
-        rows += C.child_rows(ctx, WORKLOAD, "bench_reduce", params,
+        rows += H.child_rows(ctx, WORKLOAD, "bench_reduce", params,
                              [(shape_str(s), "compile") for s in shapes])
     return rows + value_rows
 
@@ -445,108 +301,60 @@ def _sum_last(x):
     return torch.sum(x, dim=-1)
 
 
-def compile_child(ctx: "C.RunContext", params: dict, emit) -> None:
+def compile_child(ctx: "H.RunContext", params: dict, emit) -> None:
     """Child process: ``torch.compile(torch.sum(x, -1))`` called once per input, as a user would compile one op."""
     import torch
     count = params["count"]
 
-    def make_case(size: str) -> "C.Case":
-        (rows_, cols), = parse_shapes([size])
+    def make_case(size: str) -> "H.Case":
+        (rows_, cols), = H.parse_shapes([size])
         gen = torch.Generator(device="cpu").manual_seed(1000 + rows_ * 7919 + cols)
         X = [torch.randn(rows_, cols, generator=gen).to(ctx.device) for _ in range(count)]
-        return C.Case(size=size, ref=torch.sum(torch.stack(X), dim=-1), tol=TOL["sum"], data=X, ops_per_rep=count,
+        return H.Case(size=size, ref=torch.sum(torch.stack(X), dim=-1), tol=TOL["sum"], data=X, ops_per_rep=count,
                       extra={"rows": rows_, "cols": cols, "count": count, "dtype": "float32", "op": "sum",
                              "per_op": True})
 
-    def prepare(case: "C.Case", compiled, mode: str) -> "C.Prepared":
+    def prepare(case: "H.Case", compiled, mode: str) -> "H.Prepared":
         def fn():
             return [compiled(x) for x in case.data]
-        return C.Prepared(fn, check=lambda: torch.stack(fn()))
-    C.compile_sweep(ctx, WORKLOAD, params["shapes"], make_case, _sum_last, prepare, emit, modes=C.COMPILE_MODES[:1])
+        return H.Prepared(fn, check=lambda: torch.stack(fn()))
+    H.compile_sweep(ctx, WORKLOAD, params["shapes"], make_case, _sum_last, prepare, emit, modes=H.COMPILE_MODES[:1])
 
 
 # --------------------------------------------------------------------------------------------------
 # goals + report
 # --------------------------------------------------------------------------------------------------
 def evaluate_goals(rows, shapes):
-    goals = []
-
-    def add(goal, achieved, passed, note="", informational=False):
-        g = {"goal": goal, "target": f">= {GOAL_VS_EAGER:g}x",
-             "achieved": C._r(achieved) if achieved is not None else None, "pass": bool(passed), "note": note}
-        if informational:
-            g["informational"] = True
-        goals.append(g)
-
-    for pair, info in ((("eager", "gpuos_submit_reduce"), False), (("eager_softmax", "gpuos_softmax"), True)):
-        base_cfg, g_cfg = pair
+    goals = []  # the softmax pair is information only
+    for (base_cfg, g_cfg), info in ((("eager", "gpuos_submit_reduce"), False),
+                                    (("eager_softmax", "gpuos_softmax"), True)):
         for shape in shapes:
             size = shape_str(shape)
-            b = C.find_row(rows, base_cfg, size)
-            g = C.find_row(rows, g_cfg, size)
-            name = f"{g_cfg} vs {base_cfg}, {size} (x faster)"
-            r = C.ratio(C.row_median(b), C.row_median(g))
-            if r is None:
-                why = []
-                for cfg, row in ((base_cfg, b), (g_cfg, g)):
-                    if row is None:
-                        why.append(f"{cfg} not run")
-                    elif "error" in row:
-                        why.append(f"{cfg}: {row['error'][:60]}")
-                add(name, None, False, "no data" + (": " + "; ".join(why) if why else ""), info)
-            else:
-                ok = r >= GOAL_VS_EAGER and not C.incorrect(g)
-                add(name, r, ok, "results incorrect" if C.incorrect(g) else "", info)
+            b = H.find_row(rows, base_cfg, size)
+            g = H.find_row(rows, g_cfg, size)
+            why = [f"{cfg} not run" if row is None else f"{cfg}: {row['error'][:60]}"
+                   for cfg, row in ((base_cfg, b), (g_cfg, g)) if row is None or "error" in row]
+            goals.append(H.speedup_goal(f"{g_cfg} vs {base_cfg}, {size} (x faster)", GOAL_VS_EAGER, b, g,
+                                        "no data" + (": " + "; ".join(why) if why else ""), info))
     return goals
 
 
 def print_report(meta, rows, goals, args, out_path):
-    print()
-    print(f"GPUOS reduction benchmark (W3): {meta['device']}  driver {meta['driver']}  "
-          f"torch {meta['torch']}  gpuos {meta['gpuos']}  {meta['date']}")
+    H.print_header("GPUOS reduction benchmark (W3)", meta)
     print(f"{args.count} independent fp32 last-dim reductions per rep, {args.reps} reps (+{args.warmup} warm-up); "
           f"time = host perf_counter around work + torch.cuda.synchronize()")
-    headers = ["shape", "config", "median ms", "min ms", "max ms", "us/op", "host ms",
-               "vs eager", "vs cudagraph", "correct"]
-    table = []
-    for shape in args.shapes:
-        size = shape_str(shape)
-        eager_ms = C.row_median(C.find_row(rows, "eager", size))
-        esm_ms = C.row_median(C.find_row(rows, "eager_softmax", size))
-        graph_ms = C.row_median(C.find_row(rows, "cudagraph", size))
-        for cfg in CONFIGS:
-            row = C.find_row(rows, cfg, size)
-            if row is None or "unit" in row:
-                continue
-            if "error" in row:
-                table.append([size, cfg, "-", "-", "-", "-", "-", "-", "-", "ERROR: " + row["error"][:70]])
-                continue
-            med = row["median_ms"]
-            soft = cfg in SOFTMAX_CONFIGS
-            base = esm_ms if soft else eager_ms
-            table.append([size, cfg, med, row["min_ms"], row["max_ms"], row.get("us_per_op"),
-                          row.get("host_median_ms"),
-                          C.fmt_ratio(C.ratio(base, med)) + (" (sm)" if soft else ""),
-                          "-" if soft else C.fmt_ratio(C.ratio(graph_ms, med)),
-                          "yes" if row.get("correct") else "NO"])
-    C.print_table(headers, table,
+    table = H.speedup_table(rows, [shape_str(s) for s in args.shapes], CONFIGS, err_len=70,
+                            baseline={c: "eager_softmax" for c in SOFTMAX_CONFIGS}, mark=" (sm)")
+    H.print_table(["shape", "config"] + H.SPEEDUP_HEADERS, table,
                   title="Timings (speedup = baseline median / config median; softmax rows vs eager_softmax)",
                   plain=args.plain, align="llrrrrrrrl")
 
     vals = [r for r in rows if "unit" in r]
     if vals:
         vt = [[r["config"], str(r.get("size", "-")), r["value"], r["unit"]] for r in vals]
-        C.print_table(["figure", "shape", "value", "unit"], vt, title="Figures (host-only submit loop, per op)",
+        H.print_table(["figure", "shape", "value", "unit"], vt, title="Figures (host-only submit loop, per op)",
                       plain=args.plain, align="llrl")
-
-    gt = []
-    for g in goals:
-        res = "PASS" if g["pass"] else "MISS"
-        if g.get("informational"):
-            res += " (info)"
-        gt.append([g["goal"], g["target"], C.fmt_ratio(g["achieved"]) if g["achieved"] is not None else "-",
-                   res + (f" ({g['note']})" if g["note"] else "")])
-    C.print_table(["goal", "target", "achieved", "result"], gt, title="Goals", plain=args.plain, align="lrrl")
+    H.print_goals(goals, args.plain)
     main_goals = [g for g in goals if not g.get("informational")]
     n_pass = sum(g["pass"] for g in main_goals)
     verdict = "PASS" if main_goals and n_pass == len(main_goals) else "MISS"
@@ -559,84 +367,77 @@ def print_report(meta, rows, goals, args, out_path):
 # main
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.new_parser(__doc__)
     p.add_argument("--shapes", nargs="+", default=None,
                    help="ROWSxCOLS shapes (default 8x256 32x128 64x512 128x1024; commas allowed)")
-    p.add_argument("--reps", type=int, default=None, help="timed reps per config (default 20; --quick 5)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up reps per config (default 3)")
+    H.add_reps_args(p, 20, 5, 3)
     p.add_argument("--count", type=int, default=None,
                    help="independent reductions per rep (default 1000; --quick 100)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: count 100, reps 5; writes reduce_quick.json")
-    p.add_argument("--configs", nargs="+", default=None,
-                   help=f"subset of {' '.join(CONFIGS)} (default: {' '.join(DEFAULT_CONFIGS)})")
+    H.add_configs_arg(p, CONFIGS, DEFAULT_CONFIGS)
     p.add_argument("--capacity", default=str(DEFAULT_CAPACITY),
                    help=f"gpuos ring capacity: an integer (default {DEFAULT_CAPACITY}), 'auto' (enough slots for "
                         f"one rep at the largest shape, power of two, >= 4096) or 'default' (runtime default)")
     p.add_argument("--budget", type=float, default=75.0,
                    help="soft time budget in s (default 75): configs after it become 'skipped' error rows, "
                         "very slow configs get fewer reps")
-    p.add_argument("--watchdog", type=float, default=170.0,
-                   help="hard limit in s (default 170; 0 = off): dump stacks and exit if the run hangs")
-    p.add_argument("--out", default=None, help="result file (default benchmarks/results/reduce.json)")
-    p.add_argument("--plain", action="store_true", help="plain-text tables even if rich is installed")
+    H.add_watchdog_arg(p, 170.0)
+    H.add_output_args(p, NAME)
     args = p.parse_args(argv)
 
     try:
-        args.shapes = parse_shapes(args.shapes) if args.shapes else list(DEFAULT_SHAPES)
+        args.shapes = H.parse_shapes(args.shapes) if args.shapes else list(DEFAULT_SHAPES)
     except ValueError as exc:
         p.error(str(exc))
     if args.count is None:
         args.count = 100 if args.quick else 1000
     if args.reps is None:
         args.reps = 5 if args.quick else 20
-    args.configs = C.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
+    args.configs = H.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
     if args.count <= 0 or args.reps <= 0 or args.warmup < 0:
         p.error("--count and --reps must be positive, --warmup >= 0")
-    args.capacity_value = C.parse_capacity(args.capacity, args.count * max(math.ceil(r * c / TILE_ELEMS) for r, c in args.shapes), p.error)
+    args.capacity_value = H.parse_capacity(
+        args.capacity, args.count * max(math.ceil(r * c / TILE_ELEMS) for r, c in args.shapes), p.error)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    C.require_cuda(NAME)  # exits 0 with a message when there is no GPU
-    faulthandler.enable()
-    if args.watchdog and args.watchdog > 0:
-        faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    H.require_cuda(NAME)  # exits 0 with a message when there is no GPU
+    H.start_watchdog(args.watchdog)
     os.environ.setdefault("GPUOS_TIMEOUT_S", "10")  # a hung flush must not eat the whole run
     import torch
 
-    out_path = Path(args.out) if args.out else C.RESULTS_DIR / (f"{NAME}_quick.json" if args.quick
-                                                                else f"{NAME}.json")
-    meta = C.env_metadata(NAME)
+    out_path = H.result_path(NAME, args.quick, args.out)
+    meta = H.env_metadata(NAME)
     params = {"count": args.count, "reps": args.reps, "warmup": args.warmup,
               "shapes": [shape_str(s) for s in args.shapes], "dtype": "float32", "reduce_dim": -1,
               "configs": args.configs, "quick": args.quick,
               "gpuos_capacity": args.capacity_value if args.capacity_value is not None else "default",
               "tolerances": TOL, "budget_s": args.budget, "cuda": torch.version.cuda,
               "gpuos_timeout_s": os.environ.get("GPUOS_TIMEOUT_S")}
-    log(f"{meta['device']} | driver {meta['driver']} | torch {meta['torch']} | gpuos {meta['gpuos']}")
+    log(H.env_line(meta))
     log(f"count={args.count} reps={args.reps} shapes={params['shapes']} configs={args.configs}")
 
     mod, submit_reduce, mod_err = None, None, None
     try:
-        mod, submit_reduce, mod_err = import_gpuos_reduce()
+        mod, submit_reduce, mod_err = H.import_gpuos_reduce()
     except Exception as exc:  # pragma: no cover - defensive
-        mod_err = f"import failed: {C.format_exc(exc, 300)}"
+        mod_err = f"import failed: {H.format_exc(exc, 300)}"
     if mod is not None:
         try:
-            C.gpuos_reinit(mod, args.capacity_value)
+            H.gpuos_reinit(mod, args.capacity_value)
             log(f"gpuos runtime from {getattr(mod, '__file__', mod.__name__)}; capacity={params['gpuos_capacity']}")
         except Exception as exc:
-            log(f"gpuos init(capacity={args.capacity_value}) failed: {C.format_exc(exc, 300)}; "
+            log(f"gpuos init(capacity={args.capacity_value}) failed: {H.format_exc(exc, 300)}; "
                 f"retrying with the runtime default")
             try:
-                C.gpuos_reinit(mod, None)
+                H.gpuos_reinit(mod, None)
                 params["gpuos_capacity"] = f"default (init(capacity={args.capacity_value}) failed: " \
-                                           f"{C.format_exc(exc, 200)})"
+                                           f"{H.format_exc(exc, 200)})"
             except Exception as exc2:
-                mod_err = f"init failed: {C.format_exc(exc2, 300)}"
+                mod_err = f"init failed: {H.format_exc(exc2, 300)}"
                 log(f"gpuos {mod_err}")
                 mod = None
     else:
@@ -650,29 +451,25 @@ def main(argv=None) -> int:
     rows, value_rows = [], []
 
     def save(partial):
-        extra = {"params": params}
-        if partial:
-            extra["partial"] = True
-        else:
-            extra["goals"] = evaluate_goals(rows, args.shapes)
-        return C.write_results(NAME, meta, rows + value_rows, path=out_path, **extra)
+        goals = None if partial else evaluate_goals(rows, args.shapes)
+        return H.save_results(NAME, meta, rows + value_rows, out_path, params, partial, goals)
 
-    pkg, pkg_err = C.import_gpuos_package()
-    ctx = C.RunContext(budget=C.Budget(args.budget), log=log, gpuos=pkg, gpuos_err=pkg_err,
+    pkg, pkg_err = H.import_gpuos_package()
+    ctx = H.RunContext(budget=H.Budget(args.budget), log=log, gpuos=pkg, gpuos_err=pkg_err,
                        capacity=args.capacity_value or DEFAULT_CAPACITY)
     runner = Runner(args, mod, submit_reduce, mod_err, rows, value_rows, save, ctx)
     for shape in args.shapes:
         try:
             runner.run_shape(shape)
         except Exception as exc:  # should not happen: every config catches its own errors
-            log(f"{shape_str(shape)}: ERROR {C.format_exc(exc, 300)}")
-            rows.append(C.error_row(WORKLOAD, shape_str(shape), "all", exc))
+            log(f"{shape_str(shape)}: ERROR {H.format_exc(exc, 300)}")
+            rows.append(H.error_row(WORKLOAD, shape_str(shape), "all", exc))
         save(partial=True)
     if runner.mod is not None:
         try:
             runner.mod.shutdown()
         except Exception as exc:
-            log(f"gpuos shutdown: {C.format_exc(exc)}")
+            log(f"gpuos shutdown: {H.format_exc(exc)}")
     params["elapsed_s"] = round(runner.elapsed(), 2)
 
     goals = evaluate_goals(rows, args.shapes)

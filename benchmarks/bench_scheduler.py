@@ -19,7 +19,7 @@ on 2,048-element fp32 CUDA tensors (a, b, c, d fixed; 5,000 ops per rep), in the
                              ``python -m benchmarks`` runs it as W2)
     cudagraph                the whole ``iters``-iteration loop captured once into a torch.cuda.CUDAGraph; replay
 
-Every timed rep: perf_counter around the work, then torch.cuda.synchronize() (C.time_reps; CUDA events give
+Every timed rep: perf_counter around the work, then torch.cuda.synchronize() (H.time_reps; CUDA events give
 ``median_gpu_ms``). Each config is checked first (its last ``out`` against eager, assert_close) and its row
 carries "correct". Value rows ``host_us_per_op`` (one per config, field "for_config"): host time until the
 work returned, per op.
@@ -36,20 +36,16 @@ and exits if anything hangs outright. Without a CUDA GPU: message, exit 0.
 """
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/bench_scheduler.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:  # python -m benchmarks.bench_scheduler / import
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "scheduler"
 W2 = "W2"
@@ -72,8 +68,7 @@ IN_PROCESS_SHARE = 0.25  # of W2's suite budget; the compile child gets the rest
 _T_START = time.perf_counter()  # the time budget counts from here (imports included)
 
 
-def log(msg: str) -> None:
-    print(f"[{NAME}] {msg}", flush=True)
+log = H.prefixed_log(NAME)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,72 +96,72 @@ def w2_inputs(n, seed=1234, device="cuda"):
     return a, b, c, d
 
 
-def w2_case(iters: int, device: str = "cuda") -> C.Case:
+def w2_case(iters: int, device: str = "cuda") -> H.Case:
     """W2 inputs (seeded) and eager's ``out`` (every iteration computes the same one)."""
     a, b, c, d = w2_inputs(W2_SIZE, device=device)
-    return C.Case(size=W2_SIZE, ref=w2_step(a, b, c, d), tol=W2_TOL, data=(a, b, c, d),
+    return H.Case(size=W2_SIZE, ref=w2_step(a, b, c, d), tol=W2_TOL, data=(a, b, c, d),
                   ops_per_rep=iters * OPS_PER_ITER,
                   extra={"iters": iters, "ops_per_iter": OPS_PER_ITER, "dtype": "float32"})
 
 
-def w2_setups(ctx: C.RunContext, iters: int) -> dict:
+def w2_setups(ctx: H.RunContext, iters: int) -> dict:
     """In-process W2 configurations: {config: setup(case) -> Prepared}."""
-    def eager(case: C.Case) -> C.Prepared:
-        return C.Prepared(lambda: w2_loop(w2_step, *case.data, iters))
+    def eager(case: H.Case) -> H.Prepared:
+        return H.Prepared(lambda: w2_loop(w2_step, *case.data, iters))
 
-    def cudagraph(case: C.Case) -> C.Prepared:
-        g, static_out, ms = C.capture_cuda_graph(lambda: w2_loop(w2_step, *case.data, 3),
+    def cudagraph(case: H.Case) -> H.Prepared:
+        g, static_out, ms = H.capture_cuda_graph(lambda: w2_loop(w2_step, *case.data, 3),
                                                  lambda: w2_loop(w2_step, *case.data, iters))
 
         def fn():
             g.replay()
             return static_out
-        return C.Prepared(fn, extra={"capture_ms": C._r(ms, 2)})
+        return H.Prepared(fn, extra={"capture_ms": H.rnd(ms, 2)})
 
-    sched = C.scheduler_setup(ctx, lambda case: w2_loop(w2_step, *case.data, iters))
+    sched = H.scheduler_setup(ctx, lambda case: w2_loop(w2_step, *case.data, iters))
     # cudagraph before gpuos_scheduler: nothing of the runtime (worker, timer) is around during the capture
     return {"eager": eager, "cudagraph": cudagraph, "gpuos_scheduler": sched}
 
 
 def host_us_rows(rows: list) -> list:
     """``host_us_per_op`` value rows (host time until the work returned, per op) of the W2 timing rows."""
-    return [C.value_row(W2, "host_us_per_op", r["host_median_ms"] * 1e3 / r["ops_per_rep"], "us", size=r["size"],
+    return [H.value_row(W2, "host_us_per_op", r["host_median_ms"] * 1e3 / r["ops_per_rep"], "us", size=r["size"],
                         for_config=r["config"])
             for r in rows if r.get("workload") == W2 and "median_ms" in r and r.get("ops_per_rep")]
 
 
 def load_decode_module():
     import importlib.util
-    path = C.REPO_ROOT / "examples" / "decode_block_demo.py"
+    path = H.REPO_ROOT / "examples" / "decode_block_demo.py"
     spec = importlib.util.spec_from_file_location("decode_block_demo", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def decode_case(args) -> C.Case:
+def decode_case(args) -> H.Case:
     dec = load_decode_module()
     state = dec.make_state("cuda", dim=args.dim, heads=args.heads, kv_len=args.kv_len)
     ref = dec.decode(dec.clone_state(state), args.decode_steps)
-    return C.Case(size=args.kv_len, ref=ref, tol=DECODE_TOL, data=(dec, state), ops_per_rep=args.decode_steps,
+    return H.Case(size=args.kv_len, ref=ref, tol=DECODE_TOL, data=(dec, state), ops_per_rep=args.decode_steps,
                   extra={"steps": args.decode_steps, "dim": args.dim, "heads": args.heads, "kv_len": args.kv_len,
                          "dtype": "float32"})
 
 
-def decode_setups(ctx: C.RunContext, steps: int) -> dict:
-    def run(case: C.Case):
+def decode_setups(ctx: H.RunContext, steps: int) -> dict:
+    def run(case: H.Case):
         dec, state = case.data
         return dec.decode(dec.clone_state(state), steps)
-    return {"eager": lambda case: C.Prepared(lambda: run(case)), "gpuos_scheduler": C.scheduler_setup(ctx, run)}
+    return {"eager": lambda case: H.Prepared(lambda: run(case)), "gpuos_scheduler": H.scheduler_setup(ctx, run)}
 
 
 # --------------------------------------------------------------------------------------------------
 # torch.compile peers (child process, see _child.py)
 # --------------------------------------------------------------------------------------------------
-def compile_child(ctx: C.RunContext, params: dict, emit) -> None:
+def compile_child(ctx: H.RunContext, params: dict, emit) -> None:
     iters = params["iters"]
-    C.compile_sweep(ctx, W2, [W2_SIZE], lambda _: w2_case(iters, ctx.device), w2_step,
-                    lambda case, compiled, mode: C.Prepared(lambda: w2_loop(compiled, *case.data, iters)), emit)
+    H.compile_sweep(ctx, W2, [W2_SIZE], lambda _: w2_case(iters, ctx.device), w2_step,
+                    lambda case, compiled, mode: H.Prepared(lambda: w2_loop(compiled, *case.data, iters)), emit)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,12 +172,12 @@ def suite_params(quick: bool) -> dict:
             "tolerance": W2_TOL}
 
 
-def suite_units(params: dict, ctx: C.RunContext) -> int:
-    return C.standard_units(1, W2_IN_PROCESS, ctx)
+def suite_units(params: dict, ctx: H.RunContext) -> int:
+    return H.standard_units(1, W2_IN_PROCESS, ctx)
 
 
-def run_workload(ctx: C.RunContext, params: dict, save) -> list:
-    rows = C.run_standard_workload(ctx, W2, "bench_scheduler", [W2_SIZE],
+def run_workload(ctx: H.RunContext, params: dict, save) -> list:
+    rows = H.run_standard_workload(ctx, W2, "bench_scheduler", [W2_SIZE],
                                    lambda _: w2_case(params["iters"], ctx.device), w2_setups(ctx, params["iters"]),
                                    params, save, IN_PROCESS_SHARE, NOT_APPLICABLE)
     return rows + host_us_rows(rows)
@@ -192,23 +187,14 @@ def run_workload(ctx: C.RunContext, params: dict, save) -> list:
 # goals + report
 # --------------------------------------------------------------------------------------------------
 def evaluate_goals(rows):
-    e = C.find_row(rows, "eager", W2_SIZE, W2)
-    s = C.find_row(rows, "gpuos_scheduler", W2_SIZE, W2)
-    r = C.ratio(C.row_median(e), C.row_median(s))
-    name = f"W2 gpuos_scheduler vs eager, n={W2_SIZE} (x faster)"
-    target = f">= {GOAL_VS_EAGER:g}x"
-    if r is None:
-        note = "no data" if s is None or e is None else (s.get("error") or e.get("error") or "no data")[:80]
-        return [{"goal": name, "target": target, "achieved": None, "pass": False, "note": note}]
-    bad = s.get("correct") is False
-    return [{"goal": name, "target": target, "achieved": C._r(r), "pass": bool(r >= GOAL_VS_EAGER and not bad),
-             "note": "results incorrect" if bad else ""}]
+    e = H.find_row(rows, "eager", W2_SIZE, W2)
+    s = H.find_row(rows, "gpuos_scheduler", W2_SIZE, W2)
+    missing = "no data" if s is None or e is None else (s.get("error") or e.get("error") or "no data")[:80]
+    return [H.speedup_goal(f"W2 gpuos_scheduler vs eager, n={W2_SIZE} (x faster)", GOAL_VS_EAGER, e, s, missing)]
 
 
 def print_report(meta, rows, goals, args, out_path):
-    print()
-    print(f"GPUOS scheduler benchmark: {meta['device']}  driver {meta['driver']}  torch {meta['torch']}  "
-          f"gpuos {meta['gpuos']}  {meta['date']}")
+    H.print_header("GPUOS scheduler benchmark", meta)
     print(f"W2: {args.iters} x 5 ops on {W2_SIZE} fp32 elements per rep; decode: {args.decode_steps} steps, "
           f"kv {args.kv_len}, dim {args.dim}; {args.reps} reps (+{args.warmup} warm-up); time = host "
           f"perf_counter around work + torch.cuda.synchronize()")
@@ -218,9 +204,9 @@ def print_report(meta, rows, goals, args, out_path):
     for wl, size, configs in ((W2, W2_SIZE, ["eager", "gpuos_scheduler", "compile", "compile_reduce_overhead",
                                              "cudagraph"]),
                               (DECODE, args.kv_len, DECODE_CONFIGS)):
-        eager_ms = C.row_median(C.find_row(rows, "eager", size, wl))
+        eager_ms = H.row_median(H.find_row(rows, "eager", size, wl))
         for cfg in configs:
-            row = C.find_row(rows, cfg, size, wl)
+            row = H.find_row(rows, cfg, size, wl)
             if row is None:
                 continue
             if "error" in row:
@@ -228,9 +214,9 @@ def print_report(meta, rows, goals, args, out_path):
                 continue
             per = row.get("us_per_op", row.get("us_per_step"))
             table.append([wl, str(size), cfg, row["median_ms"], row["min_ms"], row["max_ms"],
-                          row.get("host_median_ms"), per, C.fmt_ratio(C.ratio(eager_ms, row["median_ms"])),
+                          row.get("host_median_ms"), per, H.fmt_ratio(H.ratio(eager_ms, row["median_ms"])),
                           "yes" if row.get("correct") else "NO"])
-    C.print_table(headers, table, title="Timings (decode: us/op column = us per decode step)", plain=args.plain,
+    H.print_table(headers, table, title="Timings (decode: us/op column = us per decode step)", plain=args.plain,
                   align="llrrrrrrrl")
     vals = [r for r in rows if "unit" in r or ("error" in r and r.get("config") in ("compile_time_s",))]
     if vals:
@@ -240,17 +226,12 @@ def print_report(meta, rows, goals, args, out_path):
                 vt.append([r["config"], "-", "-", "-", "ERROR: " + r["error"][:60]])
             else:
                 vt.append([r["config"], r.get("for_config", "-"), r["value"], r["unit"], ""])
-        C.print_table(["figure", "config", "value", "unit", "note"], vt, title="Figures (W2)", plain=args.plain,
+        H.print_table(["figure", "config", "value", "unit", "note"], vt, title="Figures (W2)", plain=args.plain,
                       align="llrll")
-    gt = []
-    for g in goals:
-        ach = "-" if g["achieved"] is None else C.fmt_ratio(g["achieved"])
-        gt.append([g["goal"], g["target"], ach, ("PASS" if g["pass"] else "MISS") + (f" ({g['note']})" if g["note"]
-                                                                                     else "")])
-    C.print_table(["goal", "target", "achieved", "result"], gt, title="Goal", plain=args.plain, align="lrrl")
+    H.print_goals(goals, args.plain, title="Goal")
     for g in goals:
         print(f"GOAL {g['goal']}: {'PASS' if g['pass'] else 'MISS'} "
-              f"({'-' if g['achieved'] is None else C.fmt_ratio(g['achieved'])} vs target {g['target']})")
+              f"({'-' if g['achieved'] is None else H.fmt_ratio(g['achieved'])} vs target {g['target']})")
     print(f"\nresults written to {out_path}")
 
 
@@ -258,14 +239,11 @@ def print_report(meta, rows, goals, args, out_path):
 # main
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.new_parser(__doc__)
     p.add_argument("--iters", type=int, default=1000, help="W2 iterations of the 5-op chain per rep (default 1000)")
-    p.add_argument("--reps", type=int, default=None, help="timed reps per config (default 10; --quick 3)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up reps per config (default 2)")
+    H.add_reps_args(p, 10, 3, 2)
     p.add_argument("--quick", action="store_true", help="smoke test: 3 reps, 64 decode steps; scheduler_quick.json")
-    p.add_argument("--configs", nargs="+", default=None,
-                   help=f"subset of {' '.join(CONFIGS)} (default: {' '.join(DEFAULT_CONFIGS)})")
+    H.add_configs_arg(p, CONFIGS, DEFAULT_CONFIGS)
     p.add_argument("--capacity", type=int, default=8192, help="scheduler_context(capacity=...) (default 8192)")
     p.add_argument("--no-decode", action="store_true", help="skip the decode workload")
     p.add_argument("--decode-steps", type=int, default=None, help="decode steps per rep (default 256; --quick 64)")
@@ -278,16 +256,14 @@ def parse_args(argv=None):
                    help="seconds one config's timed reps may take (default 8): slow configs get fewer reps")
     p.add_argument("--compile-extra", type=float, default=25.0,
                    help="extra seconds past --budget the torch.compile child may use (default 25)")
-    p.add_argument("--watchdog", type=float, default=115.0,
-                   help="hard limit in s (default 115; 0 = off): dump stacks and exit if the run hangs")
-    p.add_argument("--out", default=None, help="result file (default benchmarks/results/scheduler.json)")
-    p.add_argument("--plain", action="store_true", help="plain-text tables even if rich is installed")
+    H.add_watchdog_arg(p, 115.0)
+    H.add_output_args(p, NAME)
     args = p.parse_args(argv)
     if args.reps is None:
         args.reps = 3 if args.quick else 10
     if args.decode_steps is None:
         args.decode_steps = 64 if args.quick else 256
-    args.configs = C.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
+    args.configs = H.select_configs(args.configs or DEFAULT_CONFIGS, CONFIGS, p.error)
     if args.iters <= 0 or args.reps <= 0 or args.warmup < 0 or args.decode_steps <= 0 or args.kv_len <= 0:
         p.error("--iters, --reps, --decode-steps, --kv-len must be positive, --warmup >= 0")
     if args.dim % args.heads:
@@ -298,64 +274,58 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("GPUOS_TIMEOUT_S", "10")  # a hung GPU wait must not eat the whole run
-    C.require_cuda(NAME)  # exits 0 with a message when there is no GPU
-    faulthandler.enable()
-    if args.watchdog and args.watchdog > 0:
-        faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    H.require_cuda(NAME)  # exits 0 with a message when there is no GPU
+    H.start_watchdog(args.watchdog)
 
-    out_path = Path(args.out) if args.out else C.RESULTS_DIR / (f"{NAME}_quick.json" if args.quick
-                                                                else f"{NAME}.json")
-    meta = C.env_metadata(NAME)
+    out_path = H.result_path(NAME, args.quick, args.out)
+    meta = H.env_metadata(NAME)
     params = {"iters": args.iters, "ops_per_iter": OPS_PER_ITER, "size": W2_SIZE, "reps": args.reps,
               "warmup": args.warmup, "configs": args.configs, "quick": args.quick, "capacity": args.capacity,
               "decode": None if args.no_decode else {"steps": args.decode_steps, "kv_len": args.kv_len,
                                                      "dim": args.dim, "heads": args.heads},
               "tolerances": {"W2": W2_TOL, "decode": DECODE_TOL}, "budget_s": args.budget,
               "cuda": torch.version.cuda, "gpuos_timeout_s": os.environ.get("GPUOS_TIMEOUT_S")}
-    log(f"{meta['device']} | driver {meta['driver']} | torch {meta['torch']} | gpuos {meta['gpuos']}")
+    log(H.env_line(meta))
     log(f"W2 iters={args.iters} size={W2_SIZE} reps={args.reps} configs={args.configs}")
 
-    gpuos, gpuos_err = C.import_gpuos_package()
+    gpuos, gpuos_err = H.import_gpuos_package()
     if gpuos is not None:
         try:
             gpuos.init(capacity=args.capacity)
             log(f"gpuos from {gpuos.__file__}; runtime {gpuos.runtime_info()}")
         except Exception as exc:
-            gpuos, gpuos_err = None, C.format_exc(exc, 300)
+            gpuos, gpuos_err = None, H.format_exc(exc, 300)
     if gpuos is None:
         log(f"gpuos unavailable ({gpuos_err}); gpuos configs will be error rows")
 
     rows = []
 
     def save(partial=True):
-        extra = {"params": params, "goals": evaluate_goals(rows)}
-        if partial:
-            extra["partial"] = True
-        return C.write_results(NAME, meta, rows, path=out_path, **extra)
+        return H.save_results(NAME, meta, rows, out_path, params, partial, goals=evaluate_goals(rows))
 
-    ctx = C.RunContext(budget=C.Budget(args.budget, start=_T_START), reps=args.reps, warmup=args.warmup, min_reps=2,
+    ctx = H.RunContext(budget=H.Budget(args.budget, start=_T_START), reps=args.reps, warmup=args.warmup, min_reps=2,
                        configs=frozenset(args.configs), log=log, gpuos=gpuos, gpuos_err=gpuos_err,
                        capacity=args.capacity, config_cap_s=args.config_budget)
     w2_setup = w2_setups(ctx, args.iters)
     ctx.units_left = sum(ctx.wants(c) for c in w2_setup) + (0 if args.no_decode else len(DECODE_CONFIGS))
-    C.peer_sweep(ctx, W2, [W2_SIZE], lambda _: w2_case(args.iters), w2_setup, rows, save)
+    H.peer_sweep(ctx, W2, [W2_SIZE], lambda _: w2_case(args.iters), w2_setup, rows, save)
     g = evaluate_goals(rows)[0]
     log(f"goal so far: {g['goal']}: {'PASS' if g['pass'] else 'MISS'} (achieved {g['achieved']})")
     if not args.no_decode:
         n0 = len(rows)
-        C.peer_sweep(ctx, DECODE, [args.kv_len], lambda _: decode_case(args), decode_setups(ctx, args.decode_steps),
+        H.peer_sweep(ctx, DECODE, [args.kv_len], lambda _: decode_case(args), decode_setups(ctx, args.decode_steps),
                      rows, save)
         for row in rows[n0:]:
             if row.pop("ops_per_rep", None) is not None:
                 row["us_per_step"] = row.pop("us_per_op")
-    expected = [(W2_SIZE, c) for c, _ in C.COMPILE_MODES if c in args.configs]
+    expected = [(W2_SIZE, c) for c, _ in H.COMPILE_MODES if c in args.configs]
     if expected:
-        ctx.budget = C.Budget(args.budget + args.compile_extra, start=_T_START)
-        rows += C.child_rows(ctx, W2, "bench_scheduler", {"iters": args.iters}, expected)
+        ctx.budget = H.Budget(args.budget + args.compile_extra, start=_T_START)
+        rows += H.child_rows(ctx, W2, "bench_scheduler", {"iters": args.iters}, expected)
     rows += host_us_rows(rows)
     params["elapsed_s"] = round(time.perf_counter() - _T_START, 2)
     if gpuos is not None:
-        params["final_stats"] = C.gpuos_stats(gpuos) or {}
+        params["final_stats"] = H.gpuos_stats(gpuos) or {}
     goals = evaluate_goals(rows)
     path = save(partial=False)
     faulthandler.cancel_dump_traceback_later()

@@ -21,11 +21,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/plots.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 BASELINES = ("eager", "eager_softmax")  # the eager config of a row's group (W3 has one per op)
 MAX_PANELS = 6
@@ -46,10 +44,10 @@ def speedups(rows: list) -> dict:
     base = {}
     for r in rows:
         if r["config"] in BASELINES:
-            base[C.group_key(r)] = r["median_ms"]
+            base[H.group_key(r)] = r["median_ms"]
     out: dict = {}
     for r in rows:
-        b = base.get(C.group_key(r))
+        b = base.get(H.group_key(r))
         if b and r["median_ms"] > 0 and r.get("correct") is not False:
             out.setdefault(r["config"], []).append((r["size"], b / r["median_ms"]))
     return out
@@ -69,7 +67,7 @@ def plot_speedup(plt, doc: dict, rows: list, path: Path) -> bool:
         for config, pts in series.items():
             xs = [sizes.index(s) for s, _ in pts]
             ax.plot(xs, [v for _, v in pts], marker="o", label=config,
-                    linestyle="-" if C.is_gpuos_config(config) else "--")
+                    linestyle="-" if H.is_gpuos_config(config) else "--")
         ax.set_xticks(range(len(sizes)), [str(s) for s in sizes])
         ax.set_xlabel("size")
         ax.legend(fontsize=8, ncol=2)
@@ -119,10 +117,10 @@ def make_plots(results: Path, out: Optional[Path] = None, quick: bool = False) -
     out = Path(out or results)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for path, doc in C.load_result_docs(results, quick):
+    for path, doc in H.load_result_docs(results, quick):
         if doc.get("benchmark") == "first_call":
             continue
-        rows = C.timed_rows(doc)
+        rows = H.timed_rows(doc)
         stem = path.stem
         for kind, fn in (("speedup", plot_speedup), ("breakdown", plot_breakdown)):
             target = out / f"{stem}_{kind}.png"
@@ -130,14 +128,14 @@ def make_plots(results: Path, out: Optional[Path] = None, quick: bool = False) -
                 if fn(plt, doc, rows, target):
                     written.append(target)
             except Exception as exc:  # one bad file must not stop the others
-                print(f"plots: {target.name}: {C.format_exc(exc, 200)}")
+                print(f"plots: {target.name}: {H.format_exc(exc, 200)}")
     print(f"plots: wrote {len(written)} PNG files to {out}")
     return written
 
 
 def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default=str(C.RESULTS_DIR), help="folder of result JSON files")
+    p.add_argument("--results", default=str(H.RESULTS_DIR), help="folder of result JSON files")
     p.add_argument("--out", default=None, help="where the PNGs go (default: the results folder)")
     p.add_argument("--quick", action="store_true", help="plot the *_quick.json files")
     args = p.parse_args(argv)

@@ -19,14 +19,12 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/report.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+ROOT = H.REPO_ROOT
+RESULTS = H.RESULTS_DIR
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 COLUMN_ORDER = ("eager", "eager_out", "foreach", "cudagraph", "compile", "compile_reduce_overhead", "eager_softmax")
 
@@ -41,13 +39,13 @@ def _order(doc: dict) -> tuple:
 
 def load_docs(results_dir: Path = RESULTS, quick: bool = False) -> list:
     """The result documents of ``results_dir`` in report order."""
-    return sorted((doc for _, doc in C.load_result_docs(results_dir, quick)), key=_order)
+    return sorted((doc for _, doc in H.load_result_docs(results_dir, quick)), key=_order)
 
 
 def _column_key(config: str) -> tuple:
     if config in COLUMN_ORDER:
         return (0, COLUMN_ORDER.index(config))
-    return (2 if C.is_gpuos_config(config) else 1, 0)
+    return (2 if H.is_gpuos_config(config) else 1, 0)
 
 
 def _fmt_ms(x: float) -> str:
@@ -103,13 +101,13 @@ def _problems(doc: dict) -> list:
             known = [str(x) for x in sizes if x is not None]
             who.append(f"`{cfg}`" + (f" at {', '.join(known)}" if known else ""))
         out.append(f"Could not run: {'; '.join(who)}: {why}.")
-    older: dict = {}  # rows kept from an earlier run of another commit (C.merge_results / a partial re-run)
+    older: dict = {}  # rows kept from an earlier run of another commit (H.merge_results / a partial re-run)
     for r in doc["rows"]:
         if r.get("gpuos") and r["gpuos"] != doc.get("gpuos") and not r.get("not_applicable"):
             older.setdefault(r["gpuos"], set()).add(r["config"])
     for sha, cfgs in sorted(older.items()):
         out.append(f"From an earlier run (gpuos {sha}): " + ", ".join(f"`{c}`" for c in sorted(cfgs)) + ".")
-    wrong = [r for r in C.timed_rows(doc) if r.get("correct") is False]
+    wrong = [r for r in H.timed_rows(doc) if r.get("correct") is False]
     if wrong:
         out.append("Failed the correctness check: " + ", ".join(f"`{r['config']}` at {r.get('size')}"
                                                                for r in wrong) + ".")
@@ -118,20 +116,20 @@ def _problems(doc: dict) -> list:
 
 def ratio_line(doc: dict) -> Optional[str]:
     """'GPUOS vs best peer' for one result file: per size, wins and losses, geometric mean."""
-    res = C.gpuos_vs_best_peer(doc["rows"])
+    res = H.gpuos_vs_best_peer(doc["rows"])
     if not res:
         return None
     parts = []
     for r in res:
         where = f"{r['size']}" + (f" {r['op']}" if r.get("op") else "")
         verdict = "win" if r["ratio"] > 1 else "loss"
-        parts.append(f"{where}: {C.fmt_ratio(r['ratio'])} (`{r['gpuos']}` {_fmt_ms(r['gpuos_ms'])} ms vs "
+        parts.append(f"{where}: {H.fmt_ratio(r['ratio'])} (`{r['gpuos']}` {_fmt_ms(r['gpuos_ms'])} ms vs "
                      f"`{r['peer']}` {_fmt_ms(r['peer_ms'])} ms, {verdict})")
     wins = sum(r["ratio"] > 1 for r in res)
     geo = math.exp(sum(math.log(r["ratio"]) for r in res) / len(res))
     return ("**GPUOS vs best peer** (peer ms / GPUOS ms, > 1 = GPUOS faster): " + "; ".join(parts) +
             f" — {wins} win{'s' if wins != 1 else ''}, {len(res) - wins} loss{'es' if len(res) - wins != 1 else ''}, "
-            f"geometric mean {C.fmt_ratio(geo)}")
+            f"geometric mean {H.fmt_ratio(geo)}")
 
 
 def _values(doc: dict) -> list:
@@ -220,12 +218,12 @@ def summary_lines(docs: list) -> list:
     for doc in docs:
         if doc.get("benchmark") == "first_call":
             continue
-        res = C.gpuos_vs_best_peer(doc["rows"])
+        res = H.gpuos_vs_best_peer(doc["rows"])
         name = f"{_workload(doc)} {doc.get('benchmark')}"
         if not res:
             out.append(f"{name}: no GPUOS-vs-peer pair with correct results")
             continue
-        cells = ", ".join(f"{r['size']}{' ' + r['op'] if r.get('op') else ''}: {C.fmt_ratio(r['ratio'])} vs {r['peer']}"
+        cells = ", ".join(f"{r['size']}{' ' + r['op'] if r.get('op') else ''}: {H.fmt_ratio(r['ratio'])} vs {r['peer']}"
                           for r in res)
         wins = sum(r["ratio"] > 1 for r in res)
         out.append(f"{name}: GPUOS vs best peer {cells} ({wins} wins, {len(res) - wins} losses)")

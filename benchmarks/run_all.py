@@ -41,11 +41,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/run_all.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import _common as C
-else:  # python -m benchmarks / import
-    from . import _common as C
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
 
 NAME = "run_all"
 # workload -> (result file, module, weight in the time budget)
@@ -96,7 +94,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown workload(s) {bad}; choose from {list(WORKLOADS) + [FIRST_CALL]}")
     args.only = only or list(WORKLOADS) + [FIRST_CALL]
-    args.configs = C.select_configs(args.configs, ALL_CONFIGS, p.error) if args.configs else None
+    args.configs = H.select_configs(args.configs, ALL_CONFIGS, p.error) if args.configs else None
     if args.reps is None:
         args.reps = 5 if args.quick else 20
     if args.reps <= 0 or args.warmup < 0 or args.budget_s <= 0:
@@ -118,7 +116,7 @@ def start_jit_probe(cache_dir: Path, forbid_compile: bool) -> tuple:
     cache_dir.mkdir(parents=True, exist_ok=True)
     err_path = cache_dir.parent / f"probe{'_warm' if forbid_compile else '_cold'}.err"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", JIT_PROBE], cwd=str(C.REPO_ROOT), env=env, text=True,
+        proc = subprocess.Popen([sys.executable, "-c", JIT_PROBE], cwd=str(H.REPO_ROOT), env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
     return proc, time.perf_counter(), err_path
 
@@ -131,7 +129,7 @@ def finish_jit_probe(started: tuple, config: str, timeout_s: float, **extra: Any
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return C.error_row("gpuos", None, config, f"time budget: the probe did not finish in {timeout_s:.0f} s",
+        return H.error_row("gpuos", None, config, f"time budget: the probe did not finish in {timeout_s:.0f} s",
                            **extra)
     wall = time.perf_counter() - t0
     err = err_path.read_text(errors="replace") if err_path.exists() else ""
@@ -141,12 +139,13 @@ def finish_jit_probe(started: tuple, config: str, timeout_s: float, **extra: Any
             rep = json.loads(line[len(JIT_MARK):])
     if rep is None or proc.returncode != 0:
         tail = " | ".join((err or out or "").strip().splitlines()[-3:])
-        return C.error_row("gpuos", None, config, f"probe exited with status {proc.returncode}: {tail[:400]}",
+        return H.error_row("gpuos", None, config, f"probe exited with status {proc.returncode}: {tail[:400]}",
                            **extra)
     compiles = rep.get("jit_compiles")
     correct = (compiles == 0) if extra.get("forbid_compile") else (compiles is not None and compiles >= 1)
-    return C.value_row("gpuos", config, rep["init_s"], "s", process_s=C._r(wall, 3), import_s=C._r(rep["import_s"], 3),
-                       jit_compiles=compiles, disk_cache_hits=rep.get("disk_cache_hits"), correct=correct, **extra)
+    return H.value_row("gpuos", config, rep["init_s"], "s", process_s=H.rnd(wall, 3),
+                       import_s=H.rnd(rep["import_s"], 3), jit_compiles=compiles,
+                       disk_cache_hits=rep.get("disk_cache_hits"), correct=correct, **extra)
 
 
 def first_call_rows(docs: dict) -> list:
@@ -157,17 +156,17 @@ def first_call_rows(docs: dict) -> list:
         rows = doc["rows"]
         for r in rows:
             if r.get("config") == "compile_time_s" and r.get("first_size") and "value" in r:
-                out.append(C.value_row(workload, "compile_time_s", r["value"], "s", size=r.get("size"),
+                out.append(H.value_row(workload, "compile_time_s", r["value"], "s", size=r.get("size"),
                                        for_config=r.get("for_config"), first_call_s=r.get("first_call_s"),
                                        inductor_cache=r.get("inductor_cache")))
         graphs = [r for r in rows if r.get("config") == "cudagraph" and "median_ms" in r]
         captured = {r["size"]: r["capture_ms"] for r in graphs if r.get("capture_ms") is not None}
         if captured:
             size, ms = next(iter(captured.items()))
-            out.append(C.value_row(workload, "cudagraph_capture_ms", ms, "ms", size=size, all_sizes=captured))
+            out.append(H.value_row(workload, "cudagraph_capture_ms", ms, "ms", size=size, all_sizes=captured))
         for r in graphs:
             if r.get("capture_ms_total") is not None:
-                out.append(C.value_row(workload, "cudagraph_capture_ms", r["capture_ms_total"], "ms", size=r["size"],
+                out.append(H.value_row(workload, "cudagraph_capture_ms", r["capture_ms_total"], "ms", size=r["size"],
                                        captures=r.get("captures"), note="every recapture of the run"))
     return out
 
@@ -175,21 +174,10 @@ def first_call_rows(docs: dict) -> list:
 # --------------------------------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------------------------------
-def no_gpu_message() -> Optional[str]:
-    if C.cuda_available():
-        return None
-    try:
-        import torch
-        return (f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'}) reports "
-                f"torch.cuda.is_available() == False")
-    except Exception as exc:  # pragma: no cover - torch missing
-        return f"torch could not be imported ({exc})"
-
-
 def main(argv: Optional[list] = None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
-    why = no_gpu_message()
+    why = H.no_cuda_reason()
     if why and not args.allow_cpu:
         print(f"[benchmarks] no CUDA GPU available: {why}. Nothing to benchmark; run `python -m benchmarks` on a "
               f"machine with an NVIDIA GPU (--allow-cpu debugs the harness on the CPU). (exit 0)")
@@ -199,10 +187,10 @@ def main(argv: Optional[list] = None) -> int:
     faulthandler.enable(file=sys.__stderr__)
     # a hang still ends (with every thread's stack) before the GPU machine's 10-minute limit
     faulthandler.dump_traceback_later(args.budget_s + 60, exit=True, file=sys.__stderr__)
-    out_dir = Path(args.out_dir) if args.out_dir else C.RESULTS_DIR
+    out_dir = Path(args.out_dir) if args.out_dir else H.RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    budget = C.Budget(args.budget_s, start=t_start)
+    budget = H.Budget(args.budget_s, start=t_start)
     scratch = Path(tempfile.mkdtemp(prefix="gpuos-bench-"))  # the JIT probes' GPUOS_CACHE_DIR
     import torch
 
@@ -212,24 +200,24 @@ def main(argv: Optional[list] = None) -> int:
 
     gpuos, gpuos_err, init_s = None, "CPU debug run" if device != "cuda" else None, None
     if device == "cuda":
-        gpuos, gpuos_err = C.import_gpuos_package()
+        gpuos, gpuos_err = H.import_gpuos_package()
         if gpuos is not None:
             try:
                 t0 = time.perf_counter()
                 gpuos.init()
                 init_s = time.perf_counter() - t0
             except Exception as exc:
-                gpuos, gpuos_err = None, f"init failed: {C.format_exc(exc, 300)}"
+                gpuos, gpuos_err = None, f"init failed: {H.format_exc(exc, 300)}"
     modules = {w: importlib.import_module(f"benchmarks.{WORKLOADS[w][1]}") for w in workloads}
     params = {w: modules[w].suite_params(args.quick) for w in workloads}
     ctx_base = dict(reps=args.reps, warmup=args.warmup, quick=args.quick, device=device,
                     configs=frozenset(args.configs) if args.configs else None, gpuos=gpuos, gpuos_err=gpuos_err)
-    probe = C.RunContext(budget=budget, **ctx_base)
+    probe = H.RunContext(budget=budget, **ctx_base)
     units = {w: modules[w].suite_units(params[w], probe) for w in workloads}
-    progress = C.Progress(sum(units.values()) + int(fc), kind=args.progress, desc="benchmarks")
+    progress = H.Progress(sum(units.values()) + int(fc), kind=args.progress, desc="benchmarks")
     log = progress.log
-    log(f"[benchmarks] {C.device_name()} | driver {C.driver_version()} | torch {torch.__version__} | "
-        f"gpuos {C.git_sha()} | budget {args.budget_s:.0f} s | reps {args.reps} | workloads {' '.join(args.only)}")
+    log(f"[benchmarks] {H.device_name()} | driver {H.driver_version()} | torch {torch.__version__} | "
+        f"gpuos {H.git_sha()} | budget {args.budget_s:.0f} s | reps {args.reps} | workloads {' '.join(args.only)}")
     if gpuos is None:
         log(f"[benchmarks] gpuos unavailable ({gpuos_err}): its configs become error rows")
 
@@ -239,8 +227,8 @@ def main(argv: Optional[list] = None) -> int:
             name, module, _ = WORKLOADS[w]
             left = sum(WORKLOADS[v][2] for v in workloads[i:])
             seconds = max(0.0, budget.remaining() - (END_RESERVE_S if fc else 5.0)) * WORKLOADS[w][2] / left
-            ctx = C.RunContext(budget=C.Budget(seconds), log=log, progress=progress, **ctx_base)
-            meta = C.env_metadata(name)
+            ctx = H.RunContext(budget=H.Budget(seconds), log=log, progress=progress, **ctx_base)
+            meta = H.env_metadata(name)
             path = out_dir / f"{name}{suffix}.json"
             done_before = progress.done
             suite = {"workload": w, "title": modules[w].TITLE, "budget_s": round(seconds, 1), "reps": args.reps,
@@ -248,15 +236,15 @@ def main(argv: Optional[list] = None) -> int:
                      "quick": args.quick, "configs": args.configs, "device": device}
 
             def save(rows: list, partial: bool = True) -> Path:
-                return C.write_results(name, meta, rows, path=path, params=params[w], suite=suite,
+                return H.write_results(name, meta, rows, path=path, params=params[w], suite=suite,
                                        **({"partial": True} if partial else {}))
             log(f"[benchmarks] {w} {name}: {modules[w].TITLE}; budget {seconds:.0f} s")
             t0 = time.perf_counter()
             try:
                 rows = modules[w].run_workload(ctx, params[w], save)
             except Exception as exc:  # a workload that breaks costs its rows, never the suite
-                log(f"[benchmarks] {w}: ERROR {C.format_exc(exc, 400)}")
-                rows = [C.error_row(w, None, "all", exc)]
+                log(f"[benchmarks] {w}: ERROR {H.format_exc(exc, 400)}")
+                rows = [H.error_row(w, None, "all", exc)]
             if ctx.gpuos is None and ctx_base["gpuos"] is not None:  # gpuos failed for good: tell later workloads
                 ctx_base.update(gpuos=None, gpuos_err=ctx.gpuos_err)
             suite["elapsed_s"] = round(time.perf_counter() - t0, 1)
@@ -268,7 +256,7 @@ def main(argv: Optional[list] = None) -> int:
         if fc:
             rows = first_call_rows(docs)
             if init_s is not None:
-                rows.append(C.value_row("gpuos", "gpuos_init_s", init_s, "s",
+                rows.append(H.value_row("gpuos", "gpuos_init_s", init_s, "s",
                                         note="this process's first gpuos.init(), with the cache as it was"))
             if jit_cold is not None:
                 rows.append(finish_jit_probe(jit_cold, "gpuos_jit_cold_s", max(20.0, budget.remaining()),
@@ -278,8 +266,8 @@ def main(argv: Optional[list] = None) -> int:
                 rows.append(finish_jit_probe(warm, "gpuos_jit_warm_s", max(20.0, budget.remaining()),
                                              cache="the cold probe's GPUOS_CACHE_DIR", forbid_compile=True))
             elif device != "cuda":
-                rows.append(C.error_row("gpuos", None, "gpuos_jit_cold_s", "needs CUDA (this is a CPU debug run)"))
-            path = C.write_results("first_call", C.env_metadata("first_call"), rows,
+                rows.append(H.error_row("gpuos", None, "gpuos_jit_cold_s", "needs CUDA (this is a CPU debug run)"))
+            path = H.write_results("first_call", H.env_metadata("first_call"), rows,
                                    path=out_dir / f"first_call{suffix}.json")
             progress.advance("first-call costs")
             log(f"[benchmarks] first-call costs written to {path}")
@@ -297,6 +285,11 @@ def main(argv: Optional[list] = None) -> int:
         print(line)
     print(f"\n[benchmarks] done in {time.perf_counter() - t_start:.0f} s; README block: python benchmarks/report.py")
     return 0
+
+
+def standalone_main(workload: str, argv: Optional[list] = None) -> int:
+    """``python benchmarks/bench_<x>.py [options]`` = ``python -m benchmarks --only <workload> [options]``."""
+    return main(["--only", workload] + list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

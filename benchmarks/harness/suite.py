@@ -1,0 +1,253 @@
+"""The suite's measurement machinery: time budgets, rep planning, a workload size (Case), a configuration's
+callables (Prepared), the settings of a run (RunContext), check-then-time of one configuration
+(measure_config) and the in-process peers of every size (peer_sweep).
+
+Imports: timing, rows, gpuos_rt.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from .gpuos_rt import gpuos_stats, is_fatal_gpuos_error, stats_delta
+from .rows import error_row, format_exc, is_gpuos_config, rnd, timing_row
+from .timing import cuda_sync, no_sync, release_memory, time_reps
+
+
+# --------------------------------------------------------------------------------------------------
+# time budget
+# --------------------------------------------------------------------------------------------------
+class Budget:
+    """A deadline ``seconds`` after ``start`` (perf_counter; default: now)."""
+
+    def __init__(self, seconds: float, start: Optional[float] = None) -> None:
+        self.seconds = float(seconds)
+        self.start = time.perf_counter() if start is None else float(start)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def remaining(self) -> float:
+        return self.start + self.seconds - time.perf_counter()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def part(self, seconds: float) -> "Budget":
+        """A budget of ``seconds`` from now that never ends after this one."""
+        return Budget(max(0.0, min(float(seconds), self.remaining())))
+
+
+def plan_reps(per_rep_s: float, reps: int, warmup: int, share_s: float, min_reps: int = 3):
+    """(reps, warmup, note): the requested reps and warm-up when they fit ``share_s`` seconds, else fewer
+    (never below ``min_reps``; one warm-up at most) with a note that says why."""
+    per = max(float(per_rep_s), 1e-6)
+    if per * (reps + warmup) <= share_s:
+        return reps, warmup, None
+    warmup = min(warmup, 1)
+    fit = max(min_reps, min(reps, int(share_s / per) - warmup))
+    if fit >= reps:
+        return reps, warmup, None
+    return fit, warmup, (f"time budget: {fit} of {reps} reps ({per * 1e3:.1f} ms per rep, "
+                         f"{share_s:.1f} s for this config)")
+
+
+# --------------------------------------------------------------------------------------------------
+# correctness
+# --------------------------------------------------------------------------------------------------
+def check_close(got: Any, exp: Any, tol: dict) -> tuple:
+    """(True, None) when torch.testing.assert_close(got, exp, **tol) passes (tensors, or lists / dicts of
+    them), else (False, the first 400 characters of why)."""
+    import torch
+    try:
+        torch.testing.assert_close(got, exp, **tol)
+        return True, None
+    except AssertionError as exc:
+        return False, " ".join(str(exc).split())[:400]
+    except Exception as exc:  # wrong type / None / device mismatch
+        return False, format_exc(exc, 400)
+
+
+# --------------------------------------------------------------------------------------------------
+# one configuration of one workload size: check, then time
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One size of a workload: its inputs (``data``), the eager reference output and how to compare.
+
+    ``size`` is the row's size (an int or a label such as "8x256"); ``extra`` goes into every row of
+    this size; ``ops_per_rep`` (when known) adds ``us_per_op``.
+    """
+    size: Any
+    ref: Any
+    tol: dict
+    data: Any = None
+    extra: dict = field(default_factory=dict)
+    ops_per_rep: Optional[int] = None
+
+
+@dataclass
+class Prepared:
+    """What a configuration's setup returns.
+
+    ``fn``: one timed repetition; returns its output (kept alive until after the sync).
+    ``check``: run once before timing; returns what is compared with the reference (default ``fn``).
+    ``extra``: fields for the row (e.g. capture_ms); read after ``check`` ran, so it may fill them.
+    """
+    fn: Callable[[], Any]
+    check: Optional[Callable[[], Any]] = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunContext:
+    """Settings and state shared by the configurations of one workload run (in the suite or alone)."""
+    budget: Budget
+    reps: int = 20
+    warmup: int = 2
+    min_reps: int = 3
+    quick: bool = False
+    device: str = "cuda"
+    configs: Optional[frozenset] = None  # None = every configuration
+    log: Callable[[str], None] = print
+    progress: Any = None  # a Progress, or None
+    gpuos: Any = None  # the gpuos package (scheduler_context, stats), or None
+    gpuos_err: Optional[str] = None
+    capacity: int = 8192  # scheduler_context(capacity=...)
+    units_left: int = 1  # configurations still to measure in this workload (for the per-config share)
+    config_cap_s: Optional[float] = None  # at most this many seconds for one configuration's reps
+
+    def wants(self, config: str) -> bool:
+        return self.configs is None or config in self.configs
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            cuda_sync()
+
+    def share_s(self) -> float:
+        """Seconds one configuration's reps may take: three times an even share of what is left (most
+        configurations take far less than the average), never more than half of it."""
+        left = max(0.0, self.budget.remaining())
+        share = min(left / 2, 3 * left / max(1, self.units_left))
+        return share if self.config_cap_s is None else min(share, self.config_cap_s)
+
+    def advance(self, label: str) -> None:
+        self.units_left = max(0, self.units_left - 1)
+        if self.progress is not None:
+            self.progress.advance(label)
+
+    def scheduler(self):
+        """A fresh gpuos.scheduler_context (raises when gpuos is unavailable)."""
+        if self.gpuos is None:
+            raise RuntimeError(f"gpuos unavailable: {self.gpuos_err}")
+        return self.gpuos.scheduler_context(capacity=self.capacity)
+
+
+def budget_error(ctx: RunContext) -> str:
+    return f"time budget: skipped, the workload's {ctx.budget.seconds:.0f} s were spent"
+
+
+def measure_config(ctx: RunContext, workload: str, case: Case, config: str,
+                   setup: Callable[[], Any], extra: Optional[dict] = None) -> dict:
+    """Set up one configuration, check its output against ``case.ref``, then time it; always a row.
+
+    ``setup()`` returns a Prepared (or a bare callable = Prepared(fn)). The check call's time is
+    ``first_call_s`` (it includes lazy compiles and captures); then ``ctx.warmup`` untimed calls (at least
+    one; the last estimates a rep), and the reps shrink (row field ``reps_note``) when ``ctx.reps`` would
+    not fit this config's share of the budget. Errors of any kind become an error row.
+    """
+    size = case.size
+    fields = dict(case.extra)
+    fields.update(extra or {})
+    if is_gpuos_config(config) and ctx.gpuos is None:
+        return error_row(workload, size, config, f"gpuos unavailable: {ctx.gpuos_err}", **fields)
+    if ctx.budget.expired():
+        return error_row(workload, size, config, budget_error(ctx), **fields)
+    st0 = gpuos_stats(ctx.gpuos) if is_gpuos_config(config) else None
+    try:
+        prep = setup()
+        if not isinstance(prep, Prepared):
+            prep = Prepared(prep)
+        ctx.sync()
+        t0 = time.perf_counter()
+        out = (prep.check or prep.fn)()
+        ctx.sync()
+        first_s = time.perf_counter() - t0
+        correct, detail = check_close(out, case.ref, case.tol)
+        del out
+        share = ctx.share_s()
+        spent = 0.0
+        for _ in range(max(1, ctx.warmup)):  # warm-up calls; the last one's time estimates a rep
+            t0 = time.perf_counter()
+            r = prep.fn()
+            ctx.sync()
+            per_rep_s = time.perf_counter() - t0
+            spent += per_rep_s
+            del r
+            if spent > share / 4:
+                break
+        reps, _, note = plan_reps(per_rep_s, ctx.reps, 0, share - spent, ctx.min_reps)
+        if ctx.quick and note is None:
+            note = f"quick run: {reps} reps"
+        timing = time_reps(prep.fn, reps=reps, warmup=0, sync=cuda_sync if ctx.device == "cuda" else no_sync,
+                           gpu_events=ctx.device == "cuda")
+    except Exception as exc:
+        try:
+            ctx.sync()
+        except Exception:
+            pass
+        ctx.log(f"{workload} {size} {config}: ERROR {format_exc(exc, 300)}")
+        if is_gpuos_config(config) and is_fatal_gpuos_error(exc):  # later gpuos configs: error rows at once
+            ctx.gpuos, ctx.gpuos_err = None, f"an earlier gpuos call failed ({workload} {size}): {format_exc(exc, 200)}"
+        return error_row(workload, size, config, exc, **fields)
+    fields.update(prep.extra)
+    row = timing_row(workload, size, config, timing, correct, host_median_ms=rnd(timing.host_median_ms),
+                     first_call_s=rnd(first_s), **fields)
+    if case.ops_per_rep:
+        row["ops_per_rep"] = case.ops_per_rep
+        row["us_per_op"] = rnd(timing.median_ms * 1e3 / case.ops_per_rep)
+    if note:
+        row["reps_note"] = note
+    if detail:
+        row["correct_detail"] = detail
+    d = stats_delta(st0, gpuos_stats(ctx.gpuos)) if st0 is not None else None
+    if d:
+        row["stats_delta"] = d
+    gpu = f" gpu {row['median_gpu_ms']:.3f}" if row.get("median_gpu_ms") is not None else ""
+    ctx.log(f"{workload} {size} {config:<24} median {timing.median_ms:9.3f} ms (min {timing.min_ms:.3f}, "
+            f"max {timing.max_ms:.3f}) host {timing.host_median_ms:.3f}{gpu} reps {timing.reps} correct={correct}")
+    return row
+
+
+def peer_sweep(ctx: RunContext, workload: str, sizes: Sequence[Any], make_case: Callable[[Any], Case],
+               setups: dict, rows: list, save: Optional[Callable[[], Any]] = None) -> None:
+    """For every size: build its Case, then measure each wanted configuration of ``setups``
+    ({config: setup(case) -> Prepared}); appends one row per (size, config), saving after each."""
+    wanted = [c for c in setups if ctx.wants(c)]
+    for size in sizes:
+        try:
+            case = make_case(size)
+        except Exception as exc:
+            ctx.log(f"{workload} {size}: ERROR building inputs: {format_exc(exc, 300)}")
+            for config in wanted:
+                rows.append(error_row(workload, size, config, f"inputs: {format_exc(exc, 300)}"))
+                ctx.advance(f"{workload} {size} {config}")
+            continue
+        for config in wanted:
+            rows.append(measure_config(ctx, workload, case, config, lambda c=config: setups[c](case)))
+            ctx.advance(f"{workload} {case.size} {config}")
+            if save is not None:
+                save()
+        case = None  # free this size's tensors before the next size
+        release_memory(ctx.device)
+
+
+def scheduler_setup(ctx: RunContext, run: Callable[[Case], Any]) -> Callable[[Case], Prepared]:
+    """Setup of the ``gpuos_scheduler`` peer: the eager ``run(case)`` inside one gpuos.scheduler_context()."""
+    def setup(case: Case) -> Prepared:
+        def fn():
+            with ctx.scheduler():
+                return run(case)
+        return Prepared(fn)
+    return setup
