@@ -9,6 +9,7 @@
 #include <torch/extension.h>
 
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <vector>
 
@@ -51,6 +52,22 @@ void before_record(int dev, Runtime& rt);
 // Keep-alive references (GIL held).
 void keep_object(int dev, PyObject* o);  // new strong reference
 void keep_tensor(int dev, at::Tensor&& t);
+// Run `record` (it stages sub-ops reading / writing `objs`), then keep `objs` alive until publication. Kept
+// after recording, not before: a ring-full flush inside the recording releases what is kept at that moment,
+// while the rest of this op's tiles are still unpublished. Kept also when recording throws: the tiles staged
+// before the failure still point at them. Null entries are skipped.
+template <class Record>
+void record_keeping(int dev, std::initializer_list<PyObject*> objs, Record&& record) {
+  try {
+    record();
+  } catch (...) {
+    for (PyObject* o : objs)
+      if (o) keep_object(dev, o);
+    throw;
+  }
+  for (PyObject* o : objs)
+    if (o) keep_object(dev, o);
+}
 void release_keep(int dev);  // everything kept on `dev` goes now (after shutdown)
 void drain_release();        // drop references whose work is published (never under a runtime's lock)
 

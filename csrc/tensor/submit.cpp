@@ -25,12 +25,7 @@ void submit_binary(uint32_t op, PyObject* pa, PyObject* pb, PyObject* pout) {
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   before_record(dev, rt);
-  // Kept before recording: a recording that fails halfway (a full ring's wait timing out) leaves staged tiles
-  // that still read these tensors.
-  keep_object(dev, pa);
-  keep_object(dev, pb);
-  keep_object(dev, pout);
-  rt.record_binary(op, operand(out), operand(a), operand(b), numel);
+  record_keeping(dev, {pa, pb, pout}, [&] { rt.record_binary(op, operand(out), operand(a), operand(b), numel); });
 }
 
 void submit_many(const std::string& opname, py::handle A, py::handle B, py::handle C) {
@@ -100,10 +95,7 @@ void submit_many(const std::string& opname, py::handle A, py::handle B, py::hand
       lk = std::make_unique<RtLock>(*rt);
       before_record(r.dev, *rt);
     }
-    keep_object(r.dev, ia[i]);  // before recording, as in submit_binary
-    keep_object(r.dev, ib[i]);
-    keep_object(r.dev, ic[i]);
-    rt->record_binary(op, r.out, r.a, r.b, r.numel);
+    record_keeping(r.dev, {ia[i], ib[i], ic[i]}, [&] { rt->record_binary(op, r.out, r.a, r.b, r.numel); });
   }
 }
 
@@ -230,10 +222,11 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   before_record(dev, rt);
-  keep_object(dev, out_obj);  // before recording, as in submit_binary
+  PyObject* objs[4] = {out_obj, nullptr, nullptr, nullptr};
   for (Py_ssize_t k = 0; k < n; ++k)
-    if (!is_number(items[k])) keep_object(dev, items[k]);
-  record_ew_tensors(rt, op, info.arity, out, ins, cv, sc[0], sc[1]);
+    if (!is_number(items[k])) objs[1 + k] = items[k];
+  record_keeping(dev, {objs[0], objs[1], objs[2], objs[3]},
+                 [&] { record_ew_tensors(rt, op, info.arity, out, ins, cv, sc[0], sc[1]); });
 }
 
 void submit_reduce(PyObject* pop, PyObject* px, PyObject* pout, bool keepdim) {
@@ -284,9 +277,7 @@ void submit_reduce(PyObject* pop, PyObject* px, PyObject* pout, bool keepdim) {
   Runtime& rt = runtime_for(dev);
   RtLock lk(rt);
   before_record(dev, rt);
-  keep_object(dev, px);  // before recording, as in submit_binary
-  keep_object(dev, pout);
-  record_reduce_tensors(rt, op, x, out, keepdim);
+  record_keeping(dev, {px, pout}, [&] { record_reduce_tensors(rt, op, x, out, keepdim); });
 }
 
 }  // namespace gpuos
