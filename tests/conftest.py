@@ -106,3 +106,19 @@ def rt(requires_gpu):
     if gpuos_ext.is_initialized():
         gpuos_ext.flush(sync=True)
     torch.cuda.synchronize()
+
+
+_FAIL_LOG = os.environ.get("GPUOS_FAIL_LOG")
+
+
+def pytest_runtest_logreport(report):
+    """With GPUOS_FAIL_LOG set, each failure is appended to that file as it happens (with its duration), so a run
+    killed by an outer timeout still shows what failed and why; every test's duration goes to <file>.durations."""
+    if not _FAIL_LOG:
+        return
+    if report.when == "call" or report.failed:
+        with open(_FAIL_LOG + ".durations", "a") as f:
+            f.write(f"{report.duration:9.3f} {report.outcome:8} {report.nodeid} ({report.when})\n")
+    if report.failed:
+        with open(_FAIL_LOG, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
