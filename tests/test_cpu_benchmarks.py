@@ -431,6 +431,7 @@ def test_bench_config_checks_then_times_into_one_row(monkeypatch):
     from benchmarks.harness import batch, timing
     monkeypatch.setattr(timing, "cuda_sync", H.no_sync)
     monkeypatch.setattr(batch, "cuda_sync", H.no_sync)
+    monkeypatch.setattr(timing, "_events_usable", lambda: False)  # CPU tensors: no CUDA events even on a GPU host
     A = [torch.randn(8) for _ in range(4)]
     outs = [torch.zeros(8) for _ in range(4)]
     rows, logs, after, failed = [], [], [], []

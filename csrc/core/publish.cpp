@@ -219,6 +219,9 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     levels_ = std::move(publishing);
   };
   try {
+    // Programs first recorded since the last publication: copied in stream order before any ready word.
+    for (const int32_t id : prog_unsent_)
+      GPUOS_CU(d.cuMemcpyHtoDAsync(progs_d_ + (uint64_t)id * sizeof(Program), &progs_h_[id], sizeof(Program), stream));
     for (const Level& lv : publishing) {
       const uint32_t seq = ++last_seq_;
       const uint32_t slot = seq & (kMaxBatches - 1);
@@ -271,6 +274,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     undo();
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
+  prog_unsent_.clear();
   // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
   __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
   std::atomic_thread_fence(std::memory_order_seq_cst);

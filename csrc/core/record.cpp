@@ -198,14 +198,13 @@ int32_t Runtime::program_id(const Program& p) {
   if (id < 0) return -1;
   if (prog_uploaded_.size() <= (size_t)id) prog_uploaded_.resize((size_t)id + 1, 0);
   if (prog_uploaded_[(size_t)id]) return id;
+  // Uploaded by the next publication, on its stream before its first ready word (publish.cpp): the worker opens
+  // batches in sequence order, so every batch that can name this program opens after the copy is complete.
+  // (A synchronous upload on a stream of its own waited here, with the runtime lock held, for a copy that the
+  // GPU may queue behind the resident worker: it timed out on an H100 in the soak.)
   progs_h_[id] = p;
-  // Uploaded once, on a control stream the resident worker does not occupy, and complete before any
-  // descriptor naming it can be published (so no stream of the user needs ordering with it).
-  make_current();
-  const Driver& d = driver();
-  GPUOS_CU(d.cuMemcpyHtoDAsync(progs_d_ + (uint64_t)id * sizeof(Program), &progs_h_[id], sizeof(Program), ctl_));
-  sync_ctl("a fused-chain program upload");
   prog_uploaded_[(size_t)id] = 1;
+  prog_unsent_.push_back(id);
   st_.programs++;
   return id;
 }

@@ -213,7 +213,8 @@ class Runtime {
   CUdeviceptr progs_d_ = 0;   // device program table (kMaxPrograms Programs)
   Program* progs_h_ = nullptr;  // pinned host copy (source of the uploads; never rewritten once assigned)
   CUstream ctl_ = nullptr;      // non-blocking control stream: uploads that must not queue behind the worker
-  std::vector<char> prog_uploaded_;  // per process-wide program id (fusion.h intern_program)
+  std::vector<char> prog_uploaded_;  // per process-wide program id (fusion.h intern_program): assigned here
+  std::vector<int32_t> prog_unsent_;  // assigned programs the next publication copies to progs_d_ first
 
   uint64_t desc_head_ = 0, desc_tail_ = 0;  // monotonic descriptor indices
   uint64_t ref_head_ = 0, ref_tail_ = 0;
