@@ -1279,6 +1279,8 @@ def soak(n_ops=1_000_000, seed=0, device="cuda", chain_len=(10, 50), check_every
     sched_kwargs = dict(sched_kwargs or {"auto_flush_ms": 0})
     pools = Pools(device, seed)
     gen = ChainGen(pools)
+    if device != "cpu":
+        log(f"soak: CUDA_MODULE_LOADING={os.environ.get('CUDA_MODULE_LOADING')}")
     # warm up (runtime init and the first NVRTC load happen here, outside the timed loop)
     with torch.no_grad():
         warm, _ = gen.build(random.Random(seed), 10, dtype=F32, shape=(64,))
@@ -1336,7 +1338,13 @@ def soak(n_ops=1_000_000, seed=0, device="cuda", chain_len=(10, 50), check_every
             except gpuos.GpuosError as e:  # the runtime is in trouble (a timeout, a driver error): stop here
                 res["runtime_error"] = {"chain": idx, "seed": cseed, "error": f"{type(e).__name__}: {str(e)[:2000]}",
                                         "traceback": traceback.format_exc()[-3000:]}
-                log(f"soak: runtime error in chain {idx}: {type(e).__name__}: {e}")
+                try:  # host-side counters: safe to read with the GPU stuck
+                    res["runtime_error"]["stats"] = {k: v for k, v in gpuos.stats().items()
+                                                     if isinstance(v, (int, float)) and v}
+                except Exception as e2:  # noqa: BLE001
+                    res["runtime_error"]["stats"] = repr(e2)
+                log(f"soak: runtime error in chain {idx}: {type(e).__name__}: {e}\nstats: "
+                    f"{res['runtime_error']['stats']}")
                 break
             except Exception as e:  # noqa: BLE001 -- eager ran this chain: gpuos raising is a difference
                 raised = f"{type(e).__name__}: {str(e)[:500]}"

@@ -20,7 +20,9 @@ import sys
 import tempfile
 
 import pytest
-import torch
+
+os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # as `import gpuos` does, before torch initialises CUDA
+import torch  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:

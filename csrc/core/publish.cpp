@@ -183,6 +183,15 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   if (early && launched_grid_ < burst_grid_ && inflight_.empty() &&
       __atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) == kWorkerRunning)
     drain_worker("an early publication moving to the burst grid");
+  // Lazy module loading: the first launch of a kernel waits until no kernel is resident. If such a launch is
+  // queued on this stream, a resident worker waiting for the ready word behind it never leaves: a deadlock (the
+  // soak wedged an H100 within 50 chains this way; none with eager loading). The runtime cannot see what the
+  // stream holds, so with lazy loading a publication behind unfinished stream work lets the worker leave first.
+  if (lazy_loading_ && __atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) == kWorkerRunning &&
+      d.cuStreamQuery(stream) != CUDA_SUCCESS) {
+    st_.lazy_drains++;
+    drain_worker("a publication behind unfinished stream work under lazy module loading");
+  }
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();
   auto write64 = [&ops](CUdeviceptr addr, uint64_t v, unsigned flags) {

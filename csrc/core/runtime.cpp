@@ -66,6 +66,9 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuModuleGetFunction(&worker_fn_, module_, "gpuos_worker"));
   fit_stack(worker_fn_);
   GPUOS_CU(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING));
+  int loading = 0;  // CU_MODULE_EAGER_LOADING = 1, CU_MODULE_LAZY_LOADING = 2
+  GPUOS_CU(d.cuModuleGetLoadingMode(&loading));
+  lazy_loading_ = loading == 2;
 
   // Queue memory: independent of any module (a handover relaunches a new module's worker on the same queue).
   const unsigned hflags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
@@ -148,7 +151,9 @@ std::string Runtime::describe() const {
          (cfg_.burst_min ? " (" + std::to_string(burst_grid_) + " blocks for flushes of >= " +
                                std::to_string(cfg_.burst_min) + " sub-ops)" : std::string()) +
          ", worker local memory " + std::to_string(worker_local_bytes_) + " B/thread (stack limit " +
-         std::to_string(stack_limit_) + " B)";
+         std::to_string(stack_limit_) + " B), " +
+         (lazy_loading_ ? "lazy module loading (publications behind busy streams drain the worker first)"
+                        : "eager module loading");
 }
 
 RuntimeStats Runtime::stats() const { return st_; }

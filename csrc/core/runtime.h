@@ -63,6 +63,7 @@ struct RuntimeStats {
   uint64_t full_queue_flushes = 0, room_waits = 0;
   uint64_t levels_split = 0;  // sub-ops that opened a new dependency level (levels beyond the first)
   uint64_t dma_batches = 0;
+  uint64_t lazy_drains = 0;  // publications that first let the worker leave (lazy loading, busy stream)
   uint64_t fused_subops = 0, programs = 0;
   uint64_t idle_adoptions = 0;  // handovers done by the compile thread while no worker was resident
   uint64_t burst_launches = 0;  // worker launches on the burst grid (Config::burst_min)
@@ -183,6 +184,7 @@ class Runtime {
                     const Operand& out, const Operand* ins, uint32_t nin);
 
   int device_;
+  bool lazy_loading_ = false;  // the context loads kernels on first launch (CUDA_MODULE_LOADING=LAZY)
   Config cfg_;
   StreamFn stream_fn_;
   CUdevice cu_dev_ = 0;

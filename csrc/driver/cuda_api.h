@@ -101,6 +101,7 @@ struct Driver {
   X(cuStreamCreate, "cuStreamCreate", CUresult (*)(CUstream*, unsigned))                                \
   X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult (*)(CUstream))                                      \
   X(cuStreamQuery, "cuStreamQuery", CUresult (*)(CUstream))                                             \
+  X(cuModuleGetLoadingMode, "cuModuleGetLoadingMode", CUresult (*)(int*))                               \
   X(cuStreamBatchMemOp, "cuStreamBatchMemOp_v2",                                                        \
     CUresult (*)(CUstream, unsigned, CUstreamBatchMemOpParams*, unsigned))                              \
   X(cuGetErrorName, "cuGetErrorName", CUresult (*)(CUresult, const char**))                             \

@@ -106,6 +106,7 @@ py::dict stats() {
     s.early_publishes += r.early_publishes;
     s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
     s.dma_batches += r.dma_batches;
+    s.lazy_drains += r.lazy_drains;
     s.fused_subops += r.fused_subops;
     s.programs += r.programs;
   }
@@ -127,6 +128,7 @@ py::dict stats() {
   d["room_waits"] = s.room_waits;
   d["levels_split"] = s.levels_split;
   d["dma_batches"] = s.dma_batches;
+  d["lazy_drains"] = s.lazy_drains;
   d["fused_subops"] = s.fused_subops;
   d["programs"] = s.programs;
   return d;
