@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One full GPU verification in one device call (build, GPU test suite, examples, benchmarks), logs under
 # $OUT (or ./gpu_logs). Budget about 8 minutes on an H100/H200 when the NVRTC cache is cold.
-#   device run: bash tools/gpu_check.sh [tests|bench|all|sanitize]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
+#   device run: bash tools/gpu_check.sh [tests|bench|all|stress|sanitize]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
 #   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline worker_trace"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
@@ -15,14 +15,25 @@ export GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
 python3 -m pip install --no-build-isolation -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 # Warm the JIT cache once (the suite's own cold-start tests use private cache dirs).
 python3 -c "import gpuos; gpuos.init(); print(gpuos.runtime_info())" 2>&1 | tail -2
-if [ "$MODE" != bench ] && [ "$MODE" != sanitize ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != sanitize ] && [ "$MODE" != stress ]; then
 timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
-GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --tb=short --durations=12 tests -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+# The stress / soak / drift tests (tests/test_gpu_stress.py, ~3 minutes) run in `stress` mode; failures are
+# written as they happen (GPUOS_FAIL_LOG), so a run cut by the device's time limit still says what failed.
+GPUOS_FAIL_LOG="$FINAL/failures.log" GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-480} python3 -m pytest -q --tb=short \
+  --durations=12 tests --ignore=tests/test_gpu_stress.py -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/pytest.log" | tail -30
 for f in examples/*.py; do
   case "$f" in */_*) continue ;; esac
   timeout 60 python3 "$f" > "$OUT/ex_$(basename "$f" .py).log" 2>&1; echo "$f rc=$?"
 done
+fi
+if [ "$MODE" = stress ]; then
+# tests/test_gpu_stress.py (sizes: GPUOS_STRESS_S, GPUOS_SOAK_OPS, GPUOS_DRIFT_FLUSHES), then the release figures
+# into benchmarks/results/reliability.json with RELIABILITY=1 (1,000,000-op soak, 100,000 flushes: ~6 minutes).
+GPUOS_FAIL_LOG="$FINAL/failures.log" timeout ${PYTEST_TIMEOUT:-480} python3 -m pytest -q --tb=short tests/test_gpu_stress.py \
+  -p no:cacheprovider > "$OUT/pytest.log" 2>&1; echo "stress pytest rc=$?"; tail -3 "$OUT/pytest.log"
+[ "${RELIABILITY:-0}" = 1 ] && timeout 560 python3 tools/reliability_run.py 2>&1 | tail -12
+exit 0
 fi
 if [ "$MODE" = sanitize ]; then
 # compute-sanitizer over tools/sanitize_workload.py (explicit API, scheduler + fusion, reductions, injection,

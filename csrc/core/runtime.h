@@ -58,16 +58,35 @@ struct Operand {
   Access access() const { return {storage, lo, hi}; }
 };
 
+// The runtime's counters, one list: the struct, the sum over devices and gpuos_ext.stats() are expanded from it.
+#define GPUOS_RUNTIME_STATS(X)                                                                            \
+  X(submitted)                                                                                            \
+  X(subops)                                                                                               \
+  X(batches)                                                                                              \
+  X(flushes)                                                                                              \
+  X(worker_launches)                                                                                      \
+  X(handovers)                                                                                            \
+  X(idle_adoptions)     /* handovers done by the compile thread while no worker was resident */           \
+  X(burst_launches)     /* worker launches on the burst grid (Config::burst_min) */                       \
+  X(early_publishes)    /* publications made during recording (Config::publish_min) */                    \
+  X(full_queue_flushes)                                                                                   \
+  X(room_waits)                                                                                           \
+  X(levels_split)       /* sub-ops that opened a new dependency level (levels beyond the first) */        \
+  X(dma_batches)                                                                                          \
+  X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
+  X(fused_subops)                                                                                         \
+  X(programs)
+
 struct RuntimeStats {
-  uint64_t submitted = 0, subops = 0, batches = 0, flushes = 0, worker_launches = 0, handovers = 0;
-  uint64_t full_queue_flushes = 0, room_waits = 0;
-  uint64_t levels_split = 0;  // sub-ops that opened a new dependency level (levels beyond the first)
-  uint64_t dma_batches = 0;
-  uint64_t lazy_drains = 0;  // publications that first let the worker leave (lazy loading, busy stream)
-  uint64_t fused_subops = 0, programs = 0;
-  uint64_t idle_adoptions = 0;  // handovers done by the compile thread while no worker was resident
-  uint64_t burst_launches = 0;  // worker launches on the burst grid (Config::burst_min)
-  uint64_t early_publishes = 0;  // publications made during recording (Config::publish_min)
+#define GPUOS_STAT_FIELD(name) uint64_t name = 0;
+  GPUOS_RUNTIME_STATS(GPUOS_STAT_FIELD)
+#undef GPUOS_STAT_FIELD
+  RuntimeStats& operator+=(const RuntimeStats& o) {
+#define GPUOS_STAT_ADD(name) name += o.name;
+    GPUOS_RUNTIME_STATS(GPUOS_STAT_ADD)
+#undef GPUOS_STAT_ADD
+    return *this;
+  }
 };
 
 class Runtime {

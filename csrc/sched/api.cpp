@@ -99,38 +99,16 @@ py::dict stats() {
   for (int dev = 0; dev < kMaxDevices; ++dev) {
     Runtime* rt = runtime_if(dev);
     if (!rt) continue;
-    RuntimeStats r = rt->stats();
-    s.submitted += r.submitted; s.subops += r.subops; s.batches += r.batches; s.flushes += r.flushes;
-    s.worker_launches += r.worker_launches; s.handovers += r.handovers; s.idle_adoptions += r.idle_adoptions;
-    s.burst_launches += r.burst_launches;
-    s.early_publishes += r.early_publishes;
-    s.full_queue_flushes += r.full_queue_flushes; s.room_waits += r.room_waits; s.levels_split += r.levels_split;
-    s.dma_batches += r.dma_batches;
-    s.lazy_drains += r.lazy_drains;
-    s.fused_subops += r.fused_subops;
-    s.programs += r.programs;
+    s += rt->stats();
   }
   JitStats j = jit_stats();
   py::dict d;
-  d["submitted"] = s.submitted;
-  d["subops"] = s.subops;
-  d["batches"] = s.batches;
-  d["flushes"] = s.flushes;
-  d["worker_launches"] = s.worker_launches;
-  d["handovers"] = s.handovers;
-  d["idle_adoptions"] = s.idle_adoptions;
-  d["burst_launches"] = s.burst_launches;
-  d["early_publishes"] = s.early_publishes;
+#define GPUOS_STAT_ITEM(name) d[#name] = s.name;
+  GPUOS_RUNTIME_STATS(GPUOS_STAT_ITEM)
+#undef GPUOS_STAT_ITEM
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;
-  d["full_queue_flushes"] = s.full_queue_flushes;
-  d["room_waits"] = s.room_waits;
-  d["levels_split"] = s.levels_split;
-  d["dma_batches"] = s.dma_batches;
-  d["lazy_drains"] = s.lazy_drains;
-  d["fused_subops"] = s.fused_subops;
-  d["programs"] = s.programs;
   return d;
 }
 
