@@ -1,6 +1,7 @@
 // csrc/inject/registry.cpp -- see registry.h. The registry of injected ops and the generation compiles on a
 // background thread. (The runtime's side -- handover, alias table -- is core/generation.cpp.)
 #include "inject/registry.h"
+#include "inject/registry_state.h"
 
 #include <immintrin.h>
 
@@ -24,81 +25,11 @@ namespace gpuos {
 
 std::atomic<uint32_t> g_op_need_gen[256];
 std::atomic<uint32_t> g_latest_ready_gen{0};
-std::function<void(uint32_t)> g_ready_hook;  // set at import, before the compile thread exists
 std::atomic<uint8_t> g_op_active_slot[256];
 
-namespace {
+namespace inject_detail {
 
 static_assert(kNumOps <= kFirstUserOp, "built-in op ids must stay below kFirstUserOp");
-
-struct Slot {
-  bool installed = false;
-  bool is_expr = true;
-  std::string source;
-  uint32_t gen = 0;     // newest ready generation with this slot's code (the old code while new code
-                        // compiles); 0: no ready generation has any code for the slot yet
-  uint64_t change = 0;  // the change that put `source` here (pending until its generation is ready)
-};
-
-struct OpEntry {
-  bool used = false, builtin = false;
-  std::string name, aten;
-  uint32_t arity = 0;
-  Slot slot[2];
-  uint8_t active = 0, prev = 0;
-  std::shared_ptr<CompileError> failed;    // registration failed (block=False): every submit raises it
-  std::shared_ptr<CompileError> deferred;  // an install failed (block=False): the next submit raises it once
-};
-
-struct Change {
-  uint32_t op = 0, slot = 0;
-  bool new_op = false, block = true;
-  Slot before;  // the slot as it was (for a revert)
-  enum State { kPending, kDone, kFailed } state = kPending;
-  uint32_t gen = 0;
-  std::shared_ptr<CompileError> error;
-};
-
-struct Gen {
-  uint32_t id = 0;
-  std::string header;  // the generated device_src/user_ops.h
-  enum State { kCompiling, kReady, kFailed } state = kCompiling;
-  std::map<std::string, std::shared_ptr<const std::string>> images;  // arch -> cubin / PTX (shared: no copies)
-  std::shared_ptr<CompileError> error;
-  std::string load_error;
-  std::vector<uint64_t> changes;
-  std::vector<std::string> ops;
-};
-
-struct Registry {
-  std::mutex mu;
-  std::condition_variable cv;
-  OpEntry ops[256];
-  std::map<std::string, uint32_t> by_name;
-  std::vector<std::shared_ptr<Gen>> gens;
-  std::map<uint64_t, Change> changes;
-  std::vector<uint64_t> dirty;  // applied changes no generation holds yet
-  uint64_t next_change = 1;
-  int hold = 0;
-  bool compiling = false, stop = false;
-  std::set<std::string> archs;
-  std::thread thread;
-  std::vector<std::shared_ptr<CompileError>> unreported;  // failures for wait_generations()
-  std::mutex switch_mu;  // one switch / rollback at a time
-  // Tier 2 of fused chains: program id -> generated straight-line code (fusion.cpp specialize_program). New
-  // entries mark spec_dirty, which starts a generation like an op change; a failed one is never retried.
-  std::map<uint32_t, std::string> fused_specs;
-  std::set<uint32_t> failed_specs;
-  bool spec_dirty = false;
-  Registry() {
-    auto g = std::make_shared<Gen>();
-    g->id = 0;
-    g->state = Gen::kReady;
-    gens.push_back(g);
-    for (auto& a : g_op_need_gen) a.store(0);
-    for (auto& a : g_op_active_slot) a.store(0);
-  }
-};
 
 Registry& R() {
   static Registry* r = new Registry();  // never destroyed: shutdown_generations() stops the thread at exit
@@ -161,7 +92,6 @@ int infer_arity(const std::string& src, const std::string& name) {
   return -1;
 }
 
-
 // Specs of every installed slot of the registry (caller holds R().mu).
 std::vector<OpSpec> registry_specs(const Registry& r) {
   std::vector<OpSpec> v;
@@ -217,8 +147,6 @@ void validate_source(const std::string& who, const std::string& name, uint32_t s
   }
 }
 
-void ensure_thread(Registry& r);
-
 // Apply a change to the registry and queue it for the next generation (caller holds r.mu).
 uint64_t queue_change(Registry& r, uint32_t op, uint32_t slot, bool new_op, bool block, const Slot& before) {
   const uint64_t id = r.next_change++;
@@ -255,83 +183,6 @@ void revert_change(Registry& r, uint64_t id, Change& c) {
   recompute_need(r, c.op);
 }
 
-void compile_loop() {
-  Registry& r = R();
-  std::unique_lock<std::mutex> lk(r.mu);
-  for (;;) {
-    r.cv.wait(lk, [&] { return r.stop || ((!r.dirty.empty() || r.spec_dirty) && r.hold == 0); });
-    if (r.stop) break;
-    auto g = std::make_shared<Gen>();
-    g->id = (uint32_t)r.gens.size();
-    const std::vector<OpSpec> specs = registry_specs(r);
-    const std::map<uint32_t, std::string> fused = r.fused_specs;
-    r.spec_dirty = false;
-    g->header = header_of(specs, g->id, fused);
-    for (const OpSpec& s : specs) g->ops.push_back(s.name + "[" + std::to_string(s.slot) + "]");
-    for (const auto& kv : fused) g->ops.push_back("fused#" + std::to_string(kv.first));
-    g->changes.swap(r.dirty);
-    for (uint64_t c : g->changes) r.changes[c].gen = g->id;
-    r.gens.push_back(g);
-    r.compiling = true;
-    const std::set<std::string> archs = r.archs;
-    lk.unlock();
-    std::map<std::string, std::shared_ptr<const std::string>> images;
-    std::shared_ptr<CompileError> err;
-    try {
-      for (const auto& arch : archs)
-        images[arch] = std::make_shared<const std::string>(jit_compile_sources(arch, {{kUserOpsPath, g->header}}));
-    } catch (const CompileError& e) {
-      err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
-                                               std::to_string(specs.size()) + ") failed to compile; the running "
-                                               "generation stays. " + e.what(),
-                                           e.log, e.arch, e.options, e.source_path);
-    } catch (const std::exception& e) {
-      err = std::make_shared<CompileError>(std::string("gpuos: generation ") + std::to_string(g->id) +
-                                               " could not be compiled: " + e.what(),
-                                           "", "", "", "");
-    }
-    lk.lock();
-    if (!err) {
-      g->images = std::move(images);
-      g->state = Gen::kReady;
-      g_latest_ready_gen.store(g->id);  // before any op needs it (Runtime::ensure_generation reads it)
-      if (g_ready_hook) {  // idle runtimes load the new module now, before anyone waiting sees the change done
-        lk.unlock();
-        g_ready_hook(g->id);
-        lk.lock();
-      }
-      for (uint64_t id : g->changes) {
-        Change& c = r.changes[id];
-        c.state = Change::kDone;
-        Slot& s = r.ops[c.op].slot[c.slot];
-        if (s.change == id) s.gen = g->id;
-        recompute_need(r, c.op);
-      }
-    } else {
-      g->state = Gen::kFailed;
-      g->error = err;
-      if (g->changes.empty())  // a generation only for fused-chain code: drop that code, never retry it
-        for (const auto& kv : fused) {
-          r.fused_specs.erase(kv.first);
-          r.failed_specs.insert(kv.first);
-        }
-      for (auto it = g->changes.rbegin(); it != g->changes.rend(); ++it) {
-        Change& c = r.changes[*it];
-        c.state = Change::kFailed;
-        c.error = err;
-        revert_change(r, *it, c);
-      }
-      r.unreported.push_back(err);
-    }
-    r.compiling = false;
-    r.cv.notify_all();
-  }
-}
-
-void ensure_thread(Registry& r) {
-  if (!r.thread.joinable() && !r.stop) r.thread = std::thread(compile_loop);
-}
-
 // Wait until change `id` is no longer pending (caller holds lk on r.mu); throws its error.
 void wait_change(Registry& r, std::unique_lock<std::mutex>& lk, uint64_t id) {
   r.cv.wait(lk, [&] { return r.changes[id].state != Change::kPending || r.stop; });
@@ -356,9 +207,9 @@ uint32_t find_op(const Registry& r, const std::string& name, const char* who) {
                               "built-in elementwise op.");
 }
 
-}  // namespace
+}  // namespace inject_detail
 
-void set_generation_ready_hook(std::function<void(uint32_t)> hook) { g_ready_hook = std::move(hook); }
+using namespace inject_detail;
 
 // ------------------------------------------------------------------ registry API
 void request_fused_spec(uint32_t id, const std::string& code) {
@@ -628,99 +479,10 @@ std::vector<UserOpInfo> list_user_ops() {
   return v;
 }
 
-std::vector<GenerationInfo> list_generations() {
-  Registry& r = R();
-  std::lock_guard<std::mutex> lk(r.mu);
-  std::vector<GenerationInfo> v;
-  for (auto& g : r.gens) {
-    GenerationInfo i;
-    i.id = g->id;
-    i.state = g->state == Gen::kReady ? "ready" : g->state == Gen::kFailed ? "failed" : "compiling";
-    for (auto& kv : g->images) i.archs.push_back(kv.first);
-    if (g->error) i.error = g->error->what();
-    if (!g->load_error.empty()) i.error += (i.error.empty() ? "" : "\n") + g->load_error;
-    i.ops = g->ops;
-    v.push_back(i);
-  }
-  return v;
-}
-
-uint32_t wait_generations() {
-  Registry& r = R();
-  std::unique_lock<std::mutex> lk(r.mu);
-  r.cv.wait(lk, [&] { return r.stop || ((r.dirty.empty() || r.hold > 0) && !r.compiling); });
-  if (!r.unreported.empty()) {
-    auto e = r.unreported.front();
-    r.unreported.clear();
-    throw CompileError(*e);
-  }
-  return g_latest_ready_gen.load();
-}
-
-void hold_generations(bool hold) {
-  Registry& r = R();
-  std::lock_guard<std::mutex> lk(r.mu);
-  r.hold += hold ? 1 : -1;
-  if (r.hold < 0) r.hold = 0;
-  r.cv.notify_all();
-}
-
-std::string current_generation_header() {
-  Registry& r = R();
-  std::lock_guard<std::mutex> lk(r.mu);
-  return header_of(registry_specs(r), (uint32_t)r.gens.size(), r.fused_specs);
-}
-
-std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen,
-                                  const std::map<uint32_t, std::string>& fused) {
-  return header_of(specs, gen, fused);
-}
-
-void shutdown_generations() {
-  Registry& r = R();
-  {
-    std::lock_guard<std::mutex> lk(r.mu);
-    r.stop = true;
-    r.cv.notify_all();
-  }
-  if (r.thread.joinable()) r.thread.join();
-}
-
-void registry_add_arch(const std::string& arch) {
-  Registry& r = R();
-  std::lock_guard<std::mutex> lk(r.mu);
-  r.archs.insert(arch);
-}
-
-std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::string& arch) {
-  Registry& r = R();
-  std::string header;
-  {
-    std::lock_guard<std::mutex> lk(r.mu);
-    if (gen >= r.gens.size() || r.gens[gen]->state != Gen::kReady)
-      throw std::logic_error("gpuos internal error: generation " + std::to_string(gen) + " is not ready");
-    auto it = r.gens[gen]->images.find(arch);
-    if (it != r.gens[gen]->images.end()) return it->second;
-    header = r.gens[gen]->header;
-  }
-  // An arch the generation was not compiled for (or generation 0: the embedded sources as they are).
-  auto image = std::make_shared<const std::string>(gen == 0 ? jit_compile_arch(arch)
-                                                           : jit_compile_sources(arch, {{kUserOpsPath, header}}));
-  std::lock_guard<std::mutex> lk(r.mu);
-  r.gens[gen]->images[arch] = image;
-  return image;
-}
-
 void current_alias_table(uint8_t table[256]) {
   Registry& r = R();
   std::lock_guard<std::mutex> lk(r.mu);
   for (uint32_t op = 0; op < 256; ++op) table[op] = r.ops[op].used && !r.ops[op].failed ? r.ops[op].active : 0;
-}
-
-void note_generation_load_error(uint32_t gen, const std::string& msg) {
-  Registry& r = R();
-  std::lock_guard<std::mutex> lk(r.mu);
-  if (gen < r.gens.size()) r.gens[gen]->load_error = msg;
 }
 
 }  // namespace gpuos

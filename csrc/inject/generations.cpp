@@ -1,0 +1,190 @@
+// csrc/inject/generations.cpp -- the generations of the registry: the background compile thread that turns the
+// queued changes into a generation (one NVRTC module: worker + every op slot + tier-2 chain code), and the
+// queries the runtime and Python make of them. The op side of the registry is inject/registry.cpp.
+#include <atomic>
+#include <functional>
+
+#include "inject/codegen.h"
+#include "inject/registry_state.h"
+#include "jit/jit.h"
+
+namespace gpuos {
+namespace {
+std::function<void(uint32_t)> g_ready_hook;  // set at import, before the compile thread exists
+}  // namespace
+
+namespace inject_detail {
+
+void compile_loop() {
+  Registry& r = R();
+  std::unique_lock<std::mutex> lk(r.mu);
+  for (;;) {
+    r.cv.wait(lk, [&] { return r.stop || ((!r.dirty.empty() || r.spec_dirty) && r.hold == 0); });
+    if (r.stop) break;
+    auto g = std::make_shared<Gen>();
+    g->id = (uint32_t)r.gens.size();
+    const std::vector<OpSpec> specs = registry_specs(r);
+    const std::map<uint32_t, std::string> fused = r.fused_specs;
+    r.spec_dirty = false;
+    g->header = header_of(specs, g->id, fused);
+    for (const OpSpec& s : specs) g->ops.push_back(s.name + "[" + std::to_string(s.slot) + "]");
+    for (const auto& kv : fused) g->ops.push_back("fused#" + std::to_string(kv.first));
+    g->changes.swap(r.dirty);
+    for (uint64_t c : g->changes) r.changes[c].gen = g->id;
+    r.gens.push_back(g);
+    r.compiling = true;
+    const std::set<std::string> archs = r.archs;
+    lk.unlock();
+    std::map<std::string, std::shared_ptr<const std::string>> images;
+    std::shared_ptr<CompileError> err;
+    try {
+      for (const auto& arch : archs)
+        images[arch] = std::make_shared<const std::string>(jit_compile_sources(arch, {{kUserOpsPath, g->header}}));
+    } catch (const CompileError& e) {
+      err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
+                                               std::to_string(specs.size()) + ") failed to compile; the running "
+                                               "generation stays. " + e.what(),
+                                           e.log, e.arch, e.options, e.source_path);
+    } catch (const std::exception& e) {
+      err = std::make_shared<CompileError>(std::string("gpuos: generation ") + std::to_string(g->id) +
+                                               " could not be compiled: " + e.what(),
+                                           "", "", "", "");
+    }
+    lk.lock();
+    if (!err) {
+      g->images = std::move(images);
+      g->state = Gen::kReady;
+      g_latest_ready_gen.store(g->id);  // before any op needs it (Runtime::ensure_generation reads it)
+      if (g_ready_hook) {  // idle runtimes load the new module now, before anyone waiting sees the change done
+        lk.unlock();
+        g_ready_hook(g->id);
+        lk.lock();
+      }
+      for (uint64_t id : g->changes) {
+        Change& c = r.changes[id];
+        c.state = Change::kDone;
+        Slot& s = r.ops[c.op].slot[c.slot];
+        if (s.change == id) s.gen = g->id;
+        recompute_need(r, c.op);
+      }
+    } else {
+      g->state = Gen::kFailed;
+      g->error = err;
+      if (g->changes.empty())  // a generation only for fused-chain code: drop that code, never retry it
+        for (const auto& kv : fused) {
+          r.fused_specs.erase(kv.first);
+          r.failed_specs.insert(kv.first);
+        }
+      for (auto it = g->changes.rbegin(); it != g->changes.rend(); ++it) {
+        Change& c = r.changes[*it];
+        c.state = Change::kFailed;
+        c.error = err;
+        revert_change(r, *it, c);
+      }
+      r.unreported.push_back(err);
+    }
+    r.compiling = false;
+    r.cv.notify_all();
+  }
+}
+
+void ensure_thread(Registry& r) {
+  if (!r.thread.joinable() && !r.stop) r.thread = std::thread(compile_loop);
+}
+
+}  // namespace inject_detail
+
+using namespace inject_detail;
+
+void set_generation_ready_hook(std::function<void(uint32_t)> hook) { g_ready_hook = std::move(hook); }
+
+std::vector<GenerationInfo> list_generations() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::vector<GenerationInfo> v;
+  for (auto& g : r.gens) {
+    GenerationInfo i;
+    i.id = g->id;
+    i.state = g->state == Gen::kReady ? "ready" : g->state == Gen::kFailed ? "failed" : "compiling";
+    for (auto& kv : g->images) i.archs.push_back(kv.first);
+    if (g->error) i.error = g->error->what();
+    if (!g->load_error.empty()) i.error += (i.error.empty() ? "" : "\n") + g->load_error;
+    i.ops = g->ops;
+    v.push_back(i);
+  }
+  return v;
+}
+
+uint32_t wait_generations() {
+  Registry& r = R();
+  std::unique_lock<std::mutex> lk(r.mu);
+  r.cv.wait(lk, [&] { return r.stop || ((r.dirty.empty() || r.hold > 0) && !r.compiling); });
+  if (!r.unreported.empty()) {
+    auto e = r.unreported.front();
+    r.unreported.clear();
+    throw CompileError(*e);
+  }
+  return g_latest_ready_gen.load();
+}
+
+void hold_generations(bool hold) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.hold += hold ? 1 : -1;
+  if (r.hold < 0) r.hold = 0;
+  r.cv.notify_all();
+}
+
+std::string current_generation_header() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return header_of(registry_specs(r), (uint32_t)r.gens.size(), r.fused_specs);
+}
+
+std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen,
+                                  const std::map<uint32_t, std::string>& fused) {
+  return header_of(specs, gen, fused);
+}
+
+void shutdown_generations() {
+  Registry& r = R();
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.stop = true;
+    r.cv.notify_all();
+  }
+  if (r.thread.joinable()) r.thread.join();
+}
+
+void registry_add_arch(const std::string& arch) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.archs.insert(arch);
+}
+
+std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::string& arch) {
+  Registry& r = R();
+  std::string header;
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (gen >= r.gens.size() || r.gens[gen]->state != Gen::kReady)
+      throw std::logic_error("gpuos internal error: generation " + std::to_string(gen) + " is not ready");
+    auto it = r.gens[gen]->images.find(arch);
+    if (it != r.gens[gen]->images.end()) return it->second;
+    header = r.gens[gen]->header;
+  }
+  // An arch the generation was not compiled for (or generation 0: the embedded sources as they are).
+  auto image = std::make_shared<const std::string>(gen == 0 ? jit_compile_arch(arch)
+                                                           : jit_compile_sources(arch, {{kUserOpsPath, header}}));
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.gens[gen]->images[arch] = image;
+  return image;
+}
+
+void note_generation_load_error(uint32_t gen, const std::string& msg) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (gen < r.gens.size()) r.gens[gen]->load_error = msg;
+}
+
+}  // namespace gpuos
