@@ -17,100 +17,28 @@ a hang, an error, a drift past its bound) or could not run.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import math
 import os
 import re
-import subprocess
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+from benchmarks import harness as H  # noqa: E402  (metadata, rows, result files: one definition each)
+
 TESTS_DIR = os.path.join(REPO_ROOT, "tests")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "results", "reliability.json")
 PARTS = ("stress", "soak", "drift", "sanitizer")
 WORKLOAD = "reliability"
 
 
-# ------------------------------------------------------------------------------------------------ environment
-def _text(cmd, cwd=None):
-    try:
-        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.strip() or None if r.returncode == 0 else None
-
-
-def git_sha() -> str:
-    if os.environ.get("GPUOS_GIT_SHA"):
-        return os.environ["GPUOS_GIT_SHA"]
-    out = _text(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT)
-    return out.splitlines()[0] if out else "unknown"
-
-
-def meta() -> dict:
-    """The header every result file has (benchmark, device, driver, torch, gpuos = git sha, date), plus the
-    package version."""
-    import torch
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    drv = _text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    try:
-        import gpuos_ext
-        version = gpuos_ext.__version__
-    except Exception:  # noqa: BLE001 -- the header still names the commit
-        version = "unknown"
-    return {"benchmark": WORKLOAD, "device": device, "driver": drv.splitlines()[0] if drv else "unknown",
-            "torch": torch.__version__, "gpuos": git_sha(), "gpuos_version": version,
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-
-
 # ------------------------------------------------------------------------------------------------ rows
-def _r(x):
-    if isinstance(x, float):
-        return round(x, 4) if math.isfinite(x) else None
-    return x
-
-
 def value_row(name, value, unit, **extra) -> dict:
-    row = {"workload": WORKLOAD, "config": name, "value": _r(value), "unit": unit, "kind": "value", "metric": name}
-    row.update(extra)
-    return row
+    return H.value_row(WORKLOAD, name, value, unit, kind="value", metric=name, **extra)
 
 
 def error_row(name, error, **extra) -> dict:
-    row = {"workload": WORKLOAD, "config": name, "error": str(error)[:2000], "kind": "value", "metric": name}
-    row.update(extra)
-    return row
-
-
-def _sanitize(o):
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): _sanitize(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_sanitize(v) for v in o]
-    return o
-
-
-def write(path, head, rows) -> None:
-    """{**head, "rows": [...]}: this run's rows, plus the old file's rows of other figures (atomic rename)."""
-    old = []
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                old = json.load(f).get("rows", [])
-        except (OSError, ValueError):
-            old = []
-    mine = {r["config"] for r in rows}
-    doc = dict(head)
-    doc["rows"] = [r for r in old if r.get("config") not in mine] + rows
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(_sanitize(doc), f, indent=2, allow_nan=False, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    return H.error_row(WORKLOAD, None, name, str(error)[:2000], kind="value", metric=name, **extra)
 
 
 # ------------------------------------------------------------------------------------------------ parts
@@ -274,8 +202,13 @@ def main(argv=None) -> int:
             if "sanitizer" not in parts:
                 return 0
             parts = ["sanitizer"]
-    head = meta()
-    head["params"] = {"stress_s": a.stress_s, "threads": a.threads, "soak_ops": a.soak_ops,
+    head = H.env_metadata(WORKLOAD)
+    try:
+        import gpuos_ext
+        head["gpuos_version"] = gpuos_ext.__version__
+    except Exception:  # noqa: BLE001 -- the header still names the commit
+        head["gpuos_version"] = "unknown"
+    params = {"stress_s": a.stress_s, "threads": a.threads, "soak_ops": a.soak_ops,
                       "drift_flushes": a.drift_flushes, "seed": a.seed, "gpuos_timeout_s": a.timeout_s,
                       "gpuos_timeout_s_soak": a.timeout_s_soak, "parts": parts}
     rows, ok = [], True
@@ -289,7 +222,7 @@ def main(argv=None) -> int:
             v = row.get("value", row.get("error"))
             print(f"  {row['config']:26s} {v!s:>14}  {row.get('unit', '')}"
                   f"{'' if row.get('correct', 'error' not in row) else '   <-- FAILED'}", flush=True)
-    write(a.out, head, rows)
+    H.merge_results(WORKLOAD, head, rows, path=a.out, params=params)
     print(f"reliability_run: wrote {a.out} ({head['device']}, gpuos {head['gpuos']})")
     return 0 if ok else 1
 

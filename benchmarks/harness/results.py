@@ -77,10 +77,10 @@ def save_results(name: str, meta: dict, rows: list, path: Path, params: dict, pa
     return write_results(name, meta, rows, path=path, **extra)
 
 
-def merge_results(name: str, meta: dict, rows: list) -> Path:
-    """Write ``rows`` into benchmarks/results/<name>.json, replacing rows of the same config and keeping the
-    others (several scripts share one file, e.g. injection.json)."""
-    path = RESULTS_DIR / f"{name}.json"
+def merge_results(name: str, meta: dict, rows: list, path: Optional[Path] = None, **extra: Any) -> Path:
+    """Write ``rows`` into benchmarks/results/<name>.json (or ``path``), replacing rows of the same config and
+    keeping the others (several scripts share one file, e.g. injection.json); ``extra``: top-level fields."""
+    path = Path(path) if path else RESULTS_DIR / f"{name}.json"
     old = []
     if path.exists():
         try:
@@ -88,7 +88,7 @@ def merge_results(name: str, meta: dict, rows: list) -> Path:
         except (OSError, ValueError):
             old = []
     mine = {r["config"] for r in rows}
-    return write_results(name, meta, [r for r in old if r.get("config") not in mine] + rows, path=path)
+    return write_results(name, meta, [r for r in old if r.get("config") not in mine] + rows, path=path, **extra)
 
 
 def merge_and_print_values(name: str, rows: list) -> Path:

@@ -13,10 +13,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def rnd(x: Optional[float], nd: int = 4) -> Optional[float]:
-    """A row value: rounded to ``nd`` decimals; None for None, NaN and infinities."""
+    """A row value: rounded to ``nd`` decimals (integers stay integers: counts); None for None, NaN and
+    infinities."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return None
-    return round(float(x), nd)
+    return x if isinstance(x, int) else round(float(x), nd)
 
 
 def format_exc(exc: BaseException, limit: int = 500) -> str:
