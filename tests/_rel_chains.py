@@ -456,24 +456,22 @@ class ChainGen:
         self._written(dst, iv)
         return dst
 
-    def _step_unary(self):
+    def _one_input(self, draw):
+        """A one-input op: draw() -> (label, f, inplace, out, interval fn, requirements) on a picked slot."""
         x = self._pick()
         if x < 0:
             return
-        fns, cw = _unary_table()
-        label, f, ip, out, ivf, reqs = self.r.choices(fns, cum_weights=cw)[0](self.r)
+        label, f, ip, out, ivf, reqs = draw()
         if not self._require(x, reqs[0]):
             return
         self._apply(label, f, ip, out, ivf, (x,))
 
+    def _step_unary(self):
+        fns, cw = _unary_table()
+        self._one_input(lambda: self.r.choices(fns, cum_weights=cw)[0](self.r))
+
     def _step_scalar(self):
-        x = self._pick()
-        if x < 0:
-            return
-        label, f, ip, out, ivf, reqs = _scalar_factory(self.r)
-        if not self._require(x, reqs[0]):
-            return
-        self._apply(label, f, ip, out, ivf, (x,))
+        self._one_input(lambda: _scalar_factory(self.r))
 
     def _step_binary(self):
         x = self._pick()

@@ -172,6 +172,10 @@ Runtime::HandoverTimes Runtime::force_handover() {
   return t;
 }
 
+void Runtime::sync_ctl(const char* what) {
+  wait_stream(ctl_, cfg_.timeout_s, std::string(what) + " on " + name_);
+}
+
 void Runtime::set_alias_table(const uint8_t* table) {
   const uint32_t cur = alias_ver_ & 1u, nxt = cur ^ 1u;
   if (std::memcmp(table, alias_host_[cur], 256) == 0) return;

@@ -5,7 +5,6 @@
 
 #include "core/runtime.h"
 #include "device_src/numeric.h"
-#include "driver/wait.h"
 #include "inject/registry.h"
 #include "inject/specialize.h"
 
@@ -187,10 +186,6 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   append_tiles(proto, (uint64_t)rows, per_tile, refs, 2, out, &x, 1);
   st_.submitted++;
   maybe_publish_early();
-}
-
-void Runtime::sync_ctl(const char* what) {
-  wait_stream(ctl_, cfg_.timeout_s, std::string(what) + " on " + name_);
 }
 
 int32_t Runtime::program_id(const Program& p) {

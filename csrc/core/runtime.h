@@ -233,7 +233,7 @@ class Runtime {
   CUdeviceptr ring_dev_ = 0;  // device mirror of the ring (DMA / memop-delivered descriptors)
   CUdeviceptr progs_d_ = 0;   // device program table (kMaxPrograms Programs)
   Program* progs_h_ = nullptr;  // pinned host copy (source of the uploads; never rewritten once assigned)
-  CUstream ctl_ = nullptr;      // non-blocking control stream: uploads that must not queue behind the worker
+  CUstream ctl_ = nullptr;      // non-blocking control stream: alias-table writes a running worker must see
   std::vector<char> prog_uploaded_;  // per process-wide program id (fusion.h intern_program): assigned here
   std::vector<int32_t> prog_unsent_;  // assigned programs the next publication copies to progs_d_ first
 

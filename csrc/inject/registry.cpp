@@ -1,5 +1,6 @@
-// csrc/inject/registry.cpp -- see registry.h. The registry of injected ops and the generation compiles on a
-// background thread. (The runtime's side -- handover, alias table -- is core/generation.cpp.)
+// csrc/inject/registry.cpp -- see registry.h. The registry of injected ops: registration, installs, switches,
+// submit lookups and tier-2 chain code requests. The compile thread and the generations are
+// inject/generations.cpp; the runtime's side (handover, alias table) is core/generation.cpp.
 #include "inject/registry.h"
 #include "inject/registry_state.h"
 
