@@ -76,7 +76,9 @@ from .injection import (  # noqa: E402
 
 def stats() -> dict:
     """Runtime counters (gpuos_ext.stats: submitted, batches, flushes, worker_launches, jit_compiles, ...)
-    plus the scheduler's: ops_intercepted, fallbacks (by reason), flushes_by_cause, mean_batch_size."""
+    plus the scheduler's: ops_intercepted, fallbacks (by reason), fallback_ops (by aten overload: what stayed
+    eager), flushes_by_cause with the batches and worker launches of those flushes (batches_by_cause,
+    launches_by_cause), mean_batch_size."""
     d = dict(_ext.stats())
     d.update(scheduler_stats())
     return d

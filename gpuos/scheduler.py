@@ -42,18 +42,23 @@ class _Stats:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.fallbacks: collections.Counter = collections.Counter()
+        self.fallbacks: collections.Counter = collections.Counter()         # by reason
+        self.fallback_ops: collections.Counter = collections.Counter()      # by aten overload ("aten.mm.default")
 
     def as_dict(self) -> dict:
         c = _ext.sched_stats()  # intercepted ops, flushes and fusion are counted in C++ (the record path)
         with self.lock:
             fallbacks = dict(self.fallbacks)
+            fallback_ops = {str(k): v for k, v in self.fallback_ops.most_common()}
         n = c["sched_flushes"]
         return {
             "ops_intercepted": c["ops_intercepted"],
             "front_ops": c["front_ops"],
             "fallbacks": fallbacks,
+            "fallback_ops": fallback_ops,  # which aten ops ran eagerly, most frequent first
             "flushes_by_cause": c["flushes_by_cause"],
+            "batches_by_cause": c["batches_by_cause"],    # batches published by those flushes
+            "launches_by_cause": c["launches_by_cause"],  # worker launches they caused
             "mean_batch_size": (c["flushed_ops"] / n) if n else 0.0,
             "fused_groups": c["fused_groups"],
             "fused_ops": c["fused_ops"],
@@ -200,6 +205,7 @@ class GpuosScheduler(TorchDispatchMode):
             reason = _REASONS[reason]
         with STATS.lock:
             STATS.fallbacks[reason] += 1
+            STATS.fallback_ops[func] += 1
         # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
         # them: the batch is published first, in stream order. Eager ops on unrelated tensors run ahead and the
         # batch keeps growing. Heavy kernels get the SMs back from the worker.

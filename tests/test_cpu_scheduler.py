@@ -365,6 +365,10 @@ def test_stats_has_scheduler_keys():
     assert isinstance(st["ops_intercepted"], int)
     assert isinstance(st["fallbacks"], dict)
     assert isinstance(st["flushes_by_cause"], dict)
+    for k in ("fallback_ops", "batches_by_cause", "launches_by_cause"):
+        assert isinstance(st[k], dict), k
+        assert all(isinstance(v, int) for v in st[k].values()), k
+    assert set(st["batches_by_cause"]) == set(st["launches_by_cause"]) == set(st["flushes_by_cause"])
     assert isinstance(st["mean_batch_size"], float)
     assert all(isinstance(v, int) for v in st["fallbacks"].values())
     ss = gpuos.scheduler_stats()

@@ -531,3 +531,87 @@ def test_init_with_other_settings_raises(rt):
         y = torch.ones(8, device=DEV) + 1
     rt.flush(sync=True)
     assert torch.equal(y, torch.full((8,), 2.0, device=DEV))
+
+
+_DEVICE_WIDE_CHILD = r'''
+import faulthandler, json, os, threading, time
+faulthandler.dump_traceback_later(100, exit=True)   # last resort: every thread's stack, then exit
+import torch, gpuos, gpuos_ext
+out = {"publish_iters": [], "blocking_iters": 0, "wrong": [], "errors": []}
+gpuos_ext.init()
+stop = threading.Event()
+
+def publisher(k):
+    x = torch.randn(4096, device="cuda") + k
+    y = torch.randn(4096, device="cuda")
+    n = 0
+    try:
+        while not stop.is_set():
+            o = torch.empty(4096, device="cuda")
+            gpuos_ext.submit_add(x, y, o)
+            gpuos_ext.flush()                      # the stream waits for the batch (no host wait)
+            with gpuos.scheduler_context(auto_flush_ms=0):
+                z = torch.sigmoid(o) * 2 + x       # recorded; flushed at exit
+            if n % 16 == 0:
+                torch.cuda.current_stream().synchronize()
+                if not torch.allclose(z, torch.sigmoid(x + y) * 2 + x, rtol=1e-5, atol=1e-5):
+                    out["wrong"].append(f"publisher {k} iteration {n}")
+            n += 1
+    except Exception as e:
+        out["errors"].append(f"publisher {k}: {type(e).__name__}: {str(e)[:400]}")
+    out["publish_iters"].append(n)
+
+def first_gemm():   # a fresh thread's first matmul creates its cuBLAS handle and workspace
+    a = torch.randn(256, 256, device="cuda")
+    (a @ a).sum().item()
+
+def blocking():
+    n = 0
+    try:
+        while not stop.is_set():
+            t = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+            del t
+            torch.cuda.empty_cache()               # cudaFree: waits for every stream, holding the context's locks
+            if n % 4 == 0:
+                th = threading.Thread(target=first_gemm); th.start(); th.join(30)
+            if n % 3 == 0:
+                torch.cuda.synchronize()
+            n += 1
+    except Exception as e:
+        out["errors"].append(f"blocking: {type(e).__name__}: {str(e)[:400]}")
+    out["blocking_iters"] = n
+
+threads = [threading.Thread(target=publisher, args=(k,), daemon=True) for k in range(3)]
+threads.append(threading.Thread(target=blocking, daemon=True))
+for t in threads: t.start()
+time.sleep(float(os.environ.get("GPUOS_TEST_SECONDS", "8")))   # the workload's duration, not a synchronization
+stop.set()
+for t in threads: t.join(40)
+out["stuck"] = [t.name for t in threads if t.is_alive()]
+if not out["stuck"]:
+    gpuos_ext.shutdown()
+out["stats"] = {k: v for k, v in gpuos_ext.stats().items() if k in ("worker_launches", "batches", "flushes")}
+print("GPUOS_RESULT " + json.dumps(out), flush=True)
+os._exit(0)
+'''
+
+
+@pytest.mark.watchdog(200)
+def test_publication_beside_device_wide_blocking_calls():
+    """A wedge the stress test found (GPU idle, every thread frozen): one thread published a batch -- the stream's
+    wait for it enqueued -- and was about to launch the worker, while another thread entered a device-wide blocking
+    call (cudaFree through empty_cache, a fresh thread's cuBLAS handle creation): that call waits for every stream,
+    so for the batch, while holding the context lock the worker's launch needs. The worker is now launched before
+    the stream may wait. Here three threads publish (explicit submits, scheduler contexts; a short idle time makes
+    nearly every publication launch a worker) beside a thread that frees memory, synchronizes and starts threads
+    that run their first GEMM, for 8 s: every thread finishes, results are right, shutdown() completes."""
+    env = {"GPUOS_TIMEOUT_S": "10", "GPUOS_IDLE_US": "20"}
+    if os.environ.get("GPUOS_CACHE_DIR"):
+        env["GPUOS_CACHE_DIR"] = os.environ["GPUOS_CACHE_DIR"]
+    proc = run_python(_DEVICE_WIDE_CHILD, env_extra=env, timeout=170)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GPUOS_RESULT ")]
+    assert lines, "the child printed no result (a wedge: see every thread's stack below)\n" + describe(proc)
+    out = json.loads(lines[-1][len("GPUOS_RESULT "):])
+    assert not out["stuck"] and not out["errors"] and not out["wrong"], (out, describe(proc))
+    assert len(out["publish_iters"]) == 3 and min(out["publish_iters"]) > 0 and out["blocking_iters"] > 0, out
+    assert out["stats"]["worker_launches"] > 1, out   # the short idle time made the worker leave and come back

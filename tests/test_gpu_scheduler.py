@@ -469,6 +469,32 @@ def test_flush_causes_and_batch_size(rt):
         assert_close(yi, x * i + 1, rtol=1e-6, atol=1e-6)
 
 
+def test_fallbacks_by_op_and_batches_launches_by_cause(rt):
+    """gpuos.stats() names the aten ops that ran eagerly (fallback_ops) and, per flush cause, the batches and
+    worker launches those flushes caused; the per-cause launches add up to the runtime's worker_launches."""
+    a = randn(64, 64)
+    x = randn(4096)
+    rt.flush(sync=True)
+    before = gpuos.stats()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        y = torch.sigmoid(x) * 2 + 1                   # recorded (one fused chain)
+        m = a @ a                                      # mm: eager (heavy, the worker yields)
+        m2 = a @ a
+        z = y * 3                                      # recorded
+    torch.cuda.synchronize()
+    after = gpuos.stats()
+    assert after["fallback_ops"].get("aten.mm.default", 0) - before["fallback_ops"].get("aten.mm.default", 0) == 2, (
+        after["fallback_ops"])
+    assert list(after["fallback_ops"].values()) == sorted(after["fallback_ops"].values(), reverse=True)
+    assert _delta(before, after, "flushes_by_cause", "exit") == 1
+    assert _delta(before, after, "batches_by_cause", "exit") >= 1
+    launches = sum(after["launches_by_cause"].values()) - sum(before["launches_by_cause"].values())
+    assert launches == after["worker_launches"] - before["worker_launches"], (before, after)
+    assert_close(z, (torch.sigmoid(x) * 2 + 1) * 3, rtol=1e-5, atol=1e-5)
+    assert_close(m, a @ a)
+    assert_close(m2, a @ a)
+
+
 def test_int_and_autograd_fall_back(rt):
     a = torch.randint(-9, 9, (100,), device=DEV)
     w = randn(100).requires_grad_(True)

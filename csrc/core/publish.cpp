@@ -276,21 +276,37 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     ops.push_back(wt);
   }
 
+  // The worker that will run these batches is launched BEFORE the stream may wait for them. Otherwise a
+  // device-wide blocking call of another thread between the two (cudaFree / empty_cache, a cuBLAS handle's
+  // creation: they wait for every stream while holding the context's locks) waits for our stream's wait, which
+  // waits for a worker whose launch waits for that call's lock: a wedge with the GPU idle (the stress test hit
+  // it within 20 s). Launched first, everything the stream's wait needs is on the device already.
+  // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker). A worker
+  // that sees host_published ahead of its next batch stays until the ready word (written below) arrives.
+  const uint32_t published_before = __atomic_load_n(&hc_->host_published, __ATOMIC_SEQ_CST);
+  auto unpublish = [&] {  // nothing reached the stream: a waiting worker may leave again (idle exit)
+    undo();
+    __atomic_store_n(&hc_->host_published, published_before, __ATOMIC_SEQ_CST);
+  };
+  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  try {
+    maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
+  } catch (...) {
+    unpublish();
+    throw;
+  }
   // One cuStreamBatchMemOp call publishes these levels (flush() passes at most kMaxLevelsPerFlush; the API
   // takes fewer than 256 operations).
   CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
   if (r != CUDA_SUCCESS) {
-    undo();
+    unpublish();
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
   prog_unsent_.clear();
-  // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker).
-  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
   unwaited_seq_ = early ? last_seq_ : 0;
   pending_subops_ = 0;
   ref_pub_ = ref_head_;
-  maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
   if (!early && last) st_.flushes++;
   // Keep-alive references may go once the stream waits for the work (a later allocation on that stream cannot
   // reuse the memory before the worker is done with it): not after an early publication.

@@ -25,10 +25,19 @@ void sched_publish(int dev, Runtime& rt, const char* cause) {
   CUstream s = D.stream;
   lower_deferred(dev, rt);
   const auto t0 = std::chrono::steady_clock::now();
-  rt.flush(s);
+  flush_counted(rt, s, cause);
   g_sched.publish_ns += (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count();
+}
+
+void flush_counted(Runtime& rt, CUstream s, const char* cause) {
+  const RuntimeStats before = rt.stats();
+  rt.flush(s);
+  const RuntimeStats after = rt.stats();
+  SchedStats::Cause& c = g_sched.by_cause[cause];
   g_sched.flushes++;
-  g_sched.by_cause[cause]++;
+  c.flushes++;
+  c.batches += after.batches - before.batches;
+  c.launches += after.worker_launches - before.worker_launches;
 }
 
 DeferredOp& defer(int dev, Runtime& rt, CUstream s) {

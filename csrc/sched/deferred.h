@@ -51,7 +51,12 @@ struct SchedStats {
   uint64_t recycled = 0;           // outputs given a fused-away intermediate's storage (sched/outpool.cpp)
   // Host time of publication (steady clock, ns): fusion analysis, emitting sub-ops, keep-alive, Runtime::flush.
   uint64_t analyse_ns = 0, emit_ns = 0, keep_ns = 0, publish_ns = 0;
-  std::map<std::string, uint64_t> by_cause;
+  // Per flush cause ("exit", "dependency", "timer", "size", "explicit", "stream_change", ...): flushes, the
+  // batches they published and the worker launches they caused (gpuos.stats(): *_by_cause).
+  struct Cause {
+    uint64_t flushes = 0, batches = 0, launches = 0;
+  };
+  std::map<std::string, Cause> by_cause;
 };
 extern SchedStats g_sched;
 extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
@@ -65,6 +70,8 @@ bool dead_to_python(const at::Tensor& t, long ours);
 void lower_deferred(int dev, Runtime& rt);
 // Lower and publish the device's deferred ops on the stream they were recorded under (cause counted). mu held.
 void sched_publish(int dev, Runtime& rt, const char* cause);
+// Runtime::flush(s) counted under `cause` (flushes, batches, worker launches). mu held.
+void flush_counted(Runtime& rt, CUstream s, const char* cause);
 // A new deferred op on `dev` recorded under stream `s` (work deferred under another stream is published
 // first: batches are per stream). The caller fills it in, then calls note_deferred(). mu held.
 DeferredOp& defer(int dev, Runtime& rt, CUstream s);

@@ -22,9 +22,7 @@ void publish_device(int dev, Runtime& rt, const std::string& cause, py::list& st
   if (!rt.has_pending()) return;
   const CUstream s = current_stream(dev);
   streams.append((uintptr_t)s);
-  rt.flush(s);
-  g_sched.flushes++;
-  g_sched.by_cause[cause]++;
+  flush_counted(rt, s, cause.c_str());
 }
 
 }  // namespace
@@ -122,9 +120,15 @@ py::dict sched_stats() {
   h["publish_us"] = g_sched.publish_ns / 1e3;
   d["flush_host_us"] = h;
   d["specializations_requested"] = specializations_requested();
-  py::dict c;
-  for (auto& kv : g_sched.by_cause) c[py::str(kv.first)] = kv.second;
+  py::dict c, b, l;
+  for (auto& kv : g_sched.by_cause) {
+    c[py::str(kv.first)] = kv.second.flushes;
+    b[py::str(kv.first)] = kv.second.batches;
+    l[py::str(kv.first)] = kv.second.launches;
+  }
   d["flushes_by_cause"] = c;
+  d["batches_by_cause"] = b;
+  d["launches_by_cause"] = l;
   d["deferred"] = deferred_count();
   return d;
 }
