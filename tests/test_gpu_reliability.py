@@ -598,13 +598,15 @@ os._exit(0)
 
 @pytest.mark.watchdog(200)
 def test_publication_beside_device_wide_blocking_calls():
-    """A wedge the stress test found (GPU idle, every thread frozen): one thread published a batch -- the stream's
-    wait for it enqueued -- and was about to launch the worker, while another thread entered a device-wide blocking
-    call (cudaFree through empty_cache, a fresh thread's cuBLAS handle creation): that call waits for every stream,
-    so for the batch, while holding the context lock the worker's launch needs. The worker is now launched before
-    the stream may wait. Here three threads publish (explicit submits, scheduler contexts; a short idle time makes
-    nearly every publication launch a worker) beside a thread that frees memory, synchronizes and starts threads
-    that run their first GEMM, for 8 s: every thread finishes, results are right, shutdown() completes."""
+    """A wedge the stress test found (GPU idle, every thread frozen): one thread had published a batch -- the
+    stream's wait for it enqueued -- and was about to launch the worker, while another thread entered a
+    device-wide blocking call (cudaFree through empty_cache, a fresh thread's cuBLAS handle creation) that waits
+    for every stream, so for that batch, while holding the context lock the launch needs. Publication is now
+    ready words, then the launch, then the stream's wait (core/publish.cpp), so the device never depends on a
+    driver call the publishing thread has yet to make. Here three threads publish (explicit submits, scheduler
+    contexts; a 20 us idle time makes most publications launch a worker) beside a thread that frees memory,
+    synchronizes and starts threads that run their first GEMM, for 8 s: every thread finishes, results are
+    right, shutdown() completes."""
     env = {"GPUOS_TIMEOUT_S": "10", "GPUOS_IDLE_US": "20"}
     if os.environ.get("GPUOS_CACHE_DIR"):
         env["GPUOS_CACHE_DIR"] = os.environ["GPUOS_CACHE_DIR"]

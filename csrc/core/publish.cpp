@@ -265,6 +265,33 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     undo();
     throw;
   }
+  // Three steps, in this order, so that the device never depends on a driver call this thread has yet to make.
+  // Another thread may at any moment enter a device-wide blocking call (cudaFree through empty_cache, a cuBLAS
+  // handle's creation, cuModuleLoadData: F3) that waits for every stream and kernel while holding the context
+  // lock our next driver call needs. Whatever the device runs or waits for at that moment must finish without us:
+  //   1. the ready words (one cuStreamBatchMemOp): nothing on the device waits for them; a resident worker runs
+  //      the batches as the words land, or leaves when idle (host_published is not yet ahead of it);
+  //   2. Dekker, host side: store host_published, full fence, read worker_state; launch a worker if none runs
+  //      (a resident worker now waits for the ready words, which are already in the stream);
+  //   3. the stream's wait for the last batch (a second memop call): the worker it waits for is on the device.
+  // With the wait in step 1 (one call), a blocking call between 1 and 2 waited for our stream, which waited
+  // for a worker whose launch waited for that call's lock: the stress test wedged with the GPU idle. With
+  // host_published stored before step 1, a resident worker waited for ready words a blocked thread had yet to
+  // write (the regression test wedged in seconds).
+  CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
+  if (r != CUDA_SUCCESS) {
+    undo();
+    throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
+  }
+  prog_unsent_.clear();
+  pending_subops_ = 0;
+  ref_pub_ = ref_head_;
+  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Until the stream waits for these batches, a later flush() must add the wait (also if a step below throws:
+  // the batches stay published; the next publication launches a worker for them).
+  unwaited_seq_ = last_seq_;
+  maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
   // The stream waits for the last batch (batches complete in order: for all of them), except after an early
   // publication: the host is still recording, and the flush() that follows adds the wait.
   if (!early) {
@@ -273,40 +300,9 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
     wt.waitValue.value = last_seq_;
     wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-    ops.push_back(wt);
+    GPUOS_CU(d.cuStreamBatchMemOp(stream, 1, &wt, 0));
+    unwaited_seq_ = 0;
   }
-
-  // The worker that will run these batches is launched BEFORE the stream may wait for them. Otherwise a
-  // device-wide blocking call of another thread between the two (cudaFree / empty_cache, a cuBLAS handle's
-  // creation: they wait for every stream while holding the context's locks) waits for our stream's wait, which
-  // waits for a worker whose launch waits for that call's lock: a wedge with the GPU idle (the stress test hit
-  // it within 20 s). Launched first, everything the stream's wait needs is on the device already.
-  // Dekker, host side: store host_published, full fence, then read worker_state (maybe_launch_worker). A worker
-  // that sees host_published ahead of its next batch stays until the ready word (written below) arrives.
-  const uint32_t published_before = __atomic_load_n(&hc_->host_published, __ATOMIC_SEQ_CST);
-  auto unpublish = [&] {  // nothing reached the stream: a waiting worker may leave again (idle exit)
-    undo();
-    __atomic_store_n(&hc_->host_published, published_before, __ATOMIC_SEQ_CST);
-  };
-  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  try {
-    maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
-  } catch (...) {
-    unpublish();
-    throw;
-  }
-  // One cuStreamBatchMemOp call publishes these levels (flush() passes at most kMaxLevelsPerFlush; the API
-  // takes fewer than 256 operations).
-  CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
-  if (r != CUDA_SUCCESS) {
-    unpublish();
-    throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
-  }
-  prog_unsent_.clear();
-  unwaited_seq_ = early ? last_seq_ : 0;
-  pending_subops_ = 0;
-  ref_pub_ = ref_head_;
   if (!early && last) st_.flushes++;
   // Keep-alive references may go once the stream waits for the work (a later allocation on that stream cannot
   // reuse the memory before the worker is done with it): not after an early publication.
