@@ -30,7 +30,7 @@ COLUMN_ORDER = ("eager", "eager_out", "foreach", "cudagraph", "compile", "compil
 
 
 def _order(doc: dict) -> tuple:
-    """W1..W6 first (by workload), then first_call, then any other result file (by name)."""
+    """W1..W7 first (by workload), then first_call, then any other result file (by name)."""
     wl = _workload(doc)
     if wl.startswith("W") and doc.get("benchmark") != "first_call":
         return (0, wl, doc.get("benchmark", ""))

@@ -8,7 +8,8 @@
 
 Workloads (one module each, each also runnable alone): W1 microbatch (bench_microbatch: 10,000 independent
 adds), W2 mixed chain (bench_scheduler: 1,000 x 5 ops), W3 last-dim reductions (bench_reduce), W4 attention
-decode (bench_decode), W5 MLP block (bench_mlp), W6 dynamic shapes (bench_dynamic); FC = first-call costs.
+decode (bench_decode), W5 MLP block (bench_mlp), W6 dynamic shapes (bench_dynamic), W7 Hugging Face GPT-2 / Llama
+decode (bench_models); FC = first-call costs.
 Peers: eager, cudagraph, compile, compile_reduce_overhead, foreach (W1), gpuos_submit / gpuos_submit_many
 (W1), gpuos_submit_reduce (W3), gpuos_scheduler. A peer that cannot run a workload gets a row saying why.
 
@@ -54,6 +55,7 @@ WORKLOADS = {
     "W4": ("decode", "bench_decode", 55),
     "W5": ("mlp", "bench_mlp", 75),
     "W6": ("dynamic", "bench_dynamic", 50),
+    "W7": ("models", "bench_models", 90),
 }
 FIRST_CALL = "FC"
 DEFAULT_BUDGET_S = 480.0

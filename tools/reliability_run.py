@@ -133,11 +133,13 @@ def run_drift(a):
     return rows, bool(res["ok"])
 
 
-_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
+# memcheck / synccheck end with "ERROR SUMMARY: N errors"; racecheck with "RACECHECK SUMMARY: H hazards displayed
+# (N errors, W warnings)".
+_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error|RACECHECK SUMMARY:[^(\n]*\((\d+)\s+error")
 
 
 def sanitizer_errors(paths):
-    """(sum of compute-sanitizer's "ERROR SUMMARY: N errors" over the logs, per-log details); a log without such
+    """(sum of compute-sanitizer's error counts (ERROR / RACECHECK SUMMARY lines) over the logs, per-log details); a log without such
     a line is reported (the tool did not finish) and makes the row an error row when no log has one."""
     total, logs, found = 0, [], 0
     for p in paths:
@@ -147,7 +149,7 @@ def sanitizer_errors(paths):
         except OSError as e:
             logs.append({"log": p, "error": str(e)})
             continue
-        counts = [int(m) for m in _SUMMARY.findall(text)]
+        counts = [int(a or b) for a, b in _SUMMARY.findall(text)]
         logs.append({"log": p, "summaries": counts})
         if counts:
             found += 1

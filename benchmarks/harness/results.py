@@ -79,7 +79,8 @@ def save_results(name: str, meta: dict, rows: list, path: Path, params: dict, pa
 
 def merge_results(name: str, meta: dict, rows: list, path: Optional[Path] = None, **extra: Any) -> Path:
     """Write ``rows`` into benchmarks/results/<name>.json (or ``path``), replacing rows of the same config and
-    keeping the others (several scripts share one file, e.g. injection.json); ``extra``: top-level fields."""
+    keeping the others (several scripts share one file, e.g. injection.json); ``extra``: top-level fields. Each
+    new row gets ``measured_at`` (commit, device, date of ``meta``): the file's header names the last run only."""
     path = Path(path) if path else RESULTS_DIR / f"{name}.json"
     old = []
     if path.exists():
@@ -88,6 +89,9 @@ def merge_results(name: str, meta: dict, rows: list, path: Optional[Path] = None
         except (OSError, ValueError):
             old = []
     mine = {r["config"] for r in rows}
+    stamp = {k: meta.get(k) for k in ("gpuos", "device", "date")}
+    for r in rows:  # rows kept from earlier runs keep saying where and when they were measured
+        r.setdefault("measured_at", stamp)
     return write_results(name, meta, [r for r in old if r.get("config") not in mine] + rows, path=path, **extra)
 
 

@@ -1,0 +1,282 @@
+#!/usr/bin/env python
+"""W7 real models: Hugging Face GPT-2 and Llama, batch-1 greedy decode (issue 16).
+
+    python benchmarks/bench_models.py                       # = python -m benchmarks --only W7
+    python benchmarks/bench_models.py --quick               # 2 configs, 8 steps (models_quick.json)
+    GPUOS_BENCH_MODELS=full python benchmarks/bench_models.py   # all 32 configs (or a comma-separated list of labels)
+
+Models are built from code with random weights (seeded; no downloads): ``<model>-<scale>-<dtype>-<attn>-<cache>``
+with model gpt2 | llama, scale small (4 layers, hidden 256, 4 heads; Llama 2 KV heads) | base (GPT-2-small size:
+12 layers, hidden 768, 12 heads; Llama 4 KV heads), dtype fp16 | bf16, attention eager | sdpa (HF's
+``attn_implementation``), cache static (``StaticCache`` of 256 slots) | dynamic (``DynamicCache``). Without
+``transformers`` every row says so.
+
+One repetition = STEPS decode steps after a PROMPT-token prefill done once in setup; each step feeds the token
+eager's greedy decode chose at that step (teacher forcing, so a near-tie cannot make one peer's later steps
+differ from the others'); the output is (argmax per step, fp32 logits per step), compared with eager's: tokens
+exactly, logits within fp16/bf16 tolerance. A repetition rewrites the same cache positions (a dynamic cache is
+cropped back to the prompt first). ``us_per_op`` of a row is microseconds per decode step.
+
+Peers: ``eager``; ``cudagraph`` (static cache only: one step captured, replayed per token with the token and
+position copied into its static inputs); ``compile`` / ``compile_reduce_overhead`` (torch.compile of the step
+in a child process; a dynamic cache recompiles per length as torch.compile does); ``gpuos_scheduler`` (the eager
+loop inside ``gpuos.scheduler_context()``; its rows carry per-step aten ops, fallbacks by op, batches and worker
+launches). SDPA backend: cuDNN SDPA is disabled for every peer (``torch.backends.cuda.enable_cudnn_sdp(False)``:
+with it, eager builds a cuDNN plan per new KV length, ../shared/DESIGN.md F10); the rows name the backends left.
+Results: benchmarks/results/models.json.
+"""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
+
+NAME = "models"
+WORKLOAD = "W7"
+TITLE = "HF GPT-2 / Llama batch-1 decode (random weights)"
+PROMPT, STEPS, QUICK_STEPS = 16, 32, 8
+MAX_CACHE = 256
+SCALES = {  # layers, hidden, heads, kv heads (Llama), MLP width (Llama)
+    "small": (4, 256, 4, 2, 688),
+    "base": (12, 768, 12, 4, 2048),
+}
+FULL = [f"{m}-{s}-{d}-{a}-{c}" for m in ("gpt2", "llama") for s in SCALES for d in ("fp16", "bf16")
+        for a in ("eager", "sdpa") for c in ("static", "dynamic")]
+DEFAULT = [f"{m}-{s}-fp16-sdpa-{c}" for m in ("gpt2", "llama") for s in SCALES for c in ("static", "dynamic")] + [
+    "llama-small-bf16-sdpa-static", "gpt2-small-fp16-eager-static", "llama-small-fp16-eager-dynamic"]
+QUICK = ["llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-dynamic"]
+TOL = {"fp16": {"rtol": 2e-2, "atol": 2e-2}, "bf16": {"rtol": 5e-2, "atol": 5e-2}}
+SDPA_NOTE = "cuDNN SDPA off; flash / mem-efficient / math left to torch's choice"
+IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
+NOT_APPLICABLE = {
+    "foreach": "a decode step is a chain of dependent ops; torch._foreach_* needs lists of independent tensors",
+    "gpuos_submit": "the explicit submit API has no matmul or attention; gpuos_scheduler runs the model unchanged",
+}
+IN_PROCESS_SHARE = 0.55
+
+
+def parse_label(label: str) -> SimpleNamespace:
+    model, scale, dtype, attn, cache = label.split("-")
+    if model not in ("gpt2", "llama") or scale not in SCALES or dtype not in TOL or attn not in ("eager", "sdpa") \
+            or cache not in ("static", "dynamic"):
+        raise ValueError(f"bench_models: bad config label {label!r}; expected e.g. {FULL[0]!r} (model gpt2|llama, "
+                         f"scale {'|'.join(SCALES)}, dtype fp16|bf16, attn eager|sdpa, cache static|dynamic)")
+    return SimpleNamespace(model=model, scale=scale, dtype=dtype, attn=attn, cache=cache)
+
+
+def build_model(spec: SimpleNamespace, device: str):
+    """(model, config): random weights, seeded."""
+    import torch
+    import transformers as T
+    layers, hidden, heads, kv_heads, inter = SCALES[spec.scale]
+    torch.manual_seed(1234)
+    if spec.model == "gpt2":
+        cfg = T.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=1024)
+    else:
+        cfg = T.LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048)
+    model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation=spec.attn)
+    dt = torch.float16 if spec.dtype == "fp16" else torch.bfloat16
+    return model.to(device=device, dtype=dt).eval(), cfg
+
+
+def cache_kw(model) -> str:
+    """The forward argument that takes the KV cache: ``cache`` in newer transformers, ``past_key_values`` before."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def new_cache(d):
+    import transformers as T
+    if d.spec.cache == "static":
+        return T.StaticCache(config=d.cfg, max_cache_len=MAX_CACHE)
+    return T.DynamicCache(config=d.cfg)
+
+
+def prefill(d, cache) -> None:
+    import torch
+    with torch.no_grad():
+        d.model(input_ids=d.prompt, cache_position=d.prompt_pos, use_cache=True, **{d.cache_kw: cache})
+
+
+def step_logits(model, tok, cache, pos, kw="past_key_values"):
+    """One decode step: the last position's logits in fp32 (what torch.compile compiles)."""
+    return model(input_ids=tok, cache_position=pos, use_cache=True, **{kw: cache}).logits[:, -1].float()
+
+
+def decode(d, cache, step=step_logits):
+    """STEPS teacher-forced steps from the prompt: (argmax per step, logits per step)."""
+    import torch
+    if d.spec.cache == "dynamic" and cache.get_seq_length() > PROMPT:
+        cache.crop(PROMPT - cache.get_seq_length())  # negative: drop that many tokens (every version takes it)
+    out = []
+    with torch.no_grad():
+        for i in range(d.steps):
+            out.append(step(d.model, d.forced[i], cache, d.positions[i], d.cache_kw))
+    logits = torch.cat(out)
+    return logits.argmax(-1), logits
+
+
+def suite_params(quick: bool) -> dict:
+    """GPUOS_BENCH_MODELS: "full" (every label), or labels separated by commas; default DEFAULT (QUICK)."""
+    import os
+    sel = os.environ.get("GPUOS_BENCH_MODELS", "").strip()
+    labels = FULL if sel == "full" else [x.strip() for x in sel.split(",") if x.strip()] if sel else None
+    for label in labels or []:
+        parse_label(label)
+    return {"labels": labels or (QUICK if quick else DEFAULT),
+            "steps": QUICK_STEPS if quick else STEPS, "prompt": PROMPT, "max_cache": MAX_CACHE, "sdpa": SDPA_NOTE}
+
+
+def make_case(label: str, steps: int, device: str) -> H.Case:
+    """The model of one label, its prompt, eager's greedy tokens (the forced inputs) and eager's output."""
+    import torch
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"transformers is not installed ({exc}); pip install transformers") from exc
+    if device == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    spec = parse_label(label)
+    model, cfg = build_model(spec, device)
+    g = torch.Generator(device="cpu").manual_seed(77)
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
+    positions = [torch.tensor([PROMPT + i], device=device) for i in range(steps)]
+    d = SimpleNamespace(spec=spec, model=model, cfg=cfg, prompt=prompt, steps=steps, positions=positions,
+                        prompt_pos=torch.arange(PROMPT, device=device), cache_kw=cache_kw(model))
+    cache = new_cache(d)
+    prefill(d, cache)
+    toks, tok = [], prompt[:, -1:]
+    with torch.no_grad():  # eager greedy decode: its tokens are every peer's inputs
+        for i in range(steps):
+            toks.append(tok)
+            tok = step_logits(model, tok, cache, positions[i], d.cache_kw).argmax(-1, keepdim=True)
+    d.forced = toks
+    cache = new_cache(d)
+    prefill(d, cache)
+    ref = decode(d, cache)
+    layers, hidden, heads, kv_heads, _ = SCALES[spec.scale]
+    return H.Case(size=label, ref=ref, tol=TOL[spec.dtype], data=d, ops_per_rep=steps,
+                  extra={"model": spec.model, "layers": layers, "hidden": hidden, "heads": heads,
+                         "kv_heads": kv_heads if spec.model == "llama" else heads, "dtype": spec.dtype,
+                         "attn": spec.attn, "cache": spec.cache, "steps": steps, "prompt": PROMPT,
+                         "max_cache": MAX_CACHE if spec.cache == "static" else None, "sdpa": SDPA_NOTE,
+                         "per_op": "decode step"})
+
+
+# ------------------------------------------------------------------------------------------------ peers
+def _cached(case: H.Case):
+    cache = new_cache(case.data)
+    prefill(case.data, cache)
+    return cache
+
+
+def setup_eager(case: H.Case) -> H.Prepared:
+    cache = _cached(case)
+    return H.Prepared(lambda: decode(case.data, cache))
+
+
+def setup_cudagraph(case: H.Case) -> H.Prepared:
+    """One step of a static cache captured; per token: the token and position copied in, one replay."""
+    import torch
+    d = case.data
+    if d.spec.cache != "static":
+        raise RuntimeError("not applicable: CUDA-graph replay needs a static cache (a dynamic cache changes shape "
+                           "every step)")
+    cache = _cached(case)
+    tok, pos = d.forced[0].clone(), d.positions[0].clone()
+
+    def step():
+        with torch.no_grad():
+            return step_logits(d.model, tok, cache, pos, d.cache_kw)
+    g, out, capture_ms = H.capture_cuda_graph(step, step)
+
+    def fn():
+        res = []
+        for i in range(d.steps):
+            tok.copy_(d.forced[i])
+            pos.copy_(d.positions[i])
+            g.replay()
+            res.append(out.clone())
+        logits = torch.cat(res)
+        return logits.argmax(-1), logits
+    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3)})
+
+
+def scheduler_setup(ctx: H.RunContext):
+    """gpuos_scheduler: the eager loop in one scheduler_context per repetition; the check call also measures
+    what one repetition did per decode step (aten ops, fallbacks by op, batches, worker launches)."""
+    def setup(case: H.Case) -> H.Prepared:
+        cache = _cached(case)
+        steps = case.data.steps
+        extra: dict = {}
+
+        def fn():
+            with ctx.scheduler():
+                return decode(case.data, cache)
+
+        def check():
+            import gpuos
+            s0 = gpuos.stats()
+            out = fn()
+            s1 = gpuos.stats()
+            extra.update(per_step_stats(s0, s1, steps))
+            return out
+        return H.Prepared(fn, check=check, extra=extra)
+    return setup
+
+
+def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
+    """Per-decode-step figures of the scheduler from two gpuos.stats() snapshots."""
+    def delta(key):
+        a, b = s0.get(key) or {}, s1.get(key) or {}
+        return {k: b.get(k, 0) - a.get(k, 0) for k in b if b.get(k, 0) != a.get(k, 0)}
+    fb_ops = delta("fallback_ops")
+    fallbacks = sum(fb_ops.values())
+    intercepted = s1["ops_intercepted"] - s0["ops_intercepted"]
+    aten = intercepted + fallbacks
+    return {
+        "aten_ops_per_step": H.rnd(aten / steps, 2),
+        "fallbacks_per_step": H.rnd(fallbacks / steps, 2),
+        "fallback_share": H.rnd(fallbacks / aten, 4) if aten else None,
+        "fallback_ops_per_step": {k: H.rnd(v / steps, 2) for k, v in sorted(fb_ops.items(), key=lambda kv: -kv[1])},
+        "batches_per_step": H.rnd((s1["batches"] - s0["batches"]) / steps, 2),
+        "worker_launches_per_step": H.rnd((s1["worker_launches"] - s0["worker_launches"]) / steps, 2),
+        "launches_per_step_by_cause": {k: H.rnd(v / steps, 2) for k, v in delta("launches_by_cause").items()},
+        "flushes_per_step_by_cause": {k: H.rnd(v / steps, 2) for k, v in delta("flushes_by_cause").items()},
+    }
+
+
+def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.Prepared:
+    cache = _cached(case)
+    if mode == "reduce-overhead":
+        import torch
+
+        def step(model, tok, c, pos, kw):
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(model, tok, c, pos, kw).clone()
+        return H.Prepared(lambda: decode(case.data, cache, step))
+    return H.Prepared(lambda: decode(case.data, cache, compiled))
+
+
+def make_setups(ctx: H.RunContext) -> dict:
+    return {"eager": setup_eager, "cudagraph": setup_cudagraph, "gpuos_scheduler": scheduler_setup(ctx)}
+
+
+# ------------------------------------------------------------------------------------------------ suite
+run_workload, compile_child, suite_units = H.standard_hooks(
+    WORKLOAD, "bench_models", lambda p: p["labels"], lambda label, p, device: make_case(label, p["steps"], device),
+    make_setups, step_logits, prepare_compiled, IN_PROCESS, IN_PROCESS_SHARE, NOT_APPLICABLE)
+
+
+def main(argv: Any = None) -> int:
+    from benchmarks import run_all  # this workload alone = python -m benchmarks --only W7
+    return run_all.standalone_main(WORKLOAD, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
