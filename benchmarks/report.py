@@ -143,7 +143,10 @@ def _values(doc: dict) -> list:
         seen.add(key)
         size = f" (size {r['size']})" if r.get("size") is not None else ""
         who = f" [{r['for_config']}]" if r.get("for_config") else ""
-        out.append(f"- `{r['config']}`{who}{size}: **{r['value']:.3g} {r['unit']}**")
+        at = r.get("measured_at") or {}
+        when = (f" (measured at {at.get('gpuos')}{', ' + at['device'] if at.get('device') != doc.get('device') else ''})"
+                if at.get("gpuos") and at.get("gpuos") != doc.get("gpuos") else "")
+        out.append(f"- `{r['config']}`{who}{size}: **{r['value']:.3g} {r['unit']}**{when}")
     return out
 
 
