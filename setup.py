@@ -1,13 +1,16 @@
 """Build gpuos_ext with g++ only: no nvcc, no CUDA toolkit, no arch list (device code is compiled at run time
 by NVRTC). device_src/ is embedded into the extension so NVRTC sees the same files under the same paths."""
 import os
+import re
 from pathlib import Path
 
+import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = Path(__file__).resolve().parent
-VERSION = "0.1.0"
+# The one definition of the version: gpuos/_version.py.
+VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "gpuos" / "_version.py").read_text()).group(1)
 
 
 def embed_device_sources() -> None:
@@ -36,24 +39,46 @@ def embed_device_sources() -> None:
 
 embed_device_sources()
 
+
+def check_build_torch() -> None:
+    """Refuse an isolated build (pip's default) against another torch than the installed one: the extension would
+    build against one torch's headers and run with another (not ABI-stable). pip's build environment hides the
+    installed packages through PYTHONPATH / PYTHONNOUSERSITE; a child without them sees the installed torch."""
+    import subprocess
+    import sys
+    import tempfile
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
+    try:
+        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=tempfile.gettempdir())
+    except (OSError, subprocess.SubprocessError):
+        return
+    installed = r.stdout.strip() if r.returncode == 0 else ""
+    if installed and installed != torch.__version__:
+        raise SystemExit(
+            f"gpuos: this build sees torch {torch.__version__} (an isolated build environment) but torch {installed} "
+            f"is installed: the extension must be built against the torch it runs with. Fix: "
+            f"pip install --no-build-isolation .")
+
+
+check_build_torch()
+
+# Metadata (name, version, dependencies, license) is in pyproject.toml; the version's one definition is
+# gpuos/_version.py (read above for the extension's macro).
 setup(
-    name="gpuos",
-    version=VERSION,
-    description="Batched execution of many small PyTorch GPU ops through an elastic persistent worker",
     packages=find_packages(include=["gpuos", "gpuos.*"]),
+    py_modules=["gpuos_ext"],  # loads the extension: torch first, build check (gpuos_ext.py)
     ext_modules=[
         CppExtension(
-            name="gpuos_ext",
+            name="_gpuos_C",
             sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp")),
             include_dirs=[str(ROOT), str(ROOT / "csrc")],
-            define_macros=[("GPUOS_VERSION", f'"{VERSION}"')],
+            # The torch it is built against, checked at import (gpuos_ext.py): extensions are not ABI-stable.
+            define_macros=[("GPUOS_VERSION", f'"{VERSION}"'), ("GPUOS_BUILD_TORCH", f'"{torch.__version__}"')],
             extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
-            libraries=["dl"],
-            # Installed beside the `torch` package: `import gpuos_ext` finds libc10/libtorch without torch imported.
-            extra_link_args=["-Wl,-rpath,$ORIGIN/torch/lib"],
+            libraries=["dl"],  # libc10 / libtorch are loaded by `import torch` first (gpuos_ext.py)
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=bool(os.environ.get("GPUOS_USE_NINJA")))},
-    python_requires=">=3.9",
     zip_safe=False,
 )

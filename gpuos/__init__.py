@@ -14,33 +14,23 @@ See README.md for the design, measured results and limitations.
 """
 from __future__ import annotations
 
-import logging
-import os
-
-# Kernels loaded eagerly, unless the user chose (set before CUDA initialises; torch itself would pick LAZY). With
-# lazy loading the first launch of any kernel waits until no kernel is resident on the GPU, and a resident worker
-# waiting for a batch queued behind that launch never leaves: measured on an H100, the soak wedged within 50 random
-# chains in every lazy run and never with eager loading. A context that is lazy anyway (CUDA initialised before
-# this import, or the user's choice) is handled by the runtime at some cost (runtime_info() says which).
-os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-
-import torch  # noqa: E402, F401  (loads libc10/libtorch before the extension)
-
-import gpuos_ext as _ext
+import gpuos_ext as _ext  # first: it sets CUDA_MODULE_LOADING=EAGER (unless chosen), imports torch, checks the build
+import torch  # noqa: F401
 
 from gpuos_ext import (  # noqa: E402
     CompileError,
     CudaError,
     GpuosError,
     device_sources,
-    flush,
-    init,
     is_initialized,
     jit_cache_dir,
     jit_compile,
     nvrtc_version,
     op_table,
+    pending,
     runtime_info,
+    set_fusion,
+    set_specialize_after,
     shutdown,
     submit,
     submit_add,
@@ -50,14 +40,29 @@ from gpuos_ext import (  # noqa: E402
     submit_reduce,
     submit_sub,
     worker_trace,
+    yield_worker,
 )
 
-logger = logging.getLogger("gpuos")
-if os.environ.get("GPUOS_LOG"):
-    logging.basicConfig()
-    logger.setLevel(os.environ["GPUOS_LOG"].upper())
+from . import _log  # noqa: E402
+from ._log import logger  # noqa: E402,F401  (GPUOS_LOG=INFO: start-up, NVRTC compiles, eager fallbacks)
 
-__version__ = _ext.__version__
+
+def init(capacity: int = 0, threads_per_block: int = 0, worker_blocks: int = 0, idle_us: float = 200.0) -> None:
+    """gpuos_ext.init (start the runtime on the current device; idempotent), logging what a start costs (the
+    first run of a build on a machine compiles the worker with NVRTC)."""
+    _log.start_runtime(_ext, capacity=capacity, threads_per_block=threads_per_block, worker_blocks=worker_blocks,
+                       idle_us=idle_us)
+
+
+def flush(sync: bool = False, stream=None) -> None:
+    """gpuos_ext.flush: publish pending work on the current stream (stream-ordered); sync=True also waits. A
+    ``gpuos.flush[explicit]`` range while a torch profiler records."""
+    if _log.profiling():
+        with _log.flush_range("explicit"):
+            return _ext.flush(sync, stream)
+    return _ext.flush(sync, stream)
+
+from ._version import __version__  # noqa: E402  (the one definition; the extension was built with it)
 
 from .scheduler import GpuosScheduler, intercepted_ops, scheduler_context, scheduler_stats  # noqa: E402
 from . import injection as _injection  # noqa: E402
@@ -105,7 +110,10 @@ __all__ = _injection.__all__ + [
     "jit_compile",
     "nvrtc_version",
     "op_table",
+    "pending",
     "runtime_info",
+    "set_fusion",
+    "set_specialize_after",
     "shutdown",
     "stats",
     "submit",
@@ -117,4 +125,5 @@ __all__ = _injection.__all__ + [
     "submit_sub",
     "supported_ops",
     "worker_trace",
+    "yield_worker",
 ]

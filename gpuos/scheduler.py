@@ -22,6 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
+from . import _log
+
 aten = torch.ops.aten
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -120,8 +122,8 @@ class GpuosScheduler(TorchDispatchMode):
             if self._depth == 0 and torch.cuda.is_available():
                 # The settings apply when this creates the runtime; a running one is taken as it is (0: no check).
                 running = _ext.is_initialized()
-                _ext.init(capacity=0 if running else self.capacity,
-                          threads_per_block=0 if running else self.threads_per_block)
+                _log.start_runtime(_ext, capacity=0 if running else self.capacity,
+                                   threads_per_block=0 if running else self.threads_per_block)
             if self._depth == 0:
                 _refresh_user_handlers()
             self._depth += 1
@@ -160,6 +162,10 @@ class GpuosScheduler(TorchDispatchMode):
     def flush(self, cause: str = "explicit") -> None:
         """Publish deferred work (lowered, chains fused) on the stream it was recorded under: stream-ordered, no
         host sync; if the caller's current stream is another one, it is made to wait for that stream."""
+        if _log.profiling():
+            with _log.flush_range(cause):
+                self._wait_for(_ext.sched_flush(cause))
+            return
         self._wait_for(_ext.sched_flush(cause))
 
     @staticmethod
@@ -174,7 +180,11 @@ class GpuosScheduler(TorchDispatchMode):
         period = self.auto_flush_ms / 1000.0
         try:
             while not self._stop.wait(period / 2):
-                _ext.sched_flush_due(period)
+                if _log.profiling():
+                    with _log.flush_range("timer"):
+                        _ext.sched_flush_due(period)
+                else:
+                    _ext.sched_flush_due(period)
         except BaseException as e:  # noqa: BLE001 -- kept for the context's exit; the exit's flush retries the work
             self._timer_error = e
 
@@ -206,10 +216,15 @@ class GpuosScheduler(TorchDispatchMode):
         with STATS.lock:
             STATS.fallbacks[reason] += 1
             STATS.fallback_ops[func] += 1
+        _log.note_fallback(func, reason)
         # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
         # them: the batch is published first, in stream order. Eager ops on unrelated tensors run ahead and the
         # batch keeps growing. Heavy kernels get the SMs back from the worker.
-        self._wait_for(_ext.sched_flush_for(args, kwargs, "dependency"))
+        if _log.profiling():
+            with _log.flush_range("dependency"):
+                self._wait_for(_ext.sched_flush_for(args, kwargs, "dependency"))
+        else:
+            self._wait_for(_ext.sched_flush_for(args, kwargs, "dependency"))
         if func in _HEAVY:
             _ext.yield_worker()
         return func(*args, **kwargs)

@@ -964,3 +964,19 @@ def test_warm_second_process_compiles_nothing(requires_gpu, tmp_path):
                                       "GPUOS_FORBID_COMPILE": "1"}, timeout=120)
     assert fresh.returncode == 3, "GPUOS_FORBID_COMPILE=1 with an empty cache must raise " \
                                   "CompileError:\n" + describe(fresh)
+
+
+@pytest.mark.watchdog(300)
+def test_doctor_selftest_on_the_gpu():
+    """`python -m gpuos --selftest` on a GPU: NVRTC compiles the worker for this GPU's arch, the explicit API, the
+    scheduler and a reduction agree with eager, shutdown completes; exit status 0."""
+    import subprocess
+    import sys
+
+    from _helpers import REPO_ROOT, describe
+    out = subprocess.run([sys.executable, "-m", "gpuos", "--selftest"], capture_output=True, text=True, timeout=280,
+                         cwd=REPO_ROOT)
+    assert out.returncode == 0, describe(out)
+    for check in ("pass  NVRTC compiles the worker for sm_", "pass  explicit API", "pass  scheduler_context",
+                  "pass  submit_reduce", "pass  shutdown", "Result: OK"):
+        assert check in out.stdout, (check, out.stdout)

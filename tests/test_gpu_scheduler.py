@@ -495,6 +495,23 @@ def test_fallbacks_by_op_and_batches_launches_by_cause(rt):
     assert_close(m2, a @ a)
 
 
+def test_profiler_trace_shows_gpuos_flushes(rt):
+    """While torch.profiler records, GPUOS flushes are ranges in its trace: gpuos.flush[<cause>] (context exit,
+    dependency of an eager op, explicit gpuos.flush)."""
+    from torch.profiler import ProfilerActivity, profile
+    x = randn(4096)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            y = torch.sigmoid(x) * 2
+            z = torch.cumsum(y, -1)                     # eager (foreign) on deferred y: a dependency flush
+            w = z * 3
+        gpuos.flush()
+    names = {e.name for e in prof.events()}
+    assert {"gpuos.flush[dependency]", "gpuos.flush[exit]", "gpuos.flush[explicit]"} <= names, sorted(
+        n for n in names if "gpuos" in n)
+    assert_close(w, torch.cumsum(torch.sigmoid(x) * 2, -1) * 3, rtol=1e-5, atol=1e-4)
+
+
 def test_int_and_autograd_fall_back(rt):
     a = torch.randint(-9, 9, (100,), device=DEV)
     w = randn(100).requires_grad_(True)

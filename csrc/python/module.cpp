@@ -23,6 +23,9 @@
 #include "tensor/errors.h"
 #include "tensor/submit.h"
 
+#ifndef GPUOS_BUILD_TORCH
+#define GPUOS_BUILD_TORCH "unknown"
+#endif
 #ifndef GPUOS_VERSION
 #define GPUOS_VERSION "dev"
 #endif
@@ -107,7 +110,7 @@ PyMethodDef kFastMethods[] = {
 
 }  // namespace
 
-PYBIND11_MODULE(gpuos_ext, m) {
+PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, build check)
   m.doc() = "GPUOS core: work queue, elastic persistent worker, NVRTC JIT (see README.md)";
   init_exceptions(m);
   PyModule_AddFunctions(m.ptr(), kFastMethods);
@@ -189,6 +192,11 @@ PYBIND11_MODULE(gpuos_ext, m) {
     return py::make_tuple(a, b);
   });
   m.def("nvrtc_path", [] { return nvrtc().path; });
+  m.def("driver_version", [] {
+    int v = 0;
+    GPUOS_CU(driver().cuDriverGetVersion(&v));
+    return py::make_tuple(v / 1000, (v % 1000) / 10);
+  }, "The CUDA driver's API version (major, minor); CudaError without a driver.");
   m.def("device_sources", [] {
     py::dict d;
     for (auto& kv : embedded_sources()) d[py::str(kv.first)] = kv.second;
@@ -257,6 +265,7 @@ PYBIND11_MODULE(gpuos_ext, m) {
   }, py::arg("ninputs"), py::arg("nodes"), py::arg("out"),
         "Bytecode (device_src/interp.h Program) for nodes [(op, [srcs], s0, s1[, round_dtype])].");
   m.attr("__version__") = GPUOS_VERSION;
+  m.attr("__build_torch__") = GPUOS_BUILD_TORCH;  // torch.__version__ of the build (gpuos_ext.py checks it)
   m.def("limits", [] {
     return py::dict(py::arg("prog_max_inputs") = kProgMaxInputs, py::arg("prog_max_regs") = kProgMaxRegs,
                     py::arg("prog_max_instr") = kProgMaxInstr, py::arg("op_const") = kOpConst,

@@ -50,13 +50,13 @@ void set_python_error() {
 }
 
 void init_exceptions(py::module_& m) {
-  g_GpuosError = PyErr_NewExceptionWithDoc("gpuos_ext.GpuosError", "Base class of GPUOS errors.",
+  g_GpuosError = PyErr_NewExceptionWithDoc("gpuos.GpuosError", "Base class of GPUOS errors.",
                                            PyExc_RuntimeError, nullptr);
-  g_CudaError = PyErr_NewExceptionWithDoc("gpuos_ext.CudaError",
+  g_CudaError = PyErr_NewExceptionWithDoc("gpuos.CudaError",
                                           "A CUDA driver call failed, or no usable GPU / driver / NVRTC.",
                                           g_GpuosError, nullptr);
   g_CompileError = PyErr_NewExceptionWithDoc(
-      "gpuos_ext.CompileError", "NVRTC failed; attributes: log, arch, options, source_path.", g_GpuosError, nullptr);
+      "gpuos.CompileError", "NVRTC failed; attributes: log, arch, options, source_path.", g_GpuosError, nullptr);
   m.attr("GpuosError") = py::handle(g_GpuosError);
   m.attr("CudaError") = py::handle(g_CudaError);
   m.attr("CompileError") = py::handle(g_CompileError);

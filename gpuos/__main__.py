@@ -1,0 +1,156 @@
+"""``python -m gpuos``: what GPUOS finds on this machine, and whether it works.
+
+    python -m gpuos              # torch / CUDA build, driver, GPUs, NVRTC, JIT cache, build torch, settings
+    python -m gpuos --selftest   # + checks that run: NVRTC compiles the worker; on a GPU: the explicit API,
+                                 #   the scheduler and a reduction against eager
+
+Exit status: 0 when everything GPUOS needs is there (and every self-test passed), 1 otherwise; each problem is
+printed with its fix. No GPU is reported, not a failure: the CPU tests and NVRTC compiles work without one.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+PROBLEMS: list = []
+
+
+def line(key: str, value) -> None:
+    print(f"  {key:<22s} {value}")
+
+
+def problem(what: str, fix: str) -> None:
+    PROBLEMS.append(what)
+    print(f"  PROBLEM: {what}\n           fix: {fix}")
+
+
+def _dir_size(path: Path) -> tuple:
+    n = size = 0
+    for p in path.rglob("*"):
+        if p.is_file():
+            n += 1
+            size += p.stat().st_size
+    return n, size
+
+
+def report() -> tuple:
+    """Print the environment; returns (gpuos_ext or None, list of (index, name, arch))."""
+    import torch
+    print("GPUOS doctor")
+    line("python", sys.version.split()[0])
+    line("torch", f"{torch.__version__} (CUDA build: {torch.version.cuda or 'none, a CPU build'})")
+    line("CUDA_MODULE_LOADING", os.environ.get("CUDA_MODULE_LOADING", "(unset)"))
+    try:
+        import gpuos_ext as gx
+    except ImportError as e:
+        problem(f"the GPUOS extension does not load: {e}",
+                "pip install --no-build-isolation . from the GPUOS source tree")
+        return None, []
+    from gpuos import __version__
+    line("gpuos", f"{__version__} (extension {sys.modules['_gpuos_C'].__file__})")
+    line("built against torch", gx.__build_torch__)
+    if gx.__version__ != __version__:
+        problem(f"the extension is version {gx.__version__}, the Python package {__version__} (a stale build)",
+                "rebuild: pip install --no-build-isolation --force-reinstall --no-deps .")
+    try:
+        line("NVRTC", f"{'.'.join(map(str, gx.nvrtc_version()))} at {gx.nvrtc_path()}")
+    except Exception as e:  # noqa: BLE001 -- reported
+        problem(f"NVRTC not found: {str(e)[:300]}",
+                "pip install nvidia-cuda-nvrtc, or set CUDA_HOME / GPUOS_NVRTC_PATH to a CUDA 12+ toolkit")
+    cache = Path(gx.jit_cache_dir())
+    n, size = _dir_size(cache) if cache.is_dir() else (0, 0)
+    line("JIT cache", f"{cache} ({n} files, {size / 2**20:.1f} MiB; GPUOS_CACHE_DIR moves it)")
+    gpus = []
+    if torch.cuda.is_available():
+        try:
+            line("CUDA driver", ".".join(map(str, gx.driver_version())))
+        except Exception as e:  # noqa: BLE001 -- reported
+            problem(f"the CUDA driver API does not answer: {str(e)[:200]}", "check the NVIDIA driver install")
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            arch = f"sm_{p.major}{p.minor}"
+            gpus.append((i, p.name, arch))
+            line(f"GPU {i}", f"{p.name}, {arch}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
+            if p.major < 7:
+                problem(f"GPU {i} ({p.name}, {arch}) is older than Volta", "GPUOS needs sm_70 or newer")
+    else:
+        line("GPU", "none visible to torch (GPUOS runs its CPU tests and NVRTC compiles only)")
+    settings = {k: v for k, v in gx.config().items() if k in os.environ}
+    line("GPUOS_* settings", ", ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)")
+    return gx, gpus
+
+
+def check(name: str, fn) -> bool:
+    t0 = time.perf_counter()
+    try:
+        detail = fn()
+    except Exception as e:  # noqa: BLE001 -- reported
+        print(f"  FAIL  {name}: {type(e).__name__}: {str(e)[:400]}")
+        PROBLEMS.append(name)
+        return False
+    print(f"  pass  {name} ({time.perf_counter() - t0:.2f} s){': ' + detail if detail else ''}")
+    return True
+
+
+def selftest(gx, gpus) -> None:
+    import torch
+    print("Self-test")
+    arch = gpus[0][2] if gpus else "sm_90"
+    check(f"NVRTC compiles the worker for {arch}", lambda: f"{len(gx.jit_compile(arch)):,} bytes")
+
+    def cpu_numerics():
+        x, y = torch.randn(1000), torch.randn(1000)
+        out = torch.empty(1000)
+        gx._testing.cpu_apply("add", [x, y], out, 1.0, 0.0)
+        torch.testing.assert_close(out, x + y)
+    check("the device functors on the CPU (add)", cpu_numerics)
+    if not gpus:
+        print("  skip  GPU checks: no GPU")
+        return
+    import gpuos
+    a, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+
+    def explicit():
+        gpuos.init()
+        out = torch.empty_like(a)
+        gpuos.submit_add(a, b, out)
+        gpuos.flush(sync=True)
+        torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+        return ", ".join(f"{v}" for v in gpuos.runtime_info().values())
+
+    def scheduler():
+        with torch.no_grad(), gpuos.scheduler_context():
+            y = torch.tanh(a) * 0.5 + b
+        torch.testing.assert_close(y, torch.tanh(a) * 0.5 + b, rtol=1e-5, atol=1e-6)
+        return f"{gpuos.stats()['ops_intercepted']} ops intercepted"
+
+    def reduction():
+        x = torch.randn(64, 512, device="cuda")
+        out = torch.empty_like(x)
+        gpuos.submit_reduce("softmax", x, out)
+        gpuos.flush(sync=True)
+        torch.testing.assert_close(out, torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+
+    if check("explicit API: submit_add + flush(sync=True)", explicit):
+        check("scheduler_context: tanh(a) * 0.5 + b", scheduler)
+        check("submit_reduce: softmax of 64 x 512", reduction)
+        check("shutdown", gpuos.shutdown)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpuos", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--selftest", action="store_true", help="also run checks (NVRTC compile; GPU: API, scheduler)")
+    a = p.parse_args(argv)
+    gx, gpus = report()
+    if a.selftest and gx is not None:
+        selftest(gx, gpus)
+    print(f"Result: {'OK' if not PROBLEMS else f'{len(PROBLEMS)} problem(s): ' + '; '.join(PROBLEMS)}")
+    return 0 if not PROBLEMS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The ``gpuos`` logger and the profiler ranges.
+
+Logger: ``logging.getLogger("gpuos")``; ``GPUOS_LOG=INFO`` (or DEBUG, WARNING, ...) sets its level and prints to
+stderr. What it says: runtime start-up and the worker's NVRTC compile with its duration (a compile of a second or
+more is a WARNING, once per process: the first run of a build on a machine), and each aten op the scheduler runs
+eagerly, once per (op, reason) (INFO; ``gpuos.stats()["fallback_ops"]`` counts them all).
+
+Profiler: while a ``torch.profiler`` (or ``torch.autograd.profiler``, incl. ``emit_nvtx`` for Nsight) is active,
+GPUOS flushes run inside ``record_function`` ranges named ``gpuos.flush[<cause>]``, so GPUOS work shows in a
+trace next to PyTorch's ops. No cost when no profiler runs (one flag read).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+
+import torch
+
+logger = logging.getLogger("gpuos")
+if os.environ.get("GPUOS_LOG"):
+    logging.basicConfig()
+    logger.setLevel(os.environ["GPUOS_LOG"].upper())
+
+_seen_fallbacks: set = set()
+_seen_lock = threading.Lock()
+
+
+def start_runtime(ext, **kwargs) -> None:
+    """``ext.init(**kwargs)``, saying what it cost when it starts a runtime (an NVRTC compile in particular)."""
+    if ext.is_initialized():
+        ext.init(**kwargs)
+        return
+    if torch.cuda.is_available():
+        logger.info("starting the GPUOS runtime on %s (the first run of this build on a machine compiles the "
+                    "worker with NVRTC)", torch.cuda.get_device_name())
+    before = ext.stats().get("jit_compiles", 0)
+    t0 = time.perf_counter()
+    ext.init(**kwargs)
+    dt = time.perf_counter() - t0
+    compiles = ext.stats().get("jit_compiles", 0) - before
+    if compiles:
+        logger.log(logging.WARNING if dt >= 1.0 else logging.INFO,
+                   "compiled the GPUOS worker with NVRTC in %.1f s (first run of this build on this machine; later "
+                   "runs load it from %s)", dt, ext.jit_cache_dir())
+    else:
+        logger.info("GPUOS runtime started in %.3f s (worker loaded from the JIT cache)", dt)
+
+
+def note_fallback(func, reason: str) -> None:
+    """An aten op the scheduler ran eagerly: logged once per (op, reason) when INFO is enabled."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    key = (func, reason)
+    with _seen_lock:
+        if key in _seen_fallbacks:
+            return
+        _seen_fallbacks.add(key)
+    logger.info("scheduler: %s runs eagerly (%s); logged once, gpuos.stats()['fallback_ops'] counts every call",
+                func, reason)
+
+
+def profiling() -> bool:
+    """Whether a torch profiler is recording (cheap: one flag)."""
+    return torch.autograd.profiler._is_profiler_enabled
+
+
+@contextlib.contextmanager
+def flush_range(cause: str):
+    """A ``gpuos.flush[<cause>]`` range in the profiler's trace while one records; nothing otherwise."""
+    if not torch.autograd.profiler._is_profiler_enabled:
+        yield
+        return
+    with torch.autograd.profiler.record_function(f"gpuos.flush[{cause}]"):
+        yield
