@@ -59,8 +59,10 @@ def flush(sync: bool = False, stream=None) -> None:
     ``gpuos.flush[explicit]`` range while a torch profiler records."""
     if _log.profiling():
         with _log.flush_range("explicit"):
-            return _ext.flush(sync, stream)
-    return _ext.flush(sync, stream)
+            _ext.flush(sync, stream)
+    else:
+        _ext.flush(sync, stream)
+    _log.note_runtime_events(_ext)
 
 from ._version import __version__  # noqa: E402  (the one definition; the extension was built with it)
 

@@ -2,8 +2,9 @@
 
 Logger: ``logging.getLogger("gpuos")``; ``GPUOS_LOG=INFO`` (or DEBUG, WARNING, ...) sets its level and prints to
 stderr. What it says: runtime start-up and the worker's NVRTC compile with its duration (a compile of a second or
-more is a WARNING, once per process: the first run of a build on a machine), and each aten op the scheduler runs
-eagerly, once per (op, reason) (INFO; ``gpuos.stats()["fallback_ops"]`` counts them all).
+more is a WARNING, once per process: the first run of a build on a machine), each aten op the scheduler runs
+eagerly, once per (op, reason) (INFO; ``gpuos.stats()["fallback_ops"]`` counts them all), and the handovers and
+background NVRTC compiles seen at a scheduler context's exit or a gpuos.flush (INFO).
 
 Profiler: while a ``torch.profiler`` (or ``torch.autograd.profiler``, incl. ``emit_nvtx`` for Nsight) is active,
 GPUOS flushes run inside ``record_function`` ranges named ``gpuos.flush[<cause>]``, so GPUOS work shows in a
@@ -26,6 +27,7 @@ if os.environ.get("GPUOS_LOG"):
 
 _seen_fallbacks: set = set()
 _seen_lock = threading.Lock()
+_last_counts: dict = {}
 
 
 def start_runtime(ext, **kwargs) -> None:
@@ -60,6 +62,24 @@ def note_fallback(func, reason: str) -> None:
         _seen_fallbacks.add(key)
     logger.info("scheduler: %s runs eagerly (%s); logged once, gpuos.stats()['fallback_ops'] counts every call",
                 func, reason)
+
+
+def note_runtime_events(ext) -> None:
+    """When INFO is enabled: log the handovers and NVRTC compiles (tier-2 code, injected ops) since the last call.
+    Called at a scheduler context's exit and at gpuos.flush; costs one flag read otherwise."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    st = ext.stats()
+    now = {k: st.get(k, 0) for k in ("handovers", "idle_adoptions", "jit_compiles")}
+    with _seen_lock:
+        before = dict(_last_counts) or now
+        _last_counts.update(now)
+    if now["jit_compiles"] > before["jit_compiles"]:
+        logger.info("%d NVRTC compile(s) finished (tier-2 code of hot fused chains or injected ops)",
+                    now["jit_compiles"] - before["jit_compiles"])
+    if now["handovers"] > before["handovers"]:
+        logger.info("%d handover(s) to a new worker generation (%d while no worker was resident)",
+                    now["handovers"] - before["handovers"], now["idle_adoptions"] - before["idle_adoptions"])
 
 
 def profiling() -> bool:

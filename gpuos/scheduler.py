@@ -154,6 +154,7 @@ class GpuosScheduler(TorchDispatchMode):
             if front is not None:
                 front.__exit__(exc_type, exc, tb)
             super().__exit__(exc_type, exc, tb)
+        _log.note_runtime_events(_ext)
         err, self._timer_error = self._timer_error, None
         if err is not None and exc_type is None:
             raise err

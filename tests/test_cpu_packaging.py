@@ -107,3 +107,23 @@ def test_start_runtime_logs_an_nvrtc_compile(caplog):
     _log.start_runtime(ext, capacity=0)  # running: no message
     msgs = [r.getMessage() for r in caplog.records if r.name == "gpuos"]
     assert len([m for m in msgs if "compiled the GPUOS worker with NVRTC in" in m and "/tmp/cache" in m]) == 1, msgs
+
+
+def test_handovers_and_compiles_are_logged_once(caplog):
+    from gpuos import _log
+
+    class Ext:
+        counts = {"handovers": 0, "idle_adoptions": 0, "jit_compiles": 0}
+
+        def stats(self):
+            return dict(self.counts)
+    caplog.set_level(logging.INFO, logger="gpuos")
+    _log._last_counts.clear()
+    ext = Ext()
+    _log.note_runtime_events(ext)                  # first call: the baseline
+    ext.counts.update(handovers=2, idle_adoptions=1, jit_compiles=1)
+    _log.note_runtime_events(ext)
+    _log.note_runtime_events(ext)                  # nothing new
+    msgs = [r.getMessage() for r in caplog.records if r.name == "gpuos"]
+    assert msgs == ["1 NVRTC compile(s) finished (tier-2 code of hot fused chains or injected ops)",
+                    "2 handover(s) to a new worker generation (1 while no worker was resident)"], msgs
