@@ -57,11 +57,7 @@ def init(capacity: int = 0, threads_per_block: int = 0, worker_blocks: int = 0, 
 def flush(sync: bool = False, stream=None) -> None:
     """gpuos_ext.flush: publish pending work on the current stream (stream-ordered); sync=True also waits. A
     ``gpuos.flush[explicit]`` range while a torch profiler records."""
-    if _log.profiling():
-        with _log.flush_range("explicit"):
-            _ext.flush(sync, stream)
-    else:
-        _ext.flush(sync, stream)
+    _log.traced("explicit", _ext.flush, sync, stream)
     _log.note_runtime_events(_ext)
 
 from ._version import __version__  # noqa: E402  (the one definition; the extension was built with it)

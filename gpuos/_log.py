@@ -12,7 +12,6 @@ trace next to PyTorch's ops. No cost when no profiler runs (one flag read).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -82,16 +81,10 @@ def note_runtime_events(ext) -> None:
                     now["handovers"] - before["handovers"], now["idle_adoptions"] - before["idle_adoptions"])
 
 
-def profiling() -> bool:
-    """Whether a torch profiler is recording (cheap: one flag)."""
-    return torch.autograd.profiler._is_profiler_enabled
-
-
-@contextlib.contextmanager
-def flush_range(cause: str):
-    """A ``gpuos.flush[<cause>]`` range in the profiler's trace while one records; nothing otherwise."""
+def traced(cause: str, fn, *args):
+    """``fn(*args)``, inside a ``gpuos.flush[<cause>]`` range of the profiler's trace while one records (checked
+    with one flag read: no cost otherwise)."""
     if not torch.autograd.profiler._is_profiler_enabled:
-        yield
-        return
+        return fn(*args)
     with torch.autograd.profiler.record_function(f"gpuos.flush[{cause}]"):
-        yield
+        return fn(*args)

@@ -163,11 +163,7 @@ class GpuosScheduler(TorchDispatchMode):
     def flush(self, cause: str = "explicit") -> None:
         """Publish deferred work (lowered, chains fused) on the stream it was recorded under: stream-ordered, no
         host sync; if the caller's current stream is another one, it is made to wait for that stream."""
-        if _log.profiling():
-            with _log.flush_range(cause):
-                self._wait_for(_ext.sched_flush(cause))
-            return
-        self._wait_for(_ext.sched_flush(cause))
+        self._wait_for(_log.traced(cause, _ext.sched_flush, cause))
 
     @staticmethod
     def _wait_for(streams) -> None:
@@ -181,11 +177,7 @@ class GpuosScheduler(TorchDispatchMode):
         period = self.auto_flush_ms / 1000.0
         try:
             while not self._stop.wait(period / 2):
-                if _log.profiling():
-                    with _log.flush_range("timer"):
-                        _ext.sched_flush_due(period)
-                else:
-                    _ext.sched_flush_due(period)
+                _log.traced("timer", _ext.sched_flush_due, period)
         except BaseException as e:  # noqa: BLE001 -- kept for the context's exit; the exit's flush retries the work
             self._timer_error = e
 
@@ -221,11 +213,7 @@ class GpuosScheduler(TorchDispatchMode):
         # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
         # them: the batch is published first, in stream order. Eager ops on unrelated tensors run ahead and the
         # batch keeps growing. Heavy kernels get the SMs back from the worker.
-        if _log.profiling():
-            with _log.flush_range("dependency"):
-                self._wait_for(_ext.sched_flush_for(args, kwargs, "dependency"))
-        else:
-            self._wait_for(_ext.sched_flush_for(args, kwargs, "dependency"))
+        self._wait_for(_log.traced("dependency", _ext.sched_flush_for, args, kwargs, "dependency"))
         if func in _HEAVY:
             _ext.yield_worker()
         return func(*args, **kwargs)
