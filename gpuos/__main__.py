@@ -98,7 +98,7 @@ def check(name: str, fn) -> bool:
 def selftest(gx, gpus) -> None:
     import torch
     print("Self-test")
-    arch = gpus[0][2] if gpus else "sm_90"
+    arch = gpus[0][2] if gpus else gx.jit_newest_arch()  # no GPU: PTX for the newest arch NVRTC knows
     check(f"NVRTC compiles the worker for {arch}", lambda: f"{len(gx.jit_compile(arch)):,} bytes")
 
     def cpu_numerics():

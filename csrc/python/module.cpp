@@ -192,6 +192,8 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
     return py::make_tuple(a, b);
   });
   m.def("nvrtc_path", [] { return nvrtc().path; });
+  m.def("jit_newest_arch", &jit_newest_virtual_arch,
+        "'compute_<newest arch this NVRTC knows>': the target of device-code checks when no GPU names one.");
   m.def("driver_version", [] {
     int v = 0;
     GPUOS_CU(driver().cuDriverGetVersion(&v));
