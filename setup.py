@@ -1,5 +1,6 @@
-"""Build gpuos_ext with g++ only: no nvcc, no CUDA toolkit, no arch list (device code is compiled at run time
-by NVRTC). device_src/ is embedded into the extension so NVRTC sees the same files under the same paths."""
+"""Build the extension (_gpuos_C, loaded by gpuos_ext.py) with g++ only: no nvcc, no CUDA toolkit, no arch list
+(device code is compiled at run time by NVRTC). device_src/ is embedded into the extension so NVRTC sees the same
+files under the same paths."""
 import os
 import re
 from pathlib import Path

@@ -15,7 +15,6 @@ See README.md for the design, measured results and limitations.
 from __future__ import annotations
 
 import gpuos_ext as _ext  # first: it sets CUDA_MODULE_LOADING=EAGER (unless chosen), imports torch, checks the build
-import torch  # noqa: F401
 
 from gpuos_ext import (  # noqa: E402
     CompileError,

@@ -139,8 +139,9 @@ _SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error|RACECHECK SUMMARY:[^(\n]*
 
 
 def sanitizer_errors(paths):
-    """(sum of compute-sanitizer's error counts (ERROR / RACECHECK SUMMARY lines) over the logs, per-log details); a log without such
-    a line is reported (the tool did not finish) and makes the row an error row when no log has one."""
+    """(sum of compute-sanitizer's error counts (its ERROR / RACECHECK SUMMARY lines) over the logs, per-log
+    details); a log without such a line is reported (the tool did not finish) and makes the row an error row when
+    no log has one."""
     total, logs, found = 0, [], 0
     for p in paths:
         try:
