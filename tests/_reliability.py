@@ -176,6 +176,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.hard_limit_s:
         faulthandler.dump_traceback_later(a.hard_limit_s, exit=True)
+        import gpuos_ext   # the native side's state just before: each runtime's control words, each thread's wait
+        gpuos_ext._testing.watchdog(max(1.0, a.hard_limit_s - 2))
 
     def log(msg):
         print(msg, flush=True)

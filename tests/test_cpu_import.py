@@ -173,3 +173,20 @@ def test_worker_trace_without_a_runtime_is_empty():
         pytest.skip("a runtime is running in this process")
     assert gpuos.worker_trace() == {}
     assert "GPUOS_TRACE" in gpuos.worker_trace.__doc__
+
+
+def test_hang_report_lists_threads_without_locks():
+    """The hang report (tests' watchdog) names every native thread with its kernel wait and works with no runtime."""
+    import threading
+    import gpuos_ext
+    ev = threading.Event()
+    th = threading.Thread(target=ev.wait, name="waiter")
+    th.start()
+    try:
+        rep = gpuos_ext._testing.hang_report()
+    finally:
+        ev.set()
+        th.join()
+    lines = [ln for ln in rep.splitlines() if ln.strip().startswith("thread ")]
+    assert rep.startswith("gpuos hang report") and len(lines) >= 2, rep
+    assert any("syscall 202" in ln for ln in lines), rep   # the waiting thread sits in futex()

@@ -537,6 +537,7 @@ _DEVICE_WIDE_CHILD = r'''
 import faulthandler, json, os, threading, time
 faulthandler.dump_traceback_later(100, exit=True)   # last resort: every thread's stack, then exit
 import torch, gpuos, gpuos_ext
+gpuos_ext._testing.watchdog(45)   # a wedge: the native side's state too (the run takes ~10 s)
 out = {"publish_iters": [], "blocking_iters": 0, "wrong": [], "errors": []}
 gpuos_ext.init()
 stop = threading.Event()

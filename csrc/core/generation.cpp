@@ -62,6 +62,7 @@ void Runtime::gen_shutdown() {
 
 // Wait until no worker of ours is resident or queued (the side stream is idle), asking it to leave.
 double Runtime::drain_worker(const char* why) {
+  PhaseMark pm(phase_, "drain_worker");
   const Driver& d = driver();
   const auto t0 = std::chrono::steady_clock::now();
   CUresult r = d.cuStreamQuery(side_);

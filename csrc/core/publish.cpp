@@ -60,6 +60,7 @@ std::string Runtime::describe_unfinished() const {
 }
 
 void Runtime::wait_seq(uint32_t seq, const char* what) {
+  PhaseMark pm(phase_, what);
   uint32_t polls = 0;
   spin_wait(
       cfg_.timeout_s,
@@ -128,6 +129,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (unwaited_seq_ & (kMaxBatches - 1));
     wt.waitValue.value = unwaited_seq_;
     wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    PhaseMark pm(phase_, "flush: cuStreamBatchMemOp(stream wait for an early publication)");
     GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
     st_.flushes++;
@@ -278,7 +280,11 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // for a worker whose launch waited for that call's lock: the stress test wedged with the GPU idle. With
   // host_published stored before step 1, a resident worker waited for ready words a blocked thread had yet to
   // write (the regression test wedged in seconds).
-  CUresult r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
+  CUresult r;
+  {
+    PhaseMark pm(phase_, "publish step 1: cuStreamBatchMemOp(ready words)");
+    r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
+  }
   if (r != CUDA_SUCCESS) {
     undo();
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
@@ -300,6 +306,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
     wt.waitValue.value = last_seq_;
     wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    PhaseMark pm(phase_, "publish step 3: cuStreamBatchMemOp(stream wait)");
     GPUOS_CU(d.cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
   }
@@ -329,6 +336,7 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   args.refs = refs_d_;
   args.refs_dev = refs_dev_;
   void* params[] = {&args};
+  PhaseMark pm(phase_, "publish step 2: cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
   if (r != CUDA_SUCCESS) {
     // No worker runs: say so, or every later publication would trust a worker that does not exist and every
@@ -340,6 +348,21 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   launched_grid_ = grid;
   st_.worker_launches++;
   if (grid != grid_) st_.burst_launches++;
+}
+
+std::string Runtime::snapshot() const {
+  const uint32_t last = __atomic_load_n(&last_seq_, __ATOMIC_RELAXED);
+  const uint32_t hp = __atomic_load_n(&hc_->host_published, __ATOMIC_ACQUIRE);
+  const uint32_t ws = __atomic_load_n(&hc_->worker_state, __ATOMIC_ACQUIRE);
+  std::string s = name_ + ": last published batch " + std::to_string(last) + ", host_published " +
+                  std::to_string(hp) + ", worker " + (ws == kWorkerRunning ? "running" : "exited") +
+                  ", yield_request " + std::to_string(__atomic_load_n(&hc_->yield_request, __ATOMIC_RELAXED)) +
+                  ", unwaited " + std::to_string(__atomic_load_n(&unwaited_seq_, __ATOMIC_RELAXED)) + ", done words";
+  for (uint32_t q = last > 3 ? last - 3 : 1; q <= last; ++q)
+    s += " [" + std::to_string(q) + "]=" + std::to_string(__atomic_load_n(&hc_->done[q & (kMaxBatches - 1)], __ATOMIC_RELAXED));
+  const char* ph = phase_.load(std::memory_order_relaxed);
+  s += std::string(", in: ") + (ph && *ph ? ph : "no driver call or wait");
+  return s;
 }
 
 void Runtime::wait_done(uint32_t seq) {

@@ -164,6 +164,10 @@ class Runtime {
   // Drain, reload the active generation as a new module, relaunch (benchmarks: handover cost).
   HandoverTimes force_handover();
 
+  // Lock-free, racy by design (diagnostics of a hang, when mu may be held by a blocked thread): the host
+  // control words, the last published batch, its done word and the driver call a thread is in (phase).
+  std::string snapshot() const;
+
   std::mutex mu;  // guards everything below; never held while waiting for the GIL
 
  private:
@@ -253,6 +257,13 @@ class Runtime {
   std::deque<InFlight> inflight_;
   uint32_t last_seq_ = 0;
   uint32_t launches_ = 0;
+  // Which blocking driver call or wait a thread of this runtime is in ("" when none): read by snapshot().
+  std::atomic<const char*> phase_{""};
+  struct PhaseMark {
+    std::atomic<const char*>& p;
+    PhaseMark(std::atomic<const char*>& p_, const char* what) : p(p_) { p.store(what, std::memory_order_relaxed); }
+    ~PhaseMark() { p.store("", std::memory_order_relaxed); }
+  };
   std::function<void()> on_publish_;
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;

@@ -1,6 +1,12 @@
 // csrc/python/testing.cpp -- gpuos_ext._testing: entry points for tests and diagnostics only.
 #include <torch/extension.h>
 
+#include <chrono>
+#include <cstdio>
+#include <dirent.h>
+#include <fstream>
+#include <thread>
+
 #include "core/runtime.h"
 #include "driver/cuda_api.h"
 #include "python/bindings.h"
@@ -12,6 +18,33 @@
 namespace py = pybind11;
 
 namespace gpuos {
+
+namespace {
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string l;
+  std::getline(f, l);
+  return l;
+}
+
+// Every runtime's snapshot and every thread's kernel state (name, wait channel, syscall number: 202 futex,
+// 16 ioctl = a driver call), without any lock the hang may hold and without the GIL.
+std::string hang_report() {
+  std::string r = "gpuos hang report\n";
+  for (Runtime* rt : runtimes()) r += "  " + rt->snapshot() + "\n";
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string t = std::string("/proc/self/task/") + e->d_name;
+      const std::string sc = read_line(t + "/syscall");
+      r += "  thread " + std::string(e->d_name) + " (" + read_line(t + "/comm") + "): wchan " +
+           read_line(t + "/wchan") + ", syscall " + sc.substr(0, sc.find(' ')) + "\n";
+    }
+    closedir(d);
+  }
+  return r;
+}
+}  // namespace
 
 void add_testing_module(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "Test-only entry points (CPU evaluators, probes); not a stable API.");
@@ -40,6 +73,18 @@ void add_testing_module(py::module_& m) {
         "Fault injection: the next n generation module loads (handovers) fail as an invalid image would.");
   t.def("cpu_reduce", &cpu_reduce, py::arg("op"), py::arg("x"), py::arg("out"),
         "Evaluate a reduction's row rule on the CPU (x: contiguous 2-D).");
+  t.def("hang_report", &hang_report, py::call_guard<py::gil_scoped_release>(),
+        "Each runtime's control words and the driver call it is in, and each thread's kernel wait (no locks).");
+  t.def("watchdog", [](double seconds) {
+    // A one-shot report timer for tests that may wedge (a deadline, not a synchronization): faulthandler shows
+    // where Python threads are; this shows where the native side is.
+    std::thread([seconds] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      const std::string r = hang_report();
+      std::fwrite(r.data(), 1, r.size(), stderr);
+      std::fflush(stderr);
+    }).detach();
+  }, py::arg("seconds"), "After `seconds`, write hang_report() to stderr (one shot, from a native thread).");
 }
 
 }  // namespace gpuos
