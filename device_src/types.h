@@ -66,7 +66,10 @@ struct HostCtl {
   u32 host_published;  // last seq the host has published (plain CPU store, then a full fence)
   u32 worker_state;    // kWorkerRunning / kWorkerExiting
   u32 yield_request;   // != 0: exit as soon as nothing published is pending
-  u32 reserved[13];
+  // Diagnostics (hang reports; the host never waits on them): the launch number of the last worker that started
+  // and of the last that exited, and the seq the poller last waited >= 32 polls for.
+  u32 worker_started, worker_exited, polling_seq;
+  u32 reserved[10];
   u32 done[kMaxBatches];  // done[seq % kMaxBatches] = seq once the batch has completed
 };
 

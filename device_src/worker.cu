@@ -581,6 +581,7 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
     // Every 32 polls: the yield word (pinned, ~1 us to read) and the idle clock. Every 1024 polls kept the
     // worker resident up to ~0.4 ms after a yield request, while foreign GEMMs that need its SMs wait (F7).
     if ((++spins & 31u) != 0) continue;
+    if (spins == 32) st_vol(&hc->polling_seq, next);
     const bool want_yield = ld_vol(&hc->yield_request) != 0;
     if (!want_yield && globaltimer() - t_idle < args.idle_ns) continue;
     // Dekker handshake: announce exit, then re-read what the host has published. The host stores
@@ -591,6 +592,7 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
     if (ld_vol(&hc->host_published) == next - 1) {
       dc->next_seq = next;
       st_vol(&dc->exit_flag, args.gen);
+      st_vol(&hc->worker_exited, args.gen);
       __threadfence();
       return kCmdExit;
     }
@@ -645,6 +647,7 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
     if (blockIdx.x == 0) {
       next = dc->next_seq;
       st_vol(&hc->worker_state, kWorkerRunning);
+      st_vol(&hc->worker_started, args.gen);
     }
     seen = ld_vol(&dc->epoch);
   }

@@ -534,15 +534,20 @@ def test_init_with_other_settings_raises(rt):
 
 
 _DEVICE_WIDE_CHILD = r'''
-import faulthandler, json, os, threading, time
+import faulthandler, json, os, sys, threading, time
 faulthandler.dump_traceback_later(100, exit=True)   # last resort: every thread's stack, then exit
 import torch, gpuos, gpuos_ext
 gpuos_ext._testing.watchdog(45)   # a wedge: the native side's state too (the run takes ~10 s)
+def tid(name):   # native ids, to read the hang report's per-thread kernel waits
+    print(f"{name}: native thread {threading.get_native_id()}", file=sys.stderr, flush=True)
+
 out = {"publish_iters": [], "blocking_iters": 0, "wrong": [], "errors": []}
+tid('main')
 gpuos_ext.init()
 stop = threading.Event()
 
 def publisher(k):
+    tid(f"publisher {k}")
     x = torch.randn(4096, device="cuda") + k
     y = torch.randn(4096, device="cuda")
     n = 0
@@ -563,10 +568,12 @@ def publisher(k):
     out["publish_iters"].append(n)
 
 def first_gemm():   # a fresh thread's first matmul creates its cuBLAS handle and workspace
+    tid("first_gemm")
     a = torch.randn(256, 256, device="cuda")
     (a @ a).sum().item()
 
 def blocking():
+    tid("blocking")
     n = 0
     try:
         while not stop.is_set():

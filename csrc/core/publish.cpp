@@ -360,6 +360,10 @@ std::string Runtime::snapshot() const {
                   ", unwaited " + std::to_string(__atomic_load_n(&unwaited_seq_, __ATOMIC_RELAXED)) + ", done words";
   for (uint32_t q = last > 3 ? last - 3 : 1; q <= last; ++q)
     s += " [" + std::to_string(q) + "]=" + std::to_string(__atomic_load_n(&hc_->done[q & (kMaxBatches - 1)], __ATOMIC_RELAXED));
+  s += ", worker launches " + std::to_string(__atomic_load_n(&launches_, __ATOMIC_RELAXED)) + " (last started " +
+       std::to_string(__atomic_load_n(&hc_->worker_started, __ATOMIC_RELAXED)) + ", last exited " +
+       std::to_string(__atomic_load_n(&hc_->worker_exited, __ATOMIC_RELAXED)) + ", last waited for batch " +
+       std::to_string(__atomic_load_n(&hc_->polling_seq, __ATOMIC_RELAXED)) + ")";
   const char* ph = phase_.load(std::memory_order_relaxed);
   s += std::string(", in: ") + (ph && *ph ? ph : "no driver call or wait");
   return s;
