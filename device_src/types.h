@@ -69,7 +69,12 @@ struct HostCtl {
   // Diagnostics (hang reports; the host never waits on them): the launch number of the last worker that started
   // and of the last that exited, and the seq the poller last waited >= 32 polls for.
   u32 worker_started, worker_exited, polling_seq;
-  u32 reserved[10];
+  // Standby (one 64-bit host store, read by the poller): low word = the batch the newest standby worker is
+  // gated on (its launch waits on the side stream for that batch's ready word), high word = its launch number.
+  // A resident worker waiting longer than idle_ns for batch `next` leaves if a later launch is gated on a batch
+  // >= next: whatever stream work holds the ready word back may need the device free of resident kernels.
+  u64 standby;  // offset 24
+  u32 reserved[8];
   u32 done[kMaxBatches];  // done[seq % kMaxBatches] = seq once the batch has completed
 };
 
@@ -123,7 +128,7 @@ struct WorkerArgs {
   u64 progs;      // Program* device program table (interp.h; fused sub-ops)
   u64 trace;      // TraceBuf* (device pointer of a mapped pinned block), 0: tracing off
   u32 keep_blocks;  // blocks that stay when the grid shrinks (the bounded grid; DevCtl::shrink)
-  u32 reserved;
+  u32 standby;      // 1: launched gated on a ready word (HostCtl::standby): leave at once if nothing is published
   u64 refs;       // TensorRef* arena (device pointer of the pinned block) that descriptors point into
   u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
 };
@@ -165,7 +170,7 @@ static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, 
 #if !defined(__CUDACC_RTC__)  // NVRTC has no offsetof; the host compile checks the shared layout
 namespace gpuos {
 static_assert(__builtin_offsetof(SubOp, out) == 16 && __builtin_offsetof(SubOp, scalar) == 48, "SubOp offsets");
-static_assert(__builtin_offsetof(HostCtl, done) == 64, "HostCtl offsets");
+static_assert(__builtin_offsetof(HostCtl, done) == 64 && __builtin_offsetof(HostCtl, standby) == 24, "HostCtl offsets");
 static_assert(__builtin_offsetof(DevCtl, alias) % 16 == 0 && __builtin_offsetof(AliasCtl, slot) % 16 == 0,
               "alias table rows are read as 16-byte aligned words");
 }  // namespace gpuos

@@ -583,13 +583,20 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
     if ((++spins & 31u) != 0) continue;
     if (spins == 32) st_vol(&hc->polling_seq, next);
     const bool want_yield = ld_vol(&hc->yield_request) != 0;
-    if (!want_yield && globaltimer() - t_idle < args.idle_ns) continue;
+    // A standby that finds nothing published (a resident worker ran its batch) leaves at once.
+    const u64 idle = args.standby && !opened_any ? 0 : args.idle_ns;
+    if (!want_yield && globaltimer() - t_idle < idle) continue;
     // Dekker handshake: announce exit, then re-read what the host has published. The host stores
     // host_published, fences, then reads worker_state: at least one side sees the other's store, so a
     // published batch is either seen here (stay) or seen as "worker exiting" by the host (it relaunches).
     st_vol(&hc->worker_state, kWorkerExiting);
     __threadfence_system();
-    if (ld_vol(&hc->host_published) == next - 1) {
+    // Published but not ready, for idle_ns: leave if a later launch is gated on this batch or a later one
+    // (HostCtl::standby): it starts once the ready word lands, and the stream work holding it back may need
+    // the device free of resident kernels (a device-wide blocking call, a module load).
+    const u64 sb = ld_vol64(&hc->standby);
+    const bool covered = (u32)(sb >> 32) > args.gen && (int)((u32)sb - next) >= 0;
+    if (ld_vol(&hc->host_published) == next - 1 || covered) {
       dc->next_seq = next;
       st_vol(&dc->exit_flag, args.gen);
       st_vol(&hc->worker_exited, args.gen);

@@ -292,12 +292,29 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   prog_unsent_.clear();
   pending_subops_ = 0;
   ref_pub_ = ref_head_;
-  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
   // Until the stream waits for these batches, a later flush() must add the wait (also if a step below throws:
   // the batches stay published; the next publication launches a worker for them).
   unwaited_seq_ = last_seq_;
-  maybe_launch_worker(cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_);
+  const uint32_t grid = cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_;
+  // 1b. Stream work still ahead of the ready words (the stream is not idle): the worker that runs them is a
+  //     launch gated on the last word (a wait on the side stream, then the launch), so no kernel of ours sits
+  //     resident while that work runs -- it may need the device free of resident kernels (the regression test
+  //     wedged with a worker waiting for a ready word that never landed while a fresh thread's first cuBLAS
+  //     call waited for the device). A resident worker leaves after idle_us once such a standby covers its
+  //     batch (HostCtl::standby). host_published is not stored yet: a resident worker may still idle out.
+  bool covered = false;
+  {
+    PhaseMark pm(phase_, "publish step 1b: cuStreamQuery(stream)");
+    const CUresult q = d.cuStreamQuery(stream);
+    if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) throw_cuda(q, "cuStreamQuery(stream)", __FILE__, __LINE__);
+    if (q == CUDA_ERROR_NOT_READY) {
+      launch_worker(grid, last_seq_);
+      covered = true;
+    }
+  }
+  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!covered) maybe_launch_worker(grid);
   // The stream waits for the last batch (batches complete in order: for all of them), except after an early
   // publication: the host is still recording, and the flush() that follows adds the wait.
   if (!early) {
@@ -319,7 +336,29 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
 
 void Runtime::maybe_launch_worker(uint32_t grid) {
   if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
+  launch_worker(grid, 0);
+}
+
+void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   const Driver& d = driver();
+  const uint64_t old_standby = __atomic_load_n(&hc_->standby, __ATOMIC_SEQ_CST);
+  if (gate) {
+    // The side stream waits for the gate batch's ready word (its low word is the seq; GEQ is wrap-aware, and a
+    // slot's later seqs are larger), then runs the launch below.
+    __atomic_store_n(&hc_->standby, ((uint64_t)(launches_ + 1) << 32) | gate, __ATOMIC_SEQ_CST);
+    CUstreamBatchMemOpParams wt{};
+    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * (gate & (kMaxBatches - 1));
+    wt.waitValue.value = gate;
+    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    PhaseMark pm(phase_, "publish step 1b: cuStreamBatchMemOp(side stream waits for the ready word)");
+    const CUresult r = d.cuStreamBatchMemOp(side_, 1, &wt, 0);
+    if (r != CUDA_SUCCESS) {
+      __atomic_store_n(&hc_->standby, old_standby, __ATOMIC_SEQ_CST);
+      throw_cuda(r, "cuStreamBatchMemOp(side stream, wait for a ready word)", __FILE__, __LINE__);
+    }
+    st_.gated_launches++;
+  }
   __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);
   WorkerArgs args{};
@@ -335,6 +374,7 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
   args.keep_blocks = grid_;
   args.refs = refs_d_;
   args.refs_dev = refs_dev_;
+  args.standby = gate != 0;
   void* params[] = {&args};
   PhaseMark pm(phase_, "publish step 2: cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
@@ -343,6 +383,7 @@ void Runtime::maybe_launch_worker(uint32_t grid) {
     // wait would time out. The batches stay published; the next publication launches a worker for them.
     --launches_;
     __atomic_store_n(&hc_->worker_state, kWorkerExiting, __ATOMIC_SEQ_CST);
+    if (gate) __atomic_store_n(&hc_->standby, old_standby, __ATOMIC_SEQ_CST);
     throw_cuda(r, "cuLaunchKernel(worker)", __FILE__, __LINE__);
   }
   launched_grid_ = grid;

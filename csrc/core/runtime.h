@@ -74,6 +74,7 @@ struct Operand {
   X(levels_split)       /* sub-ops that opened a new dependency level (levels beyond the first) */        \
   X(dma_batches)                                                                                          \
   X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
+  X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
   X(fused_subops)                                                                                         \
   X(programs)
 
@@ -188,7 +189,10 @@ class Runtime {
   bool seq_done(uint32_t seq) const;
   std::string describe_unfinished() const;  // for timeout messages
   void wait_seq(uint32_t seq, const char* what);
-  void maybe_launch_worker(uint32_t grid);
+  void maybe_launch_worker(uint32_t grid);  // launch_worker(grid, 0) if the Dekker handshake says none runs
+  // Launch a worker on the side stream; gate != 0: after the side stream waits for batch `gate`'s ready word
+  // (a standby: HostCtl::standby names it, so a resident worker stuck before it may leave).
+  void launch_worker(uint32_t grid, uint32_t gate);
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream
   std::string gen_startup_image();   // image of the newest ready generation for this GPU (sets active_gen_)
   void gen_init();                   // alias table from the registry (constructor)
