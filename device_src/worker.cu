@@ -596,7 +596,9 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
     // the device free of resident kernels (a device-wide blocking call, a module load).
     const u64 sb = ld_vol64(&hc->standby);
     const bool covered = (u32)(sb >> 32) > args.gen && (int)((u32)sb - next) >= 0;
-    if (ld_vol(&hc->host_published) == next - 1 || covered) {
+    // (host_published may lag: a publication stores it after checking its stream, and a resident worker can
+    // run the batch first -- not ahead of what ran is "nothing published".)
+    if ((int)(ld_vol(&hc->host_published) - (next - 1)) <= 0 || covered) {
       dc->next_seq = next;
       st_vol(&dc->exit_flag, args.gen);
       st_vol(&hc->worker_exited, args.gen);
