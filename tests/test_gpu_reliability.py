@@ -596,9 +596,10 @@ time.sleep(float(os.environ.get("GPUOS_TEST_SECONDS", "8")))   # the workload's 
 stop.set()
 for t in threads: t.join(40)
 out["stuck"] = [t.name for t in threads if t.is_alive()]
+out["stats"] = {k: v for k, v in gpuos_ext.stats().items()
+                if k in ("worker_launches", "gated_launches", "batches", "flushes")}   # (shutdown resets them)
 if not out["stuck"]:
     gpuos_ext.shutdown()
-out["stats"] = {k: v for k, v in gpuos_ext.stats().items() if k in ("worker_launches", "batches", "flushes")}
 print("GPUOS_RESULT " + json.dumps(out), flush=True)
 os._exit(0)
 '''
