@@ -97,7 +97,10 @@ struct AminR {
 struct SoftmaxR : AmaxR {};
 struct LogSoftmaxR : AmaxR {};
 
-enum OpKind : u32 { kKindEw = 0, kKindReduce = 1 };
+// kind 2: matmul (device_src/matmul.h); its functor column names this tag (no per-element rule).
+struct MatmulK {};
+
+enum OpKind : u32 { kKindEw = 0, kKindReduce = 1, kKindMatmul = 2 };
 enum OpId : u32 {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) kOp_##name = id,
 #include "device_src/ops.def"

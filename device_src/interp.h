@@ -40,14 +40,14 @@ struct Program {
 static_assert(sizeof(Instr) == 16, "Instr layout");
 static_assert(sizeof(Program) == 16 + 16 * kProgMaxInstr, "Program layout");
 
-// Elementwise functors apply; reduction rules have no per-element form (never in a program).
+// Elementwise functors apply; reduction rules and the matmul have no per-element form (never in a program).
 template <class F, u32 Kind>
 struct EwCall {
-  static GPUOS_HD float call(float a, float b, float c, float s0, float s1) { return F::apply(a, b, c, s0, s1); }
+  static GPUOS_HD float call(float, float, float, float, float) { return m_nan(); }
 };
 template <class F>
-struct EwCall<F, kKindReduce> {
-  static GPUOS_HD float call(float, float, float, float, float) { return m_nan(); }
+struct EwCall<F, kKindEw> {
+  static GPUOS_HD float call(float a, float b, float c, float s0, float s1) { return F::apply(a, b, c, s0, s1); }
 };
 
 // The elementwise op `op` of the table, chosen at run time (the interpreter's dispatch).

@@ -423,6 +423,10 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
   __syncwarp();
 }
 
+}  // namespace gpuos
+#include "device_src/matmul.h"
+namespace gpuos {
+
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
                                            const Program* progs, i64 rd) {
   if (d.op == kOpFused) {
@@ -434,7 +438,8 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
-    else reduce_op<functor>(d, refs, lane);                             \
+    else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
+    else matmul_op(d, refs, lane);                                      \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP

@@ -27,12 +27,14 @@ EW_OPS = [
     "clamp_tensor",
 ]
 REDUCE_OPS = ["sum", "mean", "amax", "amin", "softmax", "log_softmax"]
-ALL_OPS = EW_OPS + REDUCE_OPS
+MATMUL_OPS = ["mm"]   # kind "matmul": gpuos.submit_matmul (device_src/matmul.h)
+ALL_OPS = EW_OPS + REDUCE_OPS + MATMUL_OPS
 
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
 ARITY = {op: 1 for op in ALL_OPS}
 ARITY.update({op: 2 for op in BINARY})
 ARITY["clamp_tensor"] = 3
+ARITY["mm"] = 3   # a, b and the optional bias
 
 #: scalar parameter names in table order, with the spec's defaults (None: the spec gives none)
 SCALARS = {
@@ -45,6 +47,7 @@ SCALARS = {
     "clamp": [("min", -INF), ("max", INF)],
     "clamp_min": [("min", None)],
     "clamp_max": [("max", None)],
+    "mm": [("alpha", 1.0), ("beta", 1.0)],
 }
 SCALAR_OPS = [op for op in EW_OPS if op in SCALARS]
 

@@ -13,7 +13,7 @@ HAS_GPU = torch.cuda.is_available()
 OPS = ["add", "sub", "mul", "div"]
 API_FUNCS = [
     "init", "submit_add", "submit_sub", "submit_mul", "submit_div", "submit_many", "flush",
-    "shutdown", "stats", "jit_compile", "nvrtc_version", "device_sources", "is_initialized",
+    "shutdown", "stats", "jit_compile", "submit_matmul", "nvrtc_version", "device_sources", "is_initialized",
 ]
 STATS_KEYS = ["submitted", "batches", "flushes", "worker_launches", "handovers", "jit_compiles",
               "cache_hits", "idle_adoptions", "burst_launches", "early_publishes"]
@@ -190,3 +190,13 @@ def test_hang_report_lists_threads_without_locks():
     lines = [ln for ln in rep.splitlines() if ln.strip().startswith("thread ")]
     assert rep.startswith("gpuos hang report") and len(lines) >= 2, rep
     assert any("syscall 202" in ln for ln in lines), rep   # the waiting thread sits in futex()
+
+
+def test_submit_matmul_rejects_cpu_tensors_and_non_tensors_by_name():
+    import gpuos
+    with pytest.raises(TypeError, match=r"submit_matmul: a must be a CUDA tensor.*\.cuda\(\)"):
+        gpuos.submit_matmul(torch.randn(2, 3), torch.randn(3, 4), torch.empty(2, 4))
+    with pytest.raises(TypeError, match="submit_matmul: argument 'bias' must be a torch.Tensor"):
+        gpuos.submit_matmul(torch.randn(2, 3), torch.randn(3, 4), torch.empty(2, 4), bias=3)
+    with pytest.raises(ValueError, match=r"'mm' is a matmul; use gpuos.submit_matmul"):
+        gpuos.submit("mm", [torch.randn(2, 3)], torch.empty(2, 4))

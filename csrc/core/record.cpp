@@ -188,6 +188,31 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   maybe_publish_early();
 }
 
+void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
+                            const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
+                            int64_t M, int64_t N, int64_t K, float alpha, float beta) {
+  if (M <= 0 || N <= 0) return;
+  if (N >= (int64_t(1) << 32))
+    throw std::invalid_argument("gpuos.submit_matmul: " + std::to_string(N) + " output columns (2^32 or more) are "
+                                "not supported; use torch.matmul for such a product.");
+  SubOp proto{};
+  proto.op = kOp_mm;
+  proto.flags = kFlagStrided | (bias ? 0u : (kFlagConst0 << 2));
+  proto.dtype = out.dtype | (a.dtype << 8) | (b.dtype << 16) | ((bias ? bias->dtype : out.dtype) << 24);
+  proto.scalar[0] = alpha;
+  proto.scalar[1] = beta;
+  const TensorRef refs[4] = {out_ref, a_ref, b_ref, bias ? *bias_ref : TensorRef{}};
+  Operand ins[3] = {a, b, Operand{}};
+  if (bias) ins[2] = *bias;
+  else ins[2].is_const = true;
+  // One warp per tile of columns: about 16K multiply-adds per row of a, in multiples of 4 columns (the vector
+  // path's pass), so a K = 4,096 weight streams 4 columns (32 KB of fp16) per warp.
+  const int64_t cols = std::min<int64_t>(256, std::max<int64_t>(4, (16384 / std::max<int64_t>(K, 1) + 3) / 4 * 4));
+  append_tiles(proto, (uint64_t)N, (uint64_t)cols, refs, bias ? 4 : 3, out, ins, 3);
+  st_.submitted++;
+  maybe_publish_early();
+}
+
 int32_t Runtime::program_id(const Program& p) {
   const int32_t id = intern_program(p);  // process-wide ids: a generation's tier-2 code names them
   if (id < 0) return -1;

@@ -115,6 +115,11 @@ class Runtime {
   // Record a last-dim reduction of x's `rows` rows; refs describe x (all dims) and out (see worker.cu).
   void record_reduce(uint32_t op, const Operand& out, const TensorRef& out_ref, const Operand& x,
                      const TensorRef& x_ref, int64_t rows, int64_t cols);
+  // Record out = alpha * a @ b + beta * bias (bias: null, else its M x N view), a: M x K, b: K x N; refs are the
+  // 2-D views the worker reads (device_src/matmul.h). Tiles split N.
+  void record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
+                     const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
+                     int64_t M, int64_t N, int64_t K, float alpha, float beta);
   // Record a fused chain: out = program(ins...) over `numel` elements. `fa` holds every operand's pointer,
   // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels.
   void record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,

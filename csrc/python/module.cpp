@@ -144,6 +144,17 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("yield_worker", [] {
     for (Runtime* r : runtimes()) r->request_yield();
   }, "Ask resident workers to exit as soon as nothing published is pending (before foreign heavy kernels).");
+  m.def(
+      "submit_matmul",
+      [](py::handle a, py::handle b, py::handle out, py::handle bias, float alpha, float beta) {
+        submit_matmul(a.ptr(), b.ptr(), out.ptr(), bias.ptr(), alpha, beta);
+      },
+      py::arg("a"), py::arg("b"), py::arg("out"), py::arg("bias") = py::none(), py::arg("alpha") = 1.0f,
+      py::arg("beta") = 1.0f,
+      "Record out = alpha * a @ b + beta * bias on the worker (a: M x K, b: K x N, out: M x N, bias None or "
+      "broadcast to out; float32 / float16 / bfloat16, one dtype, any strides; fp32 accumulation). Built for "
+      "skinny products (M <= 64: decode activations against a weight); b = w.t() of a Linear is the fast layout. "
+      "Runs at the next flush().");
   m.def("flush", &flush, py::arg("sync") = false, py::arg("stream") = py::none(),
         "Publish pending work on the current stream (stream-ordered, no host sync); sync=True also waits.");
   m.def("shutdown", &shutdown, "Complete pending work, stop the worker and free the queue. init() may follow.");
@@ -216,7 +227,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       for (auto& x : split(o.scalar_names, ',')) sn.append(x);
       for (auto& x : split(o.aten, '|')) aten.append(x);
       l.append(py::dict(py::arg("id") = i, py::arg("name") = o.name, py::arg("arity") = o.arity,
-                        py::arg("kind") = o.kind == kKindEw ? "ew" : "reduce", py::arg("functor") = o.functor,
+                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : "matmul", py::arg("functor") = o.functor,
                         py::arg("scalars") = sn, py::arg("defaults") = defaults, py::arg("aten") = aten));
     }
     return l;

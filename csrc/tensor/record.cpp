@@ -34,4 +34,19 @@ void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const 
   rt.record_reduce(op, operand(out), orf, operand(x), xr, rows, cols);
 }
 
+void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                           const at::Tensor& out, float alpha, float beta) {
+  const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
+  if (M == 0 || N == 0) return;
+  const TensorRef orf = make_ref(out, 2), arf = make_ref(a, 2), brf = make_ref(b, 2);
+  if (!bias.defined()) {
+    rt.record_matmul(operand(out), orf, operand(a), arf, operand(b), brf, nullptr, nullptr, M, N, K, alpha, beta);
+    return;
+  }
+  const at::Tensor c = bias.expand({M, N});
+  const Operand co = operand(c);
+  const TensorRef crf = make_ref(c, 2);
+  rt.record_matmul(operand(out), orf, operand(a), arf, operand(b), brf, &co, &crf, M, N, K, alpha, beta);
+}
+
 }  // namespace gpuos

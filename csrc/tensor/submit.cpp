@@ -134,7 +134,9 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
   const uint32_t op = submit_op(opobj, opname, user_info);
   const OpInfo& info = op < kNumOps ? kOps[op] : user_info;
   const std::string who = "gpuos.submit('" + opname + "')";
-  if (info.kind != 0)
+  if (info.kind == kKindMatmul)
+    throw py::value_error(who + ": '" + opname + "' is a matmul; use gpuos.submit_matmul(a, b, out, bias=None)");
+  if (info.kind != kKindEw)
     throw py::value_error(who + ": '" + opname + "' is a reduction; use gpuos.submit_reduce(op, x, out)");
   if (!PySequence_Check(inputs.ptr()) || PyUnicode_Check(inputs.ptr()))
     throw py::type_error(who + ": inputs must be a list or tuple of tensors / numbers");

@@ -1,4 +1,5 @@
-// csrc/tensor/submit.h -- the explicit API (gpuos_ext.submit_add/..., submit, submit_many, submit_reduce):
+// csrc/tensor/submit.h -- the explicit API (gpuos_ext.submit_add/..., submit, submit_many, submit_reduce,
+// submit_matmul):
 // argument checks with messages that name the op, shapes/dtypes and the fix, then the one recording path
 // (tensor/record.h). Nothing is recorded when a check fails.
 #pragma once
@@ -15,5 +16,7 @@ void submit_many(const std::string& opname, pybind11::handle a_list, pybind11::h
 void submit_generic(pybind11::handle op, pybind11::handle inputs, pybind11::handle out, pybind11::kwargs scalars);
 // A last-dim reduction of x into out.
 void submit_reduce(PyObject* op, PyObject* x, PyObject* out, bool keepdim);
+// out = alpha * a @ b + beta * bias (tensor/matmul.cpp): 2-D, one float dtype, bias None or broadcast to out.
+void submit_matmul(PyObject* a, PyObject* b, PyObject* out, PyObject* bias, float alpha, float beta);
 
 }  // namespace gpuos

@@ -1,0 +1,138 @@
+"""The worker's skinny matmul (issue #16): gpuos.submit_matmul against torch, on the GPU.
+
+Every dtype (f32 / f16 / bf16) x layout of b (the transposed weight of a Linear -- the vector path --, row-major,
+strided) x activation rows M in {1, 4, 16, 64} x sizes with remainders, with and without a bias (1-D, a row,
+a full M x N tensor) and alpha / beta; ordering with elementwise work of the same flush; argument errors.
+The reference is fp32 torch on the same (rounded) inputs, cast to the output dtype; the tolerance grows with
+sqrt(K) (fp32 accumulation in a different order) plus one rounding of the output dtype.
+"""
+
+import math
+
+import pytest
+import torch
+
+import gpuos
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def _b(layout, K, N, dtype, g):
+    """b (K x N) in the given layout: 'linear' is w.t() of an N x K weight (K-contiguous), 'rowmajor' a K x N
+    tensor, 'strided' a stepped slice of a wider tensor (neither dim contiguous)."""
+    if layout == "linear":
+        return torch.randn(N, K, generator=g, device=DEV).to(dtype).t()
+    if layout == "rowmajor":
+        return torch.randn(K, N, generator=g, device=DEV).to(dtype)
+    return torch.randn(2 * K, 2 * N, generator=g, device=DEV).to(dtype)[::2, ::2]
+
+
+def _check(out, a, b, bias=None, alpha=1.0, beta=1.0):
+    ref = alpha * (a.float() @ b.float())
+    if bias is not None:
+        ref = ref + beta * bias.float()
+    K = a.shape[1]
+    scale = (a.float().abs() @ b.float().abs()).max().item() + (0 if bias is None else bias.float().abs().max().item())
+    tol = 8 * math.sqrt(max(K, 1)) * 2.0 ** -23 * scale + 2 * EPS[out.dtype] * scale + 1e-6
+    err = (out.float() - ref.to(out.dtype).float()).abs().max().item()
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g} (out {tuple(out.shape)} {out.dtype}, K {K})"
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", ["linear", "rowmajor", "strided"])
+@pytest.mark.parametrize("M", [1, 4, 16, 64])
+@pytest.mark.parametrize("NK", [(256, 256), (1000, 1032), (33, 7)], ids=lambda v: f"N{v[0]}K{v[1]}")
+def test_matmul_matches_torch(rt, dtype, layout, M, NK):
+    N, K = NK
+    g = torch.Generator(device=DEV).manual_seed(M * 1000 + N + K)
+    dt = DTYPES[dtype]
+    a = torch.randn(M, K, generator=g, device=DEV).to(dt)
+    b = _b(layout, K, N, dt, g)
+    out = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
+    gpuos.submit_matmul(a, b, out)
+    gpuos.flush()
+    _check(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("bias_shape", ["n", "1n", "mn", "m1"])
+def test_matmul_bias_alpha_beta(rt, dtype, bias_shape):
+    M, N, K = 5, 96, 128
+    g = torch.Generator(device=DEV).manual_seed(7)
+    dt = DTYPES[dtype]
+    a = torch.randn(M, K, generator=g, device=DEV).to(dt)
+    w = torch.randn(N, K, generator=g, device=DEV).to(dt)
+    shape = {"n": (N,), "1n": (1, N), "mn": (M, N), "m1": (M, 1)}[bias_shape]
+    bias = torch.randn(*shape, generator=g, device=DEV).to(dt)
+    out = torch.empty(M, N, device=DEV, dtype=dt)
+    gpuos.submit_matmul(a, w.t(), out, bias=bias, alpha=0.5, beta=-2.0)
+    gpuos.flush()
+    _check(out, a, w.t(), bias, alpha=0.5, beta=-2.0)
+
+
+def test_matmul_non_contiguous_activations_and_output(rt):
+    g = torch.Generator(device=DEV).manual_seed(3)
+    a = torch.randn(64, 16, generator=g, device=DEV).t()          # 16 x 64, column-major
+    w = torch.randn(40, 64, generator=g, device=DEV)
+    big = torch.full((16, 80), 7.0, device=DEV)
+    out = big[:, ::2]                                               # 16 x 40, stepped
+    gpuos.submit_matmul(a, w.t(), out)
+    gpuos.flush()
+    _check(out, a, w.t())
+    assert torch.all(big[:, 1::2] == 7.0), "the gaps of a strided output were written"
+
+
+def test_matmul_ordered_with_elementwise_work_of_the_same_flush(rt):
+    """x = a + 1 (worker), y = x @ w.t() (worker, reads x), z = y * 2 (worker, reads y): one flush, levels."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    a = torch.randn(4, 512, generator=g, device=DEV, dtype=torch.float16)
+    w = torch.randn(384, 512, generator=g, device=DEV, dtype=torch.float16)
+    one = torch.ones_like(a)
+    x, y = torch.empty_like(a), torch.empty(4, 384, device=DEV, dtype=torch.float16)
+    z = torch.empty_like(y)
+    gpuos.submit_add(a, one, x)
+    gpuos.submit_matmul(x, w.t(), y)
+    gpuos.submit_mul(y, torch.full_like(y, 2.0), z)
+    gpuos.flush()
+    _check(y, a + 1, w.t())
+    torch.testing.assert_close(z, y * 2, rtol=0, atol=0)
+
+
+def test_matmul_empty_and_k0(rt):
+    a = torch.randn(3, 0, device=DEV)
+    b = torch.randn(0, 5, device=DEV)
+    out = torch.full((3, 5), float("nan"), device=DEV)
+    bias = torch.randn(5, device=DEV)
+    gpuos.submit_matmul(a, b, out, bias=bias, beta=2.0)   # an empty sum: out = beta * bias
+    gpuos.submit_matmul(torch.randn(0, 4, device=DEV), torch.randn(4, 5, device=DEV), torch.empty(0, 5, device=DEV))
+    gpuos.flush()
+    torch.testing.assert_close(out, (2.0 * bias).expand(3, 5))
+
+
+@pytest.mark.parametrize("case", ["dims", "chain", "dtype", "overlap", "bias", "expanded_out"])
+def test_matmul_argument_errors_name_the_problem(rt, case):
+    a = torch.randn(4, 8, device=DEV)
+    b = torch.randn(8, 6, device=DEV)
+    out = torch.empty(4, 6, device=DEV)
+    before = gpuos.stats()["submitted"]
+    if case == "dims":
+        exc, args, kw, words = ValueError, (a[None], b, out), {}, "2-D"
+    elif case == "chain":
+        exc, args, kw, words = ValueError, (a, torch.randn(7, 6, device=DEV), out), {}, "do not chain"
+    elif case == "dtype":
+        exc, args, kw, words = TypeError, (a.half(), b, out), {}, "one dtype"
+    elif case == "overlap":
+        sq = torch.randn(8, 8, device=DEV)
+        exc, args, kw, words = ValueError, (sq, sq, sq), {}, "overlaps"
+    elif case == "bias":
+        exc, args, kw, words = ValueError, (a, b, out), {"bias": torch.randn(5, device=DEV)}, "broadcast"
+    else:
+        exc, args, kw, words = ValueError, (a, b, torch.empty(1, 6, device=DEV).expand(4, 6)), {}, "stride-0"
+    with pytest.raises(exc, match=words) as ei:
+        gpuos.submit_matmul(*args, **kw)
+    assert "submit_matmul" in str(ei.value)
+    assert gpuos.stats()["submitted"] == before, "a rejected call recorded work"
