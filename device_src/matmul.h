@@ -121,7 +121,8 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
   g.out = (char*)ro.ptr;
   g.a = (const char*)ra.ptr;
   g.b = (const char*)rb.ptr;
-  g.bias = (d.flags & (kFlagConst0 << 2)) ? nullptr : (const char*)refs[3].ptr;
+  // beta == 0 ignores the bias (NaN / inf included), as torch.addmm does.
+  g.bias = (d.flags & (kFlagConst0 << 2)) || d.scalar[1] == 0.0f ? nullptr : (const char*)refs[3].ptr;
   g.M = ra.sizes[0];
   g.K = ra.sizes[1];
   g.as0 = ra.strides[0], g.as1 = ra.strides[1];

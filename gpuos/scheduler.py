@@ -355,6 +355,27 @@ def _reduce_handler(row, ov, conds):
     return handler
 
 
+def _matmul_handlers() -> dict:
+    """aten::mm / addmm as worker tasks (gpuos.set_worker_matmul): <= 64 activation rows; the rest, and every
+    product while the switch is off, run with cuBLAS (fallback reasons 'matmul_rows', 'matmul_off')."""
+    sched_matmul = _ext.sched_matmul
+
+    def mm(thr, args, kwargs):
+        if len(args) != 2 or kwargs:
+            return _UNSUPPORTED
+        return sched_matmul(args[0], args[1], None, 1.0, 1.0)
+
+    addmm_schema = _Schema(aten.addmm.default)
+
+    def addmm(thr, args, kwargs):
+        beta, alpha = addmm_schema.get(args, kwargs, "beta"), addmm_schema.get(args, kwargs, "alpha")
+        if not (_number(beta) and _number(alpha)) or len(args) < 3:
+            return _UNSUPPORTED
+        return sched_matmul(args[1], args[2], args[0], float(alpha), float(beta))
+
+    return {aten.mm.default: mm, aten.addmm.default: addmm}
+
+
 # sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)}; the Python
 # handler of each stays the definition of its behaviour.
 _FAST: dict = {}
@@ -412,6 +433,7 @@ def _resolve_aten(name: str):
 
 
 _BUILTIN_HANDLERS = _build_handlers()
+_BUILTIN_HANDLERS.update(_matmul_handlers())
 _HANDLERS = dict(_BUILTIN_HANDLERS)
 _USER_KEYS: set = set()
 

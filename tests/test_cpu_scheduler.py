@@ -203,12 +203,32 @@ def test_cpu_tensors_are_not_intercepted():
 
 
 def test_unsupported_op_is_counted():
-    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    a = torch.randn(3, 4)
     before = gpuos.stats()["fallbacks"].get("unsupported_op", 0)
     with gpuos.scheduler_context():
-        c = a @ b
+        c = torch.cumsum(a, 0)
     assert gpuos.stats()["fallbacks"].get("unsupported_op", 0) > before
-    assert torch.equal(c, a @ b)
+    assert torch.equal(c, torch.cumsum(a, 0))
+
+
+def test_matmul_falls_back_with_a_reason_that_names_the_switch():
+    """aten::mm / addmm have worker handlers: while set_worker_matmul is off they run with cuBLAS and say why
+    ('matmul_off'); on, a CPU product is still eager ('not_cuda')."""
+    a, b, bias = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    was = gpuos.worker_matmul_enabled()
+    try:
+        for on, reason in ((False, "matmul_off"), (True, "not_cuda")):
+            gpuos.set_worker_matmul(on)
+            assert gpuos.worker_matmul_enabled() is on
+            before = gpuos.stats()["fallbacks"].get(reason, 0)
+            with gpuos.scheduler_context():
+                c = torch.addmm(bias, a, b)
+                d = a @ b
+            assert gpuos.stats()["fallbacks"].get(reason, 0) >= before + 2, gpuos.stats()["fallbacks"]
+            torch.testing.assert_close(c, torch.addmm(bias, a, b))
+            torch.testing.assert_close(d, a @ b)
+    finally:
+        gpuos.set_worker_matmul(was)
 
 
 # ============================================================================ autograd

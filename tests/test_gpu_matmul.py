@@ -136,3 +136,45 @@ def test_matmul_argument_errors_name_the_problem(rt, case):
         gpuos.submit_matmul(*args, **kw)
     assert "submit_matmul" in str(ei.value)
     assert gpuos.stats()["submitted"] == before, "a rejected call recorded work"
+
+
+@pytest.fixture
+def worker_matmul():
+    was = gpuos.worker_matmul_enabled()
+    gpuos.set_worker_matmul(True)
+    yield
+    gpuos.set_worker_matmul(was)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("rows", [(1,), (4,), (1, 1), (2, 3)], ids=lambda r: "x".join(map(str, r)))
+def test_linear_chain_under_the_scheduler_runs_in_the_worker(rt, worker_matmul, dtype, rows):
+    """linear -> gelu -> linear (+ residual) of a decode-sized batch under scheduler_context: aten::mm / addmm are
+    recorded (no matmul fallback), the result matches eager."""
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(5)
+    x = torch.randn(*rows, 256, generator=g, device=DEV).to(dt)
+    w1, b1 = torch.randn(512, 256, generator=g, device=DEV).to(dt) / 16, torch.randn(512, generator=g, device=DEV).to(dt)
+    w2 = torch.randn(256, 512, generator=g, device=DEV).to(dt) / 22
+
+    def f(x):
+        h = torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1))
+        return x + torch.nn.functional.linear(h, w2)
+
+    ref = f(x)
+    fb0 = dict(gpuos.stats()["fallback_ops"])
+    with torch.no_grad(), gpuos.scheduler_context():
+        y = f(x)
+    fb = {k: v - fb0.get(k, 0) for k, v in gpuos.stats()["fallback_ops"].items() if v - fb0.get(k, 0)}
+    assert not any("mm" in k for k in fb), fb
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
+    torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_more_rows_than_the_worker_takes_stay_with_cublas(rt, worker_matmul):
+    a, w = torch.randn(65, 128, device=DEV), torch.randn(64, 128, device=DEV)
+    before = gpuos.stats()["fallbacks"].get("matmul_rows", 0)
+    with torch.no_grad(), gpuos.scheduler_context():
+        y = a @ w.t()
+    assert gpuos.stats()["fallbacks"].get("matmul_rows", 0) == before + 1
+    torch.testing.assert_close(y, a @ w.t())

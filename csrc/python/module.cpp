@@ -104,6 +104,8 @@ PyMethodDef kFastMethods[] = {
      "sched_function(front, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_function__ front (bound "
      "to its TorchFunctionMode): records plain functional elementwise calls (sched_set_front) when a GpuosScheduler "
      "is the innermost dispatch mode and nothing else could see the op first; calls func(*args, **kwargs) otherwise."},
+    {"sched_matmul", (PyCFunction)(void (*)(void))sched_matmul, METH_FASTCALL,
+     "sched_matmul(a, b, bias, alpha, beta) -> Tensor | int: a deferred skinny matmul (aten::mm / addmm)."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -254,6 +256,10 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });
+  m.def("set_worker_matmul", [](bool on) { g_worker_matmul = on; }, py::arg("enabled"),
+        "Record aten::mm / addmm with <= 64 activation rows as worker tasks under scheduler_context (default: "
+        "off, or GPUOS_WORKER_MATMUL=1). Off, they run with cuBLAS (fallback reason 'matmul_off').");
+  m.def("worker_matmul_enabled", [] { return g_worker_matmul; });
   m.def("set_specialize_after", &set_specialize_after, py::arg("uses"),
         "Tier 2: a fused-chain program run this many times gets straight-line code in a later generation "
         "(compiled in the background; 0 = never). Default 64, or GPUOS_SPECIALIZE_AFTER.");

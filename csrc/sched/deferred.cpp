@@ -1,6 +1,8 @@
 // csrc/sched/deferred.cpp -- see deferred.h.
 #include "sched/deferred.h"
 
+#include <cstdlib>
+
 namespace gpuos {
 namespace {
 Deferred g_def[kMaxDevices];
@@ -8,6 +10,10 @@ Deferred g_def[kMaxDevices];
 
 SchedStats g_sched;
 bool g_fusion = true;
+bool g_worker_matmul = [] {
+  const char* v = std::getenv("GPUOS_WORKER_MATMUL");
+  return v != nullptr && v[0] == '1';
+}();
 
 Deferred& deferred_of(int dev) { return g_def[dev]; }
 

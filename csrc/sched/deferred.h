@@ -18,7 +18,8 @@ namespace gpuos {
 
 // Why an op runs eagerly (Python reads the names through gpuos_ext.sched_reasons()).
 #define GPUOS_SCHED_REASONS(X) \
-  X(1, not_cuda) X(2, layout) X(3, dtype) X(4, size) X(5, autograd) X(6, unsupported_args) X(7, device)
+  X(1, not_cuda) X(2, layout) X(3, dtype) X(4, size) X(5, autograd) X(6, unsupported_args) X(7, device)     \
+  X(8, matmul_off) X(9, matmul_rows)
 enum SchedReason : int {
 #define GPUOS_REASON(n, name) kR_##name = n,
   GPUOS_SCHED_REASONS(GPUOS_REASON)
@@ -30,6 +31,7 @@ enum SchedMode : int { kModeFunctional = 0, kModeInplace = 1, kModeOut = 2 };
 struct DeferredOp {
   uint32_t op = 0, nin = 0;
   bool reduce = false, keepdim = false, fresh = false;  // fresh: out was allocated by the scheduler
+  bool matmul = false;  // out = s0 * in[0] @ in[1] + s1 * in[2] (in[2] undefined: no bias); never fused
   float s0 = 0.f, s1 = 0.f;
   at::Tensor out;
   at::Tensor in[3];  // undefined: constant cv[k]
@@ -60,6 +62,10 @@ struct SchedStats {
 };
 extern SchedStats g_sched;
 extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
+// aten::mm / addmm with at most kWorkerMatmulMaxRows activation rows run as worker tasks (gpuos.set_worker_matmul;
+// off by default until the worker matmul is verified on a GPU: env GPUOS_WORKER_MATMUL=1 turns it on).
+extern bool g_worker_matmul;
+constexpr int64_t kWorkerMatmulMaxRows = 64;
 
 // Does Python still see the tensor (sched/lower.cpp)? True when its only references are `ours` (plus the
 // preserved Python object, whose own refcount is then 1). calibrate_liveness() first, once.

@@ -214,4 +214,72 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
+// sched_matmul(a, b, bias, alpha, beta) -> Tensor | int (reason): out = alpha * a @ b + beta * bias (bias None:
+// aten::mm), a 2-D with at most kWorkerMatmulMaxRows rows. Larger products stay with cuBLAS.
+PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 5) throw py::type_error("sched_matmul takes 5 arguments");
+    if (!g_worker_matmul) return reason(kR_matmul_off);
+    PyObject *pa = args[0], *pb = args[1], *pc = args[2];
+    const double alpha = PyFloat_AsDouble(args[3]), beta = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return nullptr;
+    const bool has_bias = pc != Py_None;
+    if (!THPVariable_Check(pa) || !THPVariable_Check(pb) || (has_bias && !THPVariable_Check(pc)))
+      return reason(kR_unsupported_args);
+    const at::Tensor& a = THPVariable_Unpack(pa);
+    const at::Tensor& b = THPVariable_Unpack(pb);
+    at::Tensor bias;
+    if (has_bias) bias = THPVariable_Unpack(pc);
+    for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias}) {
+      if (!t->defined()) continue;
+      if (!t->is_cuda()) return reason(kR_not_cuda);
+      if (t->layout() != at::kStrided) return reason(kR_layout);
+      if (t->scalar_type() != a.scalar_type() || dtype_code(t->scalar_type()) < 0) return reason(kR_dtype);
+      if (t->get_device() != a.get_device()) return reason(kR_device);
+      if (at::GradMode::is_enabled() && t->requires_grad()) return reason(kR_autograd);
+    }
+    if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0)) return reason(kR_unsupported_args);
+    const int64_t M = a.size(0), N = b.size(1);
+    if (M > kWorkerMatmulMaxRows) return reason(kR_matmul_rows);
+    if (has_bias) {
+      const int64_t bd = bias.dim();
+      bool ok = bd >= 1 && bd <= 2;
+      for (int64_t i = 0; ok && i < bd; ++i) {
+        const int64_t want = i + 2 - bd == 0 ? M : N, got = bias.size(i);
+        ok = got == want || got == 1;
+      }
+      if (!ok) return reason(kR_unsupported_args);
+    }
+    at::Tensor out = empty_like_device(a, {M, N}, a.scalar_type());
+    const int dev = a.get_device();
+    Runtime& rt = runtime_for(dev);
+    CUstream s = current_stream(dev);
+    {
+      RtLock lk(rt);
+      Deferred& D = deferred_of(dev);
+      DeferredOp& d = defer(dev, rt, s);
+      d.op = kOp_mm;
+      d.nin = 3;
+      d.matmul = true;
+      d.fresh = true;
+      d.s0 = (float)alpha;
+      d.s1 = (float)beta;
+      d.out = out;
+      d.in[0] = a;
+      d.in[1] = b;
+      if (has_bias) d.in[2] = bias;
+      Access reads[3];
+      uint32_t nr = 0;
+      for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias})
+        if (t->defined()) reads[nr++] = Access{(uintptr_t)storage_of(*t), 0, 0};
+      D.touched.note({(uintptr_t)storage_of(out), 0, 0}, reads, nr, 1);
+      note_deferred(dev, rt);
+    }
+    return THPVariable_Wrap(std::move(out));
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
 }  // namespace gpuos

@@ -13,5 +13,7 @@ PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* 
 // METH_FASTCALL entry points of gpuos/scheduler.py's handlers.
 PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+// sched_matmul(a, b, bias, alpha, beta): aten::mm / addmm as a worker task (sched/deferred.h g_worker_matmul).
+PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace gpuos
