@@ -47,9 +47,10 @@ exit 0
 fi
 if [ "$MODE" != tests ]; then
 # BENCHES: which benchmarks/bench_<name>.py to run (default: all of them), each with its own time limit.
-for b in ${BENCHES:-microbatch reduce scheduler fusion injection models}; do
+for b in ${BENCHES:-microbatch reduce scheduler fusion injection models matmul}; do
   case $b in microbatch) lim=240; args="--reps 10 --plain" ;; reduce) lim=100; args=--plain ;;
     models) lim=420; args="--progress plain" ;;  # W7: HF GPT-2 / Llama decode (GPUOS_BENCH_MODELS picks labels)
+    matmul) lim=200; args= ;;  # worker skinny matmul vs cuBLAS (issue #16)
     scheduler) lim=150; args=--plain ;; *) lim=120; args= ;; esac
   [ -f benchmarks/bench_$b.py ] || continue
   timeout $lim python3 benchmarks/bench_$b.py $args > "$OUT/bench_$b.log" 2>&1; echo "bench_$b rc=$?"; tail -14 "$OUT/bench_$b.log"

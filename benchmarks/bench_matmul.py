@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Worker skinny matmul vs cuBLAS (issue #16 microbenchmark): GPU time per product, and the bandwidth it reaches.
+
+    python benchmarks/bench_matmul.py                # M 1,4,16,64 x N=K 1024,4096 x fp16,bf16
+    python benchmarks/bench_matmul.py --quick        # M 1,16 x N=K 1024 x fp16
+
+For each (M, N=K, dtype), L distinct weights W_i (N x K, the layout of nn.Linear; L sized so the weights exceed
+the L2 cache) and two patterns, each timed with CUDA events around the whole sequence (median of reps):
+    independent  y_i = x @ W_i.t() for every i: cuBLAS runs them in turn; the worker gets them as one flush
+                 (one level: its warps run them concurrently)
+    chain        x_{i+1} = x_i @ W_i.t(): every product depends on the previous one (levels), as in a model
+Configs: cublas (torch.mm with out=, what eager runs), gpuos_worker (gpuos.submit_matmul + one flush).
+Rows (BENCH_SCHEMA.md, workload "MM"): per-product GPU µs ("value", unit "us"), the weights' bytes per second
+("gbps" field), and a "copy" row per size: a device-to-device copy of the same bytes (the HBM reference).
+Goal (issue #16): worker at M = 1 reads weights at >= 70 % of the copy's rate, and at M <= 16 takes <= 1.2x
+cuBLAS's time. Results: benchmarks/results/matmul.json. Without a CUDA GPU: message, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    import _rootpath  # noqa: F401
+from benchmarks import harness as H
+
+NAME = "matmul"
+WORKLOAD = "MM"
+
+
+def _events_ms(fn, reps: int) -> float:
+    import torch
+    times = []
+    for i in range(reps + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        if i >= 2:
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
+    import torch
+    import gpuos
+    dev = "cuda"
+    esz = torch.tensor([], dtype=dtype).element_size()
+    L = max(4, min(64, (256 << 20) // (NK * NK * esz)))   # >= 256 MiB of weights: past the L2 cache
+    ws = [torch.randn(NK, NK, device=dev, dtype=dtype) / NK ** 0.5 for _ in range(L)]
+    x = torch.randn(M, NK, device=dev, dtype=dtype)
+    outs = [torch.empty(M, NK, device=dev, dtype=dtype) for _ in range(L)]
+    size = f"M{M}-N{NK}-K{NK}-{str(dtype).split('.')[-1]}"
+    wbytes = L * NK * NK * esz
+
+    def cublas_ind():
+        for w, o in zip(ws, outs):
+            torch.mm(x, w.t(), out=o)
+
+    def worker_ind():
+        for w, o in zip(ws, outs):
+            gpuos.submit_matmul(x, w.t(), o)
+        gpuos.flush()
+
+    def cublas_chain():
+        cur = x
+        for w, o in zip(ws, outs):
+            torch.mm(cur, w.t(), out=o)
+            cur = o
+
+    def worker_chain():
+        cur = x
+        for w, o in zip(ws, outs):
+            gpuos.submit_matmul(cur, w.t(), o)
+            cur = o
+        gpuos.flush()
+
+    # correctness first: the worker's independent products against cuBLAS's
+    cublas_ind()
+    ref = [o.clone() for o in outs]
+    for o in outs:
+        o.fill_(float("nan"))
+    worker_ind()
+    torch.cuda.synchronize()
+    correct = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=2e-2) for o, r in zip(outs, ref))
+    src = torch.empty(wbytes // esz, device=dev, dtype=dtype)
+    dst = torch.empty_like(src)
+    copy_ms = _events_ms(lambda: dst.copy_(src), reps)
+    copy_gbps = wbytes / (copy_ms * 1e-3) / 1e9
+    rows.append(H.value_row(WORKLOAD, "copy", copy_ms * 1e3 / L, "us", size=size) | {"gbps": round(copy_gbps, 1)})
+    for pattern, fns in (("independent", (cublas_ind, worker_ind)), ("chain", (cublas_chain, worker_chain))):
+        for config, fn in zip(("cublas", "gpuos_worker"), fns):
+            ms = _events_ms(fn, reps)
+            gbps = wbytes / (ms * 1e-3) / 1e9
+            rows.append(H.value_row(WORKLOAD, config, ms * 1e3 / L, "us", size=f"{size}-{pattern}")
+                        | {"gbps": round(gbps, 1), "of_copy": round(gbps / copy_gbps, 3), "products": L,
+                           "correct": correct})
+    print(f"{size}: copy {copy_gbps:.0f} GB/s; " + "; ".join(
+        f"{r['config']} {r['size'].rsplit('-', 1)[-1]} {r['value']:.2f} us ({r['of_copy']:.0%} of copy)"
+        for r in rows[-4:]), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=10)
+    a = p.parse_args(argv)
+    if H.skip_without_cuda("bench_matmul.py"):
+        return 0
+    import torch
+    import gpuos
+    gpuos.init()
+    meta = H.env_metadata(NAME)
+    print(H.env_line(meta), flush=True)
+    rows: list = []
+    ms = [1, 16] if a.quick else [1, 4, 16, 64]
+    nks = [1024] if a.quick else [1024, 4096]
+    dts = [torch.float16] if a.quick else [torch.float16, torch.bfloat16]
+    for dt in dts:
+        for nk in nks:
+            for m in ms:
+                try:
+                    run_size(m, nk, dt, a.reps, rows)
+                except Exception as e:  # noqa: BLE001 -- a row that says why, never an aborted run
+                    rows.append({"workload": WORKLOAD, "size": f"M{m}-N{nk}-{dt}", "config": "gpuos_worker",
+                                 "error": H.format_exc(e)})
+                H.release_memory()
+    path = H.write_results(NAME, meta, rows)
+    print(f"results written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
