@@ -45,6 +45,7 @@ GPUOS_EW(MaximumF, max_nan(a, b))
 GPUOS_EW(MinimumF, min_nan(a, b))
 GPUOS_EW(PowF, m_pow(a, b))
 GPUOS_EW(NegF, -a)
+GPUOS_EW(CopyF, a)  // copy / cast: the conversion is the load and the store
 GPUOS_EW(ReciprocalF, 1.0f / a)
 GPUOS_EW(AbsF, m_abs(a))
 GPUOS_EW(ReluF, a <= 0.0f ? 0.0f : a)  // NaN stays NaN

@@ -355,6 +355,36 @@ def _reduce_handler(row, ov, conds):
     return handler
 
 
+def _cast_handlers() -> dict:
+    """aten::_to_copy (x.to(dtype), .float(), .half()) and copy_ as the table's `copy` op: a cast when the
+    dtypes differ. Device moves, layouts, pinned memory and non-blocking copies stay eager."""
+    sched_cast = _ext.sched_cast
+    keep = {"layout": (None, torch.strided), "pin_memory": (None, False), "non_blocking": (False,),
+            "memory_format": (None, torch.preserve_format)}
+
+    def to_copy(thr, args, kwargs):
+        x = args[0] if len(args) == 1 else None
+        if not isinstance(x, torch.Tensor):
+            return _UNSUPPORTED
+        for k, v in kwargs.items():
+            if k == "device":
+                if v is not None and torch.device(v) != x.device:
+                    return _UNSUPPORTED
+            elif k != "dtype" and v not in keep.get(k, ()):
+                return _UNSUPPORTED
+        return sched_cast(x, kwargs.get("dtype") or x.dtype, None, thr)
+
+    def copy_(thr, args, kwargs):
+        if not 2 <= len(args) <= 3 or (len(args) == 3 and args[2]) or kwargs.get("non_blocking"):
+            return _UNSUPPORTED
+        dst, src = args[0], args[1]
+        if not isinstance(dst, torch.Tensor) or not isinstance(src, torch.Tensor):
+            return _UNSUPPORTED
+        return sched_cast(src, dst.dtype, dst, thr)
+
+    return {aten._to_copy.default: to_copy, aten.copy_.default: copy_}
+
+
 def _matmul_handlers() -> dict:
     """aten::mm / addmm as worker tasks (gpuos.set_worker_matmul): <= 64 activation rows; the rest, and every
     product while the switch is off, run with cuBLAS (fallback reasons 'matmul_rows', 'matmul_off')."""
@@ -434,6 +464,7 @@ def _resolve_aten(name: str):
 
 _BUILTIN_HANDLERS = _build_handlers()
 _BUILTIN_HANDLERS.update(_matmul_handlers())
+_BUILTIN_HANDLERS.update(_cast_handlers())
 _HANDLERS = dict(_BUILTIN_HANDLERS)
 _USER_KEYS: set = set()
 

@@ -25,6 +25,7 @@ EW_OPS = [
     "gelu", "gelu_tanh",
     "leaky_relu", "hardtanh", "elu", "softplus", "clamp", "clamp_min", "clamp_max",
     "clamp_tensor",
+    "copy",
 ]
 REDUCE_OPS = ["sum", "mean", "amax", "amin", "softmax", "log_softmax"]
 MATMUL_OPS = ["mm"]   # kind "matmul": gpuos.submit_matmul (device_src/matmul.h)
@@ -125,7 +126,7 @@ def _first_tensor(xs):
 
 
 _UNARY_REF = {
-    "neg": torch.neg, "reciprocal": torch.reciprocal, "abs": torch.abs, "relu": torch.relu,
+    "neg": torch.neg, "copy": torch.clone, "reciprocal": torch.reciprocal, "abs": torch.abs, "relu": torch.relu,
     "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "erf": torch.erf, "silu": F.silu,
     "hardsigmoid": F.hardsigmoid, "hardswish": F.hardswish, "gelu": F.gelu,
@@ -234,7 +235,7 @@ SCALAR_OPERAND_OPS = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 #: bit-identical to torch's fp32 result rounded (to nearest even) to the output dtype
 #: (not sqrt: torch's CPU sqrt is not correctly rounded)
 EXACT = ["add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "relu", "reciprocal",
-         "hardtanh", "clamp", "clamp_min", "clamp_max", "clamp_tensor"]
+         "hardtanh", "clamp", "clamp_min", "clamp_max", "clamp_tensor", "copy"]
 
 #: single library calls; fp32 allows some ulps of libm / CUDA math error
 TRANSCENDENTAL = {"sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "erf"}

@@ -630,3 +630,18 @@ def test_reasons_and_modes_come_from_the_extension():
     assert sched._MODES == {"functional": 0, "inplace": 1, "out": 2}
     lim = gpuos_ext.limits()
     assert lim["program_bytes"] == 16 + lim["prog_max_instr"] * 16
+
+
+def test_casts_and_copies_have_handlers():
+    """aten::_to_copy and copy_ reach the scheduler's cast handler (here on the CPU: 'not_cuda'); a device move
+    is refused before that ('unsupported_args')."""
+    a, dst = torch.randn(3, 4), torch.empty(3, 4, dtype=torch.float16)
+    before = dict(gpuos.stats()["fallbacks"])
+    with gpuos.scheduler_context():
+        h = a.half()
+        dst.copy_(a)
+        m = a.to("meta")
+    after = gpuos.stats()["fallbacks"]
+    assert after.get("not_cuda", 0) - before.get("not_cuda", 0) >= 2, after
+    assert after.get("unsupported_args", 0) - before.get("unsupported_args", 0) >= 1, after
+    assert torch.equal(h, a.half()) and torch.equal(dst, a.half()) and m.device.type == "meta"

@@ -104,6 +104,8 @@ PyMethodDef kFastMethods[] = {
      "sched_function(front, func, types, args=(), kwargs=None)\n\nThe scheduler's __torch_function__ front (bound "
      "to its TorchFunctionMode): records plain functional elementwise calls (sched_set_front) when a GpuosScheduler "
      "is the innermost dispatch mode and nothing else could see the op first; calls func(*args, **kwargs) otherwise."},
+    {"sched_cast", (PyCFunction)(void (*)(void))sched_cast, METH_FASTCALL,
+     "sched_cast(x, dtype, out, size_threshold) -> Tensor | int: a deferred copy / cast (aten::_to_copy, copy_)."},
     {"sched_matmul", (PyCFunction)(void (*)(void))sched_matmul, METH_FASTCALL,
      "sched_matmul(a, b, bias, alpha, beta) -> Tensor | int: a deferred skinny matmul (aten::mm / addmm)."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,

@@ -1,6 +1,8 @@
 // csrc/sched/record.cpp -- see record.h.
 #include "sched/record.h"
 
+#include <torch/csrc/Dtype.h>
+
 #include "inject/registry.h"
 #include "ops/op_table.h"
 #include "sched/deferred.h"
@@ -11,7 +13,7 @@
 namespace gpuos {
 
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
-                          float s1, int64_t thr) {
+                          float s1, int64_t thr, int cast_to) {
   try {
     const bool grad = at::GradMode::is_enabled();
     calibrate_liveness();
@@ -75,13 +77,15 @@ PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* 
       int64_t numel = 1;
       for (int64_t s : shape) numel *= s;
       if (numel > thr) return reason(kR_size);
+      if (cast_to >= 0) dt = (at::ScalarType)cast_to;
       out = empty_like_device(t0, shape, dt);
     } else {
       PyObject* o = mode == kModeInplace ? ins[0] : pout;
       if (!o || !THPVariable_Check(o)) return reason(kR_unsupported_args);
       const at::Tensor& ot = THPVariable_Unpack(o);
       if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return reason(kR_device);
-      if (ot.scalar_type() != dt || ot.sizes() != shape) return reason(kR_unsupported_args);
+      if ((ot.scalar_type() != dt && cast_to < 0) || ot.sizes() != shape) return reason(kR_unsupported_args);
+      if (dtype_code(ot.scalar_type()) < 0) return reason(kR_dtype);
       if (!ot.is_contiguous() && has_internal_overlap(ot)) return reason(kR_unsupported_args);
       for (uint32_t k = 0; k < nin; ++k)
         if (ts[k] && partially_overlaps(ot, *ts[k])) return reason(kR_unsupported_args);
@@ -208,6 +212,23 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       note_deferred(dev, rt);
     }
     return THPVariable_Wrap(std::move(out));
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 4) throw py::type_error("sched_cast takes 4 arguments");
+    if (!THPDtype_Check(args[1])) return reason(kR_unsupported_args);
+    const at::ScalarType st = ((THPDtype*)args[1])->scalar_type;
+    if (dtype_code(st) < 0) return reason(kR_dtype);
+    const int64_t thr = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return nullptr;
+    const bool out = args[2] != Py_None;
+    return sched_ew_record(kOp_copy, 1, out ? kModeOut : kModeFunctional, &args[0], out ? args[2] : nullptr, 0.f,
+                           0.f, thr, (int)st);
   } catch (...) {
     set_python_error();
     return nullptr;

@@ -7,12 +7,15 @@ namespace gpuos {
 
 inline PyObject* reason(int r) { return PyLong_FromLong(r); }
 // Elementwise op `op` (nin operands: tensors or numbers) in `mode` (SchedMode); pout: the out= tensor.
+// cast_to >= 0 (op copy): the output's dtype (functional), or any float out dtype is accepted (out / in place).
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
-                          float s1, int64_t thr);
+                          float s1, int64_t thr, int cast_to = -1);
 // sched_ew(op, mode, inputs, out, s0, s1, size_threshold) and sched_reduce(op, x, keepdim, size_threshold):
 // METH_FASTCALL entry points of gpuos/scheduler.py's handlers.
 PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+// sched_cast(x, dtype, out | None, size_threshold): aten::_to_copy (functional) / copy_ (out = self) as op copy.
+PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 // sched_matmul(a, b, bias, alpha, beta): aten::mm / addmm as a worker task (sched/deferred.h g_worker_matmul).
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 

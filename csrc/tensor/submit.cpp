@@ -185,7 +185,7 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
   for (auto& t : tens)
     if (!any_dimensioned || t.dim() > 0)
       promoted = promoted ? c10::promoteTypes(*promoted, t.scalar_type()) : t.scalar_type();
-  if (promoted && *promoted != out.scalar_type()) {
+  if (promoted && *promoted != out.scalar_type() && op != kOp_copy) {  // copy casts to out's dtype
     std::string got;
     for (auto& t : tens) got += (got.empty() ? "" : ", ") + dtype_str(t);
     throw py::type_error(who + ": out dtype " + dtype_str(out) + " is not the promoted dtype of the inputs (" + got +

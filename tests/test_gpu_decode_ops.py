@@ -1,0 +1,68 @@
+"""Decode-step ops beyond the elementwise table (issue #16) under scheduler_context, on the GPU: casts
+(aten::_to_copy: .float() / .half() / .to(dtype)) and copy_ (cache writes, casting copies), recorded as the
+table's `copy` op and fused with their neighbours; the hand-written RMSNorm of HF Llama.
+"""
+
+import pytest
+import torch
+
+import gpuos
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+
+
+def _fallback_ops():
+    return dict(gpuos.stats()["fallback_ops"])
+
+
+def _new_fallbacks(before):
+    return {k: v - before.get(k, 0) for k, v in gpuos.stats()["fallback_ops"].items() if v - before.get(k, 0)}
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float16, torch.float32), (torch.float32, torch.bfloat16),
+                                     (torch.bfloat16, torch.float16), (torch.float32, torch.float32)])
+def test_casts_are_recorded_and_exact(rt, src, dst):
+    x = (torch.randn(3, 257, device=DEV) * 100).to(src)
+    before = _fallback_ops()
+    with torch.no_grad(), gpuos.scheduler_context():
+        y = x.to(dst)
+        z = (x.float() * 2).to(dst)
+    assert not any("copy" in k for k in _new_fallbacks(before)), _new_fallbacks(before)
+    assert y.dtype == dst and torch.equal(y, x.to(dst))
+    assert torch.equal(z, (x.float() * 2).to(dst))
+
+
+def test_copy_into_a_cache_slice_and_casting_copy(rt):
+    cache = torch.zeros(2, 8, 16, 64, device=DEV, dtype=torch.float16)
+    k = torch.randn(2, 8, 1, 64, device=DEV, dtype=torch.float32)
+    before = _fallback_ops()
+    with torch.no_grad(), gpuos.scheduler_context():
+        cache[:, :, 5:6].copy_(k)            # a cast into a strided slice
+        v = torch.empty(2, 8, 1, 64, device=DEV, dtype=torch.float16)
+        v.copy_(cache[:, :, 5:6] * 3)
+    assert not any("copy" in k_ for k_ in _new_fallbacks(before)), _new_fallbacks(before)
+    ref = torch.zeros_like(cache)
+    ref[:, :, 5:6] = k.half()
+    assert torch.equal(cache, ref)
+    assert torch.equal(v, ref[:, :, 5:6] * 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_hf_llama_rmsnorm_pattern(rt, dtype):
+    """LlamaRMSNorm.forward: to(float32), pow(2).mean(-1, keepdim), * rsqrt(var + eps), weight * to(dtype)."""
+    x = torch.randn(1, 1, 4096, device=DEV, dtype=dtype)
+    w = torch.randn(4096, device=DEV, dtype=dtype)
+
+    def rmsnorm(h):
+        h32 = h.to(torch.float32)
+        var = h32.pow(2).mean(-1, keepdim=True)
+        return w * (h32 * torch.rsqrt(var + 1e-6)).to(dtype)
+
+    ref = rmsnorm(x)
+    before = _fallback_ops()
+    with torch.no_grad(), gpuos.scheduler_context():
+        y = rmsnorm(x)
+    assert _new_fallbacks(before) == {}, _new_fallbacks(before)
+    torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)
