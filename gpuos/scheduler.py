@@ -386,8 +386,9 @@ def _cast_handlers() -> dict:
 
 
 def _matmul_handlers() -> dict:
-    """aten::mm / addmm as worker tasks (gpuos.set_worker_matmul): <= 64 activation rows; the rest, and every
-    product while the switch is off, run with cuBLAS (fallback reasons 'matmul_rows', 'matmul_off')."""
+    """aten::mm / addmm / bmm / baddbmm as worker tasks (gpuos.set_worker_matmul): <= 64 activation rows; the
+    rest, and every product while the switch is off, run with cuBLAS (fallback reasons 'matmul_rows',
+    'matmul_off')."""
     sched_matmul = _ext.sched_matmul
 
     def mm(thr, args, kwargs):
@@ -403,7 +404,16 @@ def _matmul_handlers() -> dict:
             return _UNSUPPORTED
         return sched_matmul(args[1], args[2], args[0], float(alpha), float(beta))
 
-    return {aten.mm.default: mm, aten.addmm.default: addmm}
+    baddbmm_schema = _Schema(aten.baddbmm.default)
+
+    def baddbmm(thr, args, kwargs):
+        beta, alpha = baddbmm_schema.get(args, kwargs, "beta"), baddbmm_schema.get(args, kwargs, "alpha")
+        if not (_number(beta) and _number(alpha)) or len(args) < 3:
+            return _UNSUPPORTED
+        return sched_matmul(args[1], args[2], args[0], float(alpha), float(beta))
+
+    # bmm / baddbmm: eager attention's q @ k^T and probs @ v at decode (M = the query length).
+    return {aten.mm.default: mm, aten.addmm.default: addmm, aten.bmm.default: mm, aten.baddbmm.default: baddbmm}
 
 
 # sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)}; the Python

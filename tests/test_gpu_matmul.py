@@ -178,3 +178,34 @@ def test_more_rows_than_the_worker_takes_stay_with_cublas(rt, worker_matmul):
         y = a @ w.t()
     assert gpuos.stats()["fallbacks"].get("matmul_rows", 0) == before + 1
     torch.testing.assert_close(y, a @ w.t())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_eager_attention_pattern_bmm_under_the_scheduler(rt, worker_matmul, dtype, q_len):
+    """GPT-2's eager attention at decode: softmax(q @ k^T * scale + mask) @ v over 12 heads -> aten::bmm twice
+    (q @ k^T: the K-contiguous path; probs @ v: the row-major path), baddbmm with a mask; same as eager."""
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(q_len)
+    B, H, L, D = 1, 12, 37, 64
+    q = torch.randn(B, H, q_len, D, generator=g, device=DEV).to(dt)
+    k = torch.randn(B, H, L, D, generator=g, device=DEV).to(dt)
+    v = torch.randn(B, H, L, D, generator=g, device=DEV).to(dt)
+    mask = torch.randn(B * H, q_len, L, generator=g, device=DEV).to(dt)
+
+    def attn(q, k, v):
+        s = torch.matmul(q, k.transpose(-1, -2)) / D ** 0.5
+        p = torch.softmax(s.float(), -1).to(dt)
+        o1 = torch.matmul(p, v)
+        s2 = torch.baddbmm(mask, q.reshape(B * H, q_len, D), k.reshape(B * H, L, D).transpose(1, 2), alpha=0.125)
+        return o1, s2
+
+    ref = attn(q, k, v)
+    fb0 = dict(gpuos.stats()["fallback_ops"])
+    with torch.no_grad(), gpuos.scheduler_context():
+        got = attn(q, k, v)
+    fb = {k_: n - fb0.get(k_, 0) for k_, n in gpuos.stats()["fallback_ops"].items() if n - fb0.get(k_, 0)}
+    assert not any("bmm" in k_ for k_ in fb), fb
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dt]
+    for g_, r in zip(got, ref):
+        torch.testing.assert_close(g_.float(), r.float(), rtol=tol, atol=tol)

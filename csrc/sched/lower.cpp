@@ -167,9 +167,23 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   return true;
 }
 
+// A deferred matmul: one product, or one per batch (bmm / baddbmm; a 3-D bias of batch 1 is shared).
+void emit_matmul(Runtime& rt, const DeferredOp& o) {
+  const at::Tensor &a = o.in[0], &b = o.in[1], &c = o.in[2];
+  if (a.dim() == 2) {
+    record_matmul_tensors(rt, a, b, c, o.out, o.s0, o.s1);
+    return;
+  }
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    at::Tensor ci;
+    if (c.defined()) ci = c.dim() == 3 ? c.select(0, c.size(0) == 1 ? 0 : i) : c;
+    record_matmul_tensors(rt, a.select(0, i), b.select(0, i), ci, o.out.select(0, i), o.s0, o.s1);
+  }
+}
+
 void emit_plain(Runtime& rt, const DeferredOp& o) {
   if (o.reduce) record_reduce_tensors(rt, o.op, o.in[0], o.out, o.keepdim);
-  else if (o.matmul) record_matmul_tensors(rt, o.in[0], o.in[1], o.in[2], o.out, o.s0, o.s1);
+  else if (o.matmul) emit_matmul(rt, o);
   else record_ew_tensors(rt, o.op, o.nin, o.out, o.in, o.cv, o.s0, o.s1);
 }
 

@@ -259,19 +259,25 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (t->get_device() != a.get_device()) return reason(kR_device);
       if (at::GradMode::is_enabled() && t->requires_grad()) return reason(kR_autograd);
     }
-    if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0)) return reason(kR_unsupported_args);
-    const int64_t M = a.size(0), N = b.size(1);
+    // mm / addmm: 2-D; bmm / baddbmm: 3-D with one batch size (each batch a product of its own at lowering).
+    const int64_t nd = a.dim();
+    if ((nd != 2 && nd != 3) || b.dim() != nd || a.size(nd - 1) != b.size(nd - 2) ||
+        (nd == 3 && a.size(0) != b.size(0)))
+      return reason(kR_unsupported_args);
+    const int64_t M = a.size(nd - 2), N = b.size(nd - 1);
     if (M > kWorkerMatmulMaxRows) return reason(kR_matmul_rows);
+    std::vector<int64_t> shape = {M, N};
+    if (nd == 3) shape.insert(shape.begin(), a.size(0));
     if (has_bias) {
       const int64_t bd = bias.dim();
-      bool ok = bd >= 1 && bd <= 2;
+      bool ok = bd >= 1 && bd <= nd;
       for (int64_t i = 0; ok && i < bd; ++i) {
-        const int64_t want = i + 2 - bd == 0 ? M : N, got = bias.size(i);
+        const int64_t want = shape[(size_t)(nd - bd + i)], got = bias.size(i);
         ok = got == want || got == 1;
       }
       if (!ok) return reason(kR_unsupported_args);
     }
-    at::Tensor out = empty_like_device(a, {M, N}, a.scalar_type());
+    at::Tensor out = empty_like_device(a, shape, a.scalar_type());
     const int dev = a.get_device();
     Runtime& rt = runtime_for(dev);
     CUstream s = current_stream(dev);
