@@ -396,24 +396,19 @@ def _matmul_handlers() -> dict:
             return _UNSUPPORTED
         return sched_matmul(args[0], args[1], None, 1.0, 1.0)
 
-    addmm_schema = _Schema(aten.addmm.default)
+    def scaled(ov):  # addmm / baddbmm(self, m1, m2, *, beta=1, alpha=1): out = beta * self + alpha * m1 @ m2
+        schema = _Schema(ov)
 
-    def addmm(thr, args, kwargs):
-        beta, alpha = addmm_schema.get(args, kwargs, "beta"), addmm_schema.get(args, kwargs, "alpha")
-        if not (_number(beta) and _number(alpha)) or len(args) < 3:
-            return _UNSUPPORTED
-        return sched_matmul(args[1], args[2], args[0], float(alpha), float(beta))
-
-    baddbmm_schema = _Schema(aten.baddbmm.default)
-
-    def baddbmm(thr, args, kwargs):
-        beta, alpha = baddbmm_schema.get(args, kwargs, "beta"), baddbmm_schema.get(args, kwargs, "alpha")
-        if not (_number(beta) and _number(alpha)) or len(args) < 3:
-            return _UNSUPPORTED
-        return sched_matmul(args[1], args[2], args[0], float(alpha), float(beta))
+        def handler(thr, args, kwargs):
+            beta, alpha = schema.get(args, kwargs, "beta"), schema.get(args, kwargs, "alpha")
+            if not (_number(beta) and _number(alpha)) or len(args) < 3:
+                return _UNSUPPORTED
+            return sched_matmul(args[1], args[2], args[0], float(alpha), float(beta))
+        return handler
 
     # bmm / baddbmm: eager attention's q @ k^T and probs @ v at decode (M = the query length).
-    return {aten.mm.default: mm, aten.addmm.default: addmm, aten.bmm.default: mm, aten.baddbmm.default: baddbmm}
+    return {aten.mm.default: mm, aten.addmm.default: scaled(aten.addmm.default), aten.bmm.default: mm,
+            aten.baddbmm.default: scaled(aten.baddbmm.default)}
 
 
 # sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)}; the Python

@@ -22,6 +22,16 @@ namespace gpuos {
 // cuStreamBatchMemOp takes fewer than 256 operations: one ready write per level plus the final wait.
 constexpr size_t kMaxLevelsPerFlush = 200;
 
+// A stream memop that waits until the 32-bit word at addr is >= v (wrap-aware).
+static CUstreamBatchMemOpParams wait_geq(CUdeviceptr addr, uint32_t v) {
+  CUstreamBatchMemOpParams wt{};
+  wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  wt.waitValue.address = addr;
+  wt.waitValue.value = v;
+  wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return wt;
+}
+
 bool Runtime::seq_done(uint32_t seq) const {
   const uint32_t v = __atomic_load_n(&hc_->done[seq & (kMaxBatches - 1)], __ATOMIC_ACQUIRE);
   return (int32_t)(v - seq) >= 0 && v != 0;
@@ -124,11 +134,8 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     if (early || unwaited_seq_ == 0) return 0;
     // Everything was published early: only the stream wait is missing.
     make_current();
-    CUstreamBatchMemOpParams wt{};
-    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (unwaited_seq_ & (kMaxBatches - 1));
-    wt.waitValue.value = unwaited_seq_;
-    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    CUstreamBatchMemOpParams wt =
+        wait_geq(dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (unwaited_seq_ & (kMaxBatches - 1)), unwaited_seq_);
     PhaseMark pm(phase_, "flush: cuStreamBatchMemOp(stream wait for an early publication)");
     GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
@@ -318,11 +325,8 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // The stream waits for the last batch (batches complete in order: for all of them), except after an early
   // publication: the host is still recording, and the flush() that follows adds the wait.
   if (!early) {
-    CUstreamBatchMemOpParams wt{};
-    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1));
-    wt.waitValue.value = last_seq_;
-    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    CUstreamBatchMemOpParams wt =
+        wait_geq(dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1)), last_seq_);
     PhaseMark pm(phase_, "publish step 3: cuStreamBatchMemOp(stream wait)");
     GPUOS_CU(d.cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
@@ -346,11 +350,8 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
     // The side stream waits for the gate batch's ready word (its low word is the seq; GEQ is wrap-aware, and a
     // slot's later seqs are larger), then runs the launch below.
     __atomic_store_n(&hc_->standby, ((uint64_t)(launches_ + 1) << 32) | gate, __ATOMIC_SEQ_CST);
-    CUstreamBatchMemOpParams wt{};
-    wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    wt.waitValue.address = dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * (gate & (kMaxBatches - 1));
-    wt.waitValue.value = gate;
-    wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    const CUdeviceptr ready = dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * (gate & (kMaxBatches - 1));
+    CUstreamBatchMemOpParams wt = wait_geq(ready, gate);
     PhaseMark pm(phase_, "publish step 1b: cuStreamBatchMemOp(side stream waits for the ready word)");
     const CUresult r = d.cuStreamBatchMemOp(side_, 1, &wt, 0);
     if (r != CUDA_SUCCESS) {
@@ -400,7 +401,8 @@ std::string Runtime::snapshot() const {
                   ", yield_request " + std::to_string(__atomic_load_n(&hc_->yield_request, __ATOMIC_RELAXED)) +
                   ", unwaited " + std::to_string(__atomic_load_n(&unwaited_seq_, __ATOMIC_RELAXED)) + ", done words";
   for (uint32_t q = last > 3 ? last - 3 : 1; q <= last; ++q)
-    s += " [" + std::to_string(q) + "]=" + std::to_string(__atomic_load_n(&hc_->done[q & (kMaxBatches - 1)], __ATOMIC_RELAXED));
+    s += " [" + std::to_string(q) + "]=" +
+         std::to_string(__atomic_load_n(&hc_->done[q & (kMaxBatches - 1)], __ATOMIC_RELAXED));
   s += ", worker launches " + std::to_string(__atomic_load_n(&launches_, __ATOMIC_RELAXED)) + " (last started " +
        std::to_string(__atomic_load_n(&hc_->worker_started, __ATOMIC_RELAXED)) + ", last exited " +
        std::to_string(__atomic_load_n(&hc_->worker_exited, __ATOMIC_RELAXED)) + ", last waited for batch " +
