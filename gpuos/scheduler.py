@@ -12,6 +12,7 @@ large tensors (ops above ``size_threshold`` elements fall back to eager, where o
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import types as _types
 from typing import Callable
@@ -357,7 +358,8 @@ def _reduce_handler(row, ov, conds):
 
 def _cast_handlers() -> dict:
     """aten::_to_copy (x.to(dtype), .float(), .half()) and copy_ as the table's `copy` op: a cast when the
-    dtypes differ. Device moves, layouts, pinned memory and non-blocking copies stay eager."""
+    dtypes differ. Device moves, layouts, pinned memory and non-blocking copies stay eager. cat / stack: one copy
+    per input into its slice of a fresh output."""
     sched_cast = _ext.sched_cast
     keep = {"layout": (None, torch.strided), "pin_memory": (None, False), "non_blocking": (False,),
             "memory_format": (None, torch.preserve_format)}
@@ -382,7 +384,48 @@ def _cast_handlers() -> dict:
             return _UNSUPPORTED
         return sched_cast(src, dst.dtype, dst, thr)
 
-    return {aten._to_copy.default: to_copy, aten.copy_.default: copy_}
+    _NOT_CUDA = next(code for code, name in _REASONS.items() if name == "not_cuda")
+
+    def join(thr, args, kwargs, stack):
+        """cat / stack: a fresh output and one copy per input into its slice (different dtypes promote)."""
+        ts = args[0] if args else kwargs.get("tensors")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if not isinstance(ts, (list, tuple)) or not ts or not isinstance(dim, int) or len(args) > 2:
+            return _UNSUPPORTED
+        if not stack:  # torch.cat skips legacy empty 1-D tensors
+            ts = [t for t in ts if not (isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == 0)] or ts[:1]
+        t0 = ts[0]
+        if not all(isinstance(t, torch.Tensor) for t in ts):
+            return _UNSUPPORTED
+        if not all(t.is_cuda for t in ts):
+            return _NOT_CUDA
+        nd = t0.dim() + (1 if stack else 0)
+        if nd == 0 or not -nd <= dim < nd or any(t.device != t0.device or t.dim() != t0.dim() for t in ts):
+            return _UNSUPPORTED
+        dim %= nd
+        if stack:
+            if any(t.shape != t0.shape for t in ts):
+                return _UNSUPPORTED
+            shape = list(t0.shape[:dim]) + [len(ts)] + list(t0.shape[dim:])
+        else:
+            if any(t.shape[:dim] != t0.shape[:dim] or t.shape[dim + 1:] != t0.shape[dim + 1:] for t in ts):
+                return _UNSUPPORTED
+            shape = list(t0.shape)
+            shape[dim] = sum(t.shape[dim] for t in ts)
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in ts))
+        out = torch.empty(shape, dtype=dtype, device=t0.device)
+        off = 0
+        for t in ts:  # a rejected piece (dtype, size, autograd): the whole op runs eagerly; recorded pieces
+            part = out.select(dim, off) if stack else out.narrow(dim, off, t.shape[dim])   # wrote only `out`
+            r = sched_cast(t, dtype, part, thr)
+            if r.__class__ is int or r.__class__ is str:
+                return r
+            off += 1 if stack else t.shape[dim]
+        return out
+
+    return {aten._to_copy.default: to_copy, aten.copy_.default: copy_,
+            aten.cat.default: lambda thr, args, kwargs: join(thr, args, kwargs, False),
+            aten.stack.default: lambda thr, args, kwargs: join(thr, args, kwargs, True)}
 
 
 def _matmul_handlers() -> dict:

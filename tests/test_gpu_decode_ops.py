@@ -66,3 +66,30 @@ def test_hf_llama_rmsnorm_pattern(rt, dtype):
         y = rmsnorm(x)
     assert _new_fallbacks(before) == {}, _new_fallbacks(before)
     torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_cat_and_stack_rotary_and_cache_patterns(rt):
+    """rotate_half (cat of -x2, x1 on the last dim), a dynamic cache's cat on the sequence dim, stack, mixed
+    dtypes (promotion): recorded (no cat / stack fallback), equal to eager."""
+    g = torch.Generator(device=DEV).manual_seed(2)
+    q = torch.randn(1, 8, 1, 64, generator=g, device=DEV, dtype=torch.float16)
+    past = torch.randn(1, 8, 9, 64, generator=g, device=DEV, dtype=torch.float16)
+    h = torch.randn(5, 7, generator=g, device=DEV)
+
+    def f():
+        x1, x2 = q[..., :32], q[..., 32:]
+        rot = torch.cat((-x2, x1), dim=-1)
+        kv = torch.cat([past, q * 2], dim=-2)
+        st = torch.stack([h, h * 3], dim=1)
+        mixed = torch.cat([h.half(), h], 0)
+        return rot, kv, st, mixed
+
+    ref = f()
+    before = _fallback_ops()
+    with torch.no_grad(), gpuos.scheduler_context():
+        got = f()
+    new = _new_fallbacks(before)
+    assert not any("cat" in k or "stack" in k for k in new), new
+    for g_, r in zip(got, ref):
+        assert g_.dtype == r.dtype and g_.shape == r.shape
+        assert torch.equal(g_, r)
