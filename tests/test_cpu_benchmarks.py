@@ -249,14 +249,17 @@ def test_report_marks_rows_kept_from_an_earlier_run():
 
 
 def test_report_rewrites_only_the_marked_block(results, tmp_path):
-    readme = tmp_path / "README.md"
+    readme, out = tmp_path / "README.md", tmp_path / "RESULTS.md"
     readme.write_text("# Title\nbefore\n<!-- results:begin -->\nold table\n<!-- results:end -->\nafter\n")
-    assert report.main(["--readme", str(readme), "--results", str(results)]) == 0
+    assert report.main(["--readme", str(readme), "--results", str(results), "--out", str(out)]) == 0
     text = readme.read_text()
     assert text.startswith("# Title\nbefore\n<!-- results:begin -->\n")
     assert text.endswith("<!-- results:end -->\nafter\n")
-    block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
-    assert "old table" not in block
+    short = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+    assert "old table" not in short and "NVIDIA Test GPU" in short and "benchmarks/RESULTS.md" in short
+    assert "- W4 decode: GPUOS vs best peer 128: 1.50x vs cudagraph" in short and "| size |" not in short
+    block = out.read_text()
+    assert block.startswith("# Measured results\n")
     assert "NVIDIA Test GPU" in block and "999.1" in block and "9.9.9+cu999" in block
     assert "| size | eager | cudagraph | compile | gpuos_scheduler | gpuos_submit |" in block  # peers first
     assert "| 128 | 10.00 | 3.00 | – | 2.00 | – |" in block
@@ -270,10 +273,10 @@ def test_report_rewrites_only_the_marked_block(results, tmp_path):
 
 
 def test_report_without_markers_fails_cleanly(results, tmp_path):
-    readme = tmp_path / "README.md"
+    readme, out = tmp_path / "README.md", tmp_path / "RESULTS.md"
     readme.write_text("no markers\n")
-    assert report.main(["--readme", str(readme), "--results", str(results)]) == 1
-    assert readme.read_text() == "no markers\n"
+    assert report.main(["--readme", str(readme), "--results", str(results), "--out", str(out)]) == 1
+    assert readme.read_text() == "no markers\n" and not out.exists()
 
 
 def test_summary_lines_name_the_ratio(results):
