@@ -428,6 +428,59 @@ def _cast_handlers() -> dict:
             aten.stack.default: lambda thr, args, kwargs: join(thr, args, kwargs, True)}
 
 
+class _Refused(Exception):
+    """A step of a handler that records several ops was refused: `reason` says why (the op runs eagerly)."""
+
+    def __init__(self, reason) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _layer_norm_handler() -> dict:
+    """aten::native_layer_norm over the last dim as table ops (fp32 math, as eager's kernel): x32 = copy(x),
+    mean = mean(x32), xc = x32 - mean, rstd = rsqrt(mean(xc * xc) + eps), out = copy(xc * rstd * w + b). Returns
+    (out, mean, rstd) like the aten op. If a step is refused (size, dtype, autograd) the op runs eagerly; the steps
+    already recorded wrote only their own fresh outputs."""
+    ids = {row["name"]: row["id"] for row in _ext.op_table()}
+    sched_ew, sched_reduce, sched_cast, fn = _ext.sched_ew, _ext.sched_reduce, _ext.sched_cast, _MODES["functional"]
+    f32 = torch.float32
+
+    def ln(thr, args, kwargs):
+        if len(args) != 5 or kwargs:
+            return _UNSUPPORTED
+        x, shape, w, b, eps = args
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or list(shape) != [x.shape[-1]] or not _number(eps):
+            return _UNSUPPORTED
+        if any(t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1) for t in (w, b)):
+            return _UNSUPPORTED
+
+        def step(r):  # a recorded tensor, or the reason the whole op runs eagerly
+            if r.__class__ is int or r.__class__ is str:
+                raise _Refused(r)
+            return r
+
+        def ew(name, *ins):  # (add / sub: alpha 1)
+            return step(sched_ew(ids[name], fn, ins, None, 1.0, 0.0, thr))
+
+        try:
+            x32 = x if x.dtype == f32 else step(sched_cast(x, f32, None, thr))
+            mean = step(sched_reduce(ids["mean"], x32, True, thr))
+            xc = ew("sub", x32, mean)
+            rstd = ew("rsqrt", ew("add", step(sched_reduce(ids["mean"], ew("mul", xc, xc), True, thr)), float(eps)))
+            y = ew("mul", xc, rstd)
+            if w is not None:
+                y = ew("mul", y, w)
+            if b is not None:
+                y = ew("add", y, b)
+            if x.dtype != f32:
+                y = step(sched_cast(y, x.dtype, None, thr))
+        except _Refused as e:
+            return e.reason
+        return y, mean, rstd
+
+    return {aten.native_layer_norm.default: ln}
+
+
 def _matmul_handlers() -> dict:
     """aten::mm / addmm / bmm / baddbmm as worker tasks (gpuos.set_worker_matmul): <= 64 activation rows; the
     rest, and every product while the switch is off, run with cuBLAS (fallback reasons 'matmul_rows',
@@ -513,6 +566,7 @@ def _resolve_aten(name: str):
 _BUILTIN_HANDLERS = _build_handlers()
 _BUILTIN_HANDLERS.update(_matmul_handlers())
 _BUILTIN_HANDLERS.update(_cast_handlers())
+_BUILTIN_HANDLERS.update(_layer_norm_handler())
 _HANDLERS = dict(_BUILTIN_HANDLERS)
 _USER_KEYS: set = set()
 

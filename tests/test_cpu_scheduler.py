@@ -633,8 +633,8 @@ def test_reasons_and_modes_come_from_the_extension():
 
 
 def test_casts_and_copies_have_handlers():
-    """aten::_to_copy, copy_, cat and stack reach the scheduler's cast handlers (here on the CPU: 'not_cuda'); a
-    device move is refused before that ('unsupported_args')."""
+    """aten::_to_copy, copy_, cat, stack and native_layer_norm reach the scheduler's handlers (here on the CPU:
+    'not_cuda'); a device move is refused before that ('unsupported_args')."""
     a, dst = torch.randn(3, 4), torch.empty(3, 4, dtype=torch.float16)
     before = dict(gpuos.stats()["fallbacks"])
     with gpuos.scheduler_context():
@@ -643,8 +643,10 @@ def test_casts_and_copies_have_handlers():
         m = a.to("meta")
         c = torch.cat([a, a], -1)
         s = torch.stack([a, a])
+        ln = torch.nn.functional.layer_norm(a, (4,))
     after = gpuos.stats()["fallbacks"]
-    assert after.get("not_cuda", 0) - before.get("not_cuda", 0) >= 4, after
+    assert after.get("not_cuda", 0) - before.get("not_cuda", 0) >= 5, after
+    torch.testing.assert_close(ln, torch.nn.functional.layer_norm(a, (4,)))
     assert torch.equal(c, torch.cat([a, a], -1)) and torch.equal(s, torch.stack([a, a]))
     assert after.get("unsupported_args", 0) - before.get("unsupported_args", 0) >= 1, after
     assert torch.equal(h, a.half()) and torch.equal(dst, a.half()) and m.device.type == "meta"

@@ -93,3 +93,26 @@ def test_cat_and_stack_rotary_and_cache_patterns(rt):
     for g_, r in zip(got, ref):
         assert g_.dtype == r.dtype and g_.shape == r.shape
         assert torch.equal(g_, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_in_the_worker_matches_native_layer_norm(rt, dtype, affine):
+    """GPT-2's LayerNorm (768) at decode: aten::native_layer_norm as worker ops (fp32 math); out, mean and rstd
+    match the aten op's."""
+    g = torch.Generator(device=DEV).manual_seed(4)
+    x = (torch.randn(1, 3, 768, generator=g, device=DEV) * 3 + 1).to(dtype)
+    w = torch.randn(768, generator=g, device=DEV).to(dtype) if affine else None
+    b = torch.randn(768, generator=g, device=DEV).to(dtype) if affine else None
+    ref = torch.native_layer_norm(x, [768], w, b, 1e-5)
+    before = _fallback_ops()
+    with torch.no_grad(), gpuos.scheduler_context():
+        got = torch.native_layer_norm(x, [768], w, b, 1e-5)
+        y = torch.nn.functional.layer_norm(x, (768,), w, b)
+    assert not any("layer_norm" in k for k in _new_fallbacks(before)), _new_fallbacks(before)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(got[0], ref[0], rtol=tol, atol=tol)
+    torch.testing.assert_close(y, ref[0], rtol=tol, atol=tol)
+    for g_, r in zip(got[1:], ref[1:]):
+        assert g_.dtype == r.dtype and g_.shape == r.shape
+        torch.testing.assert_close(g_, r, rtol=1e-5, atol=1e-5)
