@@ -12,6 +12,26 @@
 
 namespace gpuos {
 
+namespace {
+// Defer one op on `dev` (its current stream): `fill` sets the DeferredOp; its out and defined inputs are noted as
+// the op's write and reads (the hazard model of the deferred work).
+template <class Fill>
+void defer_op(int dev, Fill&& fill) {
+  Runtime& rt = runtime_for(dev);
+  CUstream s = current_stream(dev);
+  RtLock lk(rt);
+  Deferred& D = deferred_of(dev);
+  DeferredOp& d = defer(dev, rt, s);
+  fill(d);
+  Access reads[3];
+  uint32_t nr = 0;
+  for (uint32_t k = 0; k < d.nin; ++k)
+    if (d.in[k].defined()) reads[nr++] = {(uintptr_t)storage_of(d.in[k]), 0, 0};
+  D.touched.note({(uintptr_t)storage_of(d.out), 0, 0}, reads, nr, 1);
+  note_deferred(dev, rt);
+}
+}  // namespace
+
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
                           float s1, int64_t thr, int cast_to) {
   try {
@@ -92,31 +112,18 @@ PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* 
       out = ot;
       ret = o;
     }
-    const int dev = out.get_device();
-    Runtime& rt = runtime_for(dev);
-    CUstream s = current_stream(dev);
-    {
-      RtLock lk(rt);
-      Deferred& D = deferred_of(dev);
-      DeferredOp& d = defer(dev, rt, s);
+    defer_op(out.get_device(), [&](DeferredOp& d) {
       d.op = op;
       d.nin = nin;
       d.fresh = mode == kModeFunctional;
       d.s0 = s0;
       d.s1 = s1;
       d.out = out;
-      Access reads[3];
-      uint32_t nr = 0;
       for (uint32_t k = 0; k < nin; ++k) {
-        if (ts[k]) {
-          d.in[k] = *ts[k];
-          reads[nr++] = {(uintptr_t)storage_of(*ts[k]), 0, 0};
-        }
+        if (ts[k]) d.in[k] = *ts[k];
         d.cv[k] = cv[k];
       }
-      D.touched.note({(uintptr_t)storage_of(out), 0, 0}, reads, nr, 1);
-      note_deferred(dev, rt);
-    }
+    });
     if (ret) {
       Py_INCREF(ret);
       return ret;
@@ -193,13 +200,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (keepdim) shape.push_back(1);
       out = empty_like_device(x, shape, x.scalar_type());
     }
-    const int dev = x.get_device();
-    Runtime& rt = runtime_for(dev);
-    CUstream s = current_stream(dev);
-    {
-      RtLock lk(rt);
-      Deferred& D = deferred_of(dev);
-      DeferredOp& d = defer(dev, rt, s);
+    defer_op(x.get_device(), [&](DeferredOp& d) {
       d.op = op;
       d.nin = 1;
       d.reduce = true;
@@ -207,10 +208,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       d.fresh = true;
       d.out = out;
       d.in[0] = x;
-      const Access xr{(uintptr_t)storage_of(x), 0, 0};
-      D.touched.note({(uintptr_t)storage_of(out), 0, 0}, &xr, 1, 1);
-      note_deferred(dev, rt);
-    }
+    });
     return THPVariable_Wrap(std::move(out));
   } catch (...) {
     set_python_error();
@@ -219,7 +217,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  try {
+  return python_call([&]() -> PyObject* {
     if (nargs != 4) throw py::type_error("sched_cast takes 4 arguments");
     if (!THPDtype_Check(args[1])) return reason(kR_unsupported_args);
     const at::ScalarType st = ((THPDtype*)args[1])->scalar_type;
@@ -229,16 +227,13 @@ PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const bool out = args[2] != Py_None;
     return sched_ew_record(kOp_copy, 1, out ? kModeOut : kModeFunctional, &args[0], out ? args[2] : nullptr, 0.f,
                            0.f, thr, (int)st);
-  } catch (...) {
-    set_python_error();
-    return nullptr;
-  }
+  });
 }
 
 // sched_matmul(a, b, bias, alpha, beta) -> Tensor | int (reason): out = alpha * a @ b + beta * bias (bias None:
 // aten::mm), a 2-D with at most kWorkerMatmulMaxRows rows. Larger products stay with cuBLAS.
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  try {
+  return python_call([&]() -> PyObject* {
     if (nargs != 5) throw py::type_error("sched_matmul takes 5 arguments");
     if (!g_worker_matmul) return reason(kR_matmul_off);
     PyObject *pa = args[0], *pb = args[1], *pc = args[2];
@@ -278,13 +273,7 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (!ok) return reason(kR_unsupported_args);
     }
     at::Tensor out = empty_like_device(a, shape, a.scalar_type());
-    const int dev = a.get_device();
-    Runtime& rt = runtime_for(dev);
-    CUstream s = current_stream(dev);
-    {
-      RtLock lk(rt);
-      Deferred& D = deferred_of(dev);
-      DeferredOp& d = defer(dev, rt, s);
+    defer_op(a.get_device(), [&](DeferredOp& d) {
       d.op = kOp_mm;
       d.nin = 3;
       d.matmul = true;
@@ -295,18 +284,9 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       d.in[0] = a;
       d.in[1] = b;
       if (has_bias) d.in[2] = bias;
-      Access reads[3];
-      uint32_t nr = 0;
-      for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias})
-        if (t->defined()) reads[nr++] = Access{(uintptr_t)storage_of(*t), 0, 0};
-      D.touched.note({(uintptr_t)storage_of(out), 0, 0}, reads, nr, 1);
-      note_deferred(dev, rt);
-    }
+    });
     return THPVariable_Wrap(std::move(out));
-  } catch (...) {
-    set_python_error();
-    return nullptr;
-  }
+  });
 }
 
 }  // namespace gpuos

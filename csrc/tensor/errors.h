@@ -11,6 +11,16 @@ namespace gpuos {
 void init_exceptions(pybind11::module_& m);
 // Translate the in-flight C++ exception into a Python error (call inside a catch (...) block).
 void set_python_error();
+// Run a METH_FASTCALL body: its result, or null with the Python error set from whatever it threw.
+template <class F>
+PyObject* python_call(F&& body) {
+  try {
+    return body();
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
 void set_compile_error(const CompileError& e);
 
 }  // namespace gpuos
