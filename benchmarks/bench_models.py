@@ -21,7 +21,8 @@ Peers: ``eager``; ``cudagraph`` (static cache only: one step captured, replayed 
 position copied into its static inputs); ``compile`` / ``compile_reduce_overhead`` (torch.compile of the step
 in a child process; a dynamic cache recompiles per length as torch.compile does); ``gpuos_scheduler`` (the eager
 loop inside ``gpuos.scheduler_context()``; its rows carry per-step aten ops, fallbacks by op, batches and worker
-launches). SDPA backend: cuDNN SDPA is disabled for every peer (``torch.backends.cuda.enable_cudnn_sdp(False)``:
+launches); ``gpuos_scheduler_worker_mm`` (the same with ``gpuos.set_worker_matmul(True)``: mm / addmm / bmm /
+baddbmm with <= 64 rows as worker tasks). SDPA backend: cuDNN SDPA is disabled for every peer (``torch.backends.cuda.enable_cudnn_sdp(False)``:
 with it, eager builds a cuDNN plan per new KV length, ../shared/DESIGN.md F10); the rows name the backends left.
 Results: benchmarks/results/models.json.
 """
@@ -51,7 +52,7 @@ DEFAULT = [f"{m}-{s}-fp16-sdpa-{c}" for m in ("gpt2", "llama") for s in SCALES f
 QUICK = ["llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-dynamic"]
 TOL = {"fp16": {"rtol": 2e-2, "atol": 2e-2}, "bf16": {"rtol": 5e-2, "atol": 5e-2}}
 SDPA_NOTE = "cuDNN SDPA off; flash / mem-efficient / math left to torch's choice"
-IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
+IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler", "gpuos_scheduler_worker_mm"]
 NOT_APPLICABLE = {
     "foreach": "a decode step is a chain of dependent ops; torch._foreach_* needs lists of independent tensors",
     "gpuos_submit": "the explicit submit API has no matmul or attention; gpuos_scheduler runs the model unchanged",
@@ -207,17 +208,24 @@ def setup_cudagraph(case: H.Case) -> H.Prepared:
     return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3)})
 
 
-def scheduler_setup(ctx: H.RunContext):
-    """gpuos_scheduler: the eager loop in one scheduler_context per repetition; the check call also measures
-    what one repetition did per decode step (aten ops, fallbacks by op, batches, worker launches)."""
+def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False):
+    """gpuos_scheduler: the eager loop in one scheduler_context per repetition (worker_mm: with the worker's
+    matmul on); the check call also measures what one repetition did per decode step (aten ops, fallbacks by op,
+    batches, worker launches)."""
     def setup(case: H.Case) -> H.Prepared:
         cache = _cached(case)
         steps = case.data.steps
         extra: dict = {}
 
         def fn():
-            with ctx.scheduler():
-                return decode(case.data, cache)
+            import gpuos
+            was = gpuos.worker_matmul_enabled()
+            gpuos.set_worker_matmul(worker_mm)
+            try:
+                with ctx.scheduler():
+                    return decode(case.data, cache)
+            finally:
+                gpuos.set_worker_matmul(was)
 
         def check():
             import gpuos
@@ -264,7 +272,8 @@ def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.
 
 
 def make_setups(ctx: H.RunContext) -> dict:
-    return {"eager": setup_eager, "cudagraph": setup_cudagraph, "gpuos_scheduler": scheduler_setup(ctx)}
+    return {"eager": setup_eager, "cudagraph": setup_cudagraph, "gpuos_scheduler": scheduler_setup(ctx),
+            "gpuos_scheduler_worker_mm": scheduler_setup(ctx, worker_mm=True)}
 
 
 # ------------------------------------------------------------------------------------------------ suite
