@@ -611,9 +611,9 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
       return kCmdExit;
     }
     // Published but not ready, and no later standby covers it: stream work before the flush is still running.
-    // Stay; check again later. A
-    // burst grid gives back the SMs beyond the bounded grid: that stream work may be a kernel that cannot fit
-    // beside a worker block, and the batch's ready write waits for it (a deadlock if every SM held a block).
+    // Stay; check again later. A burst grid gives back the SMs beyond the bounded grid: that stream work may be
+    // a kernel that cannot fit beside a worker block, and the batch's ready write waits for it (a deadlock if
+    // every SM held a block).
     st_vol(&hc->worker_state, kWorkerRunning);
     __threadfence_system();
     if (gridDim.x > args.keep_blocks) st_vol(&dc->shrink, args.gen);

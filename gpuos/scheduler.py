@@ -193,7 +193,7 @@ class GpuosScheduler(TorchDispatchMode):
                 r = handler(self.size_threshold, args, kwargs)
             except (TypeError, ValueError) as e:  # outside what GPUOS takes: eager
                 r = "rejected:" + type(e).__name__
-            if r.__class__ is not int and r.__class__ is not str:
+            if r.__class__ is not int and r.__class__ is not str:  # (inline: the per-op path; _is_reason)
                 return r  # recorded: the output tensor
             return self._eager(func, args, kwargs, r)
         return self._eager(func, args, kwargs, "unsupported_op")
@@ -245,6 +245,12 @@ def _number(x) -> bool:
 
 
 _UNSUPPORTED = next(code for code, name in _REASONS.items() if name == "unsupported_args")
+_NOT_CUDA = next(code for code, name in _REASONS.items() if name == "not_cuda")
+
+
+def _is_reason(r) -> bool:
+    """A handler's or sched_* call's result says "run eagerly" (an int reason code or a str) rather than a tensor."""
+    return r.__class__ is int or r.__class__ is str
 _MISSING = object()
 
 
@@ -384,8 +390,6 @@ def _cast_handlers() -> dict:
             return _UNSUPPORTED
         return sched_cast(src, dst.dtype, dst, thr)
 
-    _NOT_CUDA = next(code for code, name in _REASONS.items() if name == "not_cuda")
-
     def join(thr, args, kwargs, stack):
         """cat / stack: a fresh output and one copy per input into its slice (different dtypes promote)."""
         ts = args[0] if args else kwargs.get("tensors")
@@ -418,7 +422,7 @@ def _cast_handlers() -> dict:
         for t in ts:  # a rejected piece (dtype, size, autograd): the whole op runs eagerly; recorded pieces
             part = out.select(dim, off) if stack else out.narrow(dim, off, t.shape[dim])   # wrote only `out`
             r = sched_cast(t, dtype, part, thr)
-            if r.__class__ is int or r.__class__ is str:
+            if _is_reason(r):
                 return r
             off += 1 if stack else t.shape[dim]
         return out
@@ -455,7 +459,7 @@ def _layer_norm_handler() -> dict:
             return _UNSUPPORTED
 
         def step(r):  # a recorded tensor, or the reason the whole op runs eagerly
-            if r.__class__ is int or r.__class__ is str:
+            if _is_reason(r):
                 raise _Refused(r)
             return r
 

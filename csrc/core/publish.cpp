@@ -377,7 +377,7 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.refs_dev = refs_dev_;
   args.standby = gate != 0;
   void* params[] = {&args};
-  PhaseMark pm(phase_, "publish step 2: cuLaunchKernel(worker)");
+  PhaseMark pm(phase_, "cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
   if (r != CUDA_SUCCESS) {
     // No worker runs: say so, or every later publication would trust a worker that does not exist and every
