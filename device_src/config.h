@@ -41,6 +41,20 @@ constexpr u32 kClaimPerWarp = 4;
 constexpr u32 kFirstUserOp = 64;
 constexpr u32 kMaxOps = 255;
 constexpr u32 kOpFused = 255;
+// Skinny matmul (device_src/matmul.h). A product is cut into items: a tile of output columns (kMmMmaCols for the
+// tensor-core path, kMmNcolCols for the row-major-weight path) over one of `ksplit` slices of K. With ksplit > 1
+// the items of a tile add fp32 partials into the scratch of the ring slot of the tile's first item
+// (kMmScratchPerSlot floats per ring slot, WorkerArgs::scratch): a counter word, then cols x M partials; the last
+// item to finish writes the output and zeroes the scratch, so a later batch finds it clean.
+constexpr u32 kMmScratchPerSlot = 128;
+constexpr u32 kMmScratchHead = 16;     // floats before the partials (the counter word, padding to 64 bytes)
+constexpr u32 kMmMaxSplit = 64;        // most K slices (the scratch array has this many slots past the ring)
+constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 steps)
+constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256;
+// SubOp::reserved of an mm sub-op: variant | ksplit << 8 (variant 0: a column tile of the per-warp paths).
+constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2;
+// K per item: ceil(K / ksplit) rounded up to whole chunks (host and device agree through this function).
+GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit) { return ((K + ksplit - 1) / ksplit + kMmChunk - 1) / kMmChunk * kMmChunk; }
 // Worker state words (HostCtl::worker_state).
 constexpr u32 kWorkerExiting = 0;  // not running, or about to exit: the host must launch one
 constexpr u32 kWorkerRunning = 1;

@@ -1,15 +1,18 @@
 // device_src/matmul.h -- no host-only code, no system #includes. Included by worker.cu after its vector helpers.
 // Skinny matmul (issue #16): out = alpha * (a @ b) + beta * bias, a: M x K, b: K x N, bias: M x N (broadcast
-// strides allowed, or absent), fp32 accumulation. One sub-op = one warp = output columns [base, base + n) of
-// every row; the host tiles N (Runtime::record_matmul). The decode shape is M <= 64 (activation rows) and a large
-// weight: the warp streams the weight once per 4 rows, so the GPU time is about that of reading it.
-//
-// Three paths, picked per sub-op at run time:
-//   kvec: b is K-contiguous (b.strides[0] == 1: the transposed weight of linear / addmm(bias, x, w.t())), a is
-//         K-contiguous, everything 16-byte aligned: lanes split K in 16-byte vectors, 4 columns x 4 rows per pass,
-//         then a warp all-reduce;
-//   nrow: b is N-contiguous (row-major b): lanes split the columns, K walked in order (coalesced b rows);
-//   scalar: anything else (lanes split K, element loads).
+// strides allowed, or absent), fp32 accumulation. The decode shape is M <= 64 activation rows and a large
+// weight: the GPU time is about that of reading the weight once, so every path streams it once per 16 rows
+// with many 16-byte loads in flight. The host picks the path (Runtime::record_matmul, SubOp::reserved):
+//   mma (fp16 / bf16, a and b K-contiguous -- the weight of linear / addmm(bias, x, w.t()) -- 16-byte aligned,
+//        K % 8 == 0): tensor cores, swapped operands: out^T tile (16 columns x 8 rows) = W (16 x k16, A) @ x^T
+//        (k16 x 8, B), mma.sync m16n8k16 with fp32 accumulators. The reduction runs over K in any order, so A
+//        and B use one permutation of K that lets each lane load 32 contiguous bytes of a weight row per 64-k
+//        chunk (4 lanes read 128 contiguous bytes: whole lines) and of an activation row, with no shuffles;
+//   ncol (fp16 / bf16, b N-contiguous -- GPT-2's Conv1D weight, K x N row-major): lane l owns 8 columns of a
+//        256-column tile, K walked in steps of 8 rows of b (8 loads of 16 bytes in flight), rows of a broadcast;
+//   warp tiles (anything else, and K == 0): one warp per tile of columns -- kvec (K-contiguous, lanes split K),
+//        nrow (N-contiguous b), scalar.
+// An mma / ncol item is a column tile over one slice of K (config.h kMm*); split products meet in the scratch.
 #pragma once
 
 namespace gpuos {
@@ -25,7 +28,7 @@ struct MmArgs {
   const char* b;
   char* out;
   const char* bias;  // nullptr: none
-  i64 M, K;
+  i64 M, K, N;
   i64 as0, as1, bs0, bs1, os0, os1, cs0, cs1;  // element strides (a, b, out, bias)
   u32 dta, dtb, dto, dtc;
   float alpha, beta;
@@ -114,8 +117,157 @@ __device__ __noinline__ void mm_scalar(const MmArgs& g, i64 n0, i64 n1, u32 lane
     }
 }
 
+// ---------------------------------------------------------------- items (mma, ncol) and split-K
+// Output (m, n0 + nl) of this item: stored, or added to the tile's partials (part: its scratch, nullptr when the
+// product is not split over K).
+__device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, u32 tw, i64 m, i64 n0, u32 nl, float v) {
+  if (m >= g.M || n0 + nl >= g.N) return;
+  if (part) atomicAdd(part + kMmScratchHead + m * tw + nl, v);
+  else mm_store(g, m, n0 + nl, v);
+}
+
+// After this item's partials: the tile's last item (the counter) writes the outputs and zeroes the scratch.
+__device__ __noinline__ void mm_finish(const MmArgs& g, float* part, u32 tw, u32 ksplit, i64 n0, u32 lane) {
+  __threadfence();
+  __syncwarp();
+  u32 old = 0;
+  if (lane == 0) old = atomicAdd((unsigned*)part, 1u);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old != ksplit - 1) return;
+  __threadfence();
+  for (i64 e = lane; e < g.M * tw; e += 32) {
+    float* p = part + kMmScratchHead + e;
+    const float v = __ldcg(p);
+    __stcg(p, 0.0f);
+    const i64 m = e / tw, nl = e - m * tw;
+    if (n0 + nl < g.N) mm_store(g, m, n0 + nl, v);
+  }
+  if (lane == 0) atomicExch((unsigned*)part, 0u);
+}
+
+__device__ __forceinline__ uint4 mm_ld16(const char* p, bool live) {
+  return live ? *(const uint4*)p : make_uint4(0u, 0u, 0u, 0u);
+}
+// Word w (0..7) of two 16-byte vectors (w is a constant once unrolled).
+__device__ __forceinline__ u32 mm_word(const uint4* q, u32 w) {
+  const uint4& v = q[w >> 2];
+  const u32 c = w & 3u;
+  return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+template <bool BF16>
+__device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  if constexpr (BF16)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// mma item: columns [n0, n0 + 16) over k in [k0, k1), rows in passes of 8 (TWO: 16, two m8 tiles). Lane
+// (q = lane / 4, t = lane % 4) holds weight rows n0 + q and n0 + q + 8 and activation rows m0 + q (and m0 + q + 8);
+// per 64-k chunk it loads k = kc + 16t .. 16t + 15 of each (two 16-byte vectors, 8 words). mma step s (k16) takes
+// words 2s and 2s + 1 as the fragment's k pairs (2t, 2t+1) and (2t+8, 2t+9): A and B see one permutation of the
+// chunk's k. U chunks of the weight are loaded before any is used (8 U loads of 16 bytes in flight per lane).
+// Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
+template <bool BF16, bool TWO, u32 U>
+__device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
+  const u32 q = lane >> 2, t = lane & 3u;
+  const bool w0 = n0 + q < g.N, w1 = n0 + q + 8 < g.N;
+  const char* wp0 = g.b + (u64)((w0 ? n0 + q : 0) * g.bs1) * 2 + 32 * t;
+  const char* wp1 = g.b + (u64)((w1 ? n0 + q + 8 : 0) * g.bs1) * 2 + 32 * t;
+  const u32 kb1 = (u32)k1 * 2, koff = 32 * t;  // bytes: end of the slice, this lane's offset in a chunk
+  const i64 M = g.M, as0 = g.as0;
+  for (i64 m0 = 0; m0 < M; m0 += TWO ? 16 : 8) {
+    const bool xa = m0 + q < M, xb = TWO && m0 + q + 8 < M;
+    const char* xpa = g.a + (u64)((xa ? m0 + q : 0) * as0) * 2 + 32 * t;
+    const char* xpb = g.a + (u64)((xb ? m0 + q + 8 : 0) * as0) * 2 + 32 * t;
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
+      uint4 w[U][2][2];
+#pragma unroll
+      for (u32 u = 0; u < U; ++u)
+#pragma unroll
+        for (u32 h = 0; h < 2; ++h) {
+          const u32 o = kc + u * kMmChunk * 2 + h * 16;
+          const bool in = o + koff < kb1;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
+          w[u][0][h] = mm_ld16(wp0 + o, in && w0);
+          w[u][1][h] = mm_ld16(wp1 + o, in && w1);
+        }
+#pragma unroll
+      for (u32 u = 0; u < U; ++u) {
+        uint4 x0[2], x1[2];
+#pragma unroll
+        for (u32 h = 0; h < 2; ++h) {
+          const u32 o = kc + u * kMmChunk * 2 + h * 16;
+          const bool in = o + koff < kb1;
+          x0[h] = mm_ld16(xpa + o, in && xa);
+          if (TWO) x1[h] = mm_ld16(xpb + o, in && xb);
+        }
+#pragma unroll
+        for (u32 s = 0; s < 4; ++s) {
+          const u32 a0 = mm_word(w[u][0], 2 * s), a1 = mm_word(w[u][1], 2 * s);
+          const u32 a2 = mm_word(w[u][0], 2 * s + 1), a3 = mm_word(w[u][1], 2 * s + 1);
+          mm_mma16816<BF16>(acc[0], a0, a1, a2, a3, mm_word(x0, 2 * s), mm_word(x0, 2 * s + 1));
+          if (TWO) mm_mma16816<BF16>(acc[1], a0, a1, a2, a3, mm_word(x1, 2 * s), mm_word(x1, 2 * s + 1));
+        }
+      }
+    }
+    // Accumulator i of m8 tile j: column n0 + q (+ 8 for i >= 2), row m0 + 8j + 2t (+ 1 for odd i).
+#pragma unroll
+    for (u32 j = 0; j < (TWO ? 2u : 1u); ++j) {
+      const i64 m = m0 + 8 * j + 2 * t;
+      mm_emit(g, part, kMmMmaCols, m, n0, q, acc[j][0]);
+      mm_emit(g, part, kMmMmaCols, m + 1, n0, q, acc[j][1]);
+      mm_emit(g, part, kMmMmaCols, m, n0, q + 8, acc[j][2]);
+      mm_emit(g, part, kMmMmaCols, m + 1, n0, q + 8, acc[j][3]);
+    }
+  }
+}
+
+// ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
+// of b, rows of a in passes of 4 (each a value is one broadcast load).
+__device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
+  const i64 n = n0 + 8 * (i64)lane;
+  const bool live = n < g.N;
+  for (i64 m0 = 0; m0 < g.M; m0 += 4) {
+    const u32 rm = (u32)(g.M - m0 < 4 ? g.M - m0 : 4);
+    float acc[4][8];
+#pragma unroll
+    for (u32 r = 0; r < 4; ++r)
+#pragma unroll
+      for (u32 i = 0; i < 8; ++i) acc[r][i] = 0.0f;
+    for (i64 k = k0; k < k1; k += 8) {
+      uint4 bq[8];
+#pragma unroll
+      for (u32 j = 0; j < 8; ++j) bq[j] = mm_ld16(g.b + (u64)((k + j) * g.bs0 + n) * 2, live && k + j < k1);
+#pragma unroll
+      for (u32 j = 0; j < 8; ++j) {
+        float bf[8];
+        Vec16::unpack(bq[j], bf, g.dtb);
+#pragma unroll
+        for (u32 r = 0; r < 4; ++r) {
+          if (r >= rm) break;
+          const float av = k + j < k1 ? load_f32(g.a, g.dta, (m0 + r) * g.as0 + (k + j) * g.as1) : 0.0f;
+#pragma unroll
+          for (u32 i = 0; i < 8; ++i) acc[r][i] = fmaf(av, bf[i], acc[r][i]);
+        }
+      }
+    }
+    for (u32 r = 0; r < rm; ++r)
+#pragma unroll
+      for (u32 i = 0; i < 8; ++i) mm_emit(g, part, kMmNcolCols, m0 + r, n0, 8 * lane + i, acc[r][i]);
+  }
+}
+
 // refs: [0] out (M x N), [1] a (M x K), [2] b (K x N), [3] bias (M x N view; absent when in[2] is a constant).
-__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u32 lane) {
+// ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch / capacity.
+__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
+                                       u32 capacity) {
   MmArgs g;
   const TensorRef &ro = refs[0], &ra = refs[1], &rb = refs[2];
   g.out = (char*)ro.ptr;
@@ -125,6 +277,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
   g.bias = (d.flags & (kFlagConst0 << 2)) || d.scalar[1] == 0.0f ? nullptr : (const char*)refs[3].ptr;
   g.M = ra.sizes[0];
   g.K = ra.sizes[1];
+  g.N = ro.sizes[1];
   g.as0 = ra.strides[0], g.as1 = ra.strides[1];
   g.bs0 = rb.strides[0], g.bs1 = rb.strides[1];
   g.os0 = ro.strides[0], g.os1 = ro.strides[1];
@@ -132,6 +285,24 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
   g.dto = d.dtype & 0xffu, g.dta = (d.dtype >> 8) & 0xffu, g.dtb = (d.dtype >> 16) & 0xffu;
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
+  const u32 variant = d.reserved & 0xffu, ksplit = d.reserved >> 8 ? d.reserved >> 8 : 1u;
+  if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit
+    const i64 tile = d.base / ksplit, kp = d.base % ksplit, kspan = mm_kspan(g.K, ksplit);
+    const i64 k0 = kp * kspan, k1 = k0 + kspan < g.K ? k0 + kspan : g.K;
+    // The tile's items are consecutive in the ring: its scratch is that of the first one's slot.
+    float* part = ksplit > 1 ? scratch + (u64)((ri + capacity - (u32)kp) % capacity) * kMmScratchPerSlot : nullptr;
+    const u32 tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
+    const i64 n0 = tile * tw;
+    if (variant == kMmMma) {
+      const bool two = g.M > 8;
+      if (g.dta == kBF16) two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
+      else two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
+    } else {
+      mm_ncol(g, n0, k0, k1, part, lane);
+    }
+    if (part) mm_finish(g, part, tw, ksplit, n0, lane);
+    return;
+  }
   const i64 n0 = d.base, n1 = (i64)d.base + d.n;
   if (g.K == 0) {  // an empty sum: out = beta * bias (or 0)
     for (i64 e = lane; e < g.M * (n1 - n0); e += 32) mm_store(g, e / (n1 - n0), n0 + e % (n1 - n0), 0.0f);

@@ -57,7 +57,7 @@ struct SubOp {
   u64 in[3];     // same, per input
   float scalar[2];
   u32 dtype;     // packed DType per operand: out | in0 << 8 | in1 << 16 | in2 << 24
-  u32 reserved;
+  u32 reserved;  // op mm: variant | ksplit << 8 (config.h kMm*); otherwise 0
 };
 
 // Lives in pinned, device-mapped host memory. The host writes host_published and yield_request; the worker
@@ -131,6 +131,7 @@ struct WorkerArgs {
   u32 standby;      // 1: launched gated on a ready word (HostCtl::standby): leave at once if nothing is published
   u64 refs;       // TensorRef* arena (device pointer of the pinned block) that descriptors point into
   u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
+  u64 scratch;    // float[(capacity + kMmMaxSplit) * kMmScratchPerSlot], zeroed: split-K matmul partials
 };
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
@@ -160,7 +161,7 @@ static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
 static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 88, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 96, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

@@ -428,7 +428,7 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
 namespace gpuos {
 
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                           const Program* progs, i64 rd) {
+                                           const Program* progs, i64 rd, u32 ri, const WorkerArgs& args) {
   if (d.op == kOpFused) {
     exec_fused(d, refs, cached, lane, progs, rd);
     return;
@@ -439,7 +439,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else matmul_op(d, refs, lane);                                      \
+    else matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP
@@ -467,7 +467,8 @@ __device__ __forceinline__ bool user_exec(const SubOp& d, const TensorRef* refs,
 // (kFirstUserOp..kMaxOps-1) and built-ins switched to slot 1 run their generated functor; the rest (built-ins,
 // fused chains) go through exec_subop. The host publishes a sub-op only to a generation that has its code.
 __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                            const Program* progs, const u8* alias, i64 rd) {
+                                            const Program* progs, const u8* alias, i64 rd, u32 ri,
+                                            const WorkerArgs& args) {
   const u32 op = d.op;
   const u32 slot = (alias != nullptr && op < kMaxOps) ? (u32)alias[op] : 0u;
   const bool user = op >= kFirstUserOp && op < kMaxOps;
@@ -479,7 +480,7 @@ __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64
       return;
     }
   }
-  exec_subop(d, refs, cached, lane, progs, rd);
+  exec_subop(d, refs, cached, lane, progs, rd, ri, args);
 }
 
 // ---------------------------------------------------------------- claiming
@@ -554,7 +555,8 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
     // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
     const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
     for (u32 di = warp; di < k; di += nwarps)
-      exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd);
+      exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
+                  (u32)(((u64)start + idx + di) % args.capacity), args);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {

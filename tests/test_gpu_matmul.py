@@ -44,7 +44,7 @@ def _check(out, a, b, bias=None, alpha=1.0, beta=1.0):
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("layout", ["linear", "rowmajor", "strided"])
-@pytest.mark.parametrize("M", [1, 4, 16, 64])
+@pytest.mark.parametrize("M", [1, 4, 12, 16, 64])
 @pytest.mark.parametrize("NK", [(256, 256), (1000, 1032), (33, 7)], ids=lambda v: f"N{v[0]}K{v[1]}")
 def test_matmul_matches_torch(rt, dtype, layout, M, NK):
     N, K = NK
@@ -56,6 +56,36 @@ def test_matmul_matches_torch(rt, dtype, layout, M, NK):
     gpuos.submit_matmul(a, b, out)
     gpuos.flush()
     _check(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("layout", ["linear", "rowmajor"])
+@pytest.mark.parametrize("M", [1, 12, 16])
+def test_split_k_products_share_a_level_and_leave_the_scratch_clean(rt, dtype, layout, M):
+    """K = 4,096: the products are split over K (more items than column tiles; the partials meet in the scratch of
+    the ring slots). Two products of one level (distinct scratch), the same product again in later flushes and
+    at other ring positions (the scratch was zeroed by each tile's last item), a bias added once."""
+    N, K = 2048, 4096
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(M + len(layout))
+    a1 = torch.randn(M, K, generator=g, device=DEV).to(dt)
+    a2 = torch.randn(M, K, generator=g, device=DEV).to(dt)
+    b = _b(layout, K, N, dt, g) / 8
+    bias = torch.randn(N, generator=g, device=DEV).to(dt)
+    tiles = N // (16 if layout == "linear" else 256)
+    for rep in range(3):
+        o1 = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
+        o2 = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
+        if rep == 2:  # another ring position for the same product
+            gpuos.submit_add(a1[:, :7], a1[:, :7], torch.empty(M, 7, device=DEV, dtype=dt))
+        before = gpuos.stats()["subops"]
+        gpuos.submit_matmul(a1, b, o1, bias=bias)
+        gpuos.submit_matmul(a2, b, o2)
+        items = (gpuos.stats()["subops"] - before) // 2
+        gpuos.flush()
+        _check(o1, a1, b, bias)
+        _check(o2, a2, b)
+        assert items > tiles, f"{items} items for {tiles} column tiles: the product was not split over K"
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))

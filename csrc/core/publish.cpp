@@ -21,6 +21,8 @@ namespace gpuos {
 
 // cuStreamBatchMemOp takes fewer than 256 operations: one ready write per level plus the final wait.
 constexpr size_t kMaxLevelsPerFlush = 200;
+// A level with this many matmul items launches the worker on the burst grid (streaming a weight wants every SM).
+constexpr uint32_t kHeavyBurst = 64;
 
 // A stream memop that waits until the 32-bit word at addr is >= v (wrap-aware).
 static CUstreamBatchMemOpParams wait_geq(CUdeviceptr addr, uint32_t v) {
@@ -169,7 +171,9 @@ void Runtime::commit_level(std::vector<SubOp>& descs) {
   std::memcpy((void*)&ring_[a], descs.data(), (size_t)first * sizeof(SubOp));
   if (first < n) std::memcpy((void*)&ring_[0], descs.data() + first, (size_t)(n - first) * sizeof(SubOp));
   desc_head_ += n;
-  levels_.push_back({start, n});
+  uint32_t heavy = 0;
+  for (const SubOp& s : descs) heavy += s.op == kOp_mm;
+  levels_.push_back({start, n, heavy});
   descs.clear();
 }
 
@@ -223,7 +227,11 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // for the flush, which earlier levels and later publications of it still read.
   const uint64_t held_refs = inflight_.empty() ? ref_tail_ : inflight_.back().ref_end;
   uint64_t publishing_subops = 0;
-  for (const Level& lv : publishing) publishing_subops += lv.count;
+  bool heavy = false;
+  for (const Level& lv : publishing) {
+    publishing_subops += lv.count;
+    heavy = heavy || lv.heavy >= kHeavyBurst;
+  }
   bool refs_sent = false;
   // If anything below fails, nothing was published: undo the bookkeeping so the levels stay pending (a later
   // flush publishes them) and no seq is left "published but never ready" for a waiter to time out on.
@@ -245,7 +253,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       const uint32_t slot = seq & (kMaxBatches - 1);
       const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
       uint32_t src = 0;
-      if (lv.count >= cfg_.dma_min) {
+      if (lv.count >= cfg_.dma_min || lv.heavy) {
         // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
         // the device mirror first, once per flush, before any DMA-delivered level's ready write.
         if (!refs_sent && ref_head_ > ref_pub_) {
@@ -302,7 +310,8 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // Until the stream waits for these batches, a later flush() must add the wait (also if a step below throws:
   // the batches stay published; the next publication launches a worker for them).
   unwaited_seq_ = last_seq_;
-  const uint32_t grid = cfg_.burst_min && (early || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_;
+  const uint32_t grid =
+      cfg_.burst_min && (early || heavy || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_;
   // 1b. Stream work still ahead of the ready words (the stream is not idle): the worker that runs them is a
   //     launch gated on the last word (a wait on the side stream, then the launch), so no kernel of ours sits
   //     resident while that work runs -- it may need the device free of resident kernels (the regression test
@@ -375,6 +384,7 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.keep_blocks = grid_;
   args.refs = refs_d_;
   args.refs_dev = refs_dev_;
+  args.scratch = scratch_d_;
   args.standby = gate != 0;
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");
@@ -435,6 +445,7 @@ void Runtime::shutdown(CUstream stream) {
   d.cuMemFree(ring_dev_);
   d.cuMemFree(refs_dev_);
   d.cuMemFree(progs_d_);
+  d.cuMemFree(scratch_d_);
   d.cuMemFreeHost(progs_h_);
   d.cuStreamDestroy(ctl_);
   d.cuMemFreeHost(refs_);

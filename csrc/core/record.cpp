@@ -188,6 +188,23 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   maybe_publish_early();
 }
 
+// K slices of a product of ntile column tiles of width tw (device_src/matmul.h): enough items to cover the
+// grid (about kMmItems), each slice at least 4 chunks of K (what one pass of a warp's loads covers), and the
+// tile's partials (tw x M) must fit the scratch of its ksplit ring slots; no split when they cannot. The items of
+// a split product must also stay in one piece of append_tiles (capacity / 2): consecutive in the ring.
+uint32_t Runtime::matmul_split(int64_t ntile, int64_t K, int64_t M, int64_t tw) const {
+  constexpr int64_t kMmItems = 1024;
+  const int64_t chunks = (K + kMmChunk - 1) / kMmChunk;
+  int64_t ks = std::min<int64_t>({kMmItems / std::max<int64_t>(ntile, 1), chunks / 4, (int64_t)kMmMaxSplit});
+  if (ks <= 1) return 1;
+  const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
+  if (ks < need) ks = need <= std::min<int64_t>(chunks, kMmMaxSplit) ? need : 1;
+  if (ks > 1 && ntile * ks > (int64_t)cfg_.capacity / 2) ks = 1;
+  // mm_kspan rounds slices up to whole chunks: the last slices may be empty; use only the ones that hold K.
+  while (ks > 1 && (ks - 1) * mm_kspan(K, (uint32_t)ks) >= K) --ks;
+  return ks > 1 && ks * kMmScratchPerSlot >= kMmScratchHead + tw * M ? (uint32_t)ks : 1u;
+}
+
 void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                             const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
                             int64_t M, int64_t N, int64_t K, float alpha, float beta) {
@@ -205,10 +222,28 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   Operand ins[3] = {a, b, Operand{}};
   if (bias) ins[2] = *bias;
   else ins[2].is_const = true;
-  // One warp per tile of columns: about 16K multiply-adds per row of a, in multiples of 4 columns (the vector
-  // path's pass), so a K = 4,096 weight streams 4 columns (32 KB of fp16) per warp.
-  const int64_t cols = std::min<int64_t>(256, std::max<int64_t>(4, (16384 / std::max<int64_t>(K, 1) + 3) / 4 * 4));
-  append_tiles(proto, (uint64_t)N, (uint64_t)cols, refs, bias ? 4 : 3, out, ins, 3);
+  // Path (device_src/matmul.h): tensor cores for 16-bit K-contiguous operands, the ncol items for a 16-bit
+  // N-contiguous weight, per-warp column tiles otherwise.
+  const bool h16 = (a.dtype == kF16 || a.dtype == kBF16) && b.dtype == a.dtype && out.dtype == a.dtype;
+  const bool a16 = (a_ref.ptr & 15) == 0 && (b_ref.ptr & 15) == 0 && K % 8 == 0;
+  uint32_t variant = kMmWarp;
+  if (h16 && a16 && a_ref.strides[1] == 1 && b_ref.strides[0] == 1 && a_ref.strides[0] % 8 == 0 &&
+      b_ref.strides[1] % 8 == 0)
+    variant = kMmMma;
+  else if (h16 && (b_ref.ptr & 15) == 0 && b_ref.strides[1] == 1 && N % 8 == 0 && b_ref.strides[0] % 8 == 0)
+    variant = kMmNcol;
+  if (variant == kMmWarp) {
+    // One warp per tile of columns: about 16K multiply-adds per row of a, in multiples of 4 columns (the vector
+    // path's pass), so a K = 4,096 weight streams 4 columns (32 KB of fp16) per warp.
+    const int64_t cols = std::min<int64_t>(256, std::max<int64_t>(4, (16384 / std::max<int64_t>(K, 1) + 3) / 4 * 4));
+    append_tiles(proto, (uint64_t)N, (uint64_t)cols, refs, bias ? 4 : 3, out, ins, 3);
+  } else {
+    const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
+    const int64_t ntile = (N + tw - 1) / tw;
+    const uint32_t ksplit = matmul_split(ntile, K, M, tw);
+    proto.reserved = variant | ksplit << 8;
+    append_tiles(proto, (uint64_t)(ntile * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);
+  }
   st_.submitted++;
   maybe_publish_early();
 }

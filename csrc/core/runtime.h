@@ -182,6 +182,7 @@ class Runtime {
   void ensure_ref_room(uint32_t nref);
   // Room for ndesc descriptors in the ring, waiting for published batches only (never publishes).
   void wait_ring_room(uint32_t ndesc);
+  uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, int64_t tw) const;  // record.cpp
   void maybe_publish_early() {
     if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
       st_.early_publishes++;
@@ -243,6 +244,7 @@ class Runtime {
   uint64_t ref_pub_ = 0;      // ref_head_ at the last publication: refs since then go with the next DMA
   uint32_t ref_capacity_ = 0;
   CUdeviceptr dc_d_ = 0;     // DevCtl
+  CUdeviceptr scratch_d_ = 0;  // split-K matmul scratch (WorkerArgs::scratch)
   CUdeviceptr ring_dev_ = 0;  // device mirror of the ring (DMA / memop-delivered descriptors)
   CUdeviceptr progs_d_ = 0;   // device program table (kMaxPrograms Programs)
   Program* progs_h_ = nullptr;  // pinned host copy (source of the uploads; never rewritten once assigned)
@@ -256,7 +258,9 @@ class Runtime {
   std::vector<std::vector<SubOp>> stage_;  // stage_[L-1]: descriptors of level L (vectors reused)
   size_t stage_levels_ = 0;              // levels in use in stage_
   uint64_t staged_ = 0;                  // descriptors staged
-  struct Level { uint64_t start; uint32_t count; };
+  // heavy: matmul items in the level (they go by DMA: many warps reading the same pinned TensorRefs crawl; and
+  // a level of >= kHeavyBurst of them launches on the burst grid).
+  struct Level { uint64_t start; uint32_t count; uint32_t heavy; };
   std::vector<Level> levels_;       // committed to the ring, not yet published
   bool rec_stream_on_ = false;   // set_record_stream
   CUstream rec_stream_ = nullptr;
