@@ -200,8 +200,9 @@ uint32_t Runtime::matmul_split(int64_t ntile, int64_t K, int64_t M, int64_t tw) 
   const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
   if (ks < need) ks = need <= std::min<int64_t>(chunks, kMmMaxSplit) ? need : 1;
   if (ks > 1 && ntile * ks > (int64_t)cfg_.capacity / 2) ks = 1;
-  // mm_kspan rounds slices up to whole chunks: the last slices may be empty; use only the ones that hold K.
-  while (ks > 1 && (ks - 1) * mm_kspan(K, (uint32_t)ks) >= K) --ks;
+  // mm_kspan rounds slices up to whole chunks: the last slices may be empty (harmless: their items add nothing);
+  // drop them while the scratch still fits.
+  while (ks > 1 && ks - 1 >= need && (ks - 1) * mm_kspan(K, (uint32_t)ks) >= K) --ks;
   return ks > 1 && ks * kMmScratchPerSlot >= kMmScratchHead + tw * M ? (uint32_t)ks : 1u;
 }
 
