@@ -52,8 +52,10 @@ DEFAULT = [f"{m}-{s}-fp16-sdpa-{c}" for m in ("gpt2", "llama") for s in SCALES f
 QUICK = ["llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-dynamic"]
 TOL = {"fp16": {"rtol": 2e-2, "atol": 2e-2}, "bf16": {"rtol": 5e-2, "atol": 5e-2}}
 SDPA_NOTE = "cuDNN SDPA off; flash / mem-efficient / math left to torch's choice"
-# cudagraph last: on an H100 with transformers 5.17 its capture of a static-cache step hit a device-side assert
-# (index_copy_ out of bounds, 12a9572), which loses the CUDA context for every peer after it.
+# cudagraph last: a failure inside a captured graph loses the CUDA context for every peer after it. (At 12a9572 its
+# replay hit a device-side assert, index_copy_ out of bounds: the static cache the graph writes into was freed
+# after capture, and transformers 5.x writes at the cache's own on-device counter, not at cache_position --
+# rewind_static below.)
 IN_PROCESS = ["eager", "gpuos_scheduler", "gpuos_scheduler_worker_mm", "cudagraph"]
 NOT_APPLICABLE = {
     "foreach": "a decode step is a chain of dependent ops; torch._foreach_* needs lists of independent tensors",
@@ -111,11 +113,24 @@ def step_logits(model, tok, cache, pos, kw="past_key_values"):
     return model(input_ids=tok, cache_position=pos, use_cache=True, **{kw: cache}).logits[:, -1].float()
 
 
+def rewind_static(cache, length: int = PROMPT) -> None:
+    """Set a static cache's write position back to ``length``, in place. transformers 5.x StaticLayer ignores
+    ``cache_position``: it writes at its on-device ``cumulative_length`` and bumps it in place every update (a
+    captured graph bumps it on every replay). Older versions have no such tensor and use cache_position."""
+    import torch
+    for layer in getattr(cache, "layers", ()):
+        n = getattr(layer, "cumulative_length", None)
+        if isinstance(n, torch.Tensor):
+            n.fill_(length)
+
+
 def decode(d, cache, step=step_logits):
     """STEPS teacher-forced steps from the prompt: (argmax per step, logits per step)."""
     import torch
     if d.spec.cache == "dynamic" and cache.get_seq_length() > PROMPT:
         cache.crop(PROMPT - cache.get_seq_length())  # negative: drop that many tokens (every version takes it)
+    if d.spec.cache == "static":
+        rewind_static(cache)
     out = []
     with torch.no_grad():
         for i in range(d.steps):
@@ -199,6 +214,7 @@ def setup_cudagraph(case: H.Case) -> H.Prepared:
     g, out, capture_ms = H.capture_cuda_graph(step, step)
 
     def fn():
+        rewind_static(cache)  # also keeps `cache` alive: the graph holds raw pointers into its tensors
         res = []
         for i in range(d.steps):
             tok.copy_(d.forced[i])
