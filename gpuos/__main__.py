@@ -74,8 +74,9 @@ def report() -> tuple:
             arch = f"sm_{p.major}{p.minor}"
             gpus.append((i, p.name, arch))
             line(f"GPU {i}", f"{p.name}, {arch}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
-            if p.major < 7:
-                problem(f"GPU {i} ({p.name}, {arch}) is older than Volta", "GPUOS needs sm_70 or newer")
+            if p.major < 8:  # the worker's bf16 conversions and mma.sync m16n8k16 need sm_80 (ptxas)
+                problem(f"GPU {i} ({p.name}, {arch}) is older than Ampere",
+                        "GPUOS needs sm_80 or newer (Ampere, Ada, Hopper, Blackwell)")
     else:
         line("GPU", "none visible to torch (GPUOS runs its CPU tests and NVRTC compiles only)")
     settings = {k: v for k, v in gx.config().items() if k in os.environ}
