@@ -258,10 +258,10 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });
-  m.def("set_worker_matmul", [](bool on) { g_worker_matmul = on; }, py::arg("enabled"),
+  m.def("set_worker_matmul", &set_worker_matmul, py::arg("enabled"),
         "Record aten::mm / addmm with <= 64 activation rows as worker tasks under scheduler_context (default: "
         "off, or GPUOS_WORKER_MATMUL=1). Off, they run with cuBLAS (fallback reason 'matmul_off').");
-  m.def("worker_matmul_enabled", [] { return g_worker_matmul; });
+  m.def("worker_matmul_enabled", &worker_matmul_enabled);
   m.def("set_specialize_after", &set_specialize_after, py::arg("uses"),
         "Tier 2: a fused-chain program run this many times gets straight-line code in a later generation "
         "(compiled in the background; 0 = never). Default 64, or GPUOS_SPECIALIZE_AFTER.");

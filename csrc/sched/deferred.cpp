@@ -1,19 +1,22 @@
 // csrc/sched/deferred.cpp -- see deferred.h.
 #include "sched/deferred.h"
 
-#include <cstdlib>
+#include "config/config.h"
 
 namespace gpuos {
 namespace {
 Deferred g_def[kMaxDevices];
+int g_worker_matmul = -1;  // -1: not chosen yet (the environment's setting applies)
 }  // namespace
 
 SchedStats g_sched;
 bool g_fusion = true;
-bool g_worker_matmul = [] {
-  const char* v = std::getenv("GPUOS_WORKER_MATMUL");
-  return v != nullptr && v[0] == '1';
-}();
+
+bool worker_matmul_enabled() {
+  if (g_worker_matmul < 0) g_worker_matmul = env_config().worker_matmul ? 1 : 0;
+  return g_worker_matmul != 0;
+}
+void set_worker_matmul(bool on) { g_worker_matmul = on ? 1 : 0; }
 
 Deferred& deferred_of(int dev) { return g_def[dev]; }
 

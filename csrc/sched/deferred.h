@@ -63,8 +63,9 @@ struct SchedStats {
 extern SchedStats g_sched;
 extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
 // aten::mm / addmm with at most kWorkerMatmulMaxRows activation rows run as worker tasks (gpuos.set_worker_matmul;
-// off by default until the worker matmul is verified on a GPU: env GPUOS_WORKER_MATMUL=1 turns it on).
-extern bool g_worker_matmul;
+// off by default, GPUOS_WORKER_MATMUL=1 turns it on: read on first use, config/config.h).
+bool worker_matmul_enabled();
+void set_worker_matmul(bool on);
 constexpr int64_t kWorkerMatmulMaxRows = 64;
 
 // Does Python still see the tensor (sched/lower.cpp)? True when its only references are `ours` (plus the

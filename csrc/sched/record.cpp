@@ -235,7 +235,7 @@ PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return python_call([&]() -> PyObject* {
     if (nargs != 5) throw py::type_error("sched_matmul takes 5 arguments");
-    if (!g_worker_matmul) return reason(kR_matmul_off);
+    if (!worker_matmul_enabled()) return reason(kR_matmul_off);
     PyObject *pa = args[0], *pb = args[1], *pc = args[2];
     const double alpha = PyFloat_AsDouble(args[3]), beta = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return nullptr;
@@ -263,15 +263,7 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (M > kWorkerMatmulMaxRows) return reason(kR_matmul_rows);
     std::vector<int64_t> shape = {M, N};
     if (nd == 3) shape.insert(shape.begin(), a.size(0));
-    if (has_bias) {
-      const int64_t bd = bias.dim();
-      bool ok = bd >= 1 && bd <= nd;
-      for (int64_t i = 0; ok && i < bd; ++i) {
-        const int64_t want = shape[(size_t)(nd - bd + i)], got = bias.size(i);
-        ok = got == want || got == 1;
-      }
-      if (!ok) return reason(kR_unsupported_args);
-    }
+    if (has_bias && !bias_broadcasts(bias, shape)) return reason(kR_unsupported_args);
     at::Tensor out = empty_like_device(a, shape, a.scalar_type());
     defer_op(a.get_device(), [&](DeferredOp& d) {
       d.op = kOp_mm;

@@ -16,7 +16,7 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 // sched_cast(x, dtype, out | None, size_threshold): aten::_to_copy (functional) / copy_ (out = self) as op copy.
 PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs);
-// sched_matmul(a, b, bias, alpha, beta): aten::mm / addmm as a worker task (sched/deferred.h g_worker_matmul).
+// sched_matmul(a, b, bias, alpha, beta): aten::mm / addmm as a worker task (sched/deferred.h worker_matmul_enabled).
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace gpuos

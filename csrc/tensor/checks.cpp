@@ -58,6 +58,14 @@ bool has_internal_overlap(const at::Tensor& t) {
   return false;
 }
 
+bool bias_broadcasts(const at::Tensor& bias, at::IntArrayRef shape) {
+  const int64_t bd = bias.dim(), nd = (int64_t)shape.size();
+  if (bd < 1 || bd > nd) return false;
+  for (int64_t i = 0; i < bd; ++i)
+    if (bias.size(i) != shape[(size_t)(nd - bd + i)] && bias.size(i) != 1) return false;
+  return true;
+}
+
 // Checks for out = op(a, b); throws TypeError / ValueError naming op, shapes, dtypes and the fix.
 void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   const at::Tensor* ts[3] = {&a, &b, &out};

@@ -35,16 +35,8 @@ void submit_matmul(PyObject* pa, PyObject* pb, PyObject* pout, PyObject* pbias, 
   const int dev = out.get_device();
   if (a.get_device() != dev || b.get_device() != dev || (has_bias && bias.get_device() != dev))
     throw py::value_error(w() + ": every tensor must be on out's device (cuda:" + std::to_string(dev) + ")");
-  if (has_bias) {
-    const int64_t bd = bias.dim();
-    bool ok = bd >= 1 && bd <= 2;
-    for (int64_t i = 0; ok && i < bd; ++i) {
-      const int64_t want = out.size(2 - bd + i), got = bias.size(i);
-      ok = got == want || got == 1;
-    }
-    if (!ok)
-      throw py::value_error(w() + ": bias must broadcast to out " + shape_str(out) + " (N, 1 x N, M x 1 or M x N)");
-  }
+  if (has_bias && !bias_broadcasts(bias, out.sizes()))
+    throw py::value_error(w() + ": bias must broadcast to out " + shape_str(out) + " (N, 1 x N, M x 1 or M x N)");
   if (has_internal_overlap(out))
     throw py::value_error(w() + ": out has stride-0 (expanded) dims. Fix: write to a separate tensor.");
   for (const at::Tensor* in : {&a, &b, (const at::Tensor*)&bias}) {

@@ -34,6 +34,8 @@ std::string describe(const char* name, const at::Tensor& t);
 // Does `in` share memory with `out` other than as exactly the same view (the allowed in-place case)?
 bool partially_overlaps(const at::Tensor& out, const at::Tensor& in, bool allow_identical = true);
 bool has_internal_overlap(const at::Tensor& t);  // a stride-0 dim of size > 1
+// A matmul bias: 1 to shape.size() dims, each equal to shape's trailing dim or 1 (what the product broadcasts).
+bool bias_broadcasts(const at::Tensor& bias, at::IntArrayRef shape);
 // out = op(a, b) of the seed API: CUDA, one float dtype, one device, equal shapes, no partial overlap.
 void check_binary(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 void check_overlap(const char* who, const at::Tensor& out, const at::Tensor& in, const std::string& inname);
