@@ -12,6 +12,7 @@
 #include "device_src/numeric.h"
 #include "device_src/functors.h"
 #include "device_src/interp.h"
+#include "device_src/elementwise.h"  // ew_op, the element access helpers, tier-2 fused_spec_op
 #include "device_src/user_ops.h"  // this generation's injected ops (issue #5); generated per generation
 
 namespace gpuos {
@@ -40,144 +41,6 @@ __device__ __forceinline__ uint4 ld_vol4(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-// ---------------------------------------------------------------- element access
-__device__ __noinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
-  i64 off = 0;
-  for (int d = (int)r.ndim - 1; d > 0; --d) {
-    const i64 s = r.sizes[d];
-    const i64 q = linear / s;
-    off += (linear - q * s) * r.strides[d];
-    linear = q;
-  }
-  return off + linear * r.strides[0];
-}
-
-// 16-byte vectors: 4 fp32 values (VecF32), or 8 fp16 / bf16 values (Vec16, dtype chosen at run time: one copy
-// of each op's vector loop serves both 16-bit types, which keeps the worker module -- and so the module load
-// of a generation handover -- smaller; the conversions are a select, free next to the memory traffic).
-struct VecF32 {
-  static constexpr u32 N = 4;
-  static __device__ __forceinline__ void unpack(const uint4& q, float* f, u32) {
-    f[0] = __uint_as_float(q.x); f[1] = __uint_as_float(q.y); f[2] = __uint_as_float(q.z); f[3] = __uint_as_float(q.w);
-  }
-  static __device__ __forceinline__ void load(const void* p, float* f, u32 dt) { unpack(*(const uint4*)p, f, dt); }
-  static __device__ __forceinline__ void store(void* p, const float* f, u32) {
-    *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
-  }
-};
-struct Vec16 {
-  static constexpr u32 N = 8;
-  static __device__ __forceinline__ float cvt(u16 h, u32 dt) { return dt == kF16 ? f16_to_f32(h) : bf16_to_f32(h); }
-  static __device__ __forceinline__ u32 rnd(float f, u32 dt) { return dt == kF16 ? f32_to_f16(f) : f32_to_bf16(f); }
-  static __device__ __forceinline__ void unpack(const uint4& q, float* f, u32 dt) {
-    const u32 w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = cvt((u16)(w[i] & 0xffffu), dt);
-      f[2 * i + 1] = cvt((u16)(w[i] >> 16), dt);
-    }
-  }
-  static __device__ __forceinline__ void load(const void* p, float* f, u32 dt) { unpack(*(const uint4*)p, f, dt); }
-  static __device__ __forceinline__ void store(void* p, const float* f, u32 dt) {
-    u32 w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = rnd(f[2 * i], dt) | (rnd(f[2 * i + 1], dt) << 16);
-    *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-};
-
-__device__ __forceinline__ u32 dt_of(const SubOp& d, u32 k) { return (d.dtype >> (8 * k)) & 0xffu; }
-
-// Operand k (0-based input index) of a strided sub-op at linear element e.
-__device__ __forceinline__ float strided_operand(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
-  if (d.flags & (kFlagConst0 << k)) return bits_f32((u32)d.in[k]);
-  return load_f32((const void*)refs[k + 1].ptr, dt_of(d, k + 1), ref_offset(refs[k + 1], e));
-}
-
-// One 16-byte vector holds 4 fp32 or 8 fp16 / bf16 values; the functor runs on chunks of 4 (one chunk for fp32,
-// two for 16-bit, in a loop that is not unrolled), so every op has one copy of its vector code for all three
-// dtypes: the worker module -- and with it the module load of a generation handover -- stays small.
-__device__ __forceinline__ void unpack4(const uint4& q, u32 dt, u32 c, float* f) {
-  if (dt == kF32) {
-    f[0] = __uint_as_float(q.x); f[1] = __uint_as_float(q.y); f[2] = __uint_as_float(q.z); f[3] = __uint_as_float(q.w);
-    return;
-  }
-  const u32 w0 = c ? q.z : q.x, w1 = c ? q.w : q.y;
-  f[0] = Vec16::cvt((u16)(w0 & 0xffffu), dt); f[1] = Vec16::cvt((u16)(w0 >> 16), dt);
-  f[2] = Vec16::cvt((u16)(w1 & 0xffffu), dt); f[3] = Vec16::cvt((u16)(w1 >> 16), dt);
-}
-__device__ __forceinline__ void pack4(uint4& r, u32 dt, u32 c, const float* f) {
-  if (dt == kF32) {
-    r = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-    return;
-  }
-  const u32 a = Vec16::rnd(f[0], dt) | (Vec16::rnd(f[1], dt) << 16), b = Vec16::rnd(f[2], dt) | (Vec16::rnd(f[3], dt) << 16);
-  if (c) r.z = a, r.w = b;
-  else r.x = a, r.y = b;
-}
-
-// Contiguous, 16-byte aligned, every tensor operand of the output's dtype (constants allowed): the tile's whole
-// vectors; returns how many elements it did (the rest goes through the element loop).
-template <class F, u32 A>
-__device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
-  const u32 dt = d.dtype & 0xffu;
-  const u32 per = dt == kF32 ? 4u : 8u;
-  const u64 boff = (u64)d.base * (dt == kF32 ? 4u : 2u);
-  const u32 nv = d.n / per;
-  const float s0 = d.scalar[0], s1 = d.scalar[1];
-  for (u32 v = lane; v < nv; v += 32) {
-    uint4 q[A];
-#pragma unroll
-    for (u32 k = 0; k < A; ++k)
-      q[k] = (d.flags & (kFlagConst0 << k)) ? make_uint4(0u, 0u, 0u, 0u)
-                                            : *(const uint4*)((const char*)d.in[k] + boff + (u64)v * 16);
-    uint4 r = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll 1
-    for (u32 c = 0; c < per / 4; ++c) {
-      float x[3][4] = {};
-#pragma unroll
-      for (u32 k = 0; k < A; ++k) {
-        if (d.flags & (kFlagConst0 << k)) x[k][0] = x[k][1] = x[k][2] = x[k][3] = bits_f32((u32)d.in[k]);
-        else unpack4(q[k], dt, c, x[k]);
-      }
-#pragma unroll
-      for (u32 i = 0; i < 4; ++i) x[0][i] = F::apply(x[0][i], x[1][i], x[2][i], s0, s1);
-      pack4(r, dt, c, x[0]);
-    }
-    *(uint4*)((char*)d.out + boff + (u64)v * 16) = r;
-  }
-  return nv * per;
-}
-
-// __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
-// op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
-template <class F, u32 A>
-__device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
-  const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
-  const u32 dto = d.dtype & 0xffu;
-  const float s0 = d.scalar[0], s1 = d.scalar[1];
-  if (!(d.flags & kFlagStrided)) {  // contiguous: mixed dtypes, unaligned, or the vectors' tail
-    for (u32 i = done + lane; i < d.n; i += 32) {
-      const i64 e = (i64)d.base + i;
-      float x[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (u32 k = 0; k < A; ++k)
-        x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32((u32)d.in[k]) : load_f32((const void*)d.in[k], dt_of(d, k + 1), e);
-      store_f32((void*)d.out, dto, e, F::apply(x[0], x[1], x[2], s0, s1));
-    }
-    return;
-  }
-  // Strided: the address of every operand from its TensorRef (ref_offset, out of line: inlined per operand and
-  // per op it made the worker module 2.8x larger, and its load at a generation handover as much slower).
-  for (u32 i = lane; i < d.n; i += 32) {
-    const i64 e = (i64)d.base + i;
-    float x[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (u32 k = 0; k < A; ++k) x[k] = strided_operand(d, refs, k, e);
-    store_f32((void*)refs[0].ptr, dto, ref_offset(refs[0], e), F::apply(x[0], x[1], x[2], s0, s1));
-  }
 }
 
 // ---------------------------------------------------------------- last-dim reductions, one warp per row
@@ -337,12 +200,6 @@ __device__ __forceinline__ void reduce_op(const SubOp& d, const TensorRef* refs,
 }
 
 // ---------------------------------------------------------------- fused chains (interpreter tier)
-__device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
-  i64 q = o.div > 1 ? e / (i64)o.div : e;
-  if (o.mod) q %= (i64)o.mod;
-  return q * o.stride;
-}
-
 // out[e] = program(in_0[e], ..., in_k[e]) for the tile's elements: any never-seen chain runs at once.
 __device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
   const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
@@ -355,20 +212,10 @@ __device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const
   }
 }
 
-// Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS).
-template <class F>
-__device__ __noinline__ void fused_spec_op(const SubOp& d, const FusedArgs& fa, u32 lane) {
-  for (u32 i = lane; i < d.n; i += 32) {
-    const i64 e = (i64)d.base + i;
-    float x[F::kInputs];
-#pragma unroll
-    for (u32 k = 0; k < F::kInputs; ++k)
-      x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
-    store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), F::eval(x));
-  }
-}
-
 __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs& fa, u32 prog, u32 lane) {
+#if GPUOS_USER_OPS_LINKED  // linked generation (issue #18): the dispatch object of device_src/linked.h
+  return gpuos_linked_fused_exec(&d, &fa, prog, lane);
+#else
   switch (prog) {
 #define GPUOS_FUSED_CASE(id, F) \
   case id:                      \
@@ -379,6 +226,7 @@ __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs&
     default: break;
   }
   return false;
+#endif
 }
 
 // A fused sub-op's FusedArgs (pinned arena) and Program (device table) go into the warp's shared slots:
@@ -450,6 +298,9 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
 // ---------------------------------------------------------------- injected ops and the dual-slot alias
 // Run (op, slot) if this generation has code for it (device_src/user_ops.h). Returns false otherwise.
 __device__ __forceinline__ bool user_exec(const SubOp& d, const TensorRef* refs, u32 lane, u32 slot) {
+#if GPUOS_USER_OPS_LINKED  // linked generation (issue #18): the dispatch object of device_src/linked.h
+  return gpuos_linked_user_exec(&d, refs, lane, d.op * 2u + slot);
+#else
   switch (d.op * 2u + slot) {
 #define GPUOS_USER_CASE(op, sl, arity, functor) \
   case (op) * 2u + (sl):                        \
@@ -460,6 +311,7 @@ __device__ __forceinline__ bool user_exec(const SubOp& d, const TensorRef* refs,
     default: break;
   }
   return false;
+#endif
 }
 
 // Dispatch one sub-op through the alias table: `alias` (shared memory, nullptr when every op is on slot 0)

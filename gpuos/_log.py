@@ -39,6 +39,7 @@ def start_runtime(ext, **kwargs) -> None:
                     "worker with NVRTC)", torch.cuda.get_device_name())
     before = ext.stats().get("jit_compiles", 0)
     t0 = time.perf_counter()
+    note_link_mode(ext)
     ext.init(**kwargs)
     dt = time.perf_counter() - t0
     compiles = ext.stats().get("jit_compiles", 0) - before
@@ -48,6 +49,27 @@ def start_runtime(ext, **kwargs) -> None:
                    "runs load it from %s)", dt, ext.jit_cache_dir())
     else:
         logger.info("GPUOS runtime started in %.3f s (worker loaded from the JIT cache)", dt)
+
+
+_link_noted = False
+
+
+def note_link_mode(ext) -> None:
+    """Say once per process how generations are built (issue #18): linked from cached objects (an injection costs
+    its own small compile and a link), or whole NVRTC compiles (seconds per injection) and why: a WARNING when
+    nvJitLink is missing or too old, INFO when GPUOS_LINK=0 chose it."""
+    global _link_noted
+    if _link_noted:
+        return
+    _link_noted = True
+    info = ext.link_info()
+    if info["mode"] == "linked":
+        logger.info("generations link cached objects with nvJitLink %s (%s)", info["version"], info["library"])
+        return
+    off = "GPUOS_LINK=0" in info["reason"] or "set_link_override" in info["reason"]
+    logger.log(logging.INFO if off else logging.WARNING,
+               "every generation (injected op, installed slot, tier-2 code) is a whole NVRTC compile: %s",
+               info["reason"])
 
 
 def note_fallback(func, reason: str) -> None:

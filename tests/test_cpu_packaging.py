@@ -103,12 +103,31 @@ def test_start_runtime_logs_an_nvrtc_compile(caplog):
 
         def jit_cache_dir(self):
             return "/tmp/cache"
+
+        def link_info(self):
+            return {"mode": "linked", "version": "13.0", "library": "libnvJitLink.so.13", "reason": ""}
     caplog.set_level(logging.INFO, logger="gpuos")
     ext = Ext()
     _log.start_runtime(ext, capacity=0)
     _log.start_runtime(ext, capacity=0)  # running: no message
     msgs = [r.getMessage() for r in caplog.records if r.name == "gpuos"]
     assert len([m for m in msgs if "compiled the GPUOS worker with NVRTC in" in m and "/tmp/cache" in m]) == 1, msgs
+
+
+@pytest.mark.parametrize("reason,level", [("nvJitLink (libnvJitLink) could not be loaded", logging.WARNING),
+                                          ("GPUOS_LINK=0: whole NVRTC compiles", logging.INFO)])
+def test_whole_compile_mode_is_logged_once_with_its_reason(caplog, monkeypatch, reason, level):
+    from gpuos import _log
+
+    class Ext:
+        def link_info(self):
+            return {"mode": "whole", "version": "", "library": "", "reason": reason}
+    monkeypatch.setattr(_log, "_link_noted", False)
+    caplog.set_level(logging.INFO, logger="gpuos")
+    _log.note_link_mode(Ext())
+    _log.note_link_mode(Ext())
+    recs = [r for r in caplog.records if r.name == "gpuos"]
+    assert len(recs) == 1 and recs[0].levelno == level and reason in recs[0].getMessage(), recs
 
 
 def test_handovers_and_compiles_are_logged_once(caplog):

@@ -46,6 +46,8 @@ EnvConfig read_env() {
     else if (const char* h = get("HOME")) c.cache_dir = std::string(h) + "/.cache/gpuos";
   }
   if (const char* p = get("GPUOS_NVRTC_PATH")) c.nvrtc_path = p;
+  if (const char* p = get("GPUOS_NVJITLINK_PATH")) c.nvjitlink_path = p;
+  if (const char* l = get("GPUOS_LINK")) c.link = std::string(l) != "0";
   if (const char* h = get("CUDA_HOME")) c.cuda_home = h;
   else if (const char* h2 = get("CUDA_PATH")) c.cuda_home = h2;
   return c;
@@ -85,7 +87,8 @@ std::string describe_env_config() {
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) + "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
-         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path + "\nCUDA_HOME=" + c.cuda_home;
+         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +
+         "\nGPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "\nGPUOS_LINK=" + (c.link ? "1" : "0") + "\nCUDA_HOME=" + c.cuda_home;
 }
 
 }  // namespace gpuos

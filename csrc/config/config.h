@@ -24,6 +24,9 @@ struct EnvConfig {
   std::string cache_dir;          // GPUOS_CACHE_DIR, else $XDG_CACHE_HOME/gpuos, else ~/.cache/gpuos;
                                   // "" when GPUOS_DISABLE_CACHE=1 or no home is known
   std::string nvrtc_path;         // GPUOS_NVRTC_PATH: an explicit libnvrtc.so
+  std::string nvjitlink_path;     // GPUOS_NVJITLINK_PATH: an explicit libnvJitLink.so (linked generations)
+  bool link = true;               // GPUOS_LINK=0: every generation is a whole NVRTC compile (issue #18's
+                                  // linked generations off; the inlined layout, for comparisons)
   std::string cuda_home;          // CUDA_HOME, else CUDA_PATH: <cuda_home>/lib64/libnvrtc.so.*
 };
 

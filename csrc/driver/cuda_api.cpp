@@ -152,6 +152,56 @@ const Nvrtc& nvrtc() {
   return n;
 }
 
+const NvJitLinkLib& nvjitlink() {
+  static NvJitLinkLib n;
+  static bool done = false;
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  if (done) return n;
+  done = true;
+  std::vector<std::string> candidates;
+  const EnvConfig& env = env_config();
+  static const char* kNames[] = {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"};
+  if (!env.nvjitlink_path.empty()) {
+    candidates.push_back(env.nvjitlink_path);  // an explicit choice: nothing else
+  } else {
+    if (!env.cuda_home.empty())
+      for (const char* nm : kNames) candidates.push_back(env.cuda_home + "/lib64/" + nm);
+    for (const auto& dir : nvrtc_dirs())
+      for (const char* nm : kNames) candidates.push_back(dir + "/" + nm);
+    for (const char* nm : kNames) candidates.push_back(nm);
+  }
+  void* lib = nullptr;
+  std::string tried;
+  for (const auto& c : candidates) {
+    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib) { n.path = c; break; }
+    tried += "\n  " + c;
+  }
+  if (!lib) {
+    n.error = "nvJitLink (libnvJitLink) could not be loaded; tried:" + tried +
+              "\nFix: pip install nvidia-nvjitlink (the version of nvidia-cuda-nvrtc), set CUDA_HOME to a CUDA "
+              "toolkit, or set GPUOS_NVJITLINK_PATH to libnvJitLink.so";
+    return n;
+  }
+  using VersionFn = int (*)(unsigned*, unsigned*);
+  if (auto ver = reinterpret_cast<VersionFn>(dlsym(lib, "nvJitLinkVersion"))) ver(&n.major, &n.minor);
+  std::string missing;
+  auto sym = [&](const std::string& name) -> void* {
+    const std::string base = "__nvJitLink" + name + "_";
+    for (const std::string& v : {std::to_string(n.major) + "_" + std::to_string(n.minor), std::to_string(n.major) + "_0"})
+      if (void* p = n.major ? dlsym(lib, (base + v).c_str()) : nullptr) return p;
+    return dlsym(lib, ("nvJitLink" + name).c_str());
+  };
+#define GPUOS_LOAD(name, type)                 \
+  n.name = reinterpret_cast<type>(sym(#name)); \
+  if (!n.name) missing += " nvJitLink" #name;
+  GPUOS_NVJITLINK_FNS(GPUOS_LOAD)
+#undef GPUOS_LOAD
+  if (n.major == 0) missing += " nvJitLinkVersion";
+  if (!missing.empty()) n.error = n.path + " lacks entry points:" + missing + " (older than CUDA 12.3?)";
+  return n;
+}
+
 void wait_stream(CUstream stream, double timeout_s, const std::string& what) {
   const Driver& d = driver();
   spin_wait(

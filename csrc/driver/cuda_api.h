@@ -151,8 +151,36 @@ struct Nvrtc {
 };
 
 // NVRTC, loaded once from GPUOS_NVRTC_PATH, CUDA_HOME, the nvidia-cuda-nvrtc wheel, or the loader path.
-// `search_dirs` are extra directories (from Python: the nvidia wheel's lib dirs). Throws CudaError.
+// `search_dirs` are extra directories (from Python: the nvidia wheels' lib dirs, also searched for
+// libnvJitLink). Throws CudaError.
 const Nvrtc& nvrtc();
 void set_nvrtc_search_dirs(std::vector<std::string> dirs);
+
+// ---- nvJitLink (linked generations, issue #18) ----
+// The entry points are versioned in the library (`__nvJitLinkCreate_13_0`, what nvJitLink.h's macros name);
+// they are looked up for the library's own version (nvJitLinkVersion), then unversioned.
+struct nvJitLink;
+using nvJitLinkHandle = nvJitLink*;
+constexpr int NVJITLINK_INPUT_CUBIN = 1;  // nvJitLink.h nvJitLinkInputType
+struct NvJitLinkLib {
+#define GPUOS_NVJITLINK_FNS(X)                                                                 \
+  X(Create, int (*)(nvJitLinkHandle*, uint32_t, const char**))                                 \
+  X(Destroy, int (*)(nvJitLinkHandle*))                                                        \
+  X(AddData, int (*)(nvJitLinkHandle, int, const void*, size_t, const char*))                  \
+  X(Complete, int (*)(nvJitLinkHandle))                                                        \
+  X(GetLinkedCubinSize, int (*)(nvJitLinkHandle, size_t*))                                     \
+  X(GetLinkedCubin, int (*)(nvJitLinkHandle, void*))                                           \
+  X(GetErrorLogSize, int (*)(nvJitLinkHandle, size_t*))                                        \
+  X(GetErrorLog, int (*)(nvJitLinkHandle, char*))
+#define GPUOS_DECL(name, type) FnPtr<type> name = nullptr;
+  GPUOS_NVJITLINK_FNS(GPUOS_DECL)
+#undef GPUOS_DECL
+  std::string path;       // the library that was loaded
+  unsigned major = 0, minor = 0;
+  std::string error;      // why it cannot be used ("" = usable): not found, no entry points
+};
+// nvJitLink, loaded once from GPUOS_NVJITLINK_PATH (only that file when set), CUDA_HOME, the nvidia-nvjitlink
+// wheel (the search dirs above), or the loader path. Never throws: `error` says why it is unusable.
+const NvJitLinkLib& nvjitlink();
 
 }  // namespace gpuos

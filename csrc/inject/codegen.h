@@ -35,4 +35,17 @@ void emit_op(Emitter& em, const std::string& ns, const std::string& name, uint32
 // code). Same op set -> same text (no generation number in it), so the same cache key in any process.
 std::string header_of(const std::vector<OpSpec>& specs, uint32_t gen, const std::map<uint32_t, std::string>& fused);
 
+// ---- linked generations (issue #18; device_src/linked.h, inject/linked.cpp) ----
+// Entry point of one op slot's object: "gpuos_user_exec_<hash of name, slot, arity, kind and source>", so the
+// object does not depend on the op id (the quick check at registration compiles the very object a generation
+// links).
+std::string op_object_symbol(const OpSpec& s);
+// Source of that object: the op's block (numbered user lines, as emit_op) and its extern "C" entry point running
+// ew_op<functor, arity> of device_src/elementwise.h. `file` is the object's main path.
+std::string op_object_source(const OpSpec& s, const std::string& file);
+// Source of tier-2 program `id`'s object: specialize_program's code and extern "C" gpuos_fused_exec_<id>.
+std::string fused_object_source(uint32_t id, const std::string& code);
+// The dispatch object: gpuos_linked_user_exec / gpuos_linked_fused_exec switching to the entry points above.
+std::string dispatch_source(const std::vector<OpSpec>& specs, const std::vector<uint32_t>& fused_ids);
+
 }  // namespace gpuos

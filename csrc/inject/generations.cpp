@@ -1,10 +1,11 @@
 // csrc/inject/generations.cpp -- the generations of the registry: the background compile thread that turns the
-// queued changes into a generation (one NVRTC module: worker + every op slot + tier-2 chain code), and the
-// queries the runtime and Python make of them. The op side of the registry is inject/registry.cpp.
+// queued changes into a generation (one module: worker + every op slot + tier-2 chain code, linked from cached
+// objects or compiled whole, inject/linked.h), and the queries the runtime and Python make of them. The op side of the registry is inject/registry.cpp.
 #include <atomic>
 #include <functional>
 
 #include "inject/codegen.h"
+#include "inject/linked.h"
 #include "inject/registry_state.h"
 #include "jit/jit.h"
 
@@ -27,6 +28,8 @@ void compile_loop() {
     const std::map<uint32_t, std::string> fused = r.fused_specs;
     r.spec_dirty = false;
     g->header = header_of(specs, g->id, fused);
+    g->specs = specs;
+    g->fused = fused;
     for (const OpSpec& s : specs) g->ops.push_back(s.name + "[" + std::to_string(s.slot) + "]");
     for (const auto& kv : fused) g->ops.push_back("fused#" + std::to_string(kv.first));
     g->changes.swap(r.dirty);
@@ -39,7 +42,7 @@ void compile_loop() {
     std::shared_ptr<CompileError> err;
     try {
       for (const auto& arch : archs)
-        images[arch] = std::make_shared<const std::string>(jit_compile_sources(arch, {{kUserOpsPath, g->header}}));
+        images[arch] = std::make_shared<const std::string>(build_generation_image(arch, specs, fused, g->header));
     } catch (const CompileError& e) {
       err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
                                                std::to_string(specs.size()) + ") failed to compile; the running "
@@ -164,18 +167,19 @@ void registry_add_arch(const std::string& arch) {
 
 std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::string& arch) {
   Registry& r = R();
-  std::string header;
+  std::shared_ptr<Gen> g;
   {
     std::lock_guard<std::mutex> lk(r.mu);
     if (gen >= r.gens.size() || r.gens[gen]->state != Gen::kReady)
       throw std::logic_error("gpuos internal error: generation " + std::to_string(gen) + " is not ready");
     auto it = r.gens[gen]->images.find(arch);
     if (it != r.gens[gen]->images.end()) return it->second;
-    header = r.gens[gen]->header;
+    g = r.gens[gen];  // specs, fused and header never change once the generation exists
   }
-  // An arch the generation was not compiled for (or generation 0: the embedded sources as they are).
-  auto image = std::make_shared<const std::string>(gen == 0 ? jit_compile_arch(arch)
-                                                           : jit_compile_sources(arch, {{kUserOpsPath, header}}));
+  // An arch the generation was not compiled for (or generation 0: no ops; its whole compile is the embedded
+  // sources as they are).
+  auto image = std::make_shared<const std::string>(
+      build_generation_image(arch, g->specs, g->fused, gen == 0 ? std::string() : g->header));
   std::lock_guard<std::mutex> lk(r.mu);
   r.gens[gen]->images[arch] = image;
   return image;

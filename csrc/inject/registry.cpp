@@ -19,7 +19,9 @@
 #include "device_src/functors.h"
 #include "device_src/types.h"
 #include "inject/codegen.h"
+#include "inject/linked.h"
 #include "jit/jit.h"
+#include "jit/link.h"
 #include "ops/op_table.h"
 
 namespace gpuos {
@@ -125,18 +127,31 @@ std::string validation_arch(const Registry& r) {
   return jit_newest_virtual_arch();  // no GPU known yet
 }
 
-// Quick NVRTC check of one op's code (the op's block + a tiny kernel calling it): a bad source fails in about
-// a second with a short log, before any generation is queued. Cached like every compile.
+// Quick NVRTC check of one op's code before any generation is queued: a bad source fails in about a second with
+// a short log. For each device arch whose generations link (issue #18) it compiles the op's own object, the very
+// object the generation links (cached: the generation then only compiles its dispatch and links); otherwise the
+// op's block and a tiny kernel calling it, as PTX (`ptx_arch`). Cached like every compile.
 void validate_source(const std::string& who, const std::string& name, uint32_t slot, uint32_t arity,
-                     const std::string& source, bool is_expr, const std::string& arch) {
-  const std::string file = "device_src/user_check.cu";
-  Emitter em;
-  em.put("// gpuos: validation compile of one injected op\n#include \"device_src/config.h\"\n"
-         "#include \"device_src/functors.h\"\n");
-  emit_op(em, "check", name, slot, arity, source, is_expr, file);
-  em.put("extern \"C\" __global__ void gpuos_check_kernel(float* o, const float* x) {\n"
-         "  o[threadIdx.x] = ::gpuos_user_check::UserF_check::apply(x[0], x[1], x[2], x[3], x[4]);\n}\n");
+                     const std::string& source, bool is_expr, const std::string& ptx_arch,
+                     const std::set<std::string>& archs) {
+  std::string arch = ptx_arch;
   try {
+    bool linked = false;
+    for (const std::string& a : archs)
+      if (link_for_arch(a)) {
+        arch = a;
+        op_object(a, OpSpec{0, slot, arity, name, source, is_expr});
+        linked = true;
+      }
+    if (linked) return;
+    arch = ptx_arch;
+    const std::string file = "device_src/user_check.cu";
+    Emitter em;
+    em.put("// gpuos: validation compile of one injected op\n#include \"device_src/config.h\"\n"
+           "#include \"device_src/functors.h\"\n");
+    emit_op(em, "check", name, slot, arity, source, is_expr, file);
+    em.put("extern \"C\" __global__ void gpuos_check_kernel(float* o, const float* x) {\n"
+           "  o[threadIdx.x] = ::gpuos_user_check::UserF_check::apply(x[0], x[1], x[2], x[3], x[4]);\n}\n");
     jit_compile_sources(arch, {{file, em.out}}, file);
   } catch (const CompileError& e) {
     throw CompileError(who + ": the " + (is_expr ? "expression" : "source") + " of op '" + name + "' (slot " +
@@ -245,6 +260,7 @@ uint32_t register_user_op(const std::string& who, const std::string& name, const
     throw std::invalid_argument(who + ": op '" + name + "' has arity " + std::to_string(arity) +
                                 "; injected elementwise ops take 1, 2 or 3 tensor inputs");
   std::string arch;
+  std::set<std::string> archs;
   {
     std::lock_guard<std::mutex> lk(r.mu);
     auto it = r.by_name.find(name);
@@ -253,8 +269,9 @@ uint32_t register_user_op(const std::string& who, const std::string& name, const
                                   std::to_string(it->second) + "). Fix: pick another name, or replace its code "
                                   "with gpuos.install('" + name + "', source, slot).");
     arch = validation_arch(r);
+    archs = r.archs;
   }
-  validate_source(who, name, 0, (uint32_t)arity, source, is_expr, arch);
+  validate_source(who, name, 0, (uint32_t)arity, source, is_expr, arch, archs);
   std::unique_lock<std::mutex> lk(r.mu);
   if (r.hold > 0) block = false;  // inside batch_install(): the compile starts (and is waited for) at its end
   uint32_t id = 0;
@@ -297,6 +314,7 @@ uint32_t install_user_op(const std::string& name, const std::string& source, uin
   const int bid = builtin_id(name);
   uint32_t arity = 0;
   std::string arch;
+  std::set<std::string> archs;
   {
     std::lock_guard<std::mutex> lk(r.mu);
     if (bid >= 0) {
@@ -313,12 +331,13 @@ uint32_t install_user_op(const std::string& name, const std::string& source, uin
       arity = r.ops[id].arity;
     }
     arch = validation_arch(r);
+    archs = r.archs;
   }
   if (!is_expr && infer_arity(source, name) < 0)
     throw std::invalid_argument(who + ": the source does not define a function named '" + name +
                                 "'. Fix: define __device__ float " + name + "(...) with " + std::to_string(arity) +
                                 " float parameter(s).");
-  validate_source(who, name, slot, arity, source, is_expr, arch);
+  validate_source(who, name, slot, arity, source, is_expr, arch, archs);
   std::unique_lock<std::mutex> lk(r.mu);
   if (r.hold > 0) block = false;  // inside batch_install()
   uint32_t id;

@@ -45,7 +45,9 @@ struct Change {
 
 struct Gen {
   uint32_t id = 0;
-  std::string header;  // the generated device_src/user_ops.h
+  std::string header;  // the generated device_src/user_ops.h (a whole compile's)
+  std::vector<OpSpec> specs;               // what it holds (a linked build's objects)
+  std::map<uint32_t, std::string> fused;   // tier-2 program id -> code
   enum State { kCompiling, kReady, kFailed } state = kCompiling;
   std::map<std::string, std::shared_ptr<const std::string>> images;  // arch -> cubin / PTX (shared: no copies)
   std::shared_ptr<CompileError> error;

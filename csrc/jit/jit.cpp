@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "config/config.h"
+#include "device_src/config.h"
 #include "driver/cuda_api.h"
 #include "generated/embedded_sources.h"  // kEmbeddedSources[], kEmbeddedCount (setup.py)
 
@@ -74,8 +75,16 @@ std::string hex64(uint64_t h) {
   return buf;
 }
 
-std::vector<std::string> compile_options(const std::string& arch) {
-  return {"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space", "-Xptxas", "-O1"};
+std::vector<std::string> compile_options(const std::string& arch, bool relocatable) {
+  std::vector<std::string> o{"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space",
+                             "-Xptxas", "-O1"};
+  if (relocatable) {
+    // Separately compiled device functions do not inherit the worker's __launch_bounds__ register cap, and
+    // nvJitLink refuses callees above the kernel's cap (tools/link_probe.py): give every object that cap.
+    o.push_back("-rdc=true");
+    o.push_back("--maxrregcount=" + std::to_string(65536 / (kMaxThreads * kWorkerBlocksPerSm)));
+  }
+  return o;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -177,11 +186,12 @@ std::string jit_cache_dir() {
 
 std::string jit_compile_arch(const std::string& arch) { return jit_compile_sources(arch, {}, kMainSource); }
 
-std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides, const std::string& main) {
+std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides, const std::string& main,
+                                bool relocatable) {
   const Nvrtc& nv = nvrtc();
   int vmaj = 0, vmin = 0;
   nv.nvrtcVersion(&vmaj, &vmin);
-  const auto opts = compile_options(arch);
+  const auto opts = compile_options(arch, relocatable);
   std::map<std::string, std::string> owned;  // the effective source set when files are overridden
   if (!overrides.empty()) {
     owned = embedded_sources();
@@ -221,7 +231,7 @@ std::string jit_compile_sources(const std::string& arch, const SourceOverrides& 
   std::string stem = main.substr(main.rfind('/') + 1);
   stem = stem.substr(0, stem.rfind('.'));
   const std::string file =
-      dir.empty() ? "" : dir + "/" + stem + "-" + arch + "-" + key + (arch[0] == 's' ? ".cubin" : ".ptx");
+      dir.empty() ? "" : dir + "/" + stem + "-" + arch + "-" + key + (relocatable ? ".o" : "") + (arch[0] == 's' ? ".cubin" : ".ptx");
   std::string image;
   if (!file.empty() && read_file(file, image)) {
     std::lock_guard<std::mutex> sl(g_stats_mu);
@@ -229,6 +239,10 @@ std::string jit_compile_sources(const std::string& arch, const SourceOverrides& 
     g_stats.disk_hits++;
   } else {
     image = nvrtc_compile(arch, opts, h, srcs, main);
+    if (relocatable) {
+      std::lock_guard<std::mutex> sl(g_stats_mu);
+      g_stats.object_compiles++;
+    }
     if (!file.empty()) {
       mkdirs(dir);
       if (!write_file_atomic(file, image))

@@ -8,7 +8,8 @@
 namespace gpuos {
 
 struct JitStats {
-  uint64_t compiles = 0;    // NVRTC runs
+  uint64_t compiles = 0;    // NVRTC runs (whole images and relocatable objects)
+  uint64_t object_compiles = 0;  // of which relocatable objects (linked generations, jit/link.h)
   uint64_t cache_hits = 0;  // memory or disk hits
   uint64_t disk_hits = 0;
 };
@@ -30,8 +31,10 @@ std::string jit_arch_for(int cc_major, int cc_minor);
 using SourceOverrides = std::map<std::string, std::string>;
 // Compile `main` (an embedded path or one of `overrides`) with the embedded sources, `overrides` replacing or
 // adding files. Same cache (memory + disk) and forbid-compile switch as jit_compile_arch.
+// relocatable: a linkable object (-rdc=true and the worker's register cap, see relocatable_options) for
+// jit/link.h instead of a loadable image; its own cache key and file name ("<stem>-<arch>-<key>.o.cubin").
 std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides,
-                                const std::string& main = "device_src/worker.cu");
+                                const std::string& main = "device_src/worker.cu", bool relocatable = false);
 
 // "compute_<newest arch this NVRTC knows>": PTX-only checks of device code when no GPU names an arch.
 std::string jit_newest_virtual_arch();

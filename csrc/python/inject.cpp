@@ -6,9 +6,11 @@
 #include <functional>
 #include <vector>
 
+#include "inject/linked.h"
 #include "inject/registry.h"
 #include "inject/specialize.h"
 #include "jit/jit.h"
+#include "jit/link.h"
 #include "python/bindings.h"
 #include "tensor/devices.h"
 
@@ -21,7 +23,91 @@ namespace {
 std::string opt_str(const py::object& o) { return o.is_none() ? std::string() : o.cast<std::string>(); }
 }  // namespace
 
+namespace {
+// Test entry points' op specs: [{id, slot, arity, name, source, expr}].
+std::vector<OpSpec> specs_of(py::list specs) {
+  std::vector<OpSpec> v;
+  for (auto item : specs) {
+    py::dict d = item.cast<py::dict>();
+    OpSpec s;
+    s.id = d["id"].cast<uint32_t>();
+    s.slot = d.contains("slot") ? d["slot"].cast<uint32_t>() : 0;
+    s.arity = d["arity"].cast<uint32_t>();
+    s.name = d["name"].cast<std::string>();
+    s.source = d["source"].cast<std::string>();
+    s.is_expr = d.contains("expr") ? d["expr"].cast<bool>() : true;
+    v.push_back(s);
+  }
+  return v;
+}
+// (program id, Program bytes) of fused chains -> their tier-2 code.
+std::map<uint32_t, std::string> fused_of(py::list fused) {
+  std::map<uint32_t, std::string> fz;
+  for (auto item : fused) {
+    py::tuple t = item.cast<py::tuple>();
+    const std::string blob = t[1].cast<std::string>();
+    if (blob.size() != sizeof(Program)) throw py::value_error("fused program: bad Program size");
+    Program p;
+    std::memcpy((void*)&p, blob.data(), sizeof p);
+    const uint32_t id = t[0].cast<uint32_t>();
+    fz[id] = specialize_program(id, p);
+  }
+  return fz;
+}
+}  // namespace
+
+py::dict link_info() {
+  const LinkMode m = link_mode();
+  const LinkedGenStats g = linked_gen_stats();
+  const LinkStats l = link_stats();
+  py::dict d;
+  d["mode"] = m.linked ? "linked" : "whole";
+  d["reason"] = m.reason;
+  d["library"] = m.library;
+  d["version"] = m.version;
+  d["linked_generations"] = g.linked;
+  d["whole_generations"] = g.whole;
+  d["last_fallback"] = g.last_fallback;
+  d["links"] = l.links;
+  d["link_s"] = l.link_s;
+  return d;
+}
+
 void add_injection_bindings(py::module_& m) {
+  m.def("link_info", &link_info,
+        "How generations are built (issue #18): {'mode': 'linked' | 'whole', 'reason' (why not linked), 'library' "
+        "(libnvJitLink), 'version', 'linked_generations', 'whole_generations', 'last_fallback', 'links', 'link_s'}.");
+  m.def("_set_link_override", &set_link_override, py::arg("mode"),
+        "-1: follow GPUOS_LINK; 0: whole NVRTC compiles; 1: link when nvJitLink is usable (generations built "
+        "after the call; benchmarks compare the two layouts in one process).");
+  m.def("_registry_add_arch", [](const std::string& arch) { registry_add_arch(arch); }, py::arg("arch"),
+        "Compile every later generation for `arch` too (tests: the registry's linked path without a GPU).");
+  m.def(
+      "_generation_image_for",
+      [](const std::string& arch, py::list specs, py::list fused) {
+        const std::vector<OpSpec> v = specs_of(specs);
+        const std::map<uint32_t, std::string> fz = fused_of(fused);
+        const std::string header = generation_header_for(v, 1, fz);
+        std::string img;
+        {
+          py::gil_scoped_release nogil;
+          img = build_generation_image(arch, v, fz, header);
+        }
+        return py::bytes(img);
+      },
+      py::arg("arch"), py::arg("specs"), py::arg("fused") = py::list(),
+      "A generation's image for `arch` as the compile thread builds it (linked or whole, link_info() says which).");
+  m.def(
+      "_generation_image",
+      [](uint32_t gen, const std::string& arch) {
+        std::shared_ptr<const std::string> img;
+        {
+          py::gil_scoped_release nogil;
+          img = generation_image(gen, arch);
+        }
+        return py::bytes(*img);
+      },
+      py::arg("gen"), py::arg("arch"), "The image of ready generation `gen` for `arch` (tests).");
 
   m.def(
       "register_elementwise",
@@ -151,31 +237,7 @@ void add_injection_bindings(py::module_& m) {
         "The generated device_src/user_ops.h of the current registry.");
   m.def(
       "_generation_header_for",
-      [](py::list specs, py::list fused) {
-        std::vector<OpSpec> v;
-        for (auto item : specs) {
-          py::dict d = item.cast<py::dict>();
-          OpSpec s;
-          s.id = d["id"].cast<uint32_t>();
-          s.slot = d.contains("slot") ? d["slot"].cast<uint32_t>() : 0;
-          s.arity = d["arity"].cast<uint32_t>();
-          s.name = d["name"].cast<std::string>();
-          s.source = d["source"].cast<std::string>();
-          s.is_expr = d.contains("expr") ? d["expr"].cast<bool>() : true;
-          v.push_back(s);
-        }
-        std::map<uint32_t, std::string> fz;
-        for (auto item : fused) {  // (program id, Program bytes): tier-2 code of fused chains
-          py::tuple t = item.cast<py::tuple>();
-          const std::string blob = t[1].cast<std::string>();
-          if (blob.size() != sizeof(Program)) throw py::value_error("_generation_header_for: bad program size");
-          Program p;
-          std::memcpy((void*)&p, blob.data(), sizeof p);
-          const uint32_t id = t[0].cast<uint32_t>();
-          fz[id] = specialize_program(id, p);
-        }
-        return generation_header_for(v, 1, fz);
-      },
+      [](py::list specs, py::list fused) { return generation_header_for(specs_of(specs), 1, fused_of(fused)); },
       py::arg("specs"), py::arg("fused") = py::list(),
       "user_ops.h for explicit specs [{id, slot, arity, name, source, expr}] and fused programs [(id, bytes)] "
       "(tests).");

@@ -4,6 +4,7 @@
 // more than the whole record path); everything else is bound with pybind11.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "config/config.h"
@@ -121,15 +122,18 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   set_generation_ready_hook([](uint32_t) { adopt_generation_everywhere(); });
   init_deferred();
   add_injection_bindings(m);
-  // NVRTC may come from the nvidia-cuda-nvrtc wheel (CUDA builds of torch install it): find its lib dirs.
+  // NVRTC (and nvJitLink) may come from the nvidia-cuda-nvrtc / nvidia-nvjitlink wheels (CUDA builds of torch install it): find its lib dirs.
   try {
     py::object spec = py::module_::import("importlib.util").attr("find_spec")("nvidia");
     std::vector<std::string> dirs;
     if (!spec.is_none() && !spec.attr("submodule_search_locations").is_none()) {
       py::object glob = py::module_::import("glob").attr("glob");
       for (auto base : spec.attr("submodule_search_locations"))
-        for (auto lib : glob(py::str(base) + py::str("/*/lib/libnvrtc.so*")))
-          dirs.push_back(py::str(py::module_::import("os.path").attr("dirname")(lib)));
+        for (const char* pat : {"/*/lib/libnvrtc.so*", "/*/lib/libnvJitLink.so*"})  // NVRTC and nvJitLink wheels
+          for (auto lib : glob(py::str(base) + py::str(pat))) {
+            std::string dir = py::str(py::module_::import("os.path").attr("dirname")(lib));
+            if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(std::move(dir));
+          }
     }
     set_nvrtc_search_dirs(std::move(dirs));
   } catch (py::error_already_set& e) {

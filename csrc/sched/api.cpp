@@ -4,7 +4,9 @@
 #include <chrono>
 
 #include "config/config.h"
+#include "inject/linked.h"
 #include "jit/jit.h"
+#include "jit/link.h"
 #include "sched/deferred.h"
 #include "sched/outpool.h"
 
@@ -109,6 +111,11 @@ py::dict stats() {
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;
+  d["object_compiles"] = j.object_compiles;  // relocatable objects among jit_compiles (linked generations)
+  const LinkedGenStats lg = linked_gen_stats();
+  d["linked_generations"] = lg.linked;       // generations built by linking cached objects (issue #18)
+  d["whole_generations"] = lg.whole;         // ... by a whole NVRTC compile
+  d["link_mode"] = link_mode().linked ? "linked" : "whole";  // how the next generation is built (link_info())
   return d;
 }
 

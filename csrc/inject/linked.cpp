@@ -1,0 +1,79 @@
+// csrc/inject/linked.cpp -- see linked.h.
+#include "inject/linked.h"
+
+#include <mutex>
+
+#include "driver/cuda_api.h"
+#include "jit/jit.h"
+#include "jit/link.h"
+
+namespace gpuos {
+namespace {
+std::mutex g_mu;
+std::map<std::string, std::shared_ptr<const std::string>> g_workers;  // arch -> worker object (no copies)
+LinkedGenStats g_stats;
+
+const char* kWorkerUserOps = "// linked worker object (csrc/inject/linked.cpp)\n#include \"device_src/linked.h\"\n";
+
+void note(bool linked, const std::string& why) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  (linked ? g_stats.linked : g_stats.whole)++;
+  if (!linked) g_stats.last_fallback = why;
+}
+}  // namespace
+
+std::shared_ptr<const std::string> worker_object(const std::string& arch) {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_workers.find(arch);
+    if (it != g_workers.end()) return it->second;
+  }
+  auto obj = std::make_shared<const std::string>(
+      jit_compile_sources(arch, {{kUserOpsPath, kWorkerUserOps}}, "device_src/worker.cu", true));
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_workers.emplace(arch, obj).first->second;
+}
+
+std::shared_ptr<const std::string> op_object(const std::string& arch, const OpSpec& s) {
+  const std::string file = "device_src/" + op_object_symbol(s) + ".cu";
+  return std::make_shared<const std::string>(jit_compile_sources(arch, {{file, op_object_source(s, file)}}, file, true));
+}
+
+std::string build_generation_image(const std::string& arch, const std::vector<OpSpec>& specs,
+                                   const std::map<uint32_t, std::string>& fused, const std::string& header) {
+  std::string why;
+  if (link_for_arch(arch)) {
+    std::vector<std::shared_ptr<const std::string>> objs{worker_object(arch)};
+    for (const OpSpec& s : specs) objs.push_back(op_object(arch, s));  // an op's CompileError propagates
+    std::vector<uint32_t> ids;
+    for (const auto& kv : fused) {
+      ids.push_back(kv.first);
+      const std::string file = "device_src/gpuos_fused_exec_" + std::to_string(kv.first) + ".cu";
+      objs.push_back(std::make_shared<const std::string>(
+          jit_compile_sources(arch, {{file, fused_object_source(kv.first, kv.second)}}, file, true)));
+    }
+    const std::string dfile = "device_src/user_dispatch.cu";
+    objs.push_back(std::make_shared<const std::string>(
+        jit_compile_sources(arch, {{dfile, dispatch_source(specs, ids)}}, dfile, true)));
+    try {
+      std::string image = jit_link(arch, objs);
+      note(true, "");
+      return image;
+    } catch (const std::exception& e) {  // a link that fails is our defect, never the user's: compile whole
+      why = std::string("the link failed, so this generation was compiled whole: ") + e.what();
+    }
+  } else {
+    why = arch.rfind("sm_", 0) == 0 ? link_mode().reason : "arch " + arch + " is PTX-only: whole compile";
+  }
+  std::string image = header.empty() ? jit_compile_arch(arch)
+                                     : jit_compile_sources(arch, {{kUserOpsPath, header}});
+  note(false, why);
+  return image;
+}
+
+LinkedGenStats linked_gen_stats() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_stats;
+}
+
+}  // namespace gpuos
