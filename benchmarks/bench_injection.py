@@ -111,17 +111,20 @@ def link_rows(gpuos, ext, args) -> tuple:
     ra, rb, ro = list(A.unbind(0)), list(B.unbind(0)), list(O.unbind(0))
     sub = f"bench_lnk_sub_{nonce}"
 
-    def batch():
-        for i in range(n):
-            gpuos.submit(sub, [ra[i], rb[i]], ro[i], s0=0.5)
+    def batch(op):
+        if op == "add":
+            ext.submit_many("add", ra, rb, ro)
+        else:
+            for i in range(n):
+                gpuos.submit(op, [ra[i], rb[i]], ro[i], s0=0.5)
         gpuos.flush()
 
-    def measure(label):
+    def measure(op):
         gpu = []
-        batch()  # warm: the generation is taken over, the worker has run it
+        batch(op)  # warm: the generation is taken over, the worker has run it
         torch.cuda.synchronize()
         t = time.perf_counter()
-        batch()
+        batch(op)
         torch.cuda.synchronize()
         gate = H.gate_for(host_ms=(time.perf_counter() - t) * 1e3)  # 3x the host's recording time
         for _ in range(args.link_reps):
@@ -129,16 +132,20 @@ def link_rows(gpuos, ext, args) -> tuple:
             ms = float("nan")
             for _ in range(4):
                 try:
-                    ms, _host_s = H.gpu_ms_of(batch, gate=gate)
+                    ms, _host_s = H.gpu_ms_of(lambda: batch(op), gate=gate)
                     break
                 except RuntimeError:  # the host outlasted the gate: a longer one
                     gate *= 2
             gpu.append(ms)
-        good = torch.allclose(O, A * 0.5 + B)
-        return gpu, good, ext.generation_info()["active"][torch.cuda.current_device()]
+        good = torch.allclose(O, A + B if op == "add" else A * 0.5 + B)
+        return gpu, good
+
+    def measure_both():  # the injected op, then the built-in add, on the active generation
+        (u, ok_u), (b, ok_b) = measure(sub), measure("add")
+        return u, b, ok_u and ok_b, ext.generation_info()["active"][torch.cuda.current_device()]
 
     gpuos.register_elementwise(sub, "a * s0 + b")
-    linked1, ok1, g1 = measure("linked")
+    linked1, blinked1, ok1, g1 = measure_both()
     whole_gen_s = None
     if mode == "linked":
         ext._set_link_override(0)
@@ -148,12 +155,12 @@ def link_rows(gpuos, ext, args) -> tuple:
             whole_gen_s = time.perf_counter() - t0
         finally:
             ext._set_link_override(-1)
-        inlined, ok2, g2 = measure("inlined")
+        inlined, binlined, ok2, g2 = measure_both()
         gpuos.register_elementwise(f"bench_lnk2_{nonce}", "a + b")  # linked again
-        linked2, ok3, g3 = measure("linked")
+        linked2, blinked2, ok3, g3 = measure_both()
         ok &= ok2 and ok3
     else:
-        inlined, linked2, g2, g3 = linked1, [], g1, g1
+        inlined, binlined, linked2, blinked2, g2, g3 = linked1, blinked1, [], [], g1, g1
     ok &= ok1
     med = statistics.median
     lk = linked1 + linked2
@@ -169,6 +176,9 @@ def link_rows(gpuos, ext, args) -> tuple:
         H.value_row("link", "inlined_subops_gpu_ms", med(inlined), "ms", subops=n, reps=len(inlined),
                     min=min(inlined), max=max(inlined), generation=g2, whole_compile_s=whole_gen_s, **common),
         H.value_row("link", "linked_vs_inlined_gpu_ratio", med(lk) / med(inlined), "x", goal="<= 1.10", **common),
+        H.value_row("link", "builtin_linked_vs_inlined_gpu_ratio", med(blinked1 + blinked2) / med(binlined), "x",
+                    linked_ms=med(blinked1 + blinked2), inlined_ms=med(binlined), subops=n,
+                    note="built-in add (submit_many) in the linked generations vs the whole one", **common),
     ]
     return rows, bool(ok)
 

@@ -149,18 +149,11 @@ print("OBJECTS", n1 - n0, n2 - n1, n3 - n2, "COMPILES", gpuos_ext.stats()["jit_c
 @requires_link
 def test_registry_links_generations():
     """register / install with a known sm_90 arch: each change compiles only the op slot's object (at the quick
-    check) and the generation's dispatch; a bad source raises CompileError with the user's lines numbered;
-    a warm process with GPUOS_FORBID_COMPILE=1 does it all without compiling."""
+    check) and the generation's dispatch; a bad source raises CompileError with the user's lines numbered."""
     p = run_python(_REGISTRY_SCRIPT, env_extra=_env(), timeout=600)
     assert p.returncode == 0, describe(p)
     assert "COMPILEERROR" in p.stdout, describe(p)
     assert "OBJECTS 2 2 2" in p.stdout, describe(p)
-    warm = run_python(_REGISTRY_SCRIPT.replace('"a +\\n b * nope_q"', '"a +\\n b * nope_q"'),
-                      env_extra=_env(GPUOS_FORBID_COMPILE="1"), timeout=300)
-    # the bad source is not cached (it never compiled), so the warm run raises the forbid-compile error for it
-    assert warm.returncode == 0 or "GPUOS_FORBID_COMPILE" in warm.stderr, describe(warm)
-    if warm.returncode == 0:
-        assert "OBJECTS 0 0 0" in warm.stdout, describe(warm)
 
 
 _WARM_SCRIPT = _REGISTRY_SCRIPT.split("try:")[0] + r"""
@@ -170,6 +163,8 @@ print("OBJECTS", n1 - n0, n2 - n1, n3 - n2, "COMPILES", gpuos_ext.stats()["jit_c
 
 @requires_link
 def test_registry_warm_start_compiles_nothing():
+    """The same registrations in a second process with GPUOS_FORBID_COMPILE=1: every object comes from the disk
+    cache, generations only link."""
     p = run_python(_WARM_SCRIPT, env_extra=_env(), timeout=600)
     assert p.returncode == 0, describe(p)
     warm = run_python(_WARM_SCRIPT, env_extra=_env(GPUOS_FORBID_COMPILE="1"), timeout=300)

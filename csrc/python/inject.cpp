@@ -87,7 +87,8 @@ void add_injection_bindings(py::module_& m) {
       [](const std::string& arch, py::list specs, py::list fused) {
         const std::vector<OpSpec> v = specs_of(specs);
         const std::map<uint32_t, std::string> fz = fused_of(fused);
-        const std::string header = generation_header_for(v, 1, fz);
+        // No ops: generation 0's image (its whole compile is the embedded sources as they are: jit_compile's key).
+        const std::string header = v.empty() && fz.empty() ? std::string() : generation_header_for(v, 1, fz);
         std::string img;
         {
           py::gil_scoped_release nogil;
