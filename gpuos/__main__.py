@@ -60,6 +60,14 @@ def report() -> tuple:
     except Exception as e:  # noqa: BLE001 -- reported
         problem(f"NVRTC not found: {str(e)[:300]}",
                 "pip install nvidia-cuda-nvrtc, or set CUDA_HOME / GPUOS_NVRTC_PATH to a CUDA 12+ toolkit")
+    li = gx.link_info()
+    if li["mode"] == "linked":
+        line("nvJitLink", f"{li['version']} at {li['library']} (a new op compiles alone and links: issue #18)")
+    elif "GPUOS_LINK=0" in li["reason"]:
+        line("nvJitLink", "not used (GPUOS_LINK=0): every generation is a whole NVRTC compile")
+    else:
+        problem(f"generations compile whole (seconds per injected op): {li['reason'][:300]}",
+                "pip install nvidia-nvjitlink (the version of nvidia-cuda-nvrtc), or set GPUOS_NVJITLINK_PATH")
     cache = Path(gx.jit_cache_dir())
     n, size = _dir_size(cache) if cache.is_dir() else (0, 0)
     line("JIT cache", f"{cache} ({n} files, {size / 2**20:.1f} MiB; GPUOS_CACHE_DIR moves it)")
