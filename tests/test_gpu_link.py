@@ -39,40 +39,52 @@ assert st["linked_generations"] >= 1 and st["whole_generations"] == 0, st   # ge
 EXPR = "a * s0 + b * b - c"
 FN = "__device__ float h(float x) { return x > 0.0f ? x : 0.1f * x; }\n" \
      "__device__ float {name}(float a, float b) { return h(a) * b; }"
-gpuos.register_elementwise("lnk_e", EXPR, arity=3)
-gpuos.register_op("lnk_f", FN.replace("{name}", "lnk_f"))
-gpuos.install("lnk_f", "a - b", slot=1)
-gpuos.install("mul", "__device__ float mul(float a, float b) { return a * b + 2.0f; }", slot=1)
-assert gpuos_ext.link_info()["whole_generations"] == 0
-gpuos_ext._set_link_override(0)          # the inlined layout: whole NVRTC compiles
-gpuos.register_elementwise("whl_e", EXPR, arity=3)
-gpuos.register_op("whl_f", FN.replace("{name}", "whl_f"))
-gpuos_ext._set_link_override(-1)
-assert gpuos_ext.link_info()["whole_generations"] == 2, gpuos_ext.link_info()
-
 g = torch.Generator(device="cuda").manual_seed(3)
-def run(op, ins, like, **sc):
-    out = torch.full_like(like, float("nan"))
-    gpuos.submit(op, ins, out, **sc)
-    gpuos.flush(sync=True)
-    return out
+ins = {}
 for dtype in (torch.float32, torch.float16, torch.bfloat16):
-    x, y, z = (torch.randn(10_001, device="cuda", generator=g).to(dtype) for _ in range(3))
-    a = run("lnk_e", [x, y, z], x, s0=0.75); b = run("whl_e", [x, y, z], x, s0=0.75)
-    assert torch.equal(a, b), (dtype, (a - b).abs().max())
-    ref = (x.float() * 0.75 + y.float() * y.float() - z.float()).to(dtype)
-    torch.testing.assert_close(a.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    a = run("lnk_f", [x, y], x); b = run("whl_f", [x, y], x)
-    assert torch.equal(a, b), dtype
+    ins[dtype] = [torch.randn(10_001, device="cuda", generator=g).to(dtype) for _ in range(3)]
 xt = torch.randn(64, 96, device="cuda", generator=g).t()        # strided
 yb = torch.randn(1, 64, device="cuda", generator=g)             # broadcast
-o1 = run("lnk_f", [xt, yb], torch.empty(96, 64, device="cuda"))
-o2 = run("whl_f", [xt, yb], torch.empty(96, 64, device="cuda"))
-assert torch.equal(o1, o2)
-torch.testing.assert_close(o1, torch.where(xt > 0, xt, 0.1 * xt) * yb)
-o3 = run("lnk_f", [xt, 2.0], torch.empty(96, 64, device="cuda"))  # a Python number operand
-torch.testing.assert_close(o3, torch.where(xt > 0, xt, 0.1 * xt) * 2.0)
-# slot 1 of an injected op and of a built-in, switched and rolled back on a linked generation
+
+def run(op, args, like, **sc):
+    out = torch.full_like(like, float("nan"))
+    gpuos.submit(op, args, out, **sc)
+    gpuos.flush(sync=True)
+    return out
+
+def results(e, f):  # every case of ops e (arity 3 expression) and f (function with a helper)
+    r = []
+    for dtype, (x, y, z) in ins.items():
+        r.append(run(e, [x, y, z], x, s0=0.75))
+        r.append(run(f, [x, y], x))
+    r.append(run(f, [xt, yb], torch.empty(96, 64, device="cuda")))
+    r.append(run(f, [xt, 2.0], torch.empty(96, 64, device="cuda")))  # a Python number operand
+    return r
+
+dev = torch.cuda.current_device()
+gpuos.register_elementwise("lnk_e", EXPR, arity=3)
+gpuos.register_op("lnk_f", FN.replace("{name}", "lnk_f"))
+linked = results("lnk_e", "lnk_f")           # from a linked generation (no whole one exists yet)
+assert gpuos_ext.link_info()["whole_generations"] == 0
+gpuos_ext._set_link_override(0)              # the inlined layout: one whole NVRTC compile
+with gpuos.batch_install():
+    gpuos.register_elementwise("whl_e", EXPR, arity=3)
+    gpuos.register_op("whl_f", FN.replace("{name}", "whl_f"))
+gpuos_ext._set_link_override(-1)
+assert gpuos_ext.link_info()["whole_generations"] == 1, gpuos_ext.link_info()
+whole = results("whl_e", "whl_f")
+inlined_same_op = results("lnk_e", "lnk_f")  # the linked ops' code, now inlined in the whole generation
+for i, (a, b, c) in enumerate(zip(linked, whole, inlined_same_op)):
+    assert torch.equal(a, b) and torch.equal(a, c), (i, (a.float() - b.float()).abs().max())
+x, y, z = ins[torch.float32]
+torch.testing.assert_close(linked[0], x * 0.75 + y * y - z)
+torch.testing.assert_close(linked[-2], torch.where(xt > 0, xt, 0.1 * xt) * yb)
+torch.testing.assert_close(linked[-1], torch.where(xt > 0, xt, 0.1 * xt) * 2.0)
+
+# slot 1 of an injected op and of a built-in, switched and rolled back on a linked generation again
+gpuos.install("lnk_f", "a - b", slot=1)
+gpuos.install("mul", "__device__ float mul(float a, float b) { return a * b + 2.0f; }", slot=1)
+assert gpuos_ext.link_info()["linked_generations"] >= 4 and gpuos_ext.link_info()["whole_generations"] == 1
 x, y = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
 gpuos.switch("lnk_f", 1)
 assert torch.equal(run("lnk_f", [x, y], x), x - y)
