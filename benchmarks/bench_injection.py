@@ -27,7 +27,7 @@ unique to the run: never cached) until its generation is ready (wait_generations
 linked_subops_gpu_ms / inlined_subops_gpu_ms: GPU time (behind a gate kernel: host time excluded) of a batch of
 --link-subops 256-float sub-ops of one injected op, run from a linked generation and from a whole-compiled one
 (gpuos_ext._set_link_override(0) in the same process: the same op inlined into the worker); the linked layout is
-measured before and after the whole one (generations 1 and 3), medians of --link-reps each;
+measured in the linked generations before and after the whole one, medians of --link-reps each;
 linked_vs_inlined_gpu_ratio (goal <= 1.10). The whole compile costs this benchmark ~10 s of NVRTC.
 
 Rows (BENCH_SCHEMA.md value rows) are merged by config into benchmarks/results/injection.json (bench_fusion.py
@@ -98,7 +98,7 @@ def link_rows(gpuos, ext, args) -> tuple:
         specialize_s = time.perf_counter() - t0
     finally:
         ext.set_specialize_after(64)
-    ok &= torch.allclose(got, exp, rtol=1e-5, atol=1e-5) and requested == 1
+    ok &= torch.allclose(got, exp, rtol=1e-5, atol=1e-5) and requested >= 1
     with gpuos.scheduler_context(auto_flush_ms=0):
         got = f(a, b)
     ok &= torch.allclose(got, exp, rtol=1e-5, atol=1e-5)
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--subops", type=int, default=2000, help="sub-ops in flight when a handover starts")
     ap.add_argument("--link-subops", type=int, default=100_000, help="sub-ops of the linked vs inlined batch")
-    ap.add_argument("--link-reps", type=int, default=5)
+    ap.add_argument("--link-reps", type=int, default=3)
     ap.add_argument("--no-link", action="store_true", help="skip the linked-generation rows (issue #18)")
     args = ap.parse_args(argv)
     if H.skip_without_cuda("bench_injection"):
