@@ -206,3 +206,12 @@ def test_link_switched_off_by_setting(requires_nvrtc):
     p = run_python(script, env_extra=_env(GPUOS_LINK="0"), timeout=120)
     assert p.returncode == 0, describe(p)
     assert ("MODE linked" in p.stdout) == _nvjitlink_usable(), describe(p)
+
+
+def test_a_library_without_the_entry_points_is_refused(requires_nvrtc):
+    """GPUOS_NVJITLINK_PATH naming a library that is not nvJitLink (here libnvrtc itself): whole-compile mode, and
+    the reason names the missing entry points."""
+    script = ("import gpuos_ext\ni = gpuos_ext.link_info()\nassert i['mode'] == 'whole', i\n"
+              "assert 'lacks entry points' in i['reason'] and 'nvJitLinkCreate' in i['reason'], i\nprint('OK')\n")
+    p = run_python(script, env_extra=_env(GPUOS_NVJITLINK_PATH=gpuos_ext.nvrtc_path()), timeout=120)
+    assert p.returncode == 0 and "OK" in p.stdout, describe(p)
