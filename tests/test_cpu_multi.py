@@ -15,6 +15,8 @@ dist_ok = pytest.mark.skipif(not torch.distributed.is_available() or not torch.d
 
 
 def test_collective_kind():
+    import torch.distributed._functional_collectives  # noqa: F401  (registers _wrap_tensor_autograd)
+
     c10d, fc = torch.ops.c10d, torch.ops._c10d_functional
     assert _collectives.kind(c10d.allreduce_.default) == "collective"
     assert _collectives.kind(c10d._allgather_base_.default) == "collective"
@@ -124,7 +126,7 @@ def test_bench_tp_cpu_check():
 
     from _helpers import REPO_ROOT
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            f"{REPO_ROOT}/benchmarks/bench_tp.py", "--cpu-check", "--configs", "eager", "gpuos_scheduler",
            "--reps", "1", "--warmup", "0", "--layers", "2", "--hidden", "128", "--new", "6", "--watchdog", "200"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,

@@ -85,6 +85,7 @@ def test_scheduler_flush_this_thread_only(rt):
     import gpuos
     import gpuos_ext
 
+    gpuos_ext.sched_flush("explicit", True)  # this thread's own earlier work (earlier tests) goes out first
     a = torch.randn(2048, device="cuda")
     recorded, checked = threading.Event(), threading.Event()
     box = {}

@@ -68,6 +68,7 @@ py::list flush(bool sync, py::object stream, int device) {
     }
     waits.emplace_back(rt, seq);
   }
+  forget_thread_devices(device < 0 ? ~0ull : 1ull << device);
   if (sync) {
     py::gil_scoped_release nogil;
     for (auto& w : waits) w.first->wait_done(w.second);

@@ -21,6 +21,9 @@ void set_worker_matmul(bool on) { g_worker_matmul = on ? 1 : 0; }
 
 Deferred& deferred_of(int dev) { return g_def[dev]; }
 
+void note_thread_devices(uint64_t mask) { t_devices |= mask; }
+void forget_thread_devices(uint64_t mask) { t_devices &= ~mask; }
+
 uint64_t take_thread_devices() {
   const uint64_t m = t_devices;
   t_devices = 0;

@@ -96,6 +96,8 @@ pybind11::list sched_flush_for(pybind11::handle args, pybind11::handle kwargs, c
 // Bit d: the calling thread deferred ops or recorded explicit-API work on device d since its last take (which
 // clears them).
 uint64_t take_thread_devices();
+void note_thread_devices(uint64_t mask);
+void forget_thread_devices(uint64_t mask);  // flushed by gpuos.flush
 int sched_flush_due(double age_s);
 pybind11::dict sched_stats();
 size_t deferred_count();

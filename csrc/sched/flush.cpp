@@ -32,12 +32,18 @@ void publish_device(int dev, Runtime& rt, const std::string& cause, py::list& st
 py::list sched_flush(const std::string& cause, bool this_thread) {
   py::list streams;
   const uint64_t mine = this_thread ? take_thread_devices() : ~0ull;
-  for (int dev = 0; dev < kMaxDevices; ++dev) {
-    if (!(mine >> dev & 1)) continue;
-    Runtime* rt = runtime_if(dev);
-    if (!rt) continue;
-    RtLock lk(*rt);
-    publish_device(dev, *rt, cause, streams);
+  int dev = 0;
+  try {
+    for (; dev < kMaxDevices; ++dev) {
+      if (!(mine >> dev & 1)) continue;
+      Runtime* rt = runtime_if(dev);
+      if (!rt) continue;
+      RtLock lk(*rt);
+      publish_device(dev, *rt, cause, streams);
+    }
+  } catch (...) {
+    if (this_thread) note_thread_devices(mine & (~0ull << dev));  // still this thread's to publish
+    throw;
   }
   return streams;
 }
