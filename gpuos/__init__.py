@@ -97,11 +97,9 @@ def flush(sync: bool = False, stream=None, device=None) -> None:
     elif stream is not None and dev is None:
         dev = torch.cuda.current_device()
     others = _log.traced("explicit", _ext.flush, sync, raw, dev)
-    for d, s in others:  # deferred ops published on the stream they were recorded under: the target waits
-        tgt = target if target is not None else (torch.cuda.ExternalStream(raw, device=d) if raw is not None
-                                                  else torch.cuda.current_stream(d))
-        if tgt.cuda_stream != s:
-            tgt.wait_stream(torch.cuda.ExternalStream(s, device=d))
+    if others:  # deferred ops went out on the stream they were recorded under: the target waits for it
+        from ._streams import torch_stream, wait_for
+        wait_for(others, target if target is not None or raw is None else torch_stream(dev, raw))
     _log.note_runtime_events(_ext)
 
 

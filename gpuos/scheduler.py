@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
-from . import _collectives, _log
+from . import _collectives, _log, _streams
 
 aten = torch.ops.aten
 
@@ -170,10 +170,8 @@ class GpuosScheduler(TorchDispatchMode):
     def _wait_for(streams) -> None:
         """The caller's current stream of each device waits for the (device, stream) pairs work went out on: an
         event on that device, never a wait across devices, no host sync."""
-        for dev, s in streams:
-            cur = torch.cuda.current_stream(dev)
-            if s != cur.cuda_stream:
-                cur.wait_stream(torch.cuda.ExternalStream(s, device=dev))
+        if streams:
+            _streams.wait_for(streams)
 
     def _timer_loop(self) -> None:
         period = self.auto_flush_ms / 1000.0
