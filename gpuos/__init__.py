@@ -56,11 +56,52 @@ def init(capacity: int = 0, threads_per_block: int = 0, worker_blocks: int = 0, 
                        idle_us=idle_us)
 
 
-def flush(sync: bool = False, stream=None) -> None:
-    """gpuos_ext.flush: publish pending work on the current stream (stream-ordered); sync=True also waits. A
-    ``gpuos.flush[explicit]`` range while a torch profiler records."""
-    _log.traced("explicit", _ext.flush, sync, stream)
+def flush(sync: bool = False, stream=None, device=None) -> None:
+    """Publish pending work (explicit submits and the scheduler's deferred ops), stream-ordered, no host sync.
+
+    Parameters
+    ----------
+    sync
+        Also wait (bounded by ``GPUOS_TIMEOUT_S``) until the flushed devices' work is done.
+    stream
+        A ``torch.cuda.Stream`` (or ``ExternalStream``, or a raw ``cudaStream_t`` int of ``device`` / the current
+        device): only its device is flushed, and later work on this stream sees the results. None: the calling
+        thread's current stream of each flushed device.
+    device
+        Flush only this CUDA device (int, ``"cuda:1"``, ``torch.device``). With neither ``stream`` nor ``device``,
+        every device with pending work is flushed, each on the calling thread's current stream of that device.
+        With one thread per device, pass the thread's device (or stream): another thread's work stays for its own
+        flush.
+
+    The scheduler's deferred ops go out on the stream they were recorded under; the target stream then waits for
+    that stream (an event on the same device). A ``gpuos.flush[explicit]`` range while a torch profiler records.
+    """
+    import torch
+
+    dev = None
+    if device is not None:
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if d.type != "cuda":
+            raise ValueError(f"gpuos.flush(device={device!r}): not a CUDA device. Fix: pass a CUDA device index "
+                             "or 'cuda:N', or None for every device.")
+        dev = d.index if d.index is not None else torch.cuda.current_device()
+    target, raw = None, stream
+    if isinstance(stream, torch.cuda.Stream):
+        if dev is not None and stream.device_index != dev:
+            raise ValueError(f"gpuos.flush(stream=<stream of cuda:{stream.device_index}>, device={device!r}): the "
+                             "stream belongs to another device. Fix: pass a stream of that device, or only one.")
+        dev, target, raw = stream.device_index, stream, stream.cuda_stream
+    elif stream is not None and not isinstance(stream, int):
+        raise TypeError(f"gpuos.flush(stream=...): expected a torch.cuda.Stream or a raw cudaStream_t int, got "
+                        f"{type(stream).__name__}")
+    elif stream is not None and dev is None:
+        dev = torch.cuda.current_device()
+    others = _log.traced("explicit", _ext.flush, sync, raw, dev)
+    if others:  # deferred ops went out on the stream they were recorded under: the target waits for it
+        from ._streams import torch_stream, wait_for
+        wait_for(others, target if target is not None or raw is None else torch_stream(dev, raw))
     _log.note_runtime_events(_ext)
+
 
 from ._version import __version__  # noqa: E402  (the one definition; the extension was built with it)
 

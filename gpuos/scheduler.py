@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
-from . import _log
+from . import _collectives, _log, _streams
 
 aten = torch.ops.aten
 
@@ -164,15 +164,14 @@ class GpuosScheduler(TorchDispatchMode):
     def flush(self, cause: str = "explicit") -> None:
         """Publish deferred work (lowered, chains fused) on the stream it was recorded under: stream-ordered, no
         host sync; if the caller's current stream is another one, it is made to wait for that stream."""
-        self._wait_for(_log.traced(cause, _ext.sched_flush, cause))
+        self._wait_for(_log.traced(cause, _ext.sched_flush, cause, True))  # this thread's devices only
 
     @staticmethod
     def _wait_for(streams) -> None:
+        """The caller's current stream of each device waits for the (device, stream) pairs work went out on: an
+        event on that device, never a wait across devices, no host sync."""
         if streams:
-            cur = torch.cuda.current_stream()
-            for s in streams:
-                if s != cur.cuda_stream:
-                    cur.wait_stream(torch.cuda.ExternalStream(s))
+            _streams.wait_for(streams)
 
     def _timer_loop(self) -> None:
         period = self.auto_flush_ms / 1000.0
@@ -196,7 +195,7 @@ class GpuosScheduler(TorchDispatchMode):
             if r.__class__ is not int and r.__class__ is not str:  # (inline: the per-op path; _is_reason)
                 return r  # recorded: the output tensor
             return self._eager(func, args, kwargs, r)
-        return self._eager(func, args, kwargs, "unsupported_op")
+        return self._eager(func, args, kwargs, "collective" if _collectives.kind(func) else "unsupported_op")
 
     _dispatch_py = __torch_dispatch__
 
@@ -213,10 +212,9 @@ class GpuosScheduler(TorchDispatchMode):
         _log.note_fallback(func, reason)
         # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
         # them: the batch is published first, in stream order. Eager ops on unrelated tensors run ahead and the
-        # batch keeps growing. Heavy kernels get the SMs back from the worker.
-        self._wait_for(_log.traced("dependency", _ext.sched_flush_for, args, kwargs, "dependency"))
-        if func in _HEAVY:
-            _ext.yield_worker()
+        # batch keeps growing. Heavy kernels and collectives get the SMs of their devices back from the worker.
+        heavy = func in _HEAVY or _collectives.kind(func) == "collective"
+        self._wait_for(_log.traced("dependency", _ext.sched_flush_for, args, kwargs, "dependency", heavy))
         return func(*args, **kwargs)
 
 

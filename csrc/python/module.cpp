@@ -149,9 +149,18 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("submit_many", &submit_many, py::arg("op"), py::arg("a_list"), py::arg("b_list"), py::arg("out_list"),
         "Record out_list[i] = op(a_list[i], b_list[i]) for every i; op in ('add', 'sub', 'mul', 'div').");
   m.def("pending", &pending_devices, "Number of devices with recorded work that no flush() has yet ordered a stream after (unpublished, or published early).");
-  m.def("yield_worker", [] {
-    for (Runtime* r : runtimes()) r->request_yield();
-  }, "Ask resident workers to exit as soon as nothing published is pending (before foreign heavy kernels).");
+  m.def(
+      "yield_worker",
+      [](py::object device) {
+        if (device.is_none()) {
+          for (Runtime* r : runtimes()) r->request_yield();
+        } else if (Runtime* r = runtime_if(device.cast<int>())) {
+          r->request_yield();
+        }
+      },
+      py::arg("device") = py::none(),
+      "Ask the resident worker of `device` (None: of every device) to exit as soon as nothing published is "
+      "pending (before foreign heavy kernels: cuBLAS, cuDNN, NCCL collectives).");
   m.def(
       "submit_matmul",
       [](py::handle a, py::handle b, py::handle out, py::handle bias, float alpha, float beta) {
@@ -163,8 +172,17 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       "broadcast to out; float32 / float16 / bfloat16, one dtype, any strides; fp32 accumulation). Built for "
       "skinny products (M <= 64: decode activations against a weight); b = w.t() of a Linear is the fast layout. "
       "Runs at the next flush().");
-  m.def("flush", &flush, py::arg("sync") = false, py::arg("stream") = py::none(),
-        "Publish pending work on the current stream (stream-ordered, no host sync); sync=True also waits.");
+  m.def(
+      "flush",
+      [](bool sync, py::object stream, py::object device) {
+        return flush(sync, stream, device.is_none() ? -1 : device.cast<int>());
+      },
+      py::arg("sync") = false, py::arg("stream") = py::none(), py::arg("device") = py::none(),
+      "Publish pending work (stream-ordered, no host sync) of one device -- `device`, or the current device when "
+      "`stream` (a raw cudaStream_t of that device) is given -- or, with neither, of every device, each on the "
+      "calling thread's current stream of that device; sync=True also waits for those devices. Returns [(device, "
+      "stream)]: streams the scheduler's deferred ops went out on that are not the target (gpuos.flush makes the "
+      "target wait for them).");
   m.def("shutdown", &shutdown, "Complete pending work, stop the worker and free the queue. init() may follow.");
   m.def("stats", &stats, "Counters: submitted, batches, flushes, worker_launches, handovers, jit_compiles, ...");
   m.def("is_initialized", [] { return !runtimes().empty(); });
@@ -243,11 +261,14 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("submit", &submit_generic, py::arg("op"), py::arg("inputs"), py::arg("out"),
         "submit(op, inputs, out, **scalars): record out = op(*inputs) for any elementwise op of the table; "
         "inputs are CUDA tensors (broadcast to out.shape, mixed float dtypes) or Python numbers.");
-  m.def("sched_flush", &sched_flush, py::arg("cause") = "explicit",
-        "Publish the scheduler's deferred ops (lowered, fused) on the streams they were recorded on; returns those "
-        "streams.");
+  m.def("sched_flush", &sched_flush, py::arg("cause") = "explicit", py::arg("this_thread") = false,
+        "Publish the scheduler's deferred ops (lowered, fused) on the streams they were recorded on; returns "
+        "[(device, stream)]. this_thread: only the devices this thread deferred ops on since its last such flush.");
   m.def("sched_flush_for", &sched_flush_for, py::arg("args"), py::arg("kwargs"), py::arg("cause") = "dependency",
-        "Before an eager op: publish deferred ops that share storage with the op's tensors; returns the streams.");
+        py::arg("yield_worker") = false,
+        "Before an eager op: publish deferred ops that share storage with the op's tensors (and explicit-API work "
+        "pending on the devices of its tensors); returns [(device, stream)]. yield_worker: then ask the workers of "
+        "those devices to yield their SMs (before a heavy or collective kernel).");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
   m.def("sched_stats", &sched_stats);
   m.def("sched_fast_ops", &sched_fast_ops,

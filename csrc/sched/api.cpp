@@ -38,30 +38,44 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
   runtime_for(dev);
 }
 
-// stream: a raw cudaStream_t (torch.cuda.Stream.cuda_stream) to publish on; None = the current stream.
-void flush(bool sync, py::object stream) {
-  for (int dev = 0; dev < kMaxDevices; ++dev) {
+// Per device, never across devices: `device` >= 0 (or a `stream`, which belongs to `device`, else to the current
+// device) flushes that device alone, on `stream` or the calling thread's current stream of that device; with
+// neither, every device with pending work is flushed, each on the calling thread's current stream of that device.
+// The scheduler's deferred ops go out on the stream they were recorded under; when that is not the target stream
+// it is returned as (device, stream), and gpuos.flush makes the target wait for it (an event: no host sync).
+// sync waits (bounded) for the flushed devices only.
+py::list flush(bool sync, py::object stream, int device) {
+  if (device >= kMaxDevices || device < -1)
+    throw std::invalid_argument("gpuos.flush(device=" + std::to_string(device) + "): not a CUDA device index (0.." +
+                                std::to_string(kMaxDevices - 1) + ", or None for every device)");
+  if (!stream.is_none() && device < 0) device = current_device();  // a raw stream: the current device's
+  const CUstream given = stream.is_none() ? nullptr : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
+  py::list others;
+  std::vector<std::pair<Runtime*, uint32_t>> waits;
+  const int lo = device < 0 ? 0 : device, hi = device < 0 ? kMaxDevices : device + 1;
+  for (int dev = lo; dev < hi; ++dev) {
     Runtime* rt = runtime_if(dev);
     if (!rt) continue;
-    uint32_t seq;
+    const CUstream target = given ? given : current_stream(dev);
+    uint32_t seq = 0;
     {
-      CUstream s = nullptr;  // Python call: before taking mu
-      // An explicit stream belongs to the current device; other devices publish on their own current stream.
-      if (!deferred_of(dev).ops.empty()) {  // the scheduler's deferred ops go out on the stream they were recorded on
-        RtLock lk(*rt);
-        sched_publish(dev, *rt, "explicit");
-      }
-      if (rt->has_pending())
-        s = stream.is_none() || dev != current_device() ? current_stream(dev)
-                                                        : reinterpret_cast<CUstream>(stream.cast<uintptr_t>());
       RtLock lk(*rt);
-      seq = s || rt->has_pending() ? rt->flush(s ? s : current_stream(dev)) : 0;
+      Deferred& D = deferred_of(dev);
+      if (!D.ops.empty()) {
+        const CUstream ds = D.stream;
+        sched_publish(dev, *rt, "explicit");
+        if (ds != target) others.append(py::make_tuple(dev, (uintptr_t)ds));
+      }
+      if (rt->has_pending()) seq = rt->flush(target);
     }
-    if (sync) {
-      py::gil_scoped_release nogil;
-      rt->wait_done(seq);
-    }
+    waits.emplace_back(rt, seq);
   }
+  forget_thread_devices(device < 0 ? ~0ull : 1ull << device);
+  if (sync) {
+    py::gil_scoped_release nogil;
+    for (auto& w : waits) w.first->wait_done(w.second);
+  }
+  return others;
 }
 
 // Every device is shut down even if one fails; the first failure is raised at the end. A runtime whose work

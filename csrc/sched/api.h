@@ -6,9 +6,10 @@
 namespace gpuos {
 
 void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks, double idle_us);
-// Publish everything on each device (stream: a raw cudaStream_t for the current device; None = the current
-// stream); sync: also wait (bounded) for completion.
-void flush(bool sync, pybind11::object stream);
+// Publish pending work of one device (device >= 0, or the device of a raw `stream`; None = the calling thread's
+// current stream there) or of every device; sync: also wait (bounded) for those devices. Returns the (device,
+// stream) pairs deferred scheduler work went out on when that is not the target stream (see api.cpp).
+pybind11::list flush(bool sync, pybind11::object stream, int device);
 void shutdown();
 pybind11::dict stats();
 size_t pending_devices();

@@ -6,6 +6,7 @@
 namespace gpuos {
 namespace {
 Deferred g_def[kMaxDevices];
+thread_local uint64_t t_devices = 0;  // take_thread_devices
 int g_worker_matmul = -1;  // -1: not chosen yet (the environment's setting applies)
 }  // namespace
 
@@ -20,13 +21,27 @@ void set_worker_matmul(bool on) { g_worker_matmul = on ? 1 : 0; }
 
 Deferred& deferred_of(int dev) { return g_def[dev]; }
 
+void note_thread_devices(uint64_t mask) { t_devices |= mask; }
+void forget_thread_devices(uint64_t mask) { t_devices &= ~mask; }
+
+uint64_t take_thread_devices() {
+  const uint64_t m = t_devices;
+  t_devices = 0;
+  return m;
+}
+
 size_t deferred_count() {
   size_t n = 0;
   for (auto& D : g_def) n += D.ops.size();
   return n;
 }
 
-void init_deferred() { set_before_record_hook([](int dev, Runtime& rt) { lower_deferred(dev, rt); }); }
+void init_deferred() {
+  set_before_record_hook([](int dev, Runtime& rt) {
+    t_devices |= 1ull << dev;
+    lower_deferred(dev, rt);
+  });
+}
 
 void sched_publish(int dev, Runtime& rt, const char* cause) {
   Deferred& D = deferred_of(dev);
@@ -51,6 +66,7 @@ void flush_counted(Runtime& rt, CUstream s, const char* cause) {
 
 DeferredOp& defer(int dev, Runtime& rt, CUstream s) {
   Deferred& D = deferred_of(dev);
+  t_devices |= 1ull << dev;
   if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
   if (D.ops.empty()) {
     D.stream = s;

@@ -19,7 +19,7 @@ namespace gpuos {
 // Why an op runs eagerly (Python reads the names through gpuos_ext.sched_reasons()).
 #define GPUOS_SCHED_REASONS(X) \
   X(1, not_cuda) X(2, layout) X(3, dtype) X(4, size) X(5, autograd) X(6, unsupported_args) X(7, device)     \
-  X(8, matmul_off) X(9, matmul_rows)
+  X(8, matmul_off) X(9, matmul_rows) X(10, subclass)
 enum SchedReason : int {
 #define GPUOS_REASON(n, name) kR_##name = n,
   GPUOS_SCHED_REASONS(GPUOS_REASON)
@@ -87,9 +87,17 @@ void note_deferred(int dev, Runtime& rt);
 void init_deferred();
 
 // Flushes (sched/flush.cpp): every device / only devices whose deferred work shares storage with the tensors in
-// args and kwargs / work older than age_s. The first two return the raw streams published on.
-pybind11::list sched_flush(const std::string& cause);
-pybind11::list sched_flush_for(pybind11::handle args, pybind11::handle kwargs, const std::string& cause);
+// args and kwargs / work older than age_s.
+// The first two return [(device, raw stream published on)]; sched_flush(this_thread) flushes only the devices the
+// calling thread deferred ops on; sched_flush_for(yield_worker) also asks the workers of the op's devices to yield.
+pybind11::list sched_flush(const std::string& cause, bool this_thread = false);
+pybind11::list sched_flush_for(pybind11::handle args, pybind11::handle kwargs, const std::string& cause,
+                               bool yield_worker = false);
+// Bit d: the calling thread deferred ops or recorded explicit-API work on device d since its last take (which
+// clears them).
+uint64_t take_thread_devices();
+void note_thread_devices(uint64_t mask);
+void forget_thread_devices(uint64_t mask);  // flushed by gpuos.flush
 int sched_flush_due(double age_s);
 pybind11::dict sched_stats();
 size_t deferred_count();

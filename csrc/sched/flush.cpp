@@ -11,29 +11,39 @@ namespace gpuos {
 namespace {
 
 // Publish the device's pending work: the deferred ops on the stream they were recorded under, else
-// explicit-API work on the current stream. mu held. Appends the stream published on.
+// explicit-API work on the current stream. mu held. Appends (device, stream published on).
 void publish_device(int dev, Runtime& rt, const std::string& cause, py::list& streams) {
   Deferred& D = deferred_of(dev);
   if (!D.ops.empty()) {
-    streams.append((uintptr_t)D.stream);
+    streams.append(py::make_tuple(dev, (uintptr_t)D.stream));
     sched_publish(dev, rt, cause.c_str());
     return;
   }
   if (!rt.has_pending()) return;
   const CUstream s = current_stream(dev);
-  streams.append((uintptr_t)s);
+  streams.append(py::make_tuple(dev, (uintptr_t)s));
   flush_counted(rt, s, cause.c_str());
 }
 
 }  // namespace
 
-py::list sched_flush(const std::string& cause) {
+// this_thread: the devices this thread deferred ops or recorded explicit-API work on (a context's exit / explicit flush: with one thread per
+// device, a thread publishes its own device's batch, not another thread's half-recorded one). Else every device.
+py::list sched_flush(const std::string& cause, bool this_thread) {
   py::list streams;
-  for (int dev = 0; dev < kMaxDevices; ++dev) {
-    Runtime* rt = runtime_if(dev);
-    if (!rt) continue;
-    RtLock lk(*rt);
-    publish_device(dev, *rt, cause, streams);
+  const uint64_t mine = this_thread ? take_thread_devices() : ~0ull;
+  int dev = 0;
+  try {
+    for (; dev < kMaxDevices; ++dev) {
+      if (!(mine >> dev & 1)) continue;
+      Runtime* rt = runtime_if(dev);
+      if (!rt) continue;
+      RtLock lk(*rt);
+      publish_device(dev, *rt, cause, streams);
+    }
+  } catch (...) {
+    if (this_thread) note_thread_devices(mine & (~0ull << dev));  // still this thread's to publish
+    throw;
   }
   return streams;
 }
@@ -63,19 +73,22 @@ static void collect_storages(PyObject* o, std::vector<std::pair<int, const void*
   }
 }
 
-py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& cause) {
+py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& cause, bool yield_worker) {
   std::vector<std::pair<int, const void*>> used;
   collect_storages(args.ptr(), used);
   if (!kwargs.is_none()) collect_storages(kwargs.ptr(), used);
   py::list streams;
+  uint64_t devs = 0;  // devices of the op's tensors
+  for (auto& u : used)
+    if (u.first >= 0 && u.first < kMaxDevices) devs |= 1ull << u.first;
   for (int dev = 0; dev < kMaxDevices; ++dev) {
     Runtime* rt = runtime_if(dev);
-    if (!rt) continue;
+    if (!rt || !(devs >> dev & 1)) continue;  // an op with no tensor on `dev` cannot read or write its memory
     RtLock lk(*rt);
     const Deferred& D = deferred_of(dev);
     if (D.ops.empty() && !rt->has_pending()) continue;
     // Explicit-API work pending there is not tracked by storage: publish (conservative).
-    bool touch = D.ops.empty() || rt->has_pending();
+    bool touch = rt->has_pending();
     for (auto& u : used)
       touch |= u.first == dev && (u.second == nullptr || D.touched.touches((uintptr_t)u.second));
     if (!touch) {
@@ -84,6 +97,10 @@ py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& 
     }
     publish_device(dev, *rt, cause, streams);
   }
+  if (yield_worker)  // the op's kernel (cuBLAS, cuDNN, an NCCL collective) needs SMs: only its devices' workers go
+    for (int dev = 0; dev < kMaxDevices; ++dev)
+      if (devs >> dev & 1)
+        if (Runtime* rt = runtime_if(dev)) rt->request_yield();
   return streams;
 }
 

@@ -30,6 +30,12 @@ void defer_op(int dev, Fill&& fill) {
   D.touched.note({(uintptr_t)storage_of(d.out), 0, 0}, reads, nr, 1);
   note_deferred(dev, rt);
 }
+// A tensor subclass with its own __torch_dispatch__ (Python key in its key set: the functional collectives'
+// AsyncCollectiveTensor, whose data NCCL may still be writing until its wait; wrapper subclasses in general) is
+// never recorded: run eagerly, the subclass's dispatch runs first (it waits). nn.Parameter has no such key.
+bool python_subclass(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
 }  // namespace
 
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
@@ -46,6 +52,7 @@ PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* 
       if (THPVariable_Check(o)) {
         const at::Tensor& t = THPVariable_Unpack(o);
         if (!t.is_cuda()) return reason(kR_not_cuda);
+        if (python_subclass(t)) return reason(kR_subclass);
         if (t.layout() != at::kStrided) return reason(kR_layout);
         if (dtype_code(t.scalar_type()) < 0) return reason(kR_dtype);
         if (t.numel() > thr) return reason(kR_size);
@@ -104,6 +111,7 @@ PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* 
       if (!o || !THPVariable_Check(o)) return reason(kR_unsupported_args);
       const at::Tensor& ot = THPVariable_Unpack(o);
       if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return reason(kR_device);
+      if (python_subclass(ot)) return reason(kR_subclass);
       if ((ot.scalar_type() != dt && cast_to < 0) || ot.sizes() != shape) return reason(kR_unsupported_args);
       if (dtype_code(ot.scalar_type()) < 0) return reason(kR_dtype);
       if (!ot.is_contiguous() && has_internal_overlap(ot)) return reason(kR_unsupported_args);
@@ -184,6 +192,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (op >= kNumOps || kOps[op].kind != kKindReduce || !THPVariable_Check(px)) return reason(kR_unsupported_args);
     const at::Tensor& x = THPVariable_Unpack(px);
     if (!x.is_cuda()) return reason(kR_not_cuda);
+    if (python_subclass(x)) return reason(kR_subclass);
     if (x.layout() != at::kStrided) return reason(kR_layout);
     if (dtype_code(x.scalar_type()) < 0) return reason(kR_dtype);
     if (x.numel() > thr) return reason(kR_size);
@@ -249,6 +258,7 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias}) {
       if (!t->defined()) continue;
       if (!t->is_cuda()) return reason(kR_not_cuda);
+      if (python_subclass(*t)) return reason(kR_subclass);
       if (t->layout() != at::kStrided) return reason(kR_layout);
       if (t->scalar_type() != a.scalar_type() || dtype_code(t->scalar_type()) < 0) return reason(kR_dtype);
       if (t->get_device() != a.get_device()) return reason(kR_device);
