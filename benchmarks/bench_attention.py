@@ -63,8 +63,8 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
     def torch_fn(backend):
         def fn():
             with sdpa_kernel(backend):
-                for q, k, v, o in zip(qs, ks, vs, outs):
-                    o.copy_(F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+                for q, k, v in zip(qs, ks, vs):  # (outputs from the caching allocator: no extra copy timed)
+                    F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         return fn
 
     def worker():

@@ -65,7 +65,7 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
 #pragma unroll
       for (u32 e = 0; e < 8; ++e) q[r][e] = load_f32((const void*)rq.ptr, dt, qo + (i64)e * rq.strides[3]) * qscale;
       lim[r] = causal ? (int)i : (int)j1 - 1;
-      if (causal) jend = max(jend, min((int)j1, (int)i + 1));
+      if (causal && (int)i + 1 > jend) jend = (int)i + 1 < (int)j1 ? (int)i + 1 : (int)j1;
       if (MASK) moff[MASK ? r : 0] = (i64)b * a.ms[0] + (i64)hq * a.ms[1] + (i64)i * a.ms[2];
     }
   }

@@ -2,6 +2,8 @@
 // the scheduler's sdpa handlers, the one tensor -> Runtime::record_attention path, and the explicit API.
 #include "tensor/attention.h"
 
+#include <cmath>
+
 #include "tensor/devices.h"
 
 namespace py = pybind11;
