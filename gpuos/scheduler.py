@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
-from . import _log
+from . import _attention, _log
 
 aten = torch.ops.aten
 
@@ -519,68 +519,6 @@ def _matmul_handlers() -> dict:
             aten.baddbmm.default: scaled(aten.baddbmm.default)}
 
 
-def _attention_handlers() -> dict:
-    """The CUDA backend ops of ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN: what the composite
-    dispatches to; the scheduler's torch-function front passes the call itself on) as decode-attention worker tasks
-    (gpuos.set_worker_attention): query of <= 16 rows, fp16 / bf16, GQA / MQA, causal or additive / bool mask. The
-    aten results are tuples: the output, the log-sum-exp (computed by the task where the op always returns it:
-    flash, cuDNN; an op asked to compute it for autograd runs eagerly, reason 'attention_lse'), and the RNG /
-    length outputs of a run without dropout. Dropout, and everything the checks refuse, runs with torch."""
-    sched_attention = _ext.sched_attention
-    lse_code = next(code for code, name in _REASONS.items() if name == "attention_lse")
-
-    def empty_long(like):
-        return torch.empty((), dtype=torch.long, device=like.device)
-
-    def flash(thr, args, kwargs, schema=_Schema(aten._scaled_dot_product_flash_attention.default)):
-        # (query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)
-        if len(args) < 3 or schema.get(args, kwargs, "dropout_p") != 0.0 or \
-                schema.get(args, kwargs, "return_debug_mask"):
-            return _UNSUPPORTED
-        q, k = args[0], args[1]
-        r = sched_attention(q, k, args[2], None, bool(schema.get(args, kwargs, "is_causal")),
-                            schema.get(args, kwargs, "scale"), True)
-        if _is_reason(r):
-            return r
-        out, lse = r
-        return (out, lse, None, None, q.shape[2], k.shape[2], empty_long(q), empty_long(q),
-                torch.empty(0, dtype=q.dtype, device=q.device))
-
-    def efficient(thr, args, kwargs, schema=_Schema(aten._scaled_dot_product_efficient_attention.default)):
-        # (query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None)
-        if len(args) < 5 or schema.get(args, kwargs, "dropout_p") != 0.0:
-            return _UNSUPPORTED
-        if args[4]:
-            return lse_code  # autograd wants the padded log-sum-exp of the efficient kernel
-        q = args[0]
-        r = sched_attention(q, args[1], args[2], args[3], bool(schema.get(args, kwargs, "is_causal")),
-                            schema.get(args, kwargs, "scale"), False)
-        if _is_reason(r):
-            return r
-        lse = torch.empty((q.shape[0], q.shape[1], 0), dtype=torch.float32, device=q.device)
-        return (r[0], lse, empty_long(q), empty_long(q))
-
-    def cudnn(thr, args, kwargs, schema=_Schema(aten._scaled_dot_product_cudnn_attention.default)):
-        # (query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
-        #  return_debug_mask=False, *, scale=None)
-        if len(args) < 5 or schema.get(args, kwargs, "dropout_p") != 0.0 or \
-                schema.get(args, kwargs, "return_debug_mask"):
-            return _UNSUPPORTED
-        if args[4]:
-            return lse_code
-        q, k = args[0], args[1]
-        r = sched_attention(q, k, args[2], args[3], bool(schema.get(args, kwargs, "is_causal")),
-                            schema.get(args, kwargs, "scale"), True)
-        if _is_reason(r):
-            return r
-        out, lse = r
-        return (out, lse.unsqueeze(-1), None, None, q.shape[2], k.shape[2], empty_long(q), empty_long(q), None)
-
-    table = {"_scaled_dot_product_flash_attention": flash, "_scaled_dot_product_efficient_attention": efficient,
-             "_scaled_dot_product_cudnn_attention": cudnn}
-    return {getattr(aten, name).default: h for name, h in table.items() if hasattr(aten, name)}
-
-
 # sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)}; the Python
 # handler of each stays the definition of its behaviour.
 _FAST: dict = {}
@@ -639,7 +577,7 @@ def _resolve_aten(name: str):
 
 _BUILTIN_HANDLERS = _build_handlers()
 _BUILTIN_HANDLERS.update(_matmul_handlers())
-_BUILTIN_HANDLERS.update(_attention_handlers())
+_BUILTIN_HANDLERS.update(_attention.handlers(_Schema, _UNSUPPORTED, _REASONS, _is_reason))
 _BUILTIN_HANDLERS.update(_cast_handlers())
 _BUILTIN_HANDLERS.update(_layer_norm_handler())
 _HANDLERS = dict(_BUILTIN_HANDLERS)
