@@ -55,6 +55,25 @@ constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256;
 constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2;
 // K per item: ceil(K / ksplit) rounded up to whole chunks (host and device agree through this function).
 GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit) { return ((K + ksplit - 1) / ksplit + kMmChunk - 1) / kMmChunk * kMmChunk; }
+// Decode attention (device_src/attention.h). An item is one (batch, KV head, KV split, group of query rows): the
+// group is up to kAttnRowsPerItem of the G x Lq query rows of the KV head's query heads (G = Hq / Hkv). With nsplit > 1
+// each item writes its partial (per row: max, sum, D accumulators, fp32) into the attention scratch of its own ring
+// slot (kAttnScratchPerSlot floats per ring slot, after the matmul scratch in WorkerArgs::scratch); the op's items
+// are consecutive in the ring, and the last of a tile to finish (a counter word in its first slot) combines.
+constexpr u32 kAttnScratchPerSlot = 528;
+constexpr u32 kAttnScratchHead = 4;   // floats before the partials (the counter word in a tile's first slot)
+constexpr u32 kAttnMaxSplit = 64;     // most KV splits of one tile
+constexpr u32 kAttnMaxQuery = 16;     // longest query the task takes (decode)
+constexpr u32 kAttnMaxHeadDim = 256;
+// Query rows per item: a warp holds them in registers (q and the accumulators: 16 per row and lane); with 4 the
+// worker's 128-register budget spilled (ptxas: 216-304 bytes per item function, the worker's stack +160 bytes).
+constexpr u32 kAttnRowsPerItem = 2;
+// AttnArgs::mode bits.
+constexpr u32 kAttnCausal = 1u;           // top-left causal (torch): query i sees kv positions j <= i
+constexpr u32 kAttnMaskFloat = 2u;        // additive float mask (its DType in mode >> kAttnMaskDtypeShift)
+constexpr u32 kAttnMaskBool = 4u;         // boolean mask (1 byte per element; false = masked out)
+constexpr u32 kAttnLse = 8u;              // write the log-sum-exp of each row (natural log, fp32)
+constexpr u32 kAttnMaskDtypeShift = 8u;
 // Worker state words (HostCtl::worker_state).
 constexpr u32 kWorkerExiting = 0;  // not running, or about to exit: the host must launch one
 constexpr u32 kWorkerRunning = 1;

@@ -39,6 +39,21 @@ struct FusedArgs {
   u32 reserved1[13];
 };
 
+// Arguments of a decode-attention sub-op (op sdpa, device_src/attention.h); occupies one TensorRef slot of the
+// arena (SubOp::out points at it). q, k, v are the sub-op's in[0..2] (4-D TensorRefs: B x H x L x D).
+struct AttnArgs {
+  u64 out;         // B x Hq x Lq x D, strides os
+  i64 os[4];
+  u64 mask;        // broadcast to B x Hq x Lq x Lk (stride 0 where broadcast), or 0
+  i64 ms[4];
+  u64 lse;         // B x Hq x Lq fp32 (kAttnLse), or 0
+  i64 ls[3];
+  u32 B, Hq, Hkv, Lq;
+  u32 Lk, D;
+  u32 mode;        // kAttn* bits (config.h)
+  u32 nsplit;      // KV splits per tile (items of a tile are consecutive in the ring)
+};
+
 // Sub-op descriptor flags.
 constexpr u32 kFlagStrided = 1u;  // ptr fields point at TensorRefs (device-visible), not data
 constexpr u32 kFlagVec = 2u;      // contiguous, tensors of the out dtype (constants allowed), 16-byte aligned
@@ -159,6 +174,7 @@ struct TraceBuf {
 static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
 static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
 static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");
+static_assert(sizeof(AttnArgs) == sizeof(TensorRef), "AttnArgs fills exactly one TensorRef arena slot");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
 static_assert(sizeof(WorkerArgs) == 96, "WorkerArgs layout");

@@ -273,6 +273,7 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
 
 }  // namespace gpuos
 #include "device_src/matmul.h"
+#include "device_src/attention.h"
 namespace gpuos {
 
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
@@ -287,7 +288,8 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
+    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
+    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
-from . import _collectives, _log, _streams
+from . import _attention, _collectives, _log, _streams
 
 aten = torch.ops.aten
 
@@ -347,9 +347,17 @@ def _reduce_handler(row, ov, conds):
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             return _UNSUPPORTED
-        for name, dflt in others:  # dtype=None; half_to_float (no default) must be False
-            if schema.get(args, kwargs, name) != (False if dflt is _MISSING else dflt):
+        to_float = False
+        for name, dflt in others:  # dtype=None; half_to_float (no default) False, or True for a 16-bit input
+            v = schema.get(args, kwargs, name)
+            if name == "half_to_float" and v is True and x.dtype in (torch.float16, torch.bfloat16):
+                to_float = True  # F.softmax(x, dtype=torch.float32) of fp16 on CUDA (HF's eager attention)
+            elif v != (False if dflt is _MISSING else dflt):
                 return _UNSUPPORTED
+        if to_float:
+            x = _ext.sched_cast(x, torch.float32, None, thr)
+            if _is_reason(x):
+                return x
         dim = schema.get(args, kwargs, "dim")
         dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
         if len(dims) != 1 or dims[0] not in (-1, x.dim() - 1):
@@ -567,6 +575,7 @@ def _resolve_aten(name: str):
 
 _BUILTIN_HANDLERS = _build_handlers()
 _BUILTIN_HANDLERS.update(_matmul_handlers())
+_BUILTIN_HANDLERS.update(_attention.handlers(_Schema, _UNSUPPORTED, _REASONS, _is_reason))
 _BUILTIN_HANDLERS.update(_cast_handlers())
 _BUILTIN_HANDLERS.update(_layer_norm_handler())
 _HANDLERS = dict(_BUILTIN_HANDLERS)

@@ -29,13 +29,15 @@ EW_OPS = [
 ]
 REDUCE_OPS = ["sum", "mean", "amax", "amin", "softmax", "log_softmax"]
 MATMUL_OPS = ["mm"]   # kind "matmul": gpuos.submit_matmul (device_src/matmul.h)
-ALL_OPS = EW_OPS + REDUCE_OPS + MATMUL_OPS
+ATTENTION_OPS = ["sdpa"]  # kind "attention": gpuos_ext.submit_attention (device_src/attention.h)
+ALL_OPS = EW_OPS + REDUCE_OPS + MATMUL_OPS + ATTENTION_OPS
 
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
 ARITY = {op: 1 for op in ALL_OPS}
 ARITY.update({op: 2 for op in BINARY})
 ARITY["clamp_tensor"] = 3
 ARITY["mm"] = 3   # a, b and the optional bias
+ARITY["sdpa"] = 3  # q, k, v (the mask travels in the op's AttnArgs)
 
 #: scalar parameter names in table order, with the spec's defaults (None: the spec gives none)
 SCALARS = {
@@ -49,6 +51,7 @@ SCALARS = {
     "clamp_min": [("min", None)],
     "clamp_max": [("max", None)],
     "mm": [("alpha", 1.0), ("beta", 1.0)],
+    "sdpa": [("scale", 1.0)],
 }
 SCALAR_OPS = [op for op in EW_OPS if op in SCALARS]
 

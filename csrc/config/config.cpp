@@ -40,6 +40,7 @@ EnvConfig read_env() {
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
   c.worker_matmul = flag("GPUOS_WORKER_MATMUL");
+  c.worker_attention = flag("GPUOS_WORKER_ATTENTION");
   if (!flag("GPUOS_DISABLE_CACHE")) {
     if (const char* d = get("GPUOS_CACHE_DIR")) c.cache_dir = d;
     else if (const char* x = get("XDG_CACHE_HOME")) c.cache_dir = std::string(x) + "/gpuos";
@@ -87,8 +88,15 @@ std::string describe_env_config() {
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) + "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
-         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +
-         "\nGPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "\nGPUOS_LINK=" + (c.link ? "1" : "0") + "\nCUDA_HOME=" + c.cuda_home;
+         "
+GPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +
+         "
+GPUOS_CACHE_DIR=" + c.cache_dir + "
+GPUOS_NVRTC_PATH=" + c.nvrtc_path +
+         "
+GPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "
+GPUOS_LINK=" + (c.link ? "1" : "0") + "
+CUDA_HOME=" + c.cuda_home;
 }
 
 }  // namespace gpuos

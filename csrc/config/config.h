@@ -19,6 +19,7 @@ struct EnvConfig {
   uint32_t dma_min = 128;         // GPUOS_DMA_MIN: levels of >= this many descriptors go by copy engine
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)
   bool worker_matmul = false;     // GPUOS_WORKER_MATMUL=1: the scheduler records skinny matmuls as worker tasks
+  bool worker_attention = false;  // GPUOS_WORKER_ATTENTION=1: the scheduler records decode SDPA as worker tasks
   // JIT and libraries.
   bool forbid_compile = false;    // GPUOS_FORBID_COMPILE=1: any NVRTC compile is an error (warm-start proof)
   std::string cache_dir;          // GPUOS_CACHE_DIR, else $XDG_CACHE_HOME/gpuos, else ~/.cache/gpuos;

@@ -172,7 +172,7 @@ void Runtime::commit_level(std::vector<SubOp>& descs) {
   if (first < n) std::memcpy((void*)&ring_[0], descs.data() + first, (size_t)(n - first) * sizeof(SubOp));
   desc_head_ += n;
   uint32_t heavy = 0;
-  for (const SubOp& s : descs) heavy += s.op == kOp_mm;
+  for (const SubOp& s : descs) heavy += s.op == kOp_mm || s.op == kOp_sdpa;
   levels_.push_back({start, n, heavy});
   descs.clear();
 }

@@ -249,6 +249,42 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   maybe_publish_early();
 }
 
+// KV splits of decode attention (device_src/attention.h): enough items to cover the grid (about kAttnItems over
+// the tiles), each split at least kAttnMinRows kv positions (below that the combine costs more than it saves), at
+// most kAttnMaxSplit; the items of a split tile stay in one piece of append_tiles (consecutive in the ring).
+uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity) {
+  constexpr int64_t kAttnItems = 1024, kAttnMinRows = 64;
+  int64_t ns = std::min<int64_t>({(kAttnItems + tiles - 1) / std::max<int64_t>(tiles, 1), Lk / kAttnMinRows,
+                                  (int64_t)kAttnMaxSplit});
+  if (ns <= 1 || tiles * ns > (int64_t)capacity / 2) return 1;
+  const int64_t span = (Lk + ns - 1) / ns;
+  return (uint32_t)((Lk + span - 1) / span);  // no empty slice
+}
+
+void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand& q, const TensorRef& q_ref,
+                               const Operand& k, const TensorRef& k_ref, const Operand& v, const TensorRef& v_ref,
+                               const Operand* mask, float scale) {
+  const int64_t rows = kAttnRowsPerItem, nrows = (int64_t)(args.Hq / args.Hkv) * args.Lq;
+  const int64_t tiles = (int64_t)args.B * args.Hkv * ((nrows + rows - 1) / rows);
+  if (tiles == 0 || args.D == 0) return;
+  if (args.Lk == 0 || args.Lq > kAttnMaxQuery || args.Hkv == 0 || args.Hq % args.Hkv != 0)
+    throw std::logic_error("gpuos internal error: record_attention got a shape the checks refuse");
+  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity);
+  SubOp proto{};
+  proto.op = kOp_sdpa;
+  proto.flags = kFlagStrided;
+  proto.dtype = out.dtype | (q.dtype << 8) | (k.dtype << 16) | (v.dtype << 24);
+  proto.scalar[0] = scale;
+  TensorRef refs[4];
+  static_assert(sizeof(AttnArgs) == sizeof(TensorRef), "one arena slot");
+  std::memcpy((void*)&refs[0], (const void*)&args, sizeof(AttnArgs));
+  refs[1] = q_ref, refs[2] = k_ref, refs[3] = v_ref;
+  const Operand ins[4] = {q, k, v, mask ? *mask : Operand{}};
+  append_tiles(proto, (uint64_t)(tiles * args.nsplit), 1, refs, 4, out, ins, mask ? 4 : 3);
+  st_.submitted++;
+  maybe_publish_early();
+}
+
 int32_t Runtime::program_id(const Program& p) {
   const int32_t id = intern_program(p);  // process-wide ids: a generation's tier-2 code names them
   if (id < 0) return -1;

@@ -97,13 +97,15 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuMemAlloc(&ring_dev_, sizeof(SubOp) * (size_t)cfg_.capacity));
   GPUOS_CU(d.cuMemAlloc(&refs_dev_, sizeof(TensorRef) * (size_t)ref_capacity_));
   GPUOS_CU(d.cuMemAlloc(&progs_d_, sizeof(Program) * (size_t)kMaxPrograms));
-  const size_t scratch_bytes = sizeof(float) * kMmScratchPerSlot * ((size_t)cfg_.capacity + kMmMaxSplit);
+  // Split-K matmul scratch, then the decode-attention partials (kAttnScratchPerSlot floats per ring slot).
+  const size_t scratch_bytes = sizeof(float) * (kMmScratchPerSlot * ((size_t)cfg_.capacity + kMmMaxSplit) +
+                                                (size_t)kAttnScratchPerSlot * cfg_.capacity);
   GPUOS_CU(d.cuMemAlloc(&scratch_d_, scratch_bytes));
   GPUOS_CU(d.cuMemHostAlloc(&p, sizeof(Program) * (size_t)kMaxPrograms, CU_MEMHOSTALLOC_PORTABLE));
   progs_h_ = (Program*)p;
   GPUOS_CU(d.cuStreamCreate(&ctl_, CU_STREAM_NON_BLOCKING));
   GPUOS_CU(d.cuMemsetD8Async(dc_d_, 0, sizeof(DevCtl), side_));
-  GPUOS_CU(d.cuMemsetD8Async(scratch_d_, 0, scratch_bytes, side_));  // split-K scratch starts clean (matmul.h)
+  GPUOS_CU(d.cuMemsetD8Async(scratch_d_, 0, scratch_bytes, side_));  // split-K / attention counters start clean
   // DevCtl::next_seq starts at 1 (seq 0 means "none"): set it with a one-word memop.
   CUstreamBatchMemOpParams w{};
   w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;

@@ -40,6 +40,9 @@ struct Config {
   uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
   uint32_t dma_min = 128;          // levels of >= this many descriptors reach the device by one async copy
 };
+// KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
+// slots (core/record.cpp; gpuos_ext._testing.attention_split).
+uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity);
 // Defaults with the environment's settings applied (config/config.h).
 Config config_from_env();
 
@@ -120,6 +123,12 @@ class Runtime {
   void record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                      const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
                      int64_t M, int64_t N, int64_t K, float alpha, float beta);
+  // Record decode attention (device_src/attention.h): `args` filled by the caller except nsplit (chosen here from
+  // the KV length); q, k, v: 4-D refs (B x H x L x D). `out` is the written footprint (the caller gives one that
+  // also covers the lse when AttnArgs::lse is set); `mask` may be null.
+  void record_attention(const Operand& out, AttnArgs args, const Operand& q, const TensorRef& q_ref, const Operand& k,
+                        const TensorRef& k_ref, const Operand& v, const TensorRef& v_ref, const Operand* mask,
+                        float scale);
   // Record a fused chain: out = program(ins...) over `numel` elements. `fa` holds every operand's pointer,
   // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels.
   void record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,

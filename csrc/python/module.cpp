@@ -22,6 +22,7 @@
 #include "sched/record.h"
 #include "tensor/devices.h"
 #include "tensor/errors.h"
+#include "tensor/attention.h"
 #include "tensor/submit.h"
 
 #ifndef GPUOS_BUILD_TORCH
@@ -109,6 +110,9 @@ PyMethodDef kFastMethods[] = {
      "sched_cast(x, dtype, out, size_threshold) -> Tensor | int: a deferred copy / cast (aten::_to_copy, copy_)."},
     {"sched_matmul", (PyCFunction)(void (*)(void))sched_matmul, METH_FASTCALL,
      "sched_matmul(a, b, bias, alpha, beta) -> Tensor | int: a deferred skinny matmul (aten::mm / addmm)."},
+    {"sched_attention", (PyCFunction)(void (*)(void))sched_attention, METH_FASTCALL,
+     "sched_attention(q, k, v, attn_mask, is_causal, scale, want_lse) -> (out, lse | None) | int: deferred decode "
+     "attention (the SDPA backend ops)."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -253,7 +257,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       for (auto& x : split(o.scalar_names, ',')) sn.append(x);
       for (auto& x : split(o.aten, '|')) aten.append(x);
       l.append(py::dict(py::arg("id") = i, py::arg("name") = o.name, py::arg("arity") = o.arity,
-                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : "matmul", py::arg("functor") = o.functor,
+                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : o.kind == kKindMatmul ? "matmul" : "attention", py::arg("functor") = o.functor,
                         py::arg("scalars") = sn, py::arg("defaults") = defaults, py::arg("aten") = aten));
     }
     return l;
@@ -287,6 +291,21 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "Record aten::mm / addmm with <= 64 activation rows as worker tasks under scheduler_context (default: "
         "off, or GPUOS_WORKER_MATMUL=1). Off, they run with cuBLAS (fallback reason 'matmul_off').");
   m.def("worker_matmul_enabled", &worker_matmul_enabled);
+  m.def("set_worker_attention", &set_worker_attention, py::arg("enabled"),
+        "Record the CUDA scaled_dot_product_attention backend ops (flash / efficient / cuDNN) with a query of <= 16 "
+        "rows as worker tasks under scheduler_context (default: off, or GPUOS_WORKER_ATTENTION=1). Off, they run "
+        "with torch (fallback reason 'attention_off').");
+  m.def("worker_attention_enabled", &worker_attention_enabled);
+  m.def(
+      "submit_attention",
+      [](py::handle q, py::handle k, py::handle v, py::handle out, py::handle attn_mask, bool is_causal,
+         py::handle scale) { submit_attention(q.ptr(), k.ptr(), v.ptr(), out.ptr(), attn_mask.ptr(), is_causal, scale.ptr()); },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("attn_mask") = py::none(),
+      py::arg("is_causal") = false, py::arg("scale") = py::none(),
+      "Record out = softmax(scale * q @ k^T + attn_mask) @ v on the worker (decode attention: q B x Hq x Lq x D with "
+      "Lq <= 16, k / v B x Hkv x Lk x D with Hq % Hkv == 0, float16 / bfloat16, head_dim 8..256 a power of two; "
+      "attn_mask bool or float broadcast to B x Hq x Lq x Lk; is_causal as torch: query i sees keys j <= i; scale "
+      "None: 1 / sqrt(head_dim)). Same semantics as torch.nn.functional.scaled_dot_product_attention.");
   m.def("set_specialize_after", &set_specialize_after, py::arg("uses"),
         "Tier 2: a fused-chain program run this many times gets straight-line code in a later generation "
         "(compiled in the background; 0 = never). Default 64, or GPUOS_SPECIALIZE_AFTER.");

@@ -49,6 +49,8 @@ std::string hang_report() {
 void add_testing_module(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "Test-only entry points (CPU evaluators, probes); not a stable API.");
   t.def("probe_host_memory", &probe_host_memory, py::arg("n") = 1 << 20);
+  t.def("attention_split", &attention_split, py::arg("tiles"), py::arg("kv_len"), py::arg("capacity"),
+        "KV splits Runtime::record_attention gives a decode attention of `tiles` row-group tiles.");
   t.def("set_nvrtc_search_dirs", &set_nvrtc_search_dirs);
   t.def("front_diag", &front_diag, py::arg("tensor"),
         "Why the __torch_function__ front would or would not record an op on `tensor` here.");

@@ -8,6 +8,7 @@ namespace {
 Deferred g_def[kMaxDevices];
 thread_local uint64_t t_devices = 0;  // take_thread_devices
 int g_worker_matmul = -1;  // -1: not chosen yet (the environment's setting applies)
+int g_worker_attention = -1;
 }  // namespace
 
 SchedStats g_sched;
@@ -18,6 +19,11 @@ bool worker_matmul_enabled() {
   return g_worker_matmul != 0;
 }
 void set_worker_matmul(bool on) { g_worker_matmul = on ? 1 : 0; }
+bool worker_attention_enabled() {
+  if (g_worker_attention < 0) g_worker_attention = env_config().worker_attention ? 1 : 0;
+  return g_worker_attention != 0;
+}
+void set_worker_attention(bool on) { g_worker_attention = on ? 1 : 0; }
 
 Deferred& deferred_of(int dev) { return g_def[dev]; }
 

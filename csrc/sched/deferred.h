@@ -19,7 +19,8 @@ namespace gpuos {
 // Why an op runs eagerly (Python reads the names through gpuos_ext.sched_reasons()).
 #define GPUOS_SCHED_REASONS(X) \
   X(1, not_cuda) X(2, layout) X(3, dtype) X(4, size) X(5, autograd) X(6, unsupported_args) X(7, device)     \
-  X(8, matmul_off) X(9, matmul_rows) X(10, subclass)
+  X(8, matmul_off) X(9, matmul_rows) X(10, subclass) X(11, attention_off) X(12, attention_shape)          \
+  X(13, attention_layout) X(14, attention_lse)
 enum SchedReason : int {
 #define GPUOS_REASON(n, name) kR_##name = n,
   GPUOS_SCHED_REASONS(GPUOS_REASON)
@@ -28,14 +29,20 @@ enum SchedReason : int {
 // Where a recorded elementwise op's result goes (gpuos_ext.sched_modes()).
 enum SchedMode : int { kModeFunctional = 0, kModeInplace = 1, kModeOut = 2 };
 
+constexpr uint32_t kDeferredMaxIn = 4;  // q, k, v, mask of an attention; elementwise ops use up to 3
 struct DeferredOp {
   uint32_t op = 0, nin = 0;
   bool reduce = false, keepdim = false, fresh = false;  // fresh: out was allocated by the scheduler
   bool matmul = false;  // out = s0 * in[0] @ in[1] + s1 * in[2] (in[2] undefined: no bias); never fused
+  // Decode attention (never fused): out = softmax(s0 * in[0] @ in[1]^T + in[3]) @ in[2] (in[3] undefined: no
+  // mask); attn_causal: torch's is_causal; lse: also written (B x Hq x Lq fp32, in out's storage); `written`: the
+  // buffer holding out (and lse).
+  bool attention = false, attn_causal = false;
+  at::Tensor lse, written;
   float s0 = 0.f, s1 = 0.f;
   at::Tensor out;
-  at::Tensor in[3];  // undefined: constant cv[k]
-  float cv[3] = {0.f, 0.f, 0.f};
+  at::Tensor in[kDeferredMaxIn];  // undefined: constant cv[k]
+  float cv[kDeferredMaxIn] = {0.f, 0.f, 0.f, 0.f};
 };
 
 struct Deferred {
@@ -66,6 +73,10 @@ extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
 // off by default, GPUOS_WORKER_MATMUL=1 turns it on: read on first use, config/config.h).
 bool worker_matmul_enabled();
 void set_worker_matmul(bool on);
+// F.scaled_dot_product_attention's CUDA backend ops with a query of <= 16 rows run as worker tasks
+// (gpuos.set_worker_attention; off by default, GPUOS_WORKER_ATTENTION=1 turns it on).
+bool worker_attention_enabled();
+void set_worker_attention(bool on);
 constexpr int64_t kWorkerMatmulMaxRows = 64;
 
 // Does Python still see the tensor (sched/lower.cpp)? True when its only references are `ours` (plus the

@@ -11,6 +11,7 @@
 #include "sched/bytecode.h"
 #include "sched/deferred.h"
 #include "sched/outpool.h"
+#include "tensor/attention.h"
 #include "tensor/record.h"
 
 namespace gpuos {
@@ -89,7 +90,7 @@ bool fused_rule(const at::Tensor& t, at::IntArrayRef shape, FusedOperand& r) {
 
 // Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
 // (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
-bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
+bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
   const DeferredOp& root = ops[r];
   std::vector<ExprNode> nodes;
   std::vector<const at::Tensor*> leaves;
@@ -184,11 +185,13 @@ void emit_matmul(Runtime& rt, const DeferredOp& o) {
 void emit_plain(Runtime& rt, const DeferredOp& o) {
   if (o.reduce) record_reduce_tensors(rt, o.op, o.in[0], o.out, o.keepdim);
   else if (o.matmul) emit_matmul(rt, o);
+  else if (o.attention)
+    record_attention_tensors(rt, o.in[0], o.in[1], o.in[2], o.in[3], o.attn_causal, o.s0, o.out, o.lse, o.written);
   else record_ew_tensors(rt, o.op, o.nin, o.out, o.in, o.cv, o.s0, o.s1);
 }
 
 // Emit the tree rooted at r op by op (its producers first), materialising every intermediate.
-void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, 3>>& child, int r) {
+void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
   for (uint32_t k = 0; k < ops[r].nin; ++k)
     if (child[r][k] >= 0) emit_unfused(rt, ops, child, child[r][k]);
   emit_plain(rt, ops[r]);
@@ -215,14 +218,14 @@ void lower_deferred(int dev, Runtime& rt) {
   const auto ns_since = [](clk::time_point t) { return (uint64_t)std::chrono::nanoseconds(clk::now() - t).count(); };
   auto t0 = clk::now();
   const int n = (int)ops.size();
-  std::vector<std::array<int, 3>> child(n, {-1, -1, -1});
+  std::vector<std::array<int, kDeferredMaxIn>> child(n, {-1, -1, -1, -1});
   std::vector<char> fused_away(n, 0);
   if (g_fusion && n > 1) {
     // Readers of each op's output (by TensorImpl, the producer being the latest writer before the reader).
     std::unordered_map<const c10::TensorImpl*, int> producer;
     producer.reserve((size_t)n * 2);
     std::vector<int> readers(n, 0);
-    std::vector<std::array<int, 3>> prod_of(n, {-1, -1, -1});
+    std::vector<std::array<int, kDeferredMaxIn>> prod_of(n, {-1, -1, -1, -1});
     for (int j = 0; j < n; ++j) {
       const DeferredOp& o = ops[j];
       for (uint32_t k = 0; k < o.nin; ++k) {
@@ -243,14 +246,14 @@ void lower_deferred(int dev, Runtime& rt) {
     for (int j = 0; j < n; ++j) {
       DeferredOp& o = ops[j];
       first[j] = j;
-      if (o.reduce || o.matmul) continue;
+      if (o.reduce || o.matmul || o.attention) continue;
       for (uint32_t k = 0; k < o.nin; ++k) {
         const int i = prod_of[j][k];
         if (i < 0) continue;
         const DeferredOp& p = ops[i];
         // Switched built-ins run their slot-1 code, which the interpreter does not have: never fused.
         // Injected ops (ids >= kNumOps) are not in the interpreter either.
-        bool ok = !p.reduce && !p.matmul && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
+        bool ok = !p.reduce && !p.matmul && !p.attention && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
                   p.op < kNumOps && o.op < kNumOps && !op_switched(p.op) && !op_switched(o.op) &&
                   o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
                   p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
@@ -292,6 +295,8 @@ void lower_deferred(int dev, Runtime& rt) {
       if (elided[j] && o.fresh) pool_put(dev, D.stream, o.out.storage());
       if (o.out.defined()) keep_tensor(dev, std::move(o.out));
       for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
+      if (o.written.defined()) keep_tensor(dev, std::move(o.written));
+      if (o.lse.defined()) keep_tensor(dev, std::move(o.lse));
     }
     ops.clear();
     D.touched.clear();
@@ -300,7 +305,7 @@ void lower_deferred(int dev, Runtime& rt) {
   try {
     for (; j < n; ++j) {
       if (fused_away[j]) continue;
-      const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0;
+      const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0 || child[j][3] >= 0;
       if (!has_child) {
         emit_plain(rt, ops[j]);
         continue;

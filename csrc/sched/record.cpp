@@ -7,6 +7,7 @@
 #include "ops/op_table.h"
 #include "sched/deferred.h"
 #include "sched/outpool.h"
+#include "tensor/attention.h"
 #include "tensor/errors.h"
 #include "tensor/tensor.h"
 
@@ -23,7 +24,7 @@ void defer_op(int dev, Fill&& fill) {
   Deferred& D = deferred_of(dev);
   DeferredOp& d = defer(dev, rt, s);
   fill(d);
-  Access reads[3];
+  Access reads[kDeferredMaxIn];
   uint32_t nr = 0;
   for (uint32_t k = 0; k < d.nin; ++k)
     if (d.in[k].defined()) reads[nr++] = {(uintptr_t)storage_of(d.in[k]), 0, 0};
@@ -288,6 +289,76 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (has_bias) d.in[2] = bias;
     });
     return THPVariable_Wrap(std::move(out));
+  });
+}
+
+// sched_attention(q, k, v, attn_mask, is_causal, scale, want_lse) -> (out, lse | None) | int (reason): decode
+// attention as a worker task (tensor/attention.h check_attention). out is allocated as the flash kernel does
+// (B x Lq x Hq x D memory, viewed B x Hq x Lq x D: a query of one row is then also HF's transposed layout); lse
+// (B x Hq x Lq fp32) lives in the same buffer, so the op's write footprint covers both.
+PyObject* sched_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return python_call([&]() -> PyObject* {
+    if (nargs != 7) throw py::type_error("sched_attention takes 7 arguments");
+    if (!worker_attention_enabled()) return reason(kR_attention_off);
+    PyObject *pq = args[0], *pk = args[1], *pv = args[2], *pm = args[3];
+    if (!THPVariable_Check(pq) || !THPVariable_Check(pk) || !THPVariable_Check(pv) ||
+        (pm != Py_None && !THPVariable_Check(pm)))
+      return reason(kR_unsupported_args);
+    const bool causal = PyObject_IsTrue(args[4]) == 1, want_lse = PyObject_IsTrue(args[6]) == 1;
+    const at::Tensor& q = THPVariable_Unpack(pq);
+    const at::Tensor& k = THPVariable_Unpack(pk);
+    const at::Tensor& v = THPVariable_Unpack(pv);
+    at::Tensor mask;
+    if (pm != Py_None) mask = THPVariable_Unpack(pm);
+    if (at::GradMode::is_enabled())
+      for (const at::Tensor* t : {&q, &k, &v, (const at::Tensor*)&mask})
+        if (t->defined() && t->requires_grad()) return reason(kR_autograd);
+    const AttnCheck c = check_attention(q, k, v, mask, causal);
+    switch (c.code) {
+      case kAttnOk: break;
+      case kAttnBadDtype: return reason(kR_dtype);
+      case kAttnBadLayout: return reason(kR_attention_layout);
+      case kAttnBadDevice: return reason(q.is_cuda() ? kR_device : kR_not_cuda);
+      default: return reason(kR_attention_shape);
+    }
+    double scale = 1.0 / std::sqrt((double)q.size(3));
+    if (args[5] != Py_None) {
+      scale = PyFloat_AsDouble(args[5]);
+      if (PyErr_Occurred()) return nullptr;
+    }
+    const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), D = q.size(3);
+    const int64_t out_n = B * Hq * Lq * D, lse_n = want_lse ? B * Hq * Lq : 0;
+    const int64_t off = (out_n + 7) / 8 * 8;  // lse at a 16-byte boundary
+    at::Tensor buf = empty_like_device(q, {want_lse ? off + 2 * lse_n : out_n}, q.scalar_type());
+    at::Tensor out = buf.narrow(0, 0, out_n).view({B, Lq, Hq, D}).transpose(1, 2);
+    at::Tensor lse;
+    if (want_lse) lse = buf.narrow(0, off, 2 * lse_n).view(at::kFloat).view({B, Hq, Lq});
+    defer_op(q.get_device(), [&](DeferredOp& d) {
+      d.op = kOp_sdpa;
+      d.nin = mask.defined() ? 4 : 3;
+      d.attention = true;
+      d.attn_causal = causal;
+      d.fresh = true;
+      d.s0 = (float)scale;
+      d.out = out;
+      d.lse = lse;
+      d.written = buf;
+      d.in[0] = q;
+      d.in[1] = k;
+      d.in[2] = v;
+      if (mask.defined()) d.in[3] = mask;
+    });
+    PyObject* po = THPVariable_Wrap(std::move(out));
+    PyObject* pl = want_lse ? THPVariable_Wrap(std::move(lse)) : (Py_INCREF(Py_None), Py_None);
+    if (!po || !pl) {
+      Py_XDECREF(po);
+      Py_XDECREF(pl);
+      return nullptr;
+    }
+    PyObject* t = PyTuple_Pack(2, po, pl);
+    Py_DECREF(po);
+    Py_DECREF(pl);
+    return t;
   });
 }
 

@@ -18,5 +18,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 // sched_matmul(a, b, bias, alpha, beta): aten::mm / addmm as a worker task (sched/deferred.h worker_matmul_enabled).
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+// sched_attention(q, k, v, attn_mask, is_causal, scale, want_lse): the SDPA backend ops as a decode-attention task.
+PyObject* sched_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace gpuos

@@ -136,6 +136,8 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
   const std::string who = "gpuos.submit('" + opname + "')";
   if (info.kind == kKindMatmul)
     throw py::value_error(who + ": '" + opname + "' is a matmul; use gpuos.submit_matmul(a, b, out, bias=None)");
+  if (info.kind == kKindAttention)
+    throw py::value_error(who + ": '" + opname + "' is decode attention; use gpuos_ext.submit_attention(q, k, v, out)");
   if (info.kind != kKindEw)
     throw py::value_error(who + ": '" + opname + "' is a reduction; use gpuos.submit_reduce(op, x, out)");
   if (!PySequence_Check(inputs.ptr()) || PyUnicode_Check(inputs.ptr()))

@@ -1,0 +1,226 @@
+// device_src/attention.h -- no host-only code, no system #includes. Included by worker.cu after matmul.h.
+// Decode attention (issue #16): out = softmax(scale * q @ k^T + mask) @ v per (batch, query head), fp16 / bf16
+// q, k, v with fp32 math, query length <= kAttnMaxQuery, GQA / MQA (query head h reads KV head h / (Hq / Hkv)),
+// top-left causal (torch's is_causal: query i sees kv positions j <= i) and an additive float or boolean mask
+// broadcast through its strides. Flash-decoding: the host cuts the work into items (Runtime::record_attention):
+//   item = ((b * Hkv + kv head) * nsplit + KV split) * row groups + row group
+// A warp runs an item: up to kAttnRowsPerItem of the G x Lq query rows of one KV head (G = Hq / Hkv; row r is query
+// head kh * G + r / Lq, position r % Lq) over one slice of the KV length. Lane layout: D / 8 lanes hold one kv row
+// (16 bytes = 8 values each), so a warp loads 32 / (D / 8) kv rows of K and of V per 16-byte load, two such steps
+// in flight; each group of lanes keeps its own online softmax (max and sum in the log2 domain: q is pre-scaled by
+// scale * log2(e), mask values by log2(e), exp2f), and the groups are merged by shuffles at the end.
+// nsplit > 1: each item writes its partial (max, sum, D accumulators per row, fp32) into the attention scratch of
+// its ring slot; the last item of a tile (counter word in the first item's slot) combines them, writes the output
+// and resets the counter (a ring slot is reused only after its batch is done).
+#pragma once
+
+namespace gpuos {
+
+constexpr u32 R = kAttnRowsPerItem;  // query rows an item holds in registers
+constexpr float kAttnLog2e = 1.4426950408889634f, kAttnLn2 = 0.6931471805599453f;
+
+// Per-slot partial layout (floats): [0, 4) head (counter), [4, 8) row maxima, [8, 12) row sums, [12, ...) rows x D.
+constexpr u32 kAttnPartM = kAttnScratchHead, kAttnPartL = kAttnScratchHead + 4, kAttnPartAcc = kAttnScratchHead + 8;
+static_assert(R <= 4 && kAttnPartAcc + R * kAttnMaxHeadDim <= kAttnScratchPerSlot,
+              "attention partials fit one ring slot's scratch");
+
+__device__ __forceinline__ float attn_ninf() { return -__int_as_float(0x7f800000); }
+
+// Output row (b, hq, i): values v[0 .. n) for dims d0 .. d0 + n - 1, already divided by the sum; lse when asked.
+__device__ __forceinline__ void attn_store(const AttnArgs& a, u32 dto, u32 b, u32 hq, u32 i, u32 d0, const float* v,
+                                           u32 n, float m, float l, bool lse_lane) {
+  const i64 base = (i64)b * a.os[0] + (i64)hq * a.os[1] + (i64)i * a.os[2];
+  for (u32 e = 0; e < n; ++e) store_f32((void*)a.out, dto, base + (i64)(d0 + e) * a.os[3], v[e]);
+  if (lse_lane && (a.mode & kAttnLse))
+    ((float*)a.lse)[(i64)b * a.ls[0] + (i64)hq * a.ls[1] + (i64)i * a.ls[2]] =
+        l > 0.0f ? (m + __log2f(l)) * kAttnLn2 : attn_ninf();
+}
+
+// One item's rows [r0, r0 + nr) over kv positions [j0, j1). part: this item's scratch (nullptr: write the output).
+template <bool MASK>
+__device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs, u32 dt, u32 dto, float qscale, u32 b,
+                                       u32 kh, u32 r0, u32 nr, i64 j0, i64 j1, float* part, u32 lane) {
+  const TensorRef &rq = refs[1], &rk = refs[2], &rv = refs[3];
+  const u32 L = a.D >> 3, lsh = (u32)__ffs((int)L) - 1, sub = lane >> lsh, c = lane & (L - 1), RP = 32u >> lsh;
+  const u32 G = a.Hq / a.Hkv;
+  const bool causal = (a.mode & kAttnCausal) != 0;
+  const bool mbool = (a.mode & kAttnMaskBool) != 0;
+  const u32 mdt = a.mode >> kAttnMaskDtypeShift;
+  float q[R][8], acc[R][8], m[R], l[R];
+  i64 moff[MASK ? R : 1];
+  int lim[R];  // last kv position row r sees (kv lengths are below 2^31)
+  int jend = causal ? 0 : (int)j1;
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) {
+    m[r] = attn_ninf();
+    l[r] = 0.0f;
+    if (MASK) moff[MASK ? r : 0] = 0;
+    lim[r] = -1;
+#pragma unroll
+    for (u32 e = 0; e < 8; ++e) q[r][e] = 0.0f, acc[r][e] = 0.0f;
+    if (r < nr) {
+      const u32 row = r0 + r, g = row / a.Lq, i = row - g * a.Lq, hq = kh * G + g;
+      const i64 qo = (i64)b * rq.strides[0] + (i64)hq * rq.strides[1] + (i64)i * rq.strides[2] +
+                     (i64)(c * 8) * rq.strides[3];
+#pragma unroll
+      for (u32 e = 0; e < 8; ++e) q[r][e] = load_f32((const void*)rq.ptr, dt, qo + (i64)e * rq.strides[3]) * qscale;
+      lim[r] = causal ? (int)i : (int)j1 - 1;
+      if (causal && (int)i + 1 > jend) jend = (int)i + 1 < (int)j1 ? (int)i + 1 : (int)j1;
+      if (MASK) moff[MASK ? r : 0] = (i64)b * a.ms[0] + (i64)hq * a.ms[1] + (i64)i * a.ms[2];
+    }
+  }
+  const char* kp = (const char*)rk.ptr + ((i64)b * rk.strides[0] + (i64)kh * rk.strides[1] + c * 8) * 2;
+  const char* vp = (const char*)rv.ptr + ((i64)b * rv.strides[0] + (i64)kh * rv.strides[1] + c * 8) * 2;
+  const i64 ks = rk.strides[2] * 2, vs = rv.strides[2] * 2;  // bytes per kv row
+  const float ninf = attn_ninf();
+  for (int jb = (int)j0; jb < jend; jb += 2 * (int)RP) {  // warp-uniform trip count: the shuffles need every lane
+    uint4 kq[2], vq[2];
+#pragma unroll
+    for (u32 t = 0; t < 2; ++t) {
+      const int j = jb + (int)(t * RP + sub);
+      kq[t] = j < jend ? *(const uint4*)(kp + j * ks) : make_uint4(0u, 0u, 0u, 0u);
+      vq[t] = j < jend ? *(const uint4*)(vp + j * vs) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float s[2][R];  // logits, then weights
+#pragma unroll
+    for (u32 t = 0; t < 2; ++t) {
+      const int j = jb + (int)(t * RP + sub);
+      float kf[8];
+      Vec16::unpack(kq[t], kf, dt);
+#pragma unroll
+      for (u32 r = 0; r < R; ++r) {
+        s[t][r] = ninf;
+        if (r >= nr) continue;  // warp-uniform
+        float x = 0.0f;
+#pragma unroll
+        for (u32 e = 0; e < 8; ++e) x = fmaf(q[r][e], kf[e], x);
+        for (u32 o = L >> 1; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        const bool live = j < jend && j <= lim[r];
+        if (MASK && live) {
+          const i64 mo = moff[MASK ? r : 0] + (i64)j * a.ms[3];
+          x += mbool ? (((const u8*)a.mask)[mo] ? 0.0f : ninf) : load_f32((const void*)a.mask, mdt, mo) * kAttnLog2e;
+        }
+        s[t][r] = live ? x : ninf;
+      }
+    }
+    float corr[R];
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) {
+      corr[r] = 1.0f;
+      if (r >= nr) continue;
+      const float mn = fmaxf(m[r], fmaxf(s[0][r], s[1][r]));
+      // -inf - -inf would be NaN: a term whose logit is -inf weighs 0 (and nothing is live yet when mn is -inf)
+      corr[r] = m[r] == ninf ? 0.0f : exp2f(m[r] - mn);
+      s[0][r] = s[0][r] == ninf ? 0.0f : exp2f(s[0][r] - mn);
+      s[1][r] = s[1][r] == ninf ? 0.0f : exp2f(s[1][r] - mn);
+      l[r] = fmaf(l[r], corr[r], s[0][r] + s[1][r]);
+      m[r] = mn;
+    }
+#pragma unroll
+    for (u32 t = 0; t < 2; ++t) {
+      float vf[8];
+      Vec16::unpack(vq[t], vf, dt);
+#pragma unroll
+      for (u32 r = 0; r < R; ++r) {
+        if (r >= nr) continue;
+#pragma unroll
+        for (u32 e = 0; e < 8; ++e) acc[r][e] = fmaf(s[t][r], vf[e], t == 0 ? acc[r][e] * corr[r] : acc[r][e]);
+      }
+    }
+  }
+  // Merge the lane groups (each holds other kv rows): afterwards every group holds the item's totals.
+  for (u32 o = L; o < 32; o <<= 1) {
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) {
+      if (r >= nr) continue;
+      const float mo = __shfl_xor_sync(0xffffffffu, m[r], o), lo = __shfl_xor_sync(0xffffffffu, l[r], o);
+      const float mn = fmaxf(m[r], mo);
+      const float ca = m[r] == ninf ? 0.0f : exp2f(m[r] - mn), cb = mo == ninf ? 0.0f : exp2f(mo - mn);
+      l[r] = l[r] * ca + lo * cb;
+      m[r] = mn;
+#pragma unroll
+      for (u32 e = 0; e < 8; ++e) acc[r][e] = acc[r][e] * ca + __shfl_xor_sync(0xffffffffu, acc[r][e], o) * cb;
+    }
+  }
+  if (sub != 0) return;
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) {
+    if (r >= nr) continue;
+    if (part) {
+      float* pa = part + kAttnPartAcc + r * a.D + c * 8;
+      *(float4*)pa = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      *(float4*)(pa + 4) = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+      if (c == 0) part[kAttnPartM + r] = m[r], part[kAttnPartL + r] = l[r];
+      continue;
+    }
+    const u32 row = r0 + r, g = row / a.Lq, i = row - g * a.Lq;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
+    float v[8];
+#pragma unroll
+    for (u32 e = 0; e < 8; ++e) v[e] = acc[r][e] * inv;
+    attn_store(a, dto, b, kh * G + g, i, c * 8, v, 8, m[r], l[r], c == 0);
+  }
+}
+
+// After this item's partial: the tile's last item (the counter in the first slot) combines the nsplit partials of
+// slots first, first + step, ... (mod capacity), writes the rows and resets the counter.
+__device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 first, u32 step, u32 capacity, u32 dto, u32 b,
+                                          u32 kh, u32 r0, u32 nr, u32 lane) {
+  float* head = attn + (u64)first * kAttnScratchPerSlot;
+  __threadfence();
+  __syncwarp();
+  u32 old = 0;
+  if (lane == 0) old = atomicAdd((unsigned*)head, 1u);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old != a.nsplit - 1) return;
+  __threadfence();
+  const u32 G = a.Hq / a.Hkv;
+  const float ninf = attn_ninf();
+  for (u32 r = 0; r < nr; ++r) {
+    float mx = ninf;
+    for (u32 s = 0; s < a.nsplit; ++s)
+      mx = fmaxf(mx, __ldcg(attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot + kAttnPartM + r));
+    const u32 row = r0 + r, g = row / a.Lq, i = row - g * a.Lq;
+    for (u32 e = lane * 4; e < a.D; e += 128) {
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
+      for (u32 s = 0; s < a.nsplit; ++s) {
+        const float* p = attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot;
+        const float ms = __ldcg(p + kAttnPartM + r);
+        const float w = ms == ninf ? 0.0f : exp2f(ms - mx);
+        sum = fmaf(w, __ldcg(p + kAttnPartL + r), sum);
+        const float4 pv = __ldcg((const float4*)(p + kAttnPartAcc + r * a.D + e));
+        v[0] = fmaf(w, pv.x, v[0]), v[1] = fmaf(w, pv.y, v[1]), v[2] = fmaf(w, pv.z, v[2]), v[3] = fmaf(w, pv.w, v[3]);
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+      for (u32 k = 0; k < 4; ++k) v[k] *= inv;
+      attn_store(a, dto, b, kh * G + g, i, e, v, 4, mx, sum, e == 0);
+    }
+  }
+  if (lane == 0) atomicExch((unsigned*)head, 0u);
+}
+
+// refs: [0] the AttnArgs, [1] q, [2] k, [3] v (B x H x L x D TensorRefs). ri: the sub-op's ring index; scratch,
+// capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch).
+__device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
+                                          u32 capacity) {
+  const AttnArgs& a = *(const AttnArgs*)&refs[0];
+  const u32 rows = R, G = a.Hq / a.Hkv, nrows = G * a.Lq, nrg = (nrows + rows - 1) / rows;
+  // item = ((b * Hkv + kh) * nsplit + s) * nrg + rg: the row groups of one KV slice are neighbours (claimed
+  // together, they read the same K / V rows, mostly from cache); a tile's items are nrg ring slots apart.
+  const u32 ns = a.nsplit, rg = d.base % nrg, s = (d.base / nrg) % ns, bk = d.base / nrg / ns;
+  const u32 kh = bk % a.Hkv, b = bk / a.Hkv;
+  const u32 r0 = rg * rows, nr = nrows - r0 < rows ? nrows - r0 : rows;
+  const i64 span = ((i64)a.Lk + ns - 1) / ns, j0 = (i64)s * span, j1 = j0 + span < (i64)a.Lk ? j0 + span : (i64)a.Lk;
+  float* attn = scratch + (u64)(capacity + kMmMaxSplit) * kMmScratchPerSlot;
+  float* part = ns > 1 ? attn + (u64)ri * kAttnScratchPerSlot : nullptr;
+  const u32 dto = d.dtype & 0xffu, dt = (d.dtype >> 8) & 0xffu;
+  const float qscale = d.scalar[0] * kAttnLog2e;
+  if (a.mode & (kAttnMaskFloat | kAttnMaskBool))
+    attn_item<true>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
+  else
+    attn_item<false>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
+  if (part) attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane);
+}
+
+}  // namespace gpuos
