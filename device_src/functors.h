@@ -100,8 +100,10 @@ struct LogSoftmaxR : AmaxR {};
 
 // kind 2: matmul (device_src/matmul.h); its functor column names this tag (no per-element rule).
 struct MatmulK {};
+// kind 3: data movement (device_src/dataops.h); its functor column names this tag.
+struct DataK {};
 
-enum OpKind : u32 { kKindEw = 0, kKindReduce = 1, kKindMatmul = 2 };
+enum OpKind : u32 { kKindEw = 0, kKindReduce = 1, kKindMatmul = 2, kKindData = 3 };
 enum OpId : u32 {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) kOp_##name = id,
 #include "device_src/ops.def"

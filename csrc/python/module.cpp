@@ -108,6 +108,9 @@ PyMethodDef kFastMethods[] = {
      "sched_cast(x, dtype, out, size_threshold) -> Tensor | int: a deferred copy / cast (aten::_to_copy, copy_)."},
     {"sched_matmul", (PyCFunction)(void (*)(void))sched_matmul, METH_FASTCALL,
      "sched_matmul(a, b, bias, alpha, beta) -> Tensor | int: a deferred skinny matmul (aten::mm / addmm)."},
+    {"sched_data", (PyCFunction)(void (*)(void))sched_data, METH_FASTCALL,
+     "sched_data(op_id, out, ins, bits, dim, ival, keepdim, fresh, size_threshold) -> out | int: a deferred "
+     "data-movement op (gather, scatter, argmax, where, add_int, mul_int, arange, fill; gpuos/_data_handlers.py)."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -163,6 +166,12 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "Publish pending work on the current stream (stream-ordered, no host sync); sync=True also waits.");
   m.def("shutdown", &shutdown, "Complete pending work, stop the worker and free the queue. init() may follow.");
   m.def("stats", &stats, "Counters: submitted, batches, flushes, worker_launches, handovers, jit_compiles, ...");
+  m.def("clear_index_faults", [] {
+    for (Runtime* rt : runtimes()) {
+      RtLock lk(*rt);
+      rt->clear_index_fault();
+    }
+  }, "Reset stats()['index_faults'] (the worker's flag: a data-movement op met an index out of range).");
   m.def("is_initialized", [] { return !runtimes().empty(); });
   m.def("worker_trace", [] {
     py::dict d;
@@ -231,7 +240,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       for (auto& x : split(o.scalar_names, ',')) sn.append(x);
       for (auto& x : split(o.aten, '|')) aten.append(x);
       l.append(py::dict(py::arg("id") = i, py::arg("name") = o.name, py::arg("arity") = o.arity,
-                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : "matmul", py::arg("functor") = o.functor,
+                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : o.kind == kKindData ? "data" : "matmul", py::arg("functor") = o.functor,
                         py::arg("scalars") = sn, py::arg("defaults") = defaults, py::arg("aten") = aten));
     }
     return l;

@@ -32,6 +32,9 @@ struct DeferredOp {
   uint32_t op = 0, nin = 0;
   bool reduce = false, keepdim = false, fresh = false;  // fresh: out was allocated by the scheduler
   bool matmul = false;  // out = s0 * in[0] @ in[1] + s1 * in[2] (in[2] undefined: no bias); never fused
+  bool data = false;    // a data-movement op (ops.def kind 3: tensor/record.h record_data_tensors); never fused
+  int64_t dim = 0, ival = 0;             // data ops: the indexed dim; alpha / index rule
+  uint64_t bits[3] = {0, 0, 0};          // data ops: constant inputs as bits
   float s0 = 0.f, s1 = 0.f;
   at::Tensor out;
   at::Tensor in[3];  // undefined: constant cv[k]

@@ -184,6 +184,7 @@ void emit_matmul(Runtime& rt, const DeferredOp& o) {
 void emit_plain(Runtime& rt, const DeferredOp& o) {
   if (o.reduce) record_reduce_tensors(rt, o.op, o.in[0], o.out, o.keepdim);
   else if (o.matmul) emit_matmul(rt, o);
+  else if (o.data) record_data_tensors(rt, o.op, o.out, o.in, o.nin, o.bits, o.dim, o.ival, o.keepdim);
   else record_ew_tensors(rt, o.op, o.nin, o.out, o.in, o.cv, o.s0, o.s1);
 }
 
@@ -243,14 +244,14 @@ void lower_deferred(int dev, Runtime& rt) {
     for (int j = 0; j < n; ++j) {
       DeferredOp& o = ops[j];
       first[j] = j;
-      if (o.reduce || o.matmul) continue;
+      if (o.reduce || o.matmul || o.data) continue;
       for (uint32_t k = 0; k < o.nin; ++k) {
         const int i = prod_of[j][k];
         if (i < 0) continue;
         const DeferredOp& p = ops[i];
         // Switched built-ins run their slot-1 code, which the interpreter does not have: never fused.
         // Injected ops (ids >= kNumOps) are not in the interpreter either.
-        bool ok = !p.reduce && !p.matmul && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
+        bool ok = !p.reduce && !p.matmul && !p.data && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
                   p.op < kNumOps && o.op < kNumOps && !op_switched(p.op) && !op_switched(o.op) &&
                   o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
                   p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;

@@ -136,6 +136,9 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
   const std::string who = "gpuos.submit('" + opname + "')";
   if (info.kind == kKindMatmul)
     throw py::value_error(who + ": '" + opname + "' is a matmul; use gpuos.submit_matmul(a, b, out, bias=None)");
+  if (info.kind == kKindData)
+    throw py::value_error(who + ": '" + opname + "' is a data-movement op (indices, masks); it is recorded by "
+                          "gpuos.scheduler_context from the aten ops it serves (embedding, index_copy_, where, ...)");
   if (info.kind != kKindEw)
     throw py::value_error(who + ": '" + opname + "' is a reduction; use gpuos.submit_reduce(op, x, out)");
   if (!PySequence_Check(inputs.ptr()) || PyUnicode_Check(inputs.ptr()))

@@ -1,0 +1,215 @@
+"""The data-movement ops (device_src/dataops.h, ops.def kind 3) without a GPU: gpuos_ext._testing.cpu_data runs
+the same TensorRef plan the recording builds (csrc/tensor/record_data.cpp) and the same per-element rule the worker
+runs, on CPU tensors, against torch. Also the handlers' constant encoding (gpuos._data_handlers.bits_of)."""
+import zlib
+
+import pytest
+import torch
+
+import gpuos_ext
+from gpuos import _data_handlers as DH
+
+T = gpuos_ext._testing
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+INDEX = [torch.int64, torch.int32]
+U64 = (1 << 64) - 1
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _rand(shape, dtype):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype in INDEX:
+        return torch.randint(-50, 50, shape, dtype=dtype)
+    return torch.randn(shape).to(dtype)
+
+
+# ----------------------------------------------------------------------------- gather (embedding / index_select)
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64])
+@pytest.mark.parametrize("itype", INDEX)
+@pytest.mark.parametrize("ishape", [(), (0,), (1,), (7,), (2, 3)], ids=["0d", "empty", "one", "many", "2d"])
+def test_gather_rows_like_embedding(dtype, itype, ishape):
+    w = _rand((11, 6), dtype)
+    idx = torch.randint(0, 11, ishape, dtype=itype)
+    out = torch.empty(tuple(ishape) + (6,), dtype=dtype)
+    assert T.cpu_data("gather", out, [w, idx], [0, 0], 0) == 0
+    assert torch.equal(out, w[idx.long()])
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_gather_index_select_any_dim_strided(dim):
+    x = torch.randn(5, 9, 4).transpose(0, 2)[:, ::2]  # (4, 5, 5), no dim contiguous
+    idx = torch.tensor([3, 0, 0, 2, 4, 1])[::2]      # strided index
+    shape = list(x.shape)
+    shape[dim] = idx.numel()
+    out = torch.empty(shape)
+    assert T.cpu_data("gather", out, [x, idx], [0, 0], dim) == 0
+    assert torch.equal(out, x.index_select(dim, idx))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
+def test_gather_out_of_range_writes_poison_and_counts(dtype):
+    w = _rand((4, 3), dtype)
+    idx = torch.tensor([1, 4, -1, 2])
+    out = torch.full((4, 3), 7).to(dtype)
+    assert T.cpu_data("gather", out, [w, idx], [0, 0], 0) == 6  # two rows of three elements
+    assert torch.equal(out[0], w[1]) and torch.equal(out[3], w[2])
+    if dtype.is_floating_point:
+        assert out[1:3].isnan().all()
+    else:
+        assert (out[1:3] == 0).all()
+
+
+# ----------------------------------------------------------------------------- scatter (index_copy_ / index_put_)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("itype", INDEX)
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_scatter_kv_cache_write(dtype, itype, n):
+    cache = _rand((2, 3, 8, 4), dtype)                 # (B, H, L, D)
+    k = _rand((2, 3, n, 4), dtype)
+    pos = torch.randperm(8)[:n].to(itype)
+    ref = cache.clone().index_copy_(2, pos.long(), k)
+    assert T.cpu_data("scatter", cache, [k, pos], [0, 0], 2) == 0
+    assert torch.equal(cache, ref)
+
+
+def test_scatter_strided_source_and_cache_view():
+    base = torch.randn(2, 8, 3, 4)
+    cache = base.transpose(1, 2)                       # (2, 3, 8, 4) non-contiguous view of base
+    src = torch.randn(2, 3, 4, 2).transpose(2, 3)      # (2, 3, 2, 4) strided
+    pos = torch.tensor([5, 1])
+    ref = cache.clone().index_copy_(2, pos, src)
+    assert T.cpu_data("scatter", cache, [src, pos], [0, 0], 2) == 0
+    assert torch.equal(cache, ref)
+
+
+def test_scatter_negative_indices_wrap_only_for_index_put():
+    x = torch.zeros(5, 2)
+    src = torch.ones(2, 2)
+    idx = torch.tensor([-1, 1])
+    assert T.cpu_data("scatter", x, [src, idx], [0, 0], 0, ival=1) == 0  # index_put_: -1 is the last row
+    ref = torch.zeros(5, 2)
+    ref[idx] = src
+    assert torch.equal(x, ref)
+    y = torch.zeros(5, 2)
+    assert T.cpu_data("scatter", y, [src, idx], [0, 0], 0, ival=0) == 2  # index_copy_: out of range, skipped
+    assert torch.equal(y[1], src[1]) and (y[[0, 2, 3, 4]] == 0).all()
+
+
+def test_scatter_out_of_range_never_writes_outside():
+    buf = torch.zeros(12)
+    x = buf[2:10].view(4, 2)
+    assert T.cpu_data("scatter", x, [torch.ones(2, 2), torch.tensor([4, 100])], [0, 0], 0) == 4
+    assert (buf == 0).all()
+
+
+# ----------------------------------------------------------------------------- argmax
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_argmax_matches_torch_with_ties_and_nans(dtype, keepdim):
+    x = torch.randint(0, 4, (6, 37)).to(dtype)         # many ties
+    x[2, 5] = float("nan")
+    x[2, 30] = float("nan")                            # first NaN wins
+    x[3] = float("-inf")
+    x[4, 0] = float("inf")
+    out = torch.empty((6, 1) if keepdim else (6,), dtype=torch.int64)
+    assert T.cpu_data("argmax", out, [x], [0], 0, keepdim=keepdim) == 0
+    assert torch.equal(out, x.float().argmax(-1, keepdim=keepdim))
+    assert out.view(-1)[2] == 5
+
+
+def test_argmax_strided_rows():
+    x = torch.randn(7, 5, 3).transpose(1, 2)           # last dim stride 3
+    out = torch.empty(7, 3, dtype=torch.int64)
+    T.cpu_data("argmax", out, [x], [0], 0)
+    assert torch.equal(out, x.argmax(-1))
+
+
+# ----------------------------------------------------------------------------- where / masked_fill
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64, torch.int32, torch.bool])
+def test_where_broadcast_and_constants(dtype):
+    cond = torch.rand(4, 1, 5) > 0.5
+    a = _rand((3, 5), dtype)
+    b = _rand((4, 3, 1), dtype)
+    out = torch.empty(4, 3, 5, dtype=dtype)
+    T.cpu_data("where", out, [cond, a, b], [0, 0, 0])
+    assert torch.equal(out, torch.where(cond, a, b))
+    value = True if dtype == torch.bool else -7 if not dtype.is_floating_point else -65504.0
+    out2 = torch.empty(4, 3, 5, dtype=dtype)
+    T.cpu_data("where", out2, [cond, None, b], [0, DH.bits_of(value, dtype), 0])  # masked_fill(b, cond, value)
+    assert torch.equal(out2, b.expand(4, 3, 5).masked_fill(cond.expand(4, 3, 5), value))
+
+
+def test_where_as_copy_with_constant_condition():
+    x = torch.rand(3, 4).t() > 0.3                     # strided bool
+    out = torch.empty(4, 3, dtype=torch.bool)
+    T.cpu_data("where", out, [None, x, None], [1, 0, 0])
+    assert torch.equal(out, x)
+
+
+# ----------------------------------------------------------------------------- integer arithmetic, arange, fill
+@pytest.mark.parametrize("otype", INDEX)
+@pytest.mark.parametrize("alpha", [1, -3])
+def test_add_int_is_integer_arithmetic(otype, alpha):
+    big = (1 << 62) + 12345                            # fp32 cannot hold it: the result proves no float path
+    a = torch.tensor([[big, -5, 7]], dtype=torch.int64).to(otype)
+    b = torch.tensor([[3], [1 << 40]], dtype=torch.int64).to(otype)
+    out = torch.empty(2, 3, dtype=otype)
+    T.cpu_data("add_int", out, [a, b], [0, 0], ival=alpha)
+    assert torch.equal(out, torch.add(a, b, alpha=alpha))
+
+
+def test_add_int_mixed_dtypes_constants_and_wrapping():
+    a = torch.tensor([(1 << 63) - 1, 2, 3])
+    b = torch.tensor([True, False, True])
+    out = torch.empty(3, dtype=torch.int64)
+    T.cpu_data("add_int", out, [a, b], [0, 0], ival=1)
+    assert torch.equal(out, a + b)                     # wraps like torch
+    c = torch.tensor([1, 2, 3], dtype=torch.int32)
+    out32 = torch.empty(3, dtype=torch.int32)
+    T.cpu_data("add_int", out32, [c, None], [0, (-4) & U64], ival=1)
+    assert torch.equal(out32, c - 4)
+    T.cpu_data("mul_int", out, [a, None], [0, 3])
+    assert torch.equal(out, a * 3)
+
+
+@pytest.mark.parametrize("otype", INDEX)
+def test_arange_and_fill(otype):
+    out = torch.empty(9, dtype=otype)
+    T.cpu_data("arange", out, [None, None], [5, (-3) & U64])
+    assert torch.equal(out, torch.arange(5, 5 - 27, -3, dtype=otype))
+    for dtype, v in ((otype, -2), (torch.float16, 0.1), (torch.bfloat16, float("-inf")), (torch.bool, True)):
+        f = torch.empty(2, 3, dtype=dtype)
+        T.cpu_data("fill", f, [None], [DH.bits_of(v, dtype)])
+        assert torch.equal(f, torch.full((2, 3), v, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("v", [0, 1, -1, 3.5, 1e-8, float("inf"), -65504, 2 ** 31 - 1])
+def test_bits_of_matches_torch(dtype, v):
+    try:
+        ref = torch.tensor(v, dtype=dtype)
+    except (RuntimeError, OverflowError):
+        return
+    if not dtype.is_floating_point and dtype != torch.bool and float(v) != int(v):
+        with pytest.raises(ValueError):
+            DH.bits_of(v, dtype)
+        return
+    if dtype == torch.float16 and abs(v) > 65504 and v != float("inf"):
+        return
+    raw = torch.empty((), dtype=dtype)
+    T.cpu_data("fill", raw, [None], [DH.bits_of(v, dtype)])
+    assert torch.equal(raw, ref), (v, dtype)
+
+
+def test_cpu_data_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown op 'add'"):
+        T.cpu_data("add", torch.empty(1), [torch.empty(1), torch.empty(1)], [0, 0])
+    with pytest.raises(ValueError, match="takes 2 inputs"):
+        T.cpu_data("gather", torch.empty(1), [torch.empty(1)], [0])
+    with pytest.raises(TypeError, match="CPU tensors"):
+        T.cpu_data("fill", torch.empty(1, dtype=torch.complex64), [None], [0])
