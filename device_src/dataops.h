@@ -37,7 +37,13 @@ GPUOS_HD i64 raw_to_int(u64 raw, u32 dt) {
   if (dt == kI32) return (i64)(int)(u32)raw;
   return (raw & 0xffu) != 0;  // kBool
 }
-GPUOS_HD u64 int_to_raw(i64 v, u32 dt) { return dt == kBool ? (u64)(v != 0) : (u64)v; }
+// (a float dtype: the value rounded to it through fp32, as torch's integer -> half / bfloat16 conversion does)
+GPUOS_HD u64 int_to_raw(i64 v, u32 dt) {
+  if (dt == kF32) return f32_bits((float)v);
+  if (dt == kF16) return f32_to_f16((float)v);
+  if (dt == kBF16) return f32_to_bf16((float)v);
+  return dt == kBool ? (u64)(v != 0) : (u64)v;
+}
 // What a gather writes for an index out of range: NaN for float dtypes, 0 for integers.
 GPUOS_HD u64 poison_bits(u32 dt) { return dt == kF32 ? 0x7fc00000ull : dt == kF16 ? 0x7e00ull : dt == kBF16 ? 0x7fc0ull : 0ull; }
 
@@ -60,9 +66,15 @@ GPUOS_HD u64 data_in(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return d.in[k];
   return ld_raw(data_addr(refs[k + 1], e), dtype_size(refs[k + 1].dtype));
 }
+GPUOS_HD float raw_to_f32(u64 raw, u32 dt) {
+  return dt == kF32 ? bits_f32((u32)raw) : dt == kF16 ? f16_to_f32((u16)raw) : bf16_to_f32((u16)raw);
+}
+// Input k as an integer (a float operand: truncated toward zero, as torch's float -> integer casts).
 GPUOS_HD i64 data_int(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return (i64)d.in[k];
-  return raw_to_int(data_in(d, refs, k, e), refs[k + 1].dtype);
+  const u32 dt = refs[k + 1].dtype;
+  const u64 raw = data_in(d, refs, k, e);
+  return dt <= kBF16 ? (i64)raw_to_f32(raw, dt) : raw_to_int(raw, dt);
 }
 // add_int's alpha and scatter's negative-index rule travel as the 64 bits of SubOp::scalar[0..1].
 GPUOS_HD i64 data_scalar_bits(const SubOp& d) {
@@ -72,9 +84,6 @@ GPUOS_HD i64 data_scalar_bits(const SubOp& d) {
 // cmp's rule (the low bits of its scalar bits), and kCmpFloat: both operands are float dtypes of one kind (or fp32
 // constants) compared in fp32; otherwise integers (int64 / int32 / bool; int64 constants) compared as int64.
 enum CmpOp : u32 { kCmpLt = 0, kCmpLe = 1, kCmpGt = 2, kCmpGe = 3, kCmpEq = 4, kCmpNe = 5, kCmpFloat = 8 };
-GPUOS_HD float raw_to_f32(u64 raw, u32 dt) {
-  return dt == kF32 ? bits_f32((u32)raw) : dt == kF16 ? f16_to_f32((u16)raw) : bf16_to_f32((u16)raw);
-}
 GPUOS_HD float data_f32(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return bits_f32((u32)d.in[k]);
   return raw_to_f32(data_in(d, refs, k, e), refs[k + 1].dtype);

@@ -77,10 +77,8 @@ def _cuda(*ts) -> bool:
 
 # ----------------------------------------------------------------------------- gathers and scatters
 def _embedding(thr, args, kwargs):
-    w, idx = args[0], args[1]
-    extra = list(args[2:]) + list(kwargs.values())
-    if extra and extra != [-1, False, False][:len(extra)] and any(v not in (-1, False) for v in extra):
-        return _UNSUPPORTED  # padding_idx / scale_grad_by_freq / sparse change only the backward; keep them eager
+    # padding_idx, scale_grad_by_freq and sparse change only the backward: the forward is a row gather
+    w, idx = (list(args) + [kwargs.get("weight"), kwargs.get("indices")])[:2]
     if not isinstance(w, torch.Tensor) or not isinstance(idx, torch.Tensor) or w.dim() != 2:
         return _UNSUPPORTED
     if not _cuda(w, idx):
@@ -105,7 +103,9 @@ def _index_select(thr, args, kwargs):
 
 
 def _scatter_rows(thr, self, dim, idx, src, wrap):
-    """self[..., idx[i], ...] = src[..., i, ...] along `dim` (self written in place)."""
+    """self[..., idx[i], ...] = src[..., i, ...] along `dim` (self written in place); `wrap` (index_put_): src
+    broadcasts to the target and negative indices count from the end; else (index_copy_) src has the target's shape
+    exactly and the index is int64, as torch requires."""
     if not isinstance(self, torch.Tensor) or not isinstance(idx, torch.Tensor) or not isinstance(src, torch.Tensor):
         return _UNSUPPORTED
     if not _cuda(self, idx, src):
@@ -117,6 +117,8 @@ def _scatter_rows(thr, self, dim, idx, src, wrap):
     target = tuple(self.shape[:dim]) + (idx1.shape[0],) + tuple(self.shape[dim + 1:])
     if src.dim() == self.dim() - 1 and idx.dim() == 0:
         src = src.unsqueeze(dim)
+    if not wrap and (tuple(src.shape) != target or idx.dtype != torch.int64):
+        return _UNSUPPORTED  # eager raises torch's own error
     try:
         src = src.expand(target)
     except RuntimeError:
@@ -256,10 +258,17 @@ def _max_dim(thr, args, kwargs):
 
 
 # ----------------------------------------------------------------------------- where / masked_fill
-def _operand(x, dtype):
-    """(tensor or None, bits): a CUDA tensor of `dtype`, or a constant (number / CPU 0-d tensor); None if neither."""
+def _operand(x, dtype, thr):
+    """(tensor or None, bits): a CUDA tensor of `dtype` (a 0-d float one of another float dtype is cast first, as
+    where's type promotion does), or a constant (number / CPU 0-d tensor); None if neither."""
     if isinstance(x, torch.Tensor) and x.is_cuda:
-        return (x, 0) if x.dtype == dtype else None
+        if x.dtype == dtype:
+            return x, 0
+        floats = (torch.float32, torch.float16, torch.bfloat16)
+        if x.dim() == 0 and x.dtype in floats and dtype in floats:
+            c = _ext.sched_cast(x, dtype, None, thr)
+            return None if _is_reason(c) else (c, 0)
+        return None
     v = _scalar_value(x)
     if v is None:
         return None
@@ -284,7 +293,7 @@ def _where(thr, args, kwargs):
     for t in (a, b):
         if isinstance(t, torch.Tensor):
             shape = torch.broadcast_shapes(shape, t.shape)
-    oa, ob = _operand(a, dtype), _operand(b, dtype)
+    oa, ob = _operand(a, dtype, thr), _operand(b, dtype, thr)
     if oa is None or ob is None:
         return _DTYPE
     out = torch.empty(shape, dtype=dtype, device=cond.device)
@@ -307,7 +316,7 @@ def _masked_fill(inplace):
             return _UNSUPPORTED
         if isinstance(value, torch.Tensor) and value.dim() != 0:
             return _UNSUPPORTED
-        ov = _operand(value, x.dtype)
+        ov = _operand(value, x.dtype, thr)
         if ov is None:
             return _DTYPE
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -358,14 +367,16 @@ def _int_arith(op, sign, inplace):
 
 
 def int_cast(thr, x, dtype, out=None):
-    """An integer-to-integer cast / copy (int64, int32, bool sources; int64 / int32 results), or a bool copy: add_int
-    with 0 (integer conversion) or where (bits); a reason otherwise."""
+    """A cast / copy with an integer side: int64 / int32 / bool -> int64 / int32, integer <-> float (float -> integer
+    truncates; integer -> fp16 / bf16 rounds through fp32, as torch does) as add_int(x, 0), or a bool copy (where with
+    a constant condition); a reason otherwise (float -> float is the table's copy; -> bool is not done)."""
     if not isinstance(x, torch.Tensor) or not x.is_cuda:
         return _UNSUPPORTED
     fresh = out is None
     if out is None:
         out = torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
-    if dtype in _INT and x.dtype in _INT + (torch.bool,):
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    if (dtype in _INT and x.dtype in _INT + (torch.bool,) + floats) or (dtype in floats and x.dtype in _INT + (torch.bool,)):
         r = _data("add_int", out, (x, None), bits=(0, 0), ival=0, fresh=fresh, thr=thr)
     elif dtype == x.dtype == torch.bool:
         r = _data("where", out, (None, x, None), bits=(1, 0, 0), fresh=fresh, thr=thr)

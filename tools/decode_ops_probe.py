@@ -71,10 +71,33 @@ def step_ops(model, cache: str, attn: str) -> collections.Counter:
     return log.ops, log.sigs
 
 
+_VIEWS = ("view", "_unsafe_view", "unsqueeze", "squeeze", "transpose", "expand", "alias", "t", "select", "slice",
+          "split", "permute", "reshape", "unbind", "chunk", "as_strided", "detach", "empty")
+
+
+def markdown(res: dict, handled: set) -> str:
+    """One row per aten op (views and allocation left out: they read no data), its count per decode step in each
+    model / cache (sdpa attention; '+n' more with eager attention), and whether gpuos has a handler."""
+    models = sorted({k.split("/")[0] for k in res})
+    cols = [(m, c) for m in models for c in ("static", "dynamic")]
+    ops = sorted({op for d in res.values() for op in d if op.split(".")[1] not in _VIEWS},
+                 key=lambda op: -sum(d.get(op, 0) for d in res.values()))
+    head = "| aten op | " + " | ".join(f"{m} {c[0]}" for m, c in cols) + " | gpuos |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for op in ops:
+        cells = []
+        for m, c in cols:
+            sd, ea = res.get(f"{m}/{c}/sdpa", {}).get(op, 0), res.get(f"{m}/{c}/eager", {}).get(op, 0)
+            cells.append(f"{sd}" + (f" ({ea})" if ea != sd else "") if sd or ea else "")
+        lines.append(f"| `{op}` | " + " | ".join(cells) + f" | {'yes' if op in handled else 'no'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write {model/cache/attn: {op: count}} here")
     ap.add_argument("--args", action="store_true", help="also print each op's argument dtypes / shapes")
+    ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved --json run and exit")
     a = ap.parse_args(argv)
     try:
         import gpuos.scheduler as S
@@ -82,6 +105,10 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 -- the probe still lists the ops
         print(f"(gpuos not importable: {e}; the 'gpuos' column is empty)", file=sys.stderr)
         handled = set()
+    if a.table:
+        with open(a.table) as f:
+            print(markdown(json.load(f), handled))
+        return 0
     res = {}
     for name, model in _models():
         model.eval()

@@ -81,10 +81,17 @@ int check(uint32_t op, const at::Tensor& out, const at::Tensor* ins, uint32_t ni
       work = x.numel();
       return 0;
     }
-    case kOp_where:
-      if (!ins[0].defined() || ins[0].scalar_type() != at::kBool) return kR_dtype;
+    case kOp_where:  // a constant condition: a copy of one input (integer / bool clones and copies)
+      if (ins[0].defined() && ins[0].scalar_type() != at::kBool) return kR_dtype;
       break;
-    case kOp_add_int:
+    case kOp_add_int: {  // a cast when one side is a float dtype: add_int(x, constant 0)
+      const bool cast = ins[0].defined() && !ins[1].defined() && (!is_index(out) || !is_int(ins[0]));
+      if (cast) {
+        if (out.scalar_type() == at::kBool || is_int(ins[0]) == is_int(out)) return kR_dtype;
+        break;
+      }
+      [[fallthrough]];
+    }
     case kOp_mul_int:
     case kOp_arange:
       if (!is_index(out)) return kR_dtype;
