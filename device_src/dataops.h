@@ -48,7 +48,14 @@ GPUOS_HD u64 int_to_raw(i64 v, u32 dt) {
 GPUOS_HD u64 poison_bits(u32 dt) { return dt == kF32 ? 0x7fc00000ull : dt == kF16 ? 0x7e00ull : dt == kBF16 ? 0x7fc0ull : 0ull; }
 
 // Element offset (in elements) of linear index `linear` of r's shape (the worker's ref_offset, callable on the host).
-GPUOS_HD i64 data_offset(const TensorRef& r, i64 linear) {
+// Out of line on the device: inlined at each of its call sites, its 64-bit divisions grew the worker's cubin by
+// 160 KB (a generation handover loads the whole module).
+#if defined(GPUOS_DEVICE_COMPILE)
+__host__ __device__ __noinline__
+#else
+inline
+#endif
+i64 data_offset(const TensorRef& r, i64 linear) {
   i64 off = 0;
   for (int d = (int)r.ndim - 1; d > 0; --d) {
     const i64 s = r.sizes[d];

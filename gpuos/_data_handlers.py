@@ -71,8 +71,14 @@ def _data(op, out, ins, bits=None, dim=0, ival=0, keepdim=False, fresh=True, thr
     return _ext.sched_data(_ID[op], out, tuple(ins), bits, int(dim), int(ival), bool(keepdim), bool(fresh), thr)
 
 
+def _dev(t) -> bool:
+    """Is `t` on the device the worker serves (tests/test_cpu_data_ops.py replaces it to run the handlers on CPU
+    tensors through gpuos_ext._testing.cpu_data)?"""
+    return t.is_cuda
+
+
 def _cuda(*ts) -> bool:
-    return all(t.is_cuda for t in ts)
+    return all(_dev(t) for t in ts)
 
 
 # ----------------------------------------------------------------------------- gathers and scatters
@@ -149,7 +155,7 @@ def _copy_into(thr, x, memory_format=torch.contiguous_format):
 def _index_copy(thr, args, kwargs):
     if len(args) != 4 or kwargs or not isinstance(args[0], torch.Tensor):
         return _UNSUPPORTED
-    if not args[0].is_cuda:
+    if not _dev(args[0]):
         return _NOT_CUDA
     out = _copy_into(thr, args[0])
     if _is_reason(out):
@@ -191,7 +197,7 @@ def _index_put_(thr, args, kwargs):
 def _index_put(thr, args, kwargs):
     if not args or not isinstance(args[0], torch.Tensor):
         return _UNSUPPORTED
-    if not args[0].is_cuda:
+    if not _dev(args[0]):
         return _NOT_CUDA
     out = _copy_into(thr, args[0])
     if _is_reason(out):
@@ -204,7 +210,7 @@ def _index_put(thr, args, kwargs):
 def _argmax_into(thr, x, dim, keepdim):
     if not isinstance(x, torch.Tensor):
         return _UNSUPPORTED
-    if not x.is_cuda:
+    if not _dev(x):
         return _NOT_CUDA
     if dim is None:  # over every element: a flat view (contiguous only: no copy may run here)
         if keepdim or not x.is_contiguous() or x.numel() == 0:
@@ -261,7 +267,7 @@ def _max_dim(thr, args, kwargs):
 def _operand(x, dtype, thr):
     """(tensor or None, bits): a CUDA tensor of `dtype` (a 0-d float one of another float dtype is cast first, as
     where's type promotion does), or a constant (number / CPU 0-d tensor); None if neither."""
-    if isinstance(x, torch.Tensor) and x.is_cuda:
+    if isinstance(x, torch.Tensor) and _dev(x):
         if x.dtype == dtype:
             return x, 0
         floats = (torch.float32, torch.float16, torch.bfloat16)
@@ -284,7 +290,7 @@ def _where(thr, args, kwargs):
     cond, a, b = args
     if not isinstance(cond, torch.Tensor) or cond.dtype != torch.bool:
         return _UNSUPPORTED
-    if not cond.is_cuda:
+    if not _dev(cond):
         return _NOT_CUDA
     dtype = torch.result_type(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else None
     if dtype is None:
@@ -338,14 +344,12 @@ def _int_arith(op, sign, inplace):
         dtype = torch.result_type(a, b)
         if dtype not in _INT:
             return _DTYPE
-        ts = [t for t in (a, b) if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")]
+        ts = [t for t in (a, b) if isinstance(t, torch.Tensor) and _dev(t)]
         if not ts:
-            return _UNSUPPORTED
-        if not _cuda(*ts):
-            return _NOT_CUDA
+            return _NOT_CUDA if any(isinstance(t, torch.Tensor) for t in (a, b)) else _UNSUPPORTED
         ins, bits = [], []
         for x in (a, b):
-            if isinstance(x, torch.Tensor) and x.is_cuda:
+            if isinstance(x, torch.Tensor) and _dev(x):
                 ins.append(x)
                 bits.append(0)
                 continue
@@ -370,7 +374,7 @@ def int_cast(thr, x, dtype, out=None):
     """A cast / copy with an integer side: int64 / int32 / bool -> int64 / int32, integer <-> float (float -> integer
     truncates; integer -> fp16 / bf16 rounds through fp32, as torch does) as add_int(x, 0), or a bool copy (where with
     a constant condition); a reason otherwise (float -> float is the table's copy; -> bool is not done)."""
-    if not isinstance(x, torch.Tensor) or not x.is_cuda:
+    if not isinstance(x, torch.Tensor) or not _dev(x):
         return _UNSUPPORTED
     fresh = out is None
     if out is None:
@@ -390,7 +394,7 @@ def _clone(thr, args, kwargs):
     mf = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
     if not isinstance(x, torch.Tensor) or mf not in (None, torch.preserve_format, torch.contiguous_format):
         return _UNSUPPORTED
-    if not x.is_cuda:
+    if not _dev(x):
         return _NOT_CUDA
     return _copy_into(thr, x, torch.contiguous_format if mf == torch.contiguous_format else torch.preserve_format)
 
@@ -550,7 +554,7 @@ def _compare(rule):
         if len(args) != 2 or kwargs:
             return _UNSUPPORTED
         a, b = args
-        ts = [t for t in (a, b) if isinstance(t, torch.Tensor) and t.is_cuda]
+        ts = [t for t in (a, b) if isinstance(t, torch.Tensor) and _dev(t)]
         if not ts:
             return _NOT_CUDA if any(isinstance(t, torch.Tensor) for t in (a, b)) else _UNSUPPORTED
         dtype = torch.result_type(a, b)
@@ -559,7 +563,7 @@ def _compare(rule):
             return _DTYPE
         ins, bits = [], []
         for x in (a, b):
-            if isinstance(x, torch.Tensor) and x.is_cuda:
+            if isinstance(x, torch.Tensor) and _dev(x):
                 if fl and x.dtype != dtype:
                     return _DTYPE
                 ins.append(x)

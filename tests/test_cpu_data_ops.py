@@ -213,3 +213,141 @@ def test_cpu_data_rejects_bad_arguments():
         T.cpu_data("gather", torch.empty(1), [torch.empty(1)], [0])
     with pytest.raises(TypeError, match="CPU tensors"):
         T.cpu_data("fill", torch.empty(1, dtype=torch.complex64), [None], [0])
+
+
+# ----------------------------------------------------------------------------- the scheduler's handlers, on the CPU
+# gpuos/_data_handlers.py with its device test and its calls into the extension replaced: CPU tensors count as the
+# device's, sched_data runs the op at once through cpu_data (the worker's rule), casts / amax run in torch. Each
+# handler's parsing, output allocation and operand encoding are then checked against the aten op itself.
+@pytest.fixture
+def cpu_handlers(monkeypatch):
+    import types
+
+    def data(op, out, ins, bits=None, dim=0, ival=0, keepdim=False, fresh=True, thr=1 << 15):
+        bits = list(bits) if bits is not None else [0] * len(ins)
+        T.cpu_data(op, out, list(ins), bits, int(dim), int(ival), bool(keepdim))
+        return out
+
+    def cast(x, dtype, out, thr):
+        return x.to(dtype) if out is None else out.copy_(x)
+
+    ext = types.SimpleNamespace(sched_cast=cast, sched_reduce=lambda op, x, keepdim, thr: x.amax(-1, keepdim=keepdim))
+    monkeypatch.setattr(DH, "_dev", lambda t: True)
+    monkeypatch.setattr(DH, "_data", data)
+    monkeypatch.setattr(DH, "_ext", ext)
+    monkeypatch.setattr(DH, "_factory_device", lambda kw: torch.device("cpu") if kw.get("device") else None)
+    h = DH.handlers()
+    h.update(DH.compare_handlers())
+    return h, DH.int_handlers()
+
+
+A = torch.ops.aten
+
+
+def _same(got, ref):
+    if isinstance(ref, tuple):
+        assert isinstance(got, tuple) and len(got) == len(ref)
+        for g, r in zip(got, ref):
+            _same(g, r)
+        return
+    assert isinstance(got, torch.Tensor), got
+    assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
+    assert torch.equal(got.nan_to_num(), ref.nan_to_num()) and torch.equal(got.isnan(), ref.isnan())
+
+
+def _cases():
+    w = torch.randn(20, 6)
+    x3 = torch.randn(4, 5, 6).transpose(0, 2)
+    idx = torch.tensor([[3, 0], [19, 7]])
+    cache = torch.randn(1, 2, 8, 4)
+    k = torch.randn(1, 2, 2, 4)
+    pos = torch.tensor([6, 1])
+    logits = torch.randint(0, 3, (2, 9)).float()
+    cond = torch.rand(2, 1, 6) > 0.5
+    f16 = torch.randn(2, 3, 6).half()
+    i64 = torch.tensor([[5, -3, 1 << 40]])
+    i32 = torch.tensor([2, 3, 4], dtype=torch.int32)
+    return [
+        (A.embedding.default, (w, idx), {}),
+        (A.embedding.default, (w, idx, 0), {}),
+        (A.index_select.default, (x3, 1, torch.tensor([4, 0])), {}),
+        (A.index_select.default, (x3, -1, torch.tensor(2)), {}),
+        (A.index_copy.default, (cache, 2, pos, k), {}),
+        (A.index_put.default, (cache, [None, None, torch.tensor([-1, 2])], k), {}),
+        (A.index_put.default, (cache, [None, None, torch.tensor(3)], torch.ones(4)), {}),
+        (A.argmax.default, (logits, -1, True), {}),
+        (A.argmax.default, (logits, 0), {}),
+        (A.argmax.default, (logits,), {}),
+        (A.max.dim, (logits, 1), {}),
+        (A.max.dim, (logits, 0, True), {}),
+        (A.where.self, (cond, f16, f16[0]), {}),
+        (A.where.self, (cond, f16, torch.tensor(-1.5)), {}),
+        (A.where.ScalarOther, (cond, i64.t().expand(3, 6), 7), {}),
+        (A.masked_fill.Scalar, (f16, cond, float("-inf")), {}),
+        (A.masked_fill.Tensor, (f16, cond, torch.tensor(2.0)), {}),
+        (A.clone.default, (x3,), {}),
+        (A.clone.default, (i64.t(),), {}),
+        (A.lt.Tensor, (i64, torch.tensor([[4], [2]])), {}),
+        (A.le.Scalar, (f16, 0.1), {}),
+        (A.ne.Tensor, (logits, logits.flip(-1)), {}),
+        (A.arange.start_step, (3, 20, 4), {"device": "cpu"}),
+        (A.arange.default, (6,), {"device": "cpu", "dtype": torch.int32}),
+        (A.full.default, ([2, 3], -2.5), {"device": "cpu", "dtype": torch.bfloat16}),
+        (A.full.default, ([2], 7), {"device": "cpu"}),
+        (A.zeros.default, ([3],), {"device": "cpu"}),
+        (A.ones.default, ([2, 2],), {"device": "cpu", "dtype": torch.int64}),
+        (A.scalar_tensor.default, (-1.0,), {"device": "cpu", "dtype": torch.float16}),
+        ("int", A.add.Tensor, (i64, torch.tensor(3)), {}),
+        ("int", A.sub.Tensor, (i64, i32.view(3, 1)), {"alpha": 2}),
+        ("int", A.mul.Scalar, (i32, -4), {}),
+        ("int", A._to_copy.default, (i32,), {"dtype": torch.int64}),
+        ("int", A._to_copy.default, (i64,), {"dtype": torch.float32}),
+        ("int", A._to_copy.default, (torch.tensor([-2.7, 3.9]),), {"dtype": torch.int64}),
+        ("int", A._to_copy.default, (torch.tensor([True, False]),), {"dtype": torch.int32}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_cases())))
+def test_handlers_match_aten_on_cpu(cpu_handlers, case):
+    h, ih = cpu_handlers
+    c = _cases()[case]
+    table = ih if c[0] == "int" else h
+    ov, args, kwargs = c[1:] if c[0] == "int" else c
+    got = table[ov](1 << 20, args, kwargs)
+    assert not DH._is_reason(got), f"{ov} refused: {got}"
+    _same(got, ov(*args, **kwargs))
+
+
+def test_inplace_handlers_write_self_on_cpu(cpu_handlers):
+    h, ih = cpu_handlers
+    cache = torch.randn(1, 2, 8, 4)
+    ref = cache.clone()
+    k, pos = torch.randn(1, 2, 1, 4), torch.tensor([5])
+    assert h[A.index_copy_.default](1 << 20, (cache, 2, pos, k), {}) is cache
+    ref.index_copy_(2, pos, k)
+    h[A.index_put_.default](1 << 20, (cache, [None, None, torch.tensor([-1])], k * 2), {})
+    ref[:, :, -1:] = k * 2
+    m = torch.rand(8, 4) > 0.5
+    assert h[A.masked_fill_.Scalar](1 << 20, (cache, m, 0.5), {}) is cache
+    ref.masked_fill_(m, 0.5)
+    assert torch.equal(cache, ref)
+    c = torch.tensor(4)
+    assert ih[A.add_.Tensor](1 << 20, (c, 1), {}) is c and c.item() == 5
+
+
+def test_handlers_refuse_what_torch_would_reject_or_we_do_not_do(cpu_handlers):
+    h, ih = cpu_handlers
+    cache, k = torch.zeros(1, 2, 8, 4), torch.ones(1, 2, 1, 4)
+    refused = [
+        h[A.index_copy_.default](1, (cache, 2, torch.tensor([1], dtype=torch.int32), k), {}),  # torch: int64 only
+        h[A.index_copy_.default](1, (cache, 2, torch.tensor([1, 2]), k), {}),                   # no broadcasting
+        h[A.index_put_.default](1, (cache, [None, None, torch.tensor([1])], k, True), {}),      # accumulate
+        h[A.index_put_.default](1, (cache, [torch.tensor([0]), None, torch.tensor([1])], k), {}),  # two indices
+        h[A.index_put_.default](1, (cache, [None, None, torch.tensor([True] * 8)], k), {}),      # a bool mask
+        h[A.where.self](1, (torch.ones(3, dtype=torch.bool), torch.ones(3), torch.ones(3).half()), {}),
+        h[A.arange.default](1, (5.5,), {"device": "cpu"}),
+        ih[A.add.Tensor](1, (torch.tensor([1]), 0.5), {}),                                     # promotes to float
+        ih[A._to_copy.default](1, (torch.tensor([1]),), {"dtype": torch.bool}),
+    ]
+    assert all(DH._is_reason(r) for r in refused), refused
+    assert torch.equal(cache, torch.zeros(1, 2, 8, 4))
