@@ -55,6 +55,7 @@ int check(uint32_t op, const at::Tensor& out, const at::Tensor* ins, uint32_t ni
       shape.insert(shape.end(), idx.sizes().begin(), idx.sizes().end());
       shape.insert(shape.end(), w.sizes().begin() + dim + 1, w.sizes().end());
       if (out.sizes() != at::IntArrayRef(shape) || (int64_t)shape.size() > (int64_t)kMaxDims) return kR_unsupported_args;
+      if (storage_of(out) == storage_of(w) || storage_of(out) == storage_of(idx)) return kR_unsupported_args;
       return 0;
     }
     case kOp_scatter: {
@@ -77,7 +78,7 @@ int check(uint32_t op, const at::Tensor& out, const at::Tensor* ins, uint32_t ni
       std::vector<int64_t> shape = x.sizes().vec();
       shape.pop_back();
       if (keepdim) shape.push_back(1);
-      if (out.sizes() != at::IntArrayRef(shape)) return kR_unsupported_args;
+      if (out.sizes() != at::IntArrayRef(shape) || storage_of(out) == storage_of(x)) return kR_unsupported_args;
       work = x.numel();
       return 0;
     }
