@@ -77,6 +77,14 @@ def _dev(t) -> bool:
     return t.is_cuda
 
 
+def _broadcast(*shapes):
+    """torch's broadcast shape, or None when the shapes do not broadcast (eager then raises torch's own error)."""
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
+
+
 def _cuda(*ts) -> bool:
     return all(_dev(t) for t in ts)
 
@@ -298,7 +306,9 @@ def _where(thr, args, kwargs):
     shape = cond.shape
     for t in (a, b):
         if isinstance(t, torch.Tensor):
-            shape = torch.broadcast_shapes(shape, t.shape)
+            shape = _broadcast(shape, t.shape)
+            if shape is None:
+                return _UNSUPPORTED
     oa, ob = _operand(a, dtype, thr), _operand(b, dtype, thr)
     if oa is None or ob is None:
         return _DTYPE
@@ -358,7 +368,9 @@ def _int_arith(op, sign, inplace):
                 return _UNSUPPORTED
             ins.append(None)
             bits.append(int(v) & _U64)
-        shape = torch.broadcast_shapes(*(t.shape for t in ts))
+        shape = _broadcast(*(t.shape for t in ts))
+        if shape is None:
+            return _UNSUPPORTED
         if inplace:
             out = a
             if not isinstance(a, torch.Tensor) or a.dtype != dtype or tuple(a.shape) != tuple(shape):
@@ -580,7 +592,9 @@ def _compare(rule):
                 return _DTYPE
             else:
                 bits.append(int(v) & _U64)
-        shape = torch.broadcast_shapes(*(t.shape for t in ts))
+        shape = _broadcast(*(t.shape for t in ts))
+        if shape is None:
+            return _UNSUPPORTED
         out = torch.empty(shape, dtype=torch.bool, device=ts[0].device)
         r = _data("cmp", out, ins, bits=bits, ival=rule | (_CMP_FLOAT if fl else 0), thr=thr)
         return r if _is_reason(r) else out

@@ -351,3 +351,13 @@ def test_handlers_refuse_what_torch_would_reject_or_we_do_not_do(cpu_handlers):
     ]
     assert all(DH._is_reason(r) for r in refused), refused
     assert torch.equal(cache, torch.zeros(1, 2, 8, 4))
+
+
+def test_handlers_refuse_shapes_that_do_not_broadcast(cpu_handlers):
+    """Eager raises torch's own error for these: the handlers must refuse, not raise their own."""
+    h, ih = cpu_handlers
+    a, b = torch.ones(3, dtype=torch.int64), torch.ones(4, dtype=torch.int64)
+    assert DH._is_reason(h[A.where.self](1, (torch.ones(3, dtype=torch.bool), a, b), {}))
+    assert DH._is_reason(h[A.lt.Tensor](1, (a, b), {}))
+    assert DH._is_reason(ih[A.add.Tensor](1, (a, b), {}))
+    assert DH._is_reason(h[A.masked_fill.Scalar](1, (a, torch.ones(4, dtype=torch.bool), 0), {}))
