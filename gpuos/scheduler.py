@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
-from . import _data_handlers, _log
+from . import _data_handlers, _int_handlers, _log
 
 aten = torch.ops.aten
 
@@ -581,8 +581,8 @@ _BUILTIN_HANDLERS.update(_matmul_handlers())
 _BUILTIN_HANDLERS.update(_cast_handlers())
 _BUILTIN_HANDLERS.update(_layer_norm_handler())
 _BUILTIN_HANDLERS.update(_data_handlers.handlers())  # embedding, index_copy_, argmax, where, arange, ... (kind 3)
-_BUILTIN_HANDLERS.update(_data_handlers.compare_handlers())  # lt / le / ... -> bool masks
-_DTYPE_RETRY = _data_handlers.int_handlers()  # integer forms, tried after the float handler's 'dtype' refusal
+_BUILTIN_HANDLERS.update(_int_handlers.compare_handlers())  # lt / le / ... -> bool masks
+_DTYPE_RETRY = _int_handlers.int_handlers()  # integer forms, tried after the float handler's 'dtype' refusal
 _HANDLERS = dict(_BUILTIN_HANDLERS)
 _USER_KEYS: set = set()
 

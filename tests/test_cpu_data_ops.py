@@ -8,6 +8,7 @@ import torch
 
 import gpuos_ext
 from gpuos import _data_handlers as DH
+from gpuos import _int_handlers as IH
 
 T = gpuos_ext._testing
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
@@ -237,8 +238,8 @@ def cpu_handlers(monkeypatch):
     monkeypatch.setattr(DH, "_ext", ext)
     monkeypatch.setattr(DH, "_factory_device", lambda kw: torch.device("cpu") if kw.get("device") else None)
     h = DH.handlers()
-    h.update(DH.compare_handlers())
-    return h, DH.int_handlers()
+    h.update(IH.compare_handlers())
+    return h, IH.int_handlers()
 
 
 A = torch.ops.aten
