@@ -307,3 +307,40 @@ def test_data_ops_are_not_fused(rt):
         y = torch.where(mask, F.embedding(idx, w * 2).exp(), -1.0).relu() + 1
     ref = torch.where(mask, F.embedding(idx, w * 2).exp(), -1.0).relu() + 1
     torch.testing.assert_close(y, ref)
+
+
+# ----------------------------------------------------------------------------- a Hugging Face decode step
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_hf_llama_decode_step_keeps_data_ops_in_the_worker(rt, cache):
+    """One greedy decode step of a tiny HF Llama (fp32, sdpa) under scheduler_context: the same next token and
+    logits as eager, and none of the data-movement ops of the step (embedding, the cache write, the mask's arange /
+    le / where / scalar_tensor, position arithmetic and casts, argmax) falls back. Matmuls and sdpa stay eager here
+    (worker matmul off; the attention task is separate work)."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    model = T.LlamaForCausalLM(cfg).to(DEV).eval()
+    ids = torch.randint(0, 128, (1, 5), device=DEV)
+
+    def prefill():
+        kw = {"past_key_values": T.StaticCache(config=cfg, max_cache_len=32)} if cache == "static" else {}
+        out = model(ids, use_cache=True, **kw)
+        return out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def step(past, tok):
+        out = model(tok, past_key_values=past, use_cache=True, cache_position=torch.tensor([5], device=DEV))
+        return out.logits[:, -1].float(), out.logits[:, -1].argmax(-1, keepdim=True)
+
+    with torch.no_grad():
+        ref_logits, ref_tok = step(*prefill())
+        past, tok = prefill()
+        before = _fallbacks()
+        with gpuos.scheduler_context():
+            logits, nxt = step(past, tok)
+    data_ops = ("embedding", "index_copy", "index_put", "argmax", "arange", "aten.le.", "where", "scalar_tensor",
+                "clone", "zeros", "_to_copy", "aten.add.", "aten.add_.")
+    _no_fallback(before, *data_ops)
+    assert torch.equal(nxt, ref_tok)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
