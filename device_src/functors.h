@@ -100,11 +100,13 @@ struct LogSoftmaxR : AmaxR {};
 
 // kind 2: matmul (device_src/matmul.h); its functor column names this tag (no per-element rule).
 struct MatmulK {};
+// kind 4: data movement (device_src/dataops.h); its functor column names this tag.
+struct DataK {};
 
 // kind 3: decode attention (device_src/attention.h).
 struct AttentionK {};
 
-enum OpKind : u32 { kKindEw = 0, kKindReduce = 1, kKindMatmul = 2, kKindAttention = 3 };
+enum OpKind : u32 { kKindEw = 0, kKindReduce = 1, kKindMatmul = 2, kKindAttention = 3, kKindData = 4 };
 enum OpId : u32 {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) kOp_##name = id,
 #include "device_src/ops.def"

@@ -5,7 +5,10 @@
 
 namespace gpuos {
 
-enum DType : u32 { kF32 = 0, kF16 = 1, kBF16 = 2, kNumDTypes = 3 };
+// Float dtypes (0-2) are the only ones elementwise ops, reductions, matmuls and fused chains take (the host
+// refuses the rest there); the integer dtypes (kI64, kI32, kBool: indices, positions, masks) reach only the
+// data-movement ops (ops.def kind 4, device_src/dataops.h).
+enum DType : u32 { kF32 = 0, kF16 = 1, kBF16 = 2, kI64 = 3, kI32 = 4, kBool = 5, kNumDTypes = 6 };
 
 // A strided view: pointer, dtype, sizes and strides in elements (dims merged where contiguous).
 struct TensorRef {
@@ -89,7 +92,10 @@ struct HostCtl {
   // A resident worker waiting longer than idle_ns for batch `next` leaves if a later launch is gated on a batch
   // >= next: whatever stream work holds the ready word back may need the device free of resident kernels.
   u64 standby;  // offset 24
-  u32 reserved[8];
+  // Sticky flag, set (plain store) by a data-movement sub-op that met an index out of range (device_src/dataops.h:
+  // it wrote NaN / 0 instead of reading, or skipped the write); the host reads and clears it (stats: index_faults).
+  u32 index_fault;
+  u32 reserved[7];
   u32 done[kMaxBatches];  // done[seq % kMaxBatches] = seq once the batch has completed
 };
 

@@ -274,6 +274,7 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
 }  // namespace gpuos
 #include "device_src/matmul.h"
 #include "device_src/attention.h"
+#include "device_src/dataops.h"
 namespace gpuos {
 
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
@@ -289,6 +290,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
     else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
+    else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
     else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
     break;
 #include "device_src/ops.def"

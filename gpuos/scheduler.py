@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuos_ext as _ext
 
-from . import _attention, _collectives, _log, _streams
+from . import _attention, _collectives, _data_handlers, _int_handlers, _log, _streams
 
 aten = torch.ops.aten
 
@@ -204,6 +204,14 @@ class GpuosScheduler(TorchDispatchMode):
         depends on."""
         if func in _NO_DATA:  # metadata / allocation only: reads no data, needs no flush
             return func(*args, **kwargs)
+        if reason == _DTYPE_CODE and func in _DTYPE_RETRY:  # integer operands: the integer form (int64 add, casts)
+            try:
+                r = _DTYPE_RETRY[func](self.size_threshold, args, kwargs)
+            except (TypeError, ValueError, RuntimeError) as e:
+                r = "rejected:" + type(e).__name__
+            if not _is_reason(r):
+                return r
+            reason = r
         if reason.__class__ is int:
             reason = _REASONS[reason]
         with STATS.lock:
@@ -244,6 +252,7 @@ def _number(x) -> bool:
 
 _UNSUPPORTED = next(code for code, name in _REASONS.items() if name == "unsupported_args")
 _NOT_CUDA = next(code for code, name in _REASONS.items() if name == "not_cuda")
+_DTYPE_CODE = next(code for code, name in _REASONS.items() if name == "dtype")
 
 
 def _is_reason(r) -> bool:
@@ -578,6 +587,9 @@ _BUILTIN_HANDLERS.update(_matmul_handlers())
 _BUILTIN_HANDLERS.update(_attention.handlers(_Schema, _UNSUPPORTED, _REASONS, _is_reason))
 _BUILTIN_HANDLERS.update(_cast_handlers())
 _BUILTIN_HANDLERS.update(_layer_norm_handler())
+_BUILTIN_HANDLERS.update(_data_handlers.handlers())  # embedding, index_copy_, argmax, where, arange, ... (kind 4)
+_BUILTIN_HANDLERS.update(_int_handlers.compare_handlers())  # lt / le / ... -> bool masks
+_DTYPE_RETRY = _int_handlers.int_handlers()  # integer forms, tried after the float handler's 'dtype' refusal
 _HANDLERS = dict(_BUILTIN_HANDLERS)
 _USER_KEYS: set = set()
 

@@ -30,7 +30,9 @@ EW_OPS = [
 REDUCE_OPS = ["sum", "mean", "amax", "amin", "softmax", "log_softmax"]
 MATMUL_OPS = ["mm"]   # kind "matmul": gpuos.submit_matmul (device_src/matmul.h)
 ATTENTION_OPS = ["sdpa"]  # kind "attention": gpuos_ext.submit_attention (device_src/attention.h)
-ALL_OPS = EW_OPS + REDUCE_OPS + MATMUL_OPS + ATTENTION_OPS
+#: kind "data": data movement with integer operands (device_src/dataops.h; recorded by the scheduler only)
+DATA_OPS = ["gather", "scatter", "argmax", "where", "add_int", "mul_int", "arange", "fill", "cmp"]
+ALL_OPS = EW_OPS + REDUCE_OPS + MATMUL_OPS + ATTENTION_OPS + DATA_OPS
 
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
 ARITY = {op: 1 for op in ALL_OPS}
@@ -38,6 +40,7 @@ ARITY.update({op: 2 for op in BINARY})
 ARITY["clamp_tensor"] = 3
 ARITY["mm"] = 3   # a, b and the optional bias
 ARITY["sdpa"] = 3  # q, k, v (the mask travels in the op's AttnArgs)
+ARITY.update({"gather": 2, "scatter": 2, "where": 3, "add_int": 2, "mul_int": 2, "arange": 2, "cmp": 2})
 
 #: scalar parameter names in table order, with the spec's defaults (None: the spec gives none)
 SCALARS = {

@@ -15,7 +15,7 @@ from torch.testing import assert_close
 import gpuos
 import gpuos_ext
 from _opref import (
-    ALL_OPS, ARITY, EW_OPS, EXACT, NAN, INF, REDUCE_OPS, SCALAR_OPERAND_OPS, SCALARS, SPECIAL_CASES,
+    ALL_OPS, ARITY, DATA_OPS, EW_OPS, EXACT, NAN, INF, REDUCE_OPS, SCALAR_OPERAND_OPS, SCALARS, SPECIAL_CASES,
     assert_reduce_close, ew_tol, full_scalars, make_input, non_default_cases, non_default_ids,
     positional_scalars, reference, scalar_operand,
 )
@@ -74,7 +74,7 @@ def test_op_table_rows_have_all_keys():
         assert isinstance(row["id"], int) and isinstance(row["arity"], int)
         assert isinstance(row["name"], str) and row["name"]
         assert isinstance(row["functor"], str)
-        assert row["kind"] in ("ew", "reduce", "matmul", "attention"), row
+        assert row["kind"] in ("ew", "reduce", "matmul", "attention", "data"), row
         assert all(isinstance(s, str) and s for s in row["scalars"]), row
         assert all(isinstance(d, float) for d in row["defaults"]), row
         assert all(isinstance(a, str) and a for a in row["aten"]), row
@@ -114,7 +114,7 @@ def test_op_table_kinds_and_arity_match_spec():
     for row in _table():
         name = row["name"]
         assert row["kind"] == ("reduce" if name in REDUCE_OPS else "matmul" if name == "mm" else
-                               "attention" if name == "sdpa" else "ew"), row
+                               "attention" if name == "sdpa" else "data" if name in DATA_OPS else "ew"), row
         assert row["arity"] == ARITY[name], row
 
 

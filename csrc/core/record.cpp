@@ -285,6 +285,15 @@ void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand&
   maybe_publish_early();
 }
 
+void Runtime::record_data(SubOp proto, const TensorRef* refs, uint32_t nref, const Operand& out, const Operand* reads,
+                          uint32_t nread, uint64_t total, uint64_t per_tile) {
+  if (total == 0) return;
+  proto.flags |= kFlagStrided;
+  append_tiles(proto, total, per_tile, refs, nref, out, reads, nread);
+  st_.submitted++;
+  maybe_publish_early();
+}
+
 int32_t Runtime::program_id(const Program& p) {
   const int32_t id = intern_program(p);  // process-wide ids: a generation's tier-2 code names them
   if (id < 0) return -1;

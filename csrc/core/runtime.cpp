@@ -161,7 +161,16 @@ std::string Runtime::describe() const {
                         : "eager module loading");
 }
 
-RuntimeStats Runtime::stats() const { return st_; }
+RuntimeStats Runtime::stats() const {
+  RuntimeStats s = st_;
+  // The worker's sticky flag (device_src/dataops.h): 1 once a data-movement sub-op met an index out of range.
+  if (alive_ && hc_) s.index_faults = __atomic_load_n(&hc_->index_fault, __ATOMIC_ACQUIRE);
+  return s;
+}
+
+void Runtime::clear_index_fault() {
+  if (alive_ && hc_) __atomic_store_n(&hc_->index_fault, 0u, __ATOMIC_RELEASE);
+}
 
 std::vector<TraceRec> Runtime::take_trace(uint64_t* dropped) {
   std::vector<TraceRec> out;

@@ -79,6 +79,7 @@ struct Operand {
   X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
   X(fused_subops)                                                                                         \
+  X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
   X(programs)
 
 struct RuntimeStats {
@@ -129,6 +130,11 @@ class Runtime {
   void record_attention(const Operand& out, AttnArgs args, const Operand& q, const TensorRef& q_ref, const Operand& k,
                         const TensorRef& k_ref, const Operand& v, const TensorRef& v_ref, const Operand* mask,
                         float scale);
+  // Record a data-movement sub-op (ops.def kind 4, device_src/dataops.h) over `total` iteration units (elements;
+  // argmax: rows), `per_tile` per descriptor: refs[0..nref) go to the arena (proto's constant slots keep their
+  // bits), `out` is written and `reads[0..nread)` are read (the dependency level).
+  void record_data(SubOp proto, const TensorRef* refs, uint32_t nref, const Operand& out, const Operand* reads,
+                   uint32_t nread, uint64_t total, uint64_t per_tile);
   // Record a fused chain: out = program(ins...) over `numel` elements. `fa` holds every operand's pointer,
   // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels.
   void record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
@@ -150,6 +156,8 @@ class Runtime {
   void shutdown(CUstream stream);
 
   RuntimeStats stats() const;
+  // Reset HostCtl::index_fault (stats().index_faults): call when no batch is running.
+  void clear_index_fault();
   // The claim trace recorded since the last call (Config::trace_records; empty when off), and a reset. Call
   // when no batch is running (after flush(sync=True)): the worker writes the buffer without locks. `dropped`:
   // records that did not fit.

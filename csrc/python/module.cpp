@@ -113,6 +113,9 @@ PyMethodDef kFastMethods[] = {
     {"sched_attention", (PyCFunction)(void (*)(void))sched_attention, METH_FASTCALL,
      "sched_attention(q, k, v, attn_mask, is_causal, scale, want_lse) -> (out, lse | None) | int: deferred decode "
      "attention (the SDPA backend ops)."},
+    {"sched_data", (PyCFunction)(void (*)(void))sched_data, METH_FASTCALL,
+     "sched_data(op_id, out, ins, bits, dim, ival, keepdim, fresh, size_threshold) -> out | int: a deferred "
+     "data-movement op (gather, scatter, argmax, where, add_int, mul_int, arange, fill; gpuos/_data_handlers.py)."},
     {"sched_reduce", (PyCFunction)(void (*)(void))sched_reduce, METH_FASTCALL,
      "sched_reduce(op_id, x, keepdim, size_threshold) -> Tensor | int: a deferred last-dim reduction."},
     {nullptr, nullptr, 0, nullptr}};
@@ -189,6 +192,12 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       "target wait for them).");
   m.def("shutdown", &shutdown, "Complete pending work, stop the worker and free the queue. init() may follow.");
   m.def("stats", &stats, "Counters: submitted, batches, flushes, worker_launches, handovers, jit_compiles, ...");
+  m.def("clear_index_faults", [] {
+    for (Runtime* rt : runtimes()) {
+      RtLock lk(*rt);
+      rt->clear_index_fault();
+    }
+  }, "Reset stats()['index_faults'] (the worker's flag: a data-movement op met an index out of range).");
   m.def("is_initialized", [] { return !runtimes().empty(); });
   m.def("worker_trace", [] {
     py::dict d;
@@ -257,7 +266,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       for (auto& x : split(o.scalar_names, ',')) sn.append(x);
       for (auto& x : split(o.aten, '|')) aten.append(x);
       l.append(py::dict(py::arg("id") = i, py::arg("name") = o.name, py::arg("arity") = o.arity,
-                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : o.kind == kKindMatmul ? "matmul" : "attention", py::arg("functor") = o.functor,
+                        py::arg("kind") = o.kind == kKindEw ? "ew" : o.kind == kKindReduce ? "reduce" : o.kind == kKindMatmul ? "matmul" : o.kind == kKindData ? "data" : "attention", py::arg("functor") = o.functor,
                         py::arg("scalars") = sn, py::arg("defaults") = defaults, py::arg("aten") = aten));
     }
     return l;

@@ -73,6 +73,10 @@ void add_testing_module(py::module_& m) {
         "Evaluate fused-chain bytecode (gpuos.fusion) with the device functors on the CPU.");
   t.def("fail_next_module_loads", &fail_next_module_loads, py::arg("n"),
         "Fault injection: the next n generation module loads (handovers) fail as an invalid image would.");
+  t.def("cpu_data", &cpu_data, py::arg("op"), py::arg("out"), py::arg("inputs"), py::arg("bits"), py::arg("dim") = 0,
+        py::arg("ival") = 0, py::arg("keepdim") = false,
+        "Run a data-movement op (device_src/dataops.h) on CPU tensors; returns the elements whose index was out of "
+        "range.");
   t.def("cpu_reduce", &cpu_reduce, py::arg("op"), py::arg("x"), py::arg("out"),
         "Evaluate a reduction's row rule on the CPU (x: contiguous 2-D).");
   t.def("hang_report", &hang_report, py::call_guard<py::gil_scoped_release>(),

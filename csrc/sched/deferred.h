@@ -39,6 +39,9 @@ struct DeferredOp {
   // buffer holding out (and lse).
   bool attention = false, attn_causal = false;
   at::Tensor lse, written;
+  bool data = false;    // a data-movement op (ops.def kind 4: tensor/record.h record_data_tensors); never fused
+  int64_t dim = 0, ival = 0;             // data ops: the indexed dim; alpha / index rule
+  uint64_t bits[3] = {0, 0, 0};          // data ops: constant inputs as bits
   float s0 = 0.f, s1 = 0.f;
   at::Tensor out;
   at::Tensor in[kDeferredMaxIn];  // undefined: constant cv[k]

@@ -13,9 +13,9 @@
 
 namespace gpuos {
 
-namespace {
 // Defer one op on `dev` (its current stream): `fill` sets the DeferredOp; its out and defined inputs are noted as
 // the op's write and reads (the hazard model of the deferred work).
+namespace {
 template <class Fill>
 void defer_op(int dev, Fill&& fill) {
   Runtime& rt = runtime_for(dev);
@@ -38,6 +38,10 @@ bool python_subclass(const at::Tensor& t) {
   return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
 }
 }  // namespace
+
+void defer_filled(int dev, DeferredOp&& op) {
+  defer_op(dev, [&](DeferredOp& d) { d = std::move(op); });
+}
 
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
                           float s1, int64_t thr, int cast_to) {

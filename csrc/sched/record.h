@@ -20,5 +20,11 @@ PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 // sched_attention(q, k, v, attn_mask, is_causal, scale, want_lse): the SDPA backend ops as a decode-attention task.
 PyObject* sched_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+// Defer an op whose fields are all set (its out / defined ins become its write / reads): the one recording path.
+struct DeferredOp;
+void defer_filled(int dev, DeferredOp&& op);
+// sched_data(op, out, ins, bits, dim, ival, keepdim, fresh, size_threshold) -> out | int reason: a data-movement
+// op (ops.def kind 4; sched/record_data.cpp checks it, gpuos/_data_handlers.py builds the calls).
+PyObject* sched_data(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace gpuos

@@ -1,6 +1,9 @@
 // csrc/tensor/cpu_eval.cpp -- see cpu_eval.h.
 #include "tensor/cpu_eval.h"
 
+#include "device_src/dataops.h"
+#include "tensor/record.h"
+
 #include <cstring>
 
 #include "device_src/interp.h"
@@ -127,6 +130,47 @@ void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
       v[k] = load_f32(ins[k].data_ptr(), (uint32_t)dtype_code(ins[k].scalar_type()), e);
     store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), e, run_program(p, v));
   }
+}
+
+// A data-movement op (device_src/dataops.h) on CPU tensors, through the same plan (TensorRefs) the recording
+// builds and the same per-element rule the worker runs; argmax's rows in the worker's order. Returns how many
+// elements met an index out of range.
+int64_t cpu_data(const std::string& opname, at::Tensor out, py::sequence inputs, py::sequence bits, int64_t dim,
+                 int64_t ival, bool keepdim) {
+  const uint32_t op = op_id(opname, "gpuos_ext._testing.cpu_data", kKindData);
+  const uint32_t nin = (uint32_t)inputs.size();
+  if (nin != kOps[op].arity || bits.size() != inputs.size())
+    throw py::value_error("cpu_data: '" + opname + "' takes " + std::to_string(kOps[op].arity) + " inputs and bits");
+  at::Tensor ins[3];
+  uint64_t b[3] = {0, 0, 0};
+  for (uint32_t k = 0; k < nin; ++k) {
+    if (!inputs[k].is_none()) ins[k] = inputs[k].cast<at::Tensor>();
+    b[k] = bits[k].cast<uint64_t>();
+  }
+  for (int k = -1; k < (int)nin; ++k) {
+    const at::Tensor& t = k < 0 ? out : ins[k];
+    if (t.defined() && (t.is_cuda() || dtype_code_any(t.scalar_type()) < 0 || t.dim() > (int64_t)kMaxDims))
+      throw py::type_error("cpu_data: tensors must be CPU tensors of float32/float16/bfloat16/int64/int32/bool, "
+                           "at most 8 dims");
+  }
+  const DataPlan p = plan_data(op, out, ins, nin, b, dim, ival, keepdim);
+  int64_t faults = 0;
+  if (op == kOp_argmax) {
+    const TensorRef &ro = p.refs[0], &rx = p.refs[1];
+    const int64_t cols = rx.ndim ? rx.sizes[rx.ndim - 1] : 1;
+    for (uint64_t row = 0; row < p.total; ++row) {
+      float bv = 0.f;
+      int64_t bi = -1;
+      for (int64_t j = 0; j < cols; ++j) {
+        const float v = load_f32((const void*)rx.ptr, rx.dtype, data_offset(rx, (int64_t)row * cols + j));
+        if (bi < 0 || arg_before(v, j, bv, bi)) bv = v, bi = j;
+      }
+      *(int64_t*)data_addr(ro, (int64_t)row) = bi;
+    }
+    return 0;
+  }
+  for (uint64_t e = 0; e < p.total; ++e) faults += data_elem(p.proto, p.refs, (int64_t)e);
+  return faults;
 }
 
 }  // namespace gpuos

@@ -14,6 +14,15 @@ int dtype_code(at::ScalarType s) {
   }
 }
 
+int dtype_code_any(at::ScalarType s) {
+  switch (s) {
+    case at::kLong: return kI64;
+    case at::kInt: return kI32;
+    case at::kBool: return kBool;
+    default: return dtype_code(s);
+  }
+}
+
 const at::Tensor& as_tensor(PyObject* o, const char* op, const char* argname) {
   if (!THPVariable_Check(o))
     throw py::type_error(std::string(op) + ": argument '" + argname + "' must be a torch.Tensor, got " +
@@ -36,7 +45,7 @@ Operand operand(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   Operand o;
   o.ptr = (uint64_t)(uintptr_t)impl->data();  // const: no copy-on-write materialisation
-  o.dtype = (uint32_t)dtype_code(impl->dtype().toScalarType());
+  o.dtype = (uint32_t)dtype_code_any(impl->dtype().toScalarType());
   o.ndim = (int)impl->dim();
   o.sizes = impl->sizes().data();
   o.strides = impl->strides().data();
@@ -56,7 +65,7 @@ TensorRef make_ref(const at::Tensor& t, int ndim) {
   TensorRef r{};
   r.ptr = (uint64_t)(uintptr_t)t.data_ptr();
   r.ndim = (uint32_t)ndim;
-  r.dtype = (uint32_t)dtype_code(t.scalar_type());
+  r.dtype = (uint32_t)dtype_code_any(t.scalar_type());
   for (int i = 0; i < (int)kMaxDims; ++i) {
     r.sizes[i] = i < ndim ? t.size(i) : 1;
     r.strides[i] = i < ndim ? t.stride(i) : 0;

@@ -16,3 +16,30 @@ void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b
 void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const at::Tensor& out, bool keepdim);
 
 }  // namespace gpuos
+
+namespace gpuos {
+
+// A data-movement op (ops.def kind 4, device_src/dataops.h); the scheduler's checks (sched/record_data.cpp) hold:
+//   gather:  out = ins[0] (w) indexed along `dim` by ins[1] (idx; out = w[:dim] + idx.shape + w[dim+1:])
+//   scatter: out (self) along `dim` at ins[1] (1-D idx) = ins[0] (src of self's shape but idx's length at dim);
+//            ival 1: negative indices count from the end
+//   argmax:  out (int64) = argmax over ins[0]'s last dim (keepdim: out keeps it as 1)
+//   where:   out = ins[0] ? ins[1] : ins[2]; add_int: out = ins[0] + ival * ins[1]; mul_int: out = ins[0] * ins[1]
+//   arange:  out[e] = bits[0] + e * bits[1]; fill: out[e] = bits[0]
+// Undefined ins[k]: the constant bits[k] (bits of out's dtype; an integer for the integer ops).
+// The descriptor, TensorRefs and iteration space of a data-movement op (shared by the recording and the CPU
+// evaluation of gpuos_ext._testing.cpu_data); `hold` keeps the views the refs describe alive.
+struct DataPlan {
+  SubOp proto{};
+  TensorRef refs[4] = {};
+  uint32_t nref = 0;
+  uint64_t total = 0, per_tile = kTileElems;
+  at::Tensor hold[3];
+  std::vector<at::Tensor> reads;
+};
+DataPlan plan_data(uint32_t op, const at::Tensor& out, const at::Tensor* ins, uint32_t nin, const uint64_t* bits,
+                   int64_t dim, int64_t ival, bool keepdim);
+void record_data_tensors(Runtime& rt, uint32_t op, const at::Tensor& out, const at::Tensor* ins, uint32_t nin,
+                         const uint64_t* bits, int64_t dim, int64_t ival, bool keepdim);
+
+}  // namespace gpuos

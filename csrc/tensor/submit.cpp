@@ -138,6 +138,9 @@ void submit_generic(py::handle opobj, py::handle inputs, py::handle pout, py::kw
     throw py::value_error(who + ": '" + opname + "' is a matmul; use gpuos.submit_matmul(a, b, out, bias=None)");
   if (info.kind == kKindAttention)
     throw py::value_error(who + ": '" + opname + "' is decode attention; use gpuos_ext.submit_attention(q, k, v, out)");
+  if (info.kind == kKindData)
+    throw py::value_error(who + ": '" + opname + "' is a data-movement op (indices, masks); it is recorded by "
+                          "gpuos.scheduler_context from the aten ops it serves (embedding, index_copy_, where, ...)");
   if (info.kind != kKindEw)
     throw py::value_error(who + ": '" + opname + "' is a reduction; use gpuos.submit_reduce(op, x, out)");
   if (!PySequence_Check(inputs.ptr()) || PyUnicode_Check(inputs.ptr()))

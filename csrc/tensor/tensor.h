@@ -12,7 +12,8 @@
 namespace gpuos {
 
 // ---- conversion (tensor/operand.cpp)
-int dtype_code(at::ScalarType s);  // kF32 / kF16 / kBF16, or -1
+int dtype_code(at::ScalarType s);  // kF32 / kF16 / kBF16, or -1 (the float paths: elementwise, reductions, matmul)
+int dtype_code_any(at::ScalarType s);  // also kI64 / kI32 / kBool (the data-movement ops), or -1
 // Byte range [lo, hi) a strided view can touch.
 void extent(uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es, uint64_t& lo,
             uint64_t& hi);
