@@ -22,7 +22,8 @@ position copied into its static inputs); ``compile`` / ``compile_reduce_overhead
 in a child process; a dynamic cache recompiles per length as torch.compile does); ``gpuos_scheduler`` (the eager
 loop inside ``gpuos.scheduler_context()``; its rows carry per-step aten ops, fallbacks by op, batches and worker
 launches); ``gpuos_scheduler_worker_mm`` (the same with ``gpuos.set_worker_matmul(True)``: mm / addmm / bmm /
-baddbmm with <= 64 rows as worker tasks). SDPA backend: cuDNN SDPA is disabled for every peer (``torch.backends.cuda.enable_cudnn_sdp(False)``:
+baddbmm with <= 64 rows as worker tasks); ``gpuos_scheduler_worker`` (matmuls and decode attention -- the SDPA
+backend ops, ``gpuos.set_worker_attention(True)`` -- both in the worker). SDPA backend: cuDNN SDPA is disabled for every peer (``torch.backends.cuda.enable_cudnn_sdp(False)``:
 with it, eager builds a cuDNN plan per new KV length, ../shared/DESIGN.md F10); the rows name the backends left.
 Results: benchmarks/results/models.json.
 """
@@ -56,7 +57,7 @@ SDPA_NOTE = "cuDNN SDPA off; flash / mem-efficient / math left to torch's choice
 # replay hit a device-side assert, index_copy_ out of bounds: the static cache the graph writes into was freed
 # after capture, and transformers 5.x writes at the cache's own on-device counter, not at cache_position --
 # rewind_static below.)
-IN_PROCESS = ["eager", "gpuos_scheduler", "gpuos_scheduler_worker_mm", "cudagraph"]
+IN_PROCESS = ["eager", "gpuos_scheduler", "gpuos_scheduler_worker_mm", "gpuos_scheduler_worker", "cudagraph"]
 NOT_APPLICABLE = {
     "foreach": "a decode step is a chain of dependent ops; torch._foreach_* needs lists of independent tensors",
     "gpuos_submit": "the explicit submit API has no matmul or attention; gpuos_scheduler runs the model unchanged",
@@ -226,9 +227,9 @@ def setup_cudagraph(case: H.Case) -> H.Prepared:
     return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3)})
 
 
-def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False):
+def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False, worker_attn: bool = False):
     """gpuos_scheduler: the eager loop in one scheduler_context per repetition (worker_mm: with the worker's
-    matmul on); the check call also measures what one repetition did per decode step (aten ops, fallbacks by op,
+    matmul on; worker_attn: with the worker's decode attention on); the check call also measures what one repetition did per decode step (aten ops, fallbacks by op,
     batches, worker launches)."""
     def setup(case: H.Case) -> H.Prepared:
         cache = _cached(case)
@@ -237,13 +238,15 @@ def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False):
 
         def fn():
             import gpuos
-            was = gpuos.worker_matmul_enabled()
+            was, was_attn = gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled()
             gpuos.set_worker_matmul(worker_mm)
+            gpuos.set_worker_attention(worker_attn)
             try:
                 with ctx.scheduler():
                     return decode(case.data, cache)
             finally:
                 gpuos.set_worker_matmul(was)
+                gpuos.set_worker_attention(was_attn)
 
         def check():
             import gpuos
@@ -291,7 +294,9 @@ def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.
 
 def make_setups(ctx: H.RunContext) -> dict:
     return {"eager": setup_eager, "gpuos_scheduler": scheduler_setup(ctx),
-            "gpuos_scheduler_worker_mm": scheduler_setup(ctx, worker_mm=True), "cudagraph": setup_cudagraph}
+            "gpuos_scheduler_worker_mm": scheduler_setup(ctx, worker_mm=True),
+            "gpuos_scheduler_worker": scheduler_setup(ctx, worker_mm=True, worker_attn=True),
+            "cudagraph": setup_cudagraph}
 
 
 # ------------------------------------------------------------------------------------------------ suite

@@ -88,15 +88,9 @@ std::string describe_env_config() {
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) + "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
-         "
-GPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +
-         "
-GPUOS_CACHE_DIR=" + c.cache_dir + "
-GPUOS_NVRTC_PATH=" + c.nvrtc_path +
-         "
-GPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "
-GPUOS_LINK=" + (c.link ? "1" : "0") + "
-CUDA_HOME=" + c.cuda_home;
+         "\nGPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +
+         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +
+         "\nGPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "\nGPUOS_LINK=" + (c.link ? "1" : "0") + "\nCUDA_HOME=" + c.cuda_home;
 }
 
 }  // namespace gpuos
