@@ -89,11 +89,11 @@ def link_rows(gpuos, ext, args) -> tuple:
         for _ in range(2):
             with gpuos.scheduler_context(auto_flush_ms=0):
                 f(a, b)
-        req0 = ext.stats()["specializations_requested"]
+        req0 = gpuos.stats()["specializations_requested"]
         t0 = time.perf_counter()
         with gpuos.scheduler_context(auto_flush_ms=0):
             got = f(a, b)
-        requested = ext.stats()["specializations_requested"] - req0
+        requested = gpuos.stats()["specializations_requested"] - req0
         ext.wait_generations()
         specialize_s = time.perf_counter() - t0
     finally:
