@@ -48,7 +48,8 @@ def test_one_version_and_the_build_torch():
 def test_errors_and_reexports_are_gpuos_names():
     assert gpuos.CudaError.__module__ == "gpuos" and gpuos.CudaError.__name__ == "CudaError"
     assert issubclass(gpuos.CompileError, gpuos.GpuosError) and gpuos.CudaError is gpuos_ext.CudaError
-    for name in ("set_fusion", "set_specialize_after", "yield_worker", "pending"):
+    for name in ("set_fusion", "set_specialize_after", "yield_worker", "pending", "link_info", "clear_index_faults",
+                 "submit_attention", "set_worker_attention", "worker_attention_enabled", "submit_matmul"):
         assert getattr(gpuos, name) is getattr(gpuos_ext, name), name
         assert name in gpuos.__all__
 
