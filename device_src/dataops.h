@@ -47,26 +47,8 @@ GPUOS_HD u64 int_to_raw(i64 v, u32 dt) {
 // What a gather writes for an index out of range: NaN for float dtypes, 0 for integers.
 GPUOS_HD u64 poison_bits(u32 dt) { return dt == kF32 ? 0x7fc00000ull : dt == kF16 ? 0x7e00ull : dt == kBF16 ? 0x7fc0ull : 0ull; }
 
-// Element offset (in elements) of linear index `linear` of r's shape (the worker's ref_offset, callable on the host).
-// Out of line on the device: inlined at each of its call sites, its 64-bit divisions grew the worker's cubin by
-// 160 KB (a generation handover loads the whole module).
-#if defined(GPUOS_DEVICE_COMPILE)
-__host__ __device__ __noinline__
-#else
-inline
-#endif
-i64 data_offset(const TensorRef& r, i64 linear) {
-  i64 off = 0;
-  for (int d = (int)r.ndim - 1; d > 0; --d) {
-    const i64 s = r.sizes[d];
-    const i64 q = linear / s;
-    off += (linear - q * s) * r.strides[d];
-    linear = q;
-  }
-  return r.ndim == 0 ? 0 : off + linear * r.strides[0];
-}
 GPUOS_HD u64 data_addr(const TensorRef& r, i64 linear) {
-  return r.ptr + (u64)(data_offset(r, linear) * (i64)dtype_size(r.dtype));
+  return r.ptr + (u64)(ref_offset(r, linear) * (i64)dtype_size(r.dtype));
 }
 // Raw bits of input k at linear index e (a constant: the descriptor's in[k]).
 GPUOS_HD u64 data_in(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
@@ -131,7 +113,7 @@ GPUOS_HD u32 data_elem(const SubOp& d, const TensorRef* refs, i64 e) {
         return 1;
       }
       const TensorRef& side = gather ? refs[1] : o;  // the indexed tensor without its indexed dim
-      const u64 at = side.ptr + (u64)((data_offset(side, r) + iv * dim.strides[0]) * (i64)sz);
+      const u64 at = side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)sz);
       if (gather) st_raw(lin, sz, ld_raw(at, sz));
       else st_raw(at, sz, ld_raw(lin, sz));
       return 0;

@@ -13,16 +13,7 @@
 namespace gpuos {
 
 // ---------------------------------------------------------------- element access
-static __device__ __noinline__ i64 ref_offset(const TensorRef& r, i64 linear) {
-  i64 off = 0;
-  for (int d = (int)r.ndim - 1; d > 0; --d) {
-    const i64 s = r.sizes[d];
-    const i64 q = linear / s;
-    off += (linear - q * s) * r.strides[d];
-    linear = q;
-  }
-  return off + linear * r.strides[0];
-}
+// ref_offset (the address walk of strided operands): device_src/types.h.
 
 // 16-byte vectors: 4 fp32 values (VecF32), or 8 fp16 / bf16 values (Vec16, dtype chosen at run time: one copy
 // of each op's vector loop serves both 16-bit types, which keeps the worker module -- and so the module load

@@ -177,6 +177,25 @@ struct TraceBuf {
   // TraceRec rec[(kTraceBlocks + 1) * per_block] follows (region r starts at rec + r * per_block)
 };
 
+// Element offset (in elements) of linear index `linear` of r's shape: the one address walk of strided operands (the
+// worker's elementwise and data ops, the host's CPU checks). Out of line on the device: inlined at each call site,
+// its 64-bit divisions grew the worker's cubin by 160 KB (a generation handover loads the whole module).
+#if defined(GPUOS_DEVICE_COMPILE)
+static __host__ __device__ __noinline__
+#else
+inline
+#endif
+i64 ref_offset(const TensorRef& r, i64 linear) {
+  i64 off = 0;
+  for (int d = (int)r.ndim - 1; d > 0; --d) {
+    const i64 s = r.sizes[d];
+    const i64 q = linear / s;
+    off += (linear - q * s) * r.strides[d];
+    linear = q;
+  }
+  return r.ndim == 0 ? 0 : off + linear * r.strides[0];
+}
+
 static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
 static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");
 static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill exactly two TensorRef arena slots");

@@ -160,16 +160,19 @@ def _copy_into(thr, x, memory_format=torch.contiguous_format):
     return r if _is_reason(r) else out
 
 
-def _index_copy(thr, args, kwargs):
-    if len(args) != 4 or kwargs or not isinstance(args[0], torch.Tensor):
-        return _UNSUPPORTED
-    if not _dev(args[0]):
-        return _NOT_CUDA
-    out = _copy_into(thr, args[0])
-    if _is_reason(out):
-        return out
-    r = _index_copy_(thr, (out,) + tuple(args[1:]), kwargs)
-    return r if _is_reason(r) else out
+def _functional(inplace, nargs=None):
+    """The functional form of an in-place handler: a copy of self, then the in-place op on the copy."""
+    def handler(thr, args, kwargs):
+        if not args or not isinstance(args[0], torch.Tensor) or (nargs is not None and (len(args) != nargs or kwargs)):
+            return _UNSUPPORTED
+        if not _dev(args[0]):
+            return _NOT_CUDA
+        out = _copy_into(thr, args[0])
+        if _is_reason(out):
+            return out
+        r = inplace(thr, (out,) + tuple(args[1:]), kwargs)
+        return r if _is_reason(r) else out
+    return handler
 
 
 def _put_target(indices):
@@ -202,16 +205,8 @@ def _index_put_(thr, args, kwargs):
     return _scatter_rows(thr, self, dim, idx, values, wrap=True)
 
 
-def _index_put(thr, args, kwargs):
-    if not args or not isinstance(args[0], torch.Tensor):
-        return _UNSUPPORTED
-    if not _dev(args[0]):
-        return _NOT_CUDA
-    out = _copy_into(thr, args[0])
-    if _is_reason(out):
-        return out
-    r = _index_put_(thr, (out,) + tuple(args[1:]), kwargs)
-    return r if _is_reason(r) else out
+_index_copy = _functional(_index_copy_, nargs=4)  # aten::index_copy (functional)
+_index_put = _functional(_index_put_)             # aten::index_put (functional)
 
 
 # ----------------------------------------------------------------------------- argmax / max(dim)

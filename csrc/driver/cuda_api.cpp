@@ -110,6 +110,36 @@ void set_nvrtc_search_dirs(std::vector<std::string> dirs) {
   nvrtc_dirs() = std::move(dirs);
 }
 
+// Where a CUDA library may be, in order: an explicit path (GPUOS_*_PATH; with explicit_only, nothing else),
+// CUDA_HOME/lib64, the nvidia wheels' directories, the loader's search path.
+static std::vector<std::string> library_candidates(const std::string& explicit_path, bool explicit_only,
+                                                   std::initializer_list<const char*> names) {
+  std::vector<std::string> c;
+  if (!explicit_path.empty()) c.push_back(explicit_path);
+  if (!explicit_path.empty() && explicit_only) return c;
+  const std::string& home = env_config().cuda_home;
+  if (!home.empty())
+    for (const char* nm : names) c.push_back(home + "/lib64/" + nm);
+  for (const auto& dir : nvrtc_dirs())
+    for (const char* nm : names) c.push_back(dir + "/" + nm);
+  for (const char* nm : names) c.push_back(nm);
+  return c;
+}
+
+// dlopen the first candidate that loads (`before` runs ahead of each try); its path in `path`, the others in `tried`.
+static void* open_first(const std::vector<std::string>& candidates, std::string& path, std::string& tried,
+                        void (*before)(const std::string&)) {
+  for (const auto& c : candidates) {
+    if (before) before(c);
+    if (void* lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      path = c;
+      return lib;
+    }
+    tried += "\n  " + c;
+  }
+  return nullptr;
+}
+
 const Nvrtc& nvrtc() {
   static Nvrtc n;
   static std::string error;
@@ -117,23 +147,10 @@ const Nvrtc& nvrtc() {
   std::lock_guard<std::mutex> lock(g_load_mu);
   if (!done) {
     done = true;
-    std::vector<std::string> candidates;
     const EnvConfig& env = env_config();
-    if (!env.nvrtc_path.empty()) candidates.push_back(env.nvrtc_path);
-    static const char* kNames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-    if (!env.cuda_home.empty())
-      for (const char* nm : kNames) candidates.push_back(env.cuda_home + "/lib64/" + nm);
-    for (const auto& dir : nvrtc_dirs())
-      for (const char* nm : kNames) candidates.push_back(dir + "/" + nm);
-    for (const char* nm : kNames) candidates.push_back(nm);
-    void* lib = nullptr;
     std::string tried;
-    for (const auto& c : candidates) {
-      preload_builtins_beside(c);
-      lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib) { n.path = c; break; }
-      tried += "\n  " + c;
-    }
+    void* lib = open_first(library_candidates(env.nvrtc_path, false, {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}),
+                           n.path, tried, preload_builtins_beside);
     if (!lib) {
       error = "NVRTC (libnvrtc) could not be loaded; tried:" + tried +
               "\nFix: pip install nvidia-cuda-nvrtc, set CUDA_HOME to a CUDA toolkit, or set GPUOS_NVRTC_PATH "
@@ -158,25 +175,10 @@ const NvJitLinkLib& nvjitlink() {
   std::lock_guard<std::mutex> lock(g_load_mu);
   if (done) return n;
   done = true;
-  std::vector<std::string> candidates;
-  const EnvConfig& env = env_config();
-  static const char* kNames[] = {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"};
-  if (!env.nvjitlink_path.empty()) {
-    candidates.push_back(env.nvjitlink_path);  // an explicit choice: nothing else
-  } else {
-    if (!env.cuda_home.empty())
-      for (const char* nm : kNames) candidates.push_back(env.cuda_home + "/lib64/" + nm);
-    for (const auto& dir : nvrtc_dirs())
-      for (const char* nm : kNames) candidates.push_back(dir + "/" + nm);
-    for (const char* nm : kNames) candidates.push_back(nm);
-  }
-  void* lib = nullptr;
   std::string tried;
-  for (const auto& c : candidates) {
-    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib) { n.path = c; break; }
-    tried += "\n  " + c;
-  }
+  void* lib = open_first(library_candidates(env_config().nvjitlink_path, true,  // an explicit path: nothing else
+                                            {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"}),
+                         n.path, tried, nullptr);
   if (!lib) {
     n.error = "nvJitLink (libnvJitLink) could not be loaded; tried:" + tried +
               "\nFix: pip install nvidia-nvjitlink (the version of nvidia-cuda-nvrtc), set CUDA_HOME to a CUDA "

@@ -162,7 +162,7 @@ int64_t cpu_data(const std::string& opname, at::Tensor out, py::sequence inputs,
       float bv = 0.f;
       int64_t bi = -1;
       for (int64_t j = 0; j < cols; ++j) {
-        const float v = load_f32((const void*)rx.ptr, rx.dtype, data_offset(rx, (int64_t)row * cols + j));
+        const float v = load_f32((const void*)rx.ptr, rx.dtype, ref_offset(rx, (int64_t)row * cols + j));
         if (bi < 0 || arg_before(v, j, bv, bi)) bv = v, bi = j;
       }
       *(int64_t*)data_addr(ro, (int64_t)row) = bi;
