@@ -185,26 +185,49 @@ __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 fi
   __threadfence();
   const u32 G = a.Hq / a.Hkv;
   const float ninf = attn_ninf();
+  // Split s's weight and sum are held by lane s % 32 (w[s / 32], nsplit <= kAttnMaxSplit = 64); the D accumulators
+  // then go over the splits with several loads in flight (the slots advance by step, wrapping at capacity).
+  static_assert(kAttnMaxSplit <= 64, "two splits per lane");
   for (u32 r = 0; r < nr; ++r) {
-    float mx = ninf;  // the lanes read the splits' maxima in parallel (nsplit <= 64: two loads each), then reduce
-    for (u32 s = lane; s < a.nsplit; s += 32)
-      mx = fmaxf(mx, __ldcg(attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot + kAttnPartM + r));
+    float ms[2], ls[2], w[2];
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      const u32 s = lane + 32 * h;
+      const float* p = attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot;
+      ms[h] = s < a.nsplit ? __ldcg(p + kAttnPartM + r) : ninf;
+      ls[h] = s < a.nsplit ? __ldcg(p + kAttnPartL + r) : 0.0f;
+    }
+    float mx = fmaxf(ms[0], ms[1]);
     for (u32 o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      w[h] = ms[h] == ninf ? 0.0f : exp2f(ms[h] - mx);  // -inf - -inf would be NaN: an empty split weighs 0
+      sum = fmaf(w[h], ls[h], sum);
+    }
+    for (u32 o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const u32 row = r0 + r, g = row / a.Lq, i = row - g * a.Lq;
-    for (u32 e = lane * 4; e < a.D; e += 128) {
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
+    for (u32 e0 = 0; e0 < a.D; e0 += 128) {  // warp-uniform: the shuffles below need every lane
+      const u32 e = e0 + lane * 4;
+      const bool mine = e < a.D;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      u32 slot = first;
+#pragma unroll 4
       for (u32 s = 0; s < a.nsplit; ++s) {
-        const float* p = attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot;
-        const float ms = __ldcg(p + kAttnPartM + r);
-        const float w = ms == ninf ? 0.0f : exp2f(ms - mx);
-        sum = fmaf(w, __ldcg(p + kAttnPartL + r), sum);
-        const float4 pv = __ldcg((const float4*)(p + kAttnPartAcc + r * a.D + e));
-        v[0] = fmaf(w, pv.x, v[0]), v[1] = fmaf(w, pv.y, v[1]), v[2] = fmaf(w, pv.z, v[2]), v[3] = fmaf(w, pv.w, v[3]);
+        const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
+        if (mine) {
+          const float4 pv =
+              __ldcg((const float4*)(attn + (u64)slot * kAttnScratchPerSlot + kAttnPartAcc + r * a.D + e));
+          v[0] = fmaf(ws, pv.x, v[0]), v[1] = fmaf(ws, pv.y, v[1]), v[2] = fmaf(ws, pv.z, v[2]);
+          v[3] = fmaf(ws, pv.w, v[3]);
+        }
+        slot += step;
+        if (slot >= capacity) slot -= capacity;
       }
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
       for (u32 k = 0; k < 4; ++k) v[k] *= inv;
-      attn_store(a, dto, b, kh * G + g, i, e, v, 4, mx, sum, e == 0);
+      if (mine) attn_store(a, dto, b, kh * G + g, i, e, v, 4, mx, sum, e == 0);
     }
   }
   if (lane == 0) atomicExch((unsigned*)head, 0u);
