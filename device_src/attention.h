@@ -213,7 +213,7 @@ __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 fi
       const bool mine = e < a.D;
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       u32 slot = first;
-#pragma unroll 4
+#pragma unroll 8
       for (u32 s = 0; s < a.nsplit; ++s) {
         const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
         if (mine) {
