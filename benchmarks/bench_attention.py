@@ -5,15 +5,23 @@
     python benchmarks/bench_attention.py --quick     # llama x KV 128, 4096 x fp16
 
 For each (heads, KV length, dtype): L independent decode attentions (query length 1, batch 1; one KV cache per
-"layer", L sized so the caches exceed the L2 cache, at most 64), timed with CUDA events around the whole sequence
-(median of reps), reported per attention. Configs: torch_flash, torch_efficient, torch_math (each forced with
-torch.nn.attention.sdpa_kernel; enable_gqa=True), torch_cudnn timed separately (cuDNN builds a plan per KV
-length, DESIGN F10: here the length is fixed, so its plan is built in the warm-up and the row is its best case),
-and gpuos_worker (gpuos.submit_attention per attention + one flush: one level, the items of every attention run
-concurrently). A backend torch refuses for a shape gets a row with its error. torch_best is the fastest of
-flash / efficient / math (named in the row's "backend" field); "of_best" = worker time / torch_best time.
-Goal (issue #16): worker within 1.2x of torch_best. Rows (BENCH_SCHEMA.md, workload "ATTN"): "value" in us, "gbps"
-(K and V bytes per second). Results: benchmarks/results/attention.json. Without a CUDA GPU: message, exit 0.
+"layer", L sized so the caches exceed the L2 cache, 4..64), timed with CUDA events (median of reps), reported per
+attention ("value", us). Rows ("config"):
+  torch_<b>        b in flash / efficient / math / cudnn (forced with sdpa_kernel; enable_gqa=True): the L calls
+                   issued from Python -- host-inclusive (at short KV the launch overhead of each call dominates).
+  torch_<b>_graph  the same L calls captured once in a CUDA graph, the replay timed: GPU-kernel time, no Python.
+                   (cuDNN builds its plan per KV length, DESIGN F10: the length is fixed here, so the plan is built
+                   in the warm-up and its rows are its best case.)
+  gpuos_worker     gpuos.submit_attention per attention + ONE flush of all L (one level: the items of every
+                   attention run concurrently) -- includes the host's L submits.
+  gpuos_worker_1   one attention per flush, L times in sequence (the decode case: one attention per layer, each
+                   layer's flush) -- includes a flush's host cost and the worker's launch / wake-up per attention.
+A backend torch refuses (or a graph capture that fails) gets a row with its error. torch_best (row) is the fastest
+torch_*_graph row (its "backend" field); "of_best" on the worker rows = worker time / torch_best time (the issue's
+goal: <= 1.2); "of_best_host" = worker time / the fastest host-inclusive torch row. Worker rows also carry
+"stats": deltas of gpuos.stats() counters over one timed call (batches, worker launches, burst launches, ring-room
+waits), to tell where worker time goes. "gbps": K and V bytes per second. Rows: BENCH_SCHEMA.md, workload "ATTN";
+results: benchmarks/results/attention.json. Without a CUDA GPU: message, exit 0.
 """
 from __future__ import annotations
 
@@ -67,45 +75,79 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
                     F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         return fn
 
+    def graph_fn(backend):  # capture the L calls once (after a warm-up on a side stream); time the replay
+        fn = torch_fn(backend)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return g.replay
+
     def worker():
         for q, k, v, o in zip(qs, ks, vs, outs):
             gpuos.submit_attention(q, k, v, o)
         gpuos.flush()
 
+    def worker_1():
+        for q, k, v, o in zip(qs, ks, vs, outs):
+            gpuos.submit_attention(q, k, v, o)
+            gpuos.flush()
+
+    def counters(fn):
+        keys = ("batches", "worker_launches", "burst_launches", "room_waits", "early_publishes", "flushes")
+        before = gpuos.stats()
+        fn()
+        torch.cuda.synchronize()
+        after = gpuos.stats()
+        return {k: after[k] - before[k] for k in keys if k in before and k in after}
+
     # correctness first: the worker against the math backend in fp32
-    worker()
-    torch.cuda.synchronize()
     G = Hq // Hkv
     ref = [F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(G, 1),
                                           v.float().repeat_interleave(G, 1)) for q, k, v in zip(qs, ks, vs)]
-    correct = all(torch.allclose(o.float(), r, rtol=2e-2, atol=2e-2) for o, r in zip(outs, ref))
-    results = {}
-    for config, backend in (("torch_flash", SDPBackend.FLASH_ATTENTION),
-                            ("torch_efficient", SDPBackend.EFFICIENT_ATTENTION),
-                            ("torch_math", SDPBackend.MATH), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            results[config] = _events_ms(torch_fn(backend), reps)
-        except Exception as e:  # noqa: BLE001 -- a backend that refuses the shape: a row that says why
-            rows.append({"workload": WORKLOAD, "size": size, "config": config, "error": H.format_exc(e)})
-    results["gpuos_worker"] = _events_ms(worker, reps)
-    best = min((c for c in results if c in ("torch_flash", "torch_efficient", "torch_math")),
-               key=lambda c: results[c], default=None)
+    correct = {}
+    for name, fn in (("gpuos_worker", worker), ("gpuos_worker_1", worker_1)):
+        for o in outs:
+            o.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        correct[name] = all(torch.allclose(o.float(), r, rtol=2e-2, atol=2e-2) for o, r in zip(outs, ref))
+    results, stats = {}, {}
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("math", SDPBackend.MATH), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        for config, make in ((f"torch_{name}", torch_fn), (f"torch_{name}_graph", graph_fn)):
+            try:
+                results[config] = _events_ms(make(backend), reps)
+            except Exception as e:  # noqa: BLE001 -- a backend that refuses the shape: a row that says why
+                rows.append({"workload": WORKLOAD, "size": size, "config": config, "error": H.format_exc(e)})
+    for config, fn in (("gpuos_worker", worker), ("gpuos_worker_1", worker_1)):
+        results[config] = _events_ms(fn, reps)
+        stats[config] = counters(fn)
+    best = min((c for c in results if c.endswith("_graph")), key=lambda c: results[c], default=None)
+    best_host = min((c for c in results if c.startswith("torch_") and not c.endswith("_graph")),
+                    key=lambda c: results[c], default=None)
     for config, ms in results.items():
-        us = ms * 1e3 / L
-        row = H.value_row(WORKLOAD, config, us, "us", size=size) | {
+        row = H.value_row(WORKLOAD, config, ms * 1e3 / L, "us", size=size) | {
             "gbps": round(kvbytes * L / (ms * 1e-3) / 1e9, 1), "attentions": L}
-        if config == "gpuos_worker":
-            row["correct"] = correct
+        if config in stats:
+            row |= {"correct": correct[config], "stats": stats[config]}
             if best:
-                row["of_best"] = round(ms / results[best], 3)
-                row["best_backend"] = best
+                row |= {"of_best": round(ms / results[best], 3), "best_backend": best}
+            if best_host:
+                row |= {"of_best_host": round(ms / results[best_host], 3), "best_host_backend": best_host}
         rows.append(row)
     if best:
         rows.append(H.value_row(WORKLOAD, "torch_best", results[best] * 1e3 / L, "us", size=size)
                     | {"backend": best.replace("torch_", "")})
-    print(f"{size}: " + "; ".join(f"{c} {ms * 1e3 / L:.2f} us" for c, ms in results.items())
-          + (f"; worker/best({best}) {results['gpuos_worker'] / results[best]:.2f}x" if best else "")
-          + ("" if correct else "  WRONG RESULTS"), flush=True)
+    print(f"{size} (L={L}): " + "; ".join(f"{c} {ms * 1e3 / L:.2f}" for c, ms in results.items()) + " us/attn"
+          + "".join(f"; {c}/best({best}) {results[c] / results[best]:.2f}x" for c in stats if best)
+          + f"; stats {stats}"
+          + "".join(f"  {c} WRONG RESULTS" for c in correct if not correct[c]), flush=True)
 
 
 def main(argv=None) -> int:

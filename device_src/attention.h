@@ -6,8 +6,8 @@
 //   item = ((b * Hkv + kv head) * nsplit + KV split) * row groups + row group
 // A warp runs an item: up to kAttnRowsPerItem of the G x Lq query rows of one KV head (G = Hq / Hkv; row r is query
 // head kh * G + r / Lq, position r % Lq) over one slice of the KV length. Lane layout: D / 8 lanes hold one kv row
-// (16 bytes = 8 values each), so a warp loads 32 / (D / 8) kv rows of K and of V per 16-byte load, two such steps
-// in flight; each group of lanes keeps its own online softmax (max and sum in the log2 domain: q is pre-scaled by
+// (16 bytes = 8 values each), so a warp loads 32 / (D / 8) kv rows of K and of V per 16-byte load, T such steps
+// in flight (kAttnStepsInFlight); each group of lanes keeps its own online softmax (max and sum in the log2 domain: q is pre-scaled by
 // scale * log2(e), mask values by log2(e), exp2f), and the groups are merged by shuffles at the end.
 // nsplit > 1: each item writes its partial (max, sum, D accumulators per row, fp32) into the attention scratch of
 // its ring slot; the last item of a tile (counter word in the first item's slot) combines them, writes the output
@@ -17,6 +17,10 @@
 namespace gpuos {
 
 constexpr u32 R = kAttnRowsPerItem;  // query rows an item holds in registers
+// Steps of the kv loop whose loads are in flight together (attn_item's T): each lane issues T 16-byte loads of K
+// and T of V before the first use (a warp: T * 32 / (D / 8) kv rows of each). 2 (the first version) kept few
+// bytes in flight per warp (~120 GB/s on an H100 at KV 4096). The masked variant keeps 2: with 3 it spilled.
+constexpr u32 kAttnStepsInFlight = 3, kAttnStepsInFlightMasked = 2;
 constexpr float kAttnLog2e = 1.4426950408889634f, kAttnLn2 = 0.6931471805599453f;
 
 // Per-slot partial layout (floats): [0, 4) head (counter), [4, 8) row maxima, [8, 12) row sums, [12, ...) rows x D.
@@ -37,7 +41,7 @@ __device__ __forceinline__ void attn_store(const AttnArgs& a, u32 dto, u32 b, u3
 }
 
 // One item's rows [r0, r0 + nr) over kv positions [j0, j1). part: this item's scratch (nullptr: write the output).
-template <bool MASK>
+template <bool MASK, u32 T>
 __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs, u32 dt, u32 dto, float qscale, u32 b,
                                        u32 kh, u32 r0, u32 nr, i64 j0, i64 j1, float* part, u32 lane) {
   const TensorRef &rq = refs[1], &rk = refs[2], &rv = refs[3];
@@ -73,17 +77,17 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
   const char* vp = (const char*)rv.ptr + ((i64)b * rv.strides[0] + (i64)kh * rv.strides[1] + c * 8) * 2;
   const i64 ks = rk.strides[2] * 2, vs = rv.strides[2] * 2;  // bytes per kv row
   const float ninf = attn_ninf();
-  for (int jb = (int)j0; jb < jend; jb += 2 * (int)RP) {  // warp-uniform trip count: the shuffles need every lane
-    uint4 kq[2], vq[2];
+  for (int jb = (int)j0; jb < jend; jb += (int)(T * RP)) {  // warp-uniform trip count: the shuffles need every lane
+    uint4 kq[T], vq[T];  // every load of the step is issued before the first use: T of K and T of V in flight
 #pragma unroll
-    for (u32 t = 0; t < 2; ++t) {
+    for (u32 t = 0; t < T; ++t) {
       const int j = jb + (int)(t * RP + sub);
       kq[t] = j < jend ? *(const uint4*)(kp + j * ks) : make_uint4(0u, 0u, 0u, 0u);
       vq[t] = j < jend ? *(const uint4*)(vp + j * vs) : make_uint4(0u, 0u, 0u, 0u);
     }
-    float s[2][R];  // logits, then weights
+    float s[T][R];  // logits, then weights
 #pragma unroll
-    for (u32 t = 0; t < 2; ++t) {
+    for (u32 t = 0; t < T; ++t) {
       const int j = jb + (int)(t * RP + sub);
       float kf[8];
       Vec16::unpack(kq[t], kf, dt);
@@ -108,16 +112,21 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
     for (u32 r = 0; r < R; ++r) {
       corr[r] = 1.0f;
       if (r >= nr) continue;
-      const float mn = fmaxf(m[r], fmaxf(s[0][r], s[1][r]));
+      float mn = m[r], sum = 0.0f;
+#pragma unroll
+      for (u32 t = 0; t < T; ++t) mn = fmaxf(mn, s[t][r]);
       // -inf - -inf would be NaN: a term whose logit is -inf weighs 0 (and nothing is live yet when mn is -inf)
       corr[r] = m[r] == ninf ? 0.0f : exp2f(m[r] - mn);
-      s[0][r] = s[0][r] == ninf ? 0.0f : exp2f(s[0][r] - mn);
-      s[1][r] = s[1][r] == ninf ? 0.0f : exp2f(s[1][r] - mn);
-      l[r] = fmaf(l[r], corr[r], s[0][r] + s[1][r]);
+#pragma unroll
+      for (u32 t = 0; t < T; ++t) {
+        s[t][r] = s[t][r] == ninf ? 0.0f : exp2f(s[t][r] - mn);
+        sum += s[t][r];
+      }
+      l[r] = fmaf(l[r], corr[r], sum);
       m[r] = mn;
     }
 #pragma unroll
-    for (u32 t = 0; t < 2; ++t) {
+    for (u32 t = 0; t < T; ++t) {
       float vf[8];
       Vec16::unpack(vq[t], vf, dt);
 #pragma unroll
@@ -176,25 +185,49 @@ __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 fi
   __threadfence();
   const u32 G = a.Hq / a.Hkv;
   const float ninf = attn_ninf();
+  // Split s's weight and sum are held by lane s % 32 (w[s / 32], nsplit <= kAttnMaxSplit = 64); the D accumulators
+  // then go over the splits with several loads in flight (the slots advance by step, wrapping at capacity).
+  static_assert(kAttnMaxSplit <= 64, "two splits per lane");
   for (u32 r = 0; r < nr; ++r) {
-    float mx = ninf;
-    for (u32 s = 0; s < a.nsplit; ++s)
-      mx = fmaxf(mx, __ldcg(attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot + kAttnPartM + r));
+    float ms[2], ls[2], w[2];
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      const u32 s = lane + 32 * h;
+      const float* p = attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot;
+      ms[h] = s < a.nsplit ? __ldcg(p + kAttnPartM + r) : ninf;
+      ls[h] = s < a.nsplit ? __ldcg(p + kAttnPartL + r) : 0.0f;
+    }
+    float mx = fmaxf(ms[0], ms[1]);
+    for (u32 o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      w[h] = ms[h] == ninf ? 0.0f : exp2f(ms[h] - mx);  // -inf - -inf would be NaN: an empty split weighs 0
+      sum = fmaf(w[h], ls[h], sum);
+    }
+    for (u32 o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const u32 row = r0 + r, g = row / a.Lq, i = row - g * a.Lq;
-    for (u32 e = lane * 4; e < a.D; e += 128) {
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
+    for (u32 e0 = 0; e0 < a.D; e0 += 128) {  // warp-uniform: the shuffles below need every lane
+      const u32 e = e0 + lane * 4;
+      const bool mine = e < a.D;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      u32 slot = first;
+#pragma unroll 8
       for (u32 s = 0; s < a.nsplit; ++s) {
-        const float* p = attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot;
-        const float ms = __ldcg(p + kAttnPartM + r);
-        const float w = ms == ninf ? 0.0f : exp2f(ms - mx);
-        sum = fmaf(w, __ldcg(p + kAttnPartL + r), sum);
-        const float4 pv = __ldcg((const float4*)(p + kAttnPartAcc + r * a.D + e));
-        v[0] = fmaf(w, pv.x, v[0]), v[1] = fmaf(w, pv.y, v[1]), v[2] = fmaf(w, pv.z, v[2]), v[3] = fmaf(w, pv.w, v[3]);
+        const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
+        if (mine) {
+          const float4 pv =
+              __ldcg((const float4*)(attn + (u64)slot * kAttnScratchPerSlot + kAttnPartAcc + r * a.D + e));
+          v[0] = fmaf(ws, pv.x, v[0]), v[1] = fmaf(ws, pv.y, v[1]), v[2] = fmaf(ws, pv.z, v[2]);
+          v[3] = fmaf(ws, pv.w, v[3]);
+        }
+        slot += step;
+        if (slot >= capacity) slot -= capacity;
       }
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
       for (u32 k = 0; k < 4; ++k) v[k] *= inv;
-      attn_store(a, dto, b, kh * G + g, i, e, v, 4, mx, sum, e == 0);
+      if (mine) attn_store(a, dto, b, kh * G + g, i, e, v, 4, mx, sum, e == 0);
     }
   }
   if (lane == 0) atomicExch((unsigned*)head, 0u);
@@ -217,9 +250,9 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
   const u32 dto = d.dtype & 0xffu, dt = (d.dtype >> 8) & 0xffu;
   const float qscale = d.scalar[0] * kAttnLog2e;
   if (a.mode & (kAttnMaskFloat | kAttnMaskBool))
-    attn_item<true>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
+    attn_item<true, kAttnStepsInFlightMasked>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
   else
-    attn_item<false>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
+    attn_item<false, kAttnStepsInFlight>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
   if (part) attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane);
 }
 
