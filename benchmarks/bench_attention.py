@@ -26,7 +26,6 @@ results: benchmarks/results/attention.json. Without a CUDA GPU: message, exit 0.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -36,20 +35,6 @@ from benchmarks import harness as H
 NAME = "attention"
 WORKLOAD = "ATTN"
 SHAPES = {"llama": (32, 8, 128), "small": (4, 2, 64)}  # query heads, KV heads, head_dim
-
-
-def _events_ms(fn, reps: int) -> float:
-    import torch
-    times = []
-    for i in range(reps + 2):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        if i >= 2:
-            times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
@@ -122,11 +107,11 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
                           ("math", SDPBackend.MATH), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         for config, make in ((f"torch_{name}", torch_fn), (f"torch_{name}_graph", graph_fn)):
             try:
-                results[config] = _events_ms(make(backend), reps)
+                results[config] = H.events_ms(make(backend), reps)
             except Exception as e:  # noqa: BLE001 -- a backend that refuses the shape: a row that says why
                 rows.append({"workload": WORKLOAD, "size": size, "config": config, "error": H.format_exc(e)})
     for config, fn in (("gpuos_worker", worker), ("gpuos_worker_1", worker_1)):
-        results[config] = _events_ms(fn, reps)
+        results[config] = H.events_ms(fn, reps)
         stats[config] = counters(fn)
     best = min((c for c in results if c.endswith("_graph")), key=lambda c: results[c], default=None)
     best_host = min((c for c in results if c.startswith("torch_") and not c.endswith("_graph")),

@@ -18,7 +18,6 @@ cuBLAS's time. Results: benchmarks/results/matmul.json. Without a CUDA GPU: mess
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -27,20 +26,6 @@ from benchmarks import harness as H
 
 NAME = "matmul"
 WORKLOAD = "MM"
-
-
-def _events_ms(fn, reps: int) -> float:
-    import torch
-    times = []
-    for i in range(reps + 2):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        if i >= 2:
-            times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
@@ -87,12 +72,12 @@ def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
     correct = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=2e-2) for o, r in zip(outs, ref))
     src = torch.empty(wbytes // esz, device=dev, dtype=dtype)
     dst = torch.empty_like(src)
-    copy_ms = _events_ms(lambda: dst.copy_(src), reps)
+    copy_ms = H.events_ms(lambda: dst.copy_(src), reps)
     copy_gbps = wbytes / (copy_ms * 1e-3) / 1e9
     rows.append(H.value_row(WORKLOAD, "copy", copy_ms * 1e3 / L, "us", size=size) | {"gbps": round(copy_gbps, 1)})
     for pattern, fns in (("independent", (cublas_ind, worker_ind)), ("chain", (cublas_chain, worker_chain))):
         for config, fn in zip(("cublas", "gpuos_worker"), fns):
-            ms = _events_ms(fn, reps)
+            ms = H.events_ms(fn, reps)
             gbps = wbytes / (ms * 1e-3) / 1e9
             rows.append(H.value_row(WORKLOAD, config, ms * 1e3 / L, "us", size=f"{size}-{pattern}")
                         | {"gbps": round(gbps, 1), "of_copy": round(gbps / copy_gbps, 3), "products": L,

@@ -40,7 +40,7 @@ _os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 from .env import (BENCH_DIR, REPO_ROOT, RESULTS_DIR, cuda_available, device_name, driver_version,
                   ensure_repo_on_path, env_line, env_metadata, git_sha, no_cuda_reason, require_cuda,
                   skip_without_cuda, start_watchdog, utc_now_iso)
-from .timing import (Timing, capture_cuda_graph, cuda_sync, gate_for, gpu_ms_of, no_sync,
+from .timing import (Timing, capture_cuda_graph, cuda_sync, events_ms, gate_for, gpu_ms_of, no_sync,
                      release_memory, summarize, time_reps, try_sync)
 from .progress import Progress, prefixed_log
 from .cli import (add_configs_arg, add_output_args, add_reps_args, add_watchdog_arg, new_parser,
@@ -69,7 +69,7 @@ __all__ = [
     "BENCH_DIR", "REPO_ROOT", "RESULTS_DIR", "cuda_available", "device_name", "driver_version",
     "ensure_repo_on_path", "env_line", "env_metadata", "git_sha", "no_cuda_reason", "require_cuda",
     "skip_without_cuda", "start_watchdog", "utc_now_iso", "Timing", "capture_cuda_graph", "cuda_sync", "gate_for",
-    "gpu_ms_of", "no_sync", "release_memory", "summarize", "time_reps", "try_sync", "Progress", "prefixed_log",
+    "gpu_ms_of", "events_ms", "no_sync", "release_memory", "summarize", "time_reps", "try_sync", "Progress", "prefixed_log",
     "add_configs_arg", "add_output_args", "add_reps_args", "add_watchdog_arg", "new_parser", "parse_capacity",
     "parse_int_list", "parse_shapes", "pow2_at_least", "select_configs", "shape_str", "error_row", "find_row",
     "format_exc", "incorrect", "is_gpuos_config", "not_applicable_row", "per_op_fields", "per_op_us_row", "ratio",

@@ -58,6 +58,22 @@ class Timing:
         return len(self.samples_ms)
 
 
+def events_ms(fn: Callable[[], Any], reps: int, warmup: int = 2) -> float:
+    """Median milliseconds between two CUDA events around fn() (host enqueue and GPU work both inside), after
+    `warmup` untimed calls: the per-call time of GPU work whose launches are cheap or batched."""
+    import torch
+    times = []
+    for i in range(reps + warmup):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        if i >= warmup:
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
 def cuda_sync() -> None:
     import torch
     torch.cuda.synchronize()
