@@ -512,16 +512,21 @@ def test_profiler_trace_shows_gpuos_flushes(rt):
     assert_close(w, torch.cumsum(torch.sigmoid(x) * 2, -1) * 3, rtol=1e-5, atol=1e-4)
 
 
-def test_int_and_autograd_fall_back(rt):
+def test_int_ops_run_in_the_worker_float64_and_autograd_fall_back(rt):
+    """int64 arithmetic is a worker task (the data ops' add_int / mul_int); float64 and autograd stay eager."""
     a = torch.randint(-9, 9, (100,), device=DEV)
+    d = torch.randn(100, device=DEV, dtype=torch.float64)
     w = randn(100).requires_grad_(True)
     before = gpuos.stats()
     with gpuos.scheduler_context():
         b = a * 2 + 1
+        e = d * 2
         loss = (torch.sigmoid(w) * 3).sum()
         loss.backward()
     after = gpuos.stats()
-    assert torch.equal(b, a * 2 + 1)
+    assert torch.equal(b, a * 2 + 1) and b.dtype == torch.int64
+    assert torch.equal(e, d * 2)
+    assert after["ops_intercepted"] - before["ops_intercepted"] >= 2
     assert _delta(before, after, "fallbacks", "dtype") >= 1
     assert _delta(before, after, "fallbacks", "autograd") >= 1
     s = torch.sigmoid(w.detach())
