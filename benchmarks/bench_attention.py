@@ -60,17 +60,9 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
                     F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         return fn
 
-    def graph_fn(backend):  # capture the L calls once (after a warm-up on a side stream); time the replay
+    def graph_fn(backend):  # the L calls captured once (after a warm-up on a side stream); the replay is timed
         fn = torch_fn(backend)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g, _, _ = H.capture_cuda_graph(fn, fn)
         return g.replay
 
     def worker():
@@ -151,15 +143,9 @@ def main(argv=None) -> int:
     shapes = ["llama"] if a.quick else list(SHAPES)
     kvs = [128, 4096] if a.quick else [128, 512, 2048, 8192]
     dts = [torch.float16] if a.quick else [torch.float16, torch.bfloat16]
-    for dt in dts:
-        for shape in shapes:
-            for kv in kvs:
-                try:
-                    run_size(shape, kv, dt, a.reps, rows)
-                except Exception as e:  # noqa: BLE001 -- a row that says why, never an aborted run
-                    rows.append({"workload": WORKLOAD, "size": f"{shape}-KV{kv}-{dt}", "config": "gpuos_worker",
-                                 "error": H.format_exc(e)})
-                H.release_memory()
+    cases = [(shape, kv, dt) for dt in dts for shape in shapes for kv in kvs]
+    H.sweep(lambda shape, kv, dt: run_size(shape, kv, dt, a.reps, rows), cases, rows, WORKLOAD,
+            lambda shape, kv, dt: f"{shape}-KV{kv}-{dt}", after=H.release_memory)
     path = H.write_results(NAME, meta, rows)
     print(f"results written to {path}")
     return 0

@@ -103,15 +103,9 @@ def main(argv=None) -> int:
     ms = [1, 16] if a.quick else [1, 4, 16, 64]
     nks = [1024] if a.quick else [1024, 4096]
     dts = [torch.float16] if a.quick else [torch.float16, torch.bfloat16]
-    for dt in dts:
-        for nk in nks:
-            for m in ms:
-                try:
-                    run_size(m, nk, dt, a.reps, rows)
-                except Exception as e:  # noqa: BLE001 -- a row that says why, never an aborted run
-                    rows.append({"workload": WORKLOAD, "size": f"M{m}-N{nk}-{dt}", "config": "gpuos_worker",
-                                 "error": H.format_exc(e)})
-                H.release_memory()
+    cases = [(m, nk, dt) for dt in dts for nk in nks for m in ms]
+    H.sweep(lambda m, nk, dt: run_size(m, nk, dt, a.reps, rows), cases, rows, WORKLOAD,
+            lambda m, nk, dt: f"M{m}-N{nk}-{dt}", after=H.release_memory)
     path = H.write_results(NAME, meta, rows)
     print(f"results written to {path}")
     return 0

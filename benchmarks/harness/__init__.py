@@ -45,7 +45,7 @@ from .timing import (Timing, capture_cuda_graph, cuda_sync, events_ms, gate_for,
 from .progress import Progress, prefixed_log
 from .cli import (add_configs_arg, add_output_args, add_reps_args, add_watchdog_arg, new_parser,
                   parse_capacity, parse_int_list, parse_shapes, pow2_at_least, select_configs, shape_str)
-from .rows import (error_row, find_row, format_exc, incorrect, is_gpuos_config, not_applicable_row,
+from .rows import (error_row, find_row, format_exc, incorrect, sweep, is_gpuos_config, not_applicable_row,
                    per_op_fields, per_op_us_row, ratio, rnd, row_median, spread_us, timing_row, value_row)
 from .table import SPEEDUP_HEADERS, fmt_num, fmt_ratio, print_header, print_table, speedup_table
 from .goals import print_goals, speedup_goal, value_goal
@@ -72,7 +72,7 @@ __all__ = [
     "gpu_ms_of", "events_ms", "no_sync", "release_memory", "summarize", "time_reps", "try_sync", "Progress", "prefixed_log",
     "add_configs_arg", "add_output_args", "add_reps_args", "add_watchdog_arg", "new_parser", "parse_capacity",
     "parse_int_list", "parse_shapes", "pow2_at_least", "select_configs", "shape_str", "error_row", "find_row",
-    "format_exc", "incorrect", "is_gpuos_config", "not_applicable_row", "per_op_fields", "per_op_us_row", "ratio",
+    "format_exc", "incorrect", "sweep", "is_gpuos_config", "not_applicable_row", "per_op_fields", "per_op_us_row", "ratio",
     "rnd", "row_median", "spread_us", "timing_row", "value_row", "SPEEDUP_HEADERS", "fmt_num", "fmt_ratio",
     "print_header", "print_table", "speedup_table", "print_goals", "speedup_goal", "value_goal",
     "gpuos_vs_best_peer", "group_key", "json_default", "load_result_docs", "merge_and_print_values",

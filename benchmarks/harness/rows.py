@@ -121,3 +121,17 @@ def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
 def incorrect(row: Optional[dict]) -> bool:
     """A row whose correctness check failed."""
     return row is not None and row.get("correct") is False
+
+
+def sweep(run, cases: Iterable[tuple], rows: list, workload: str, label, config: str = "gpuos_worker",
+          after=None) -> None:
+    """run(*case) for every case of a micro-benchmark grid; a case that raises becomes an error row named
+    label(*case) (never an aborted run); after() (e.g. release_memory) follows every case."""
+    for case in cases:
+        try:
+            run(*case)
+        except Exception as e:  # noqa: BLE001 -- a row that says why
+            rows.append({"workload": workload, "size": label(*case), "config": config, "error": format_exc(e)})
+        if after is not None:
+            after()
+
