@@ -16,19 +16,14 @@ import torch
 
 import gpuos_ext as _ext
 
+from ._handler_base import DTYPE as _DTYPE, NOT_CUDA as _NOT_CUDA, UNSUPPORTED as _UNSUPPORTED
+from ._handler_base import is_reason as _is_reason, number as _number
+
 aten = torch.ops.aten
 
-_REASONS = _ext.sched_reasons()
-_UNSUPPORTED = next(c for c, n in _REASONS.items() if n == "unsupported_args")
-_DTYPE = next(c for c, n in _REASONS.items() if n == "dtype")
-_NOT_CUDA = next(c for c, n in _REASONS.items() if n == "not_cuda")
 _ID = {row["name"]: row["id"] for row in _ext.op_table()}
 _INT = (torch.int64, torch.int32)
 _U64 = (1 << 64) - 1
-
-
-def _is_reason(r) -> bool:
-    return r.__class__ is int or r.__class__ is str
 
 
 def bits_of(value, dtype: torch.dtype) -> int:
@@ -51,10 +46,6 @@ def bits_of(value, dtype: torch.dtype) -> int:
     if dtype not in _INT or not lo <= v <= hi:
         raise OverflowError(f"{value} does not fit {dtype}")
     return v & _U64
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float, bool)) and not isinstance(x, torch.Tensor)
 
 
 def _scalar_value(x):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+import gpuos_ext as _ext
+
 from . import _data_handlers as D
 
 aten = torch.ops.aten
@@ -109,8 +111,8 @@ def int_handlers() -> dict:
 
 
 # ----------------------------------------------------------------------------- comparisons (masks)
-_CMP = {"lt": 0, "le": 1, "gt": 2, "ge": 3, "eq": 4, "ne": 5}
-_CMP_FLOAT = 8  # device_src/dataops.h kCmpFloat
+_CMP = dict(_ext.cmp_rules())  # device_src/dataops.h CmpOp
+_CMP_FLOAT = _CMP.pop("float")
 
 
 def _compare(rule):

@@ -15,6 +15,12 @@ LinkedGenStats g_stats;
 
 const char* kWorkerUserOps = "// linked worker object (csrc/inject/linked.cpp)\n#include \"device_src/linked.h\"\n";
 
+// One relocatable object compiled from `source` under the file name `file` (cached by the JIT like every image).
+std::shared_ptr<const std::string> object_of(const std::string& arch, const std::string& file,
+                                             const std::string& source) {
+  return std::make_shared<const std::string>(jit_compile_sources(arch, {{file, source}}, file, true));
+}
+
 void note(bool linked, const std::string& why) {
   std::lock_guard<std::mutex> lk(g_mu);
   (linked ? g_stats.linked : g_stats.whole)++;
@@ -36,7 +42,7 @@ std::shared_ptr<const std::string> worker_object(const std::string& arch) {
 
 std::shared_ptr<const std::string> op_object(const std::string& arch, const OpSpec& s) {
   const std::string file = "device_src/" + op_object_symbol(s) + ".cu";
-  return std::make_shared<const std::string>(jit_compile_sources(arch, {{file, op_object_source(s, file)}}, file, true));
+  return object_of(arch, file, op_object_source(s, file));
 }
 
 std::string build_generation_image(const std::string& arch, const std::vector<OpSpec>& specs,
@@ -49,12 +55,9 @@ std::string build_generation_image(const std::string& arch, const std::vector<Op
     for (const auto& kv : fused) {
       ids.push_back(kv.first);
       const std::string file = "device_src/gpuos_fused_exec_" + std::to_string(kv.first) + ".cu";
-      objs.push_back(std::make_shared<const std::string>(
-          jit_compile_sources(arch, {{file, fused_object_source(kv.first, kv.second)}}, file, true)));
+      objs.push_back(object_of(arch, file, fused_object_source(kv.first, kv.second)));
     }
-    const std::string dfile = "device_src/user_dispatch.cu";
-    objs.push_back(std::make_shared<const std::string>(
-        jit_compile_sources(arch, {{dfile, dispatch_source(specs, ids)}}, dfile, true)));
+    objs.push_back(object_of(arch, "device_src/user_dispatch.cu", dispatch_source(specs, ids)));
     try {
       std::string image = jit_link(arch, objs);
       note(true, "");

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "config/config.h"
+#include "device_src/dataops.h"
 #include "device_src/interp.h"
 #include "driver/cuda_api.h"
 #include "inject/registry.h"
@@ -354,6 +355,11 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
 #undef GPUOS_REASON
     return d;
   }, "The scheduler's fallback reasons: {code: name} (sched_ew / sched_reduce return the code).");
+  m.def("cmp_rules", [] {
+    return py::dict(py::arg("lt") = (int)kCmpLt, py::arg("le") = (int)kCmpLe, py::arg("gt") = (int)kCmpGt,
+                    py::arg("ge") = (int)kCmpGe, py::arg("eq") = (int)kCmpEq, py::arg("ne") = (int)kCmpNe,
+                    py::arg("float") = (int)kCmpFloat);
+  }, "The data op cmp's rules (device_src/dataops.h CmpOp): {name: code}; 'float' is the fp32-compare flag.");
   m.def("sched_modes", [] {
     return py::dict(py::arg("functional") = (int)kModeFunctional, py::arg("inplace") = (int)kModeInplace,
                     py::arg("out") = (int)kModeOut);

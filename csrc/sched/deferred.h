@@ -46,6 +46,8 @@ struct DeferredOp {
   at::Tensor out;
   at::Tensor in[kDeferredMaxIn];  // undefined: constant cv[k]
   float cv[kDeferredMaxIn] = {0.f, 0.f, 0.f, 0.f};
+  // An elementwise op of the table: the only kind fusion takes (as producer or consumer).
+  bool elementwise() const { return !reduce && !matmul && !attention && !data; }
 };
 
 struct Deferred {

@@ -247,14 +247,14 @@ void lower_deferred(int dev, Runtime& rt) {
     for (int j = 0; j < n; ++j) {
       DeferredOp& o = ops[j];
       first[j] = j;
-      if (o.reduce || o.matmul || o.attention || o.data) continue;
+      if (!o.elementwise()) continue;
       for (uint32_t k = 0; k < o.nin; ++k) {
         const int i = prod_of[j][k];
         if (i < 0) continue;
         const DeferredOp& p = ops[i];
         // Switched built-ins run their slot-1 code, which the interpreter does not have: never fused.
         // Injected ops (ids >= kNumOps) are not in the interpreter either.
-        bool ok = !p.reduce && !p.matmul && !p.attention && !p.data && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
+        bool ok = p.elementwise() && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
                   p.op < kNumOps && o.op < kNumOps && !op_switched(p.op) && !op_switched(o.op) &&
                   o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
                   p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
