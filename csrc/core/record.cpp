@@ -62,6 +62,12 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
   // nin: up to 3 elementwise operands, or up to kProgMaxInputs leaves of a fused chain.
   static_assert(kProgMaxInputs >= 3, "read slots");
   if (nin > kProgMaxInputs) throw std::logic_error("gpuos internal error: more inputs than a fused chain holds");
+  if (tape_) {  // a program is being captured: the sub-op as staged (core/tape.h)
+    TapeEntry& t = tape_->entries.emplace_back();
+    t.proto = proto, t.total = total, t.per_tile = per_tile, t.nref = nref, t.nin = nin, t.out = out.access();
+    for (uint32_t k = 0; k < nref && k < 4; ++k) t.refs[k] = refs[k];
+    for (uint32_t k = 0; k < nin; ++k) t.ins[k] = ins[k].access(), t.in_const[k] = ins[k].is_const;
+  }
   Access reads[kProgMaxInputs];
   uint32_t nr = 0;
   for (uint32_t k = 0; k < nin; ++k)

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/hazards.h"
+#include "core/tape.h"
 #include "device_src/interp.h"
 #include "device_src/types.h"
 #include "driver/cuda_api.h"
@@ -80,7 +81,8 @@ struct Operand {
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
   X(fused_subops)                                                                                         \
   X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
-  X(programs)
+  X(programs)                                                                                             \
+  X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */
 
 struct RuntimeStats {
 #define GPUOS_STAT_FIELD(name) uint64_t name = 0;
@@ -139,6 +141,12 @@ class Runtime {
   // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels.
   void record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
                     int64_t numel);
+  // Programs (issue #17, core/tape.h). While a tape is attached, every staged sub-op is also appended to it
+  // (null detaches). replay() stages tape entries [b, e) again with their pointers moved by `rel`; the caller
+  // publishes them (flush). Call under mu.
+  void set_tape(Tape* t) { tape_ = t; }
+  bool taping() const { return tape_ != nullptr; }
+  void replay(const Tape& tape, size_t b, size_t e, const Reloc& rel);
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
   int32_t program_id(const Program& p);
   // Publish everything pending on `stream` and make the stream wait for it (and for earlier early
@@ -295,6 +303,7 @@ class Runtime {
     ~PhaseMark() { p.store("", std::memory_order_relaxed); }
   };
   std::function<void()> on_publish_;
+  Tape* tape_ = nullptr;  // set_tape
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;
   bool alive_ = false;

@@ -6,6 +6,8 @@ namespace gpuos {
 
 // register_elementwise, register_op, install, switch, rollback, user_ops, generation_info, ... (inject.cpp)
 void add_injection_bindings(pybind11::module_& m);
+// Tape, _capture_begin / _capture_mark / _capture_end (programs.cpp; gpuos/programs.py)
+void add_program_bindings(pybind11::module_& m);
 // gpuos_ext._testing: CPU evaluators, liveness and front probes, host-memory probe (testing.cpp)
 void add_testing_module(pybind11::module_& m);
 

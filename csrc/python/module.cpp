@@ -364,6 +364,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
     return py::dict(py::arg("functional") = (int)kModeFunctional, py::arg("inplace") = (int)kModeInplace,
                     py::arg("out") = (int)kModeOut);
   }, "Where sched_ew puts a result: {name: code}.");
+  add_program_bindings(m);
   add_testing_module(m);
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     try {

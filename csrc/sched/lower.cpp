@@ -290,9 +290,14 @@ void lower_deferred(int dev, Runtime& rt) {
   // the ops are cleared (no reference-count traffic). Also done when lowering throws: the sub-ops staged
   // before the failing one still reference them, and the failed ops must leave the queue, or every later
   // flush (any thread's context exit, the timer, shutdown) would raise the same error again.
+  DeviceState& ds = device_state(dev);
   const auto release = [&] {
     for (int j = 0; j < n; ++j) {
       DeferredOp& o = ops[j];
+      if (ds.capture && o.fresh && o.out.defined() && o.out.has_storage()) {  // a program's own buffer
+        const uint64_t lo = (uint64_t)(uintptr_t)o.out.storage().data();
+        ds.fresh.emplace_back(lo, lo + (uint64_t)o.out.storage().nbytes());
+      }
       if (elided[j] && o.fresh) pool_put(dev, D.stream, o.out.storage());
       if (o.out.defined()) keep_tensor(dev, std::move(o.out));
       for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));

@@ -15,6 +15,13 @@ std::function<void(int, Runtime&)> g_before_record;
 
 void move_keep_to_release(int dev) {
   DeviceState& d = g_dev[dev];
+  if (d.capture) {  // a capture keeps them (its program's tape points at them)
+    d.hold.insert(d.hold.end(), d.keep.begin(), d.keep.end());
+    d.keep.clear();
+    for (auto& t : d.keep_t) d.hold_t.push_back(std::move(t));
+    d.keep_t.clear();
+    return;
+  }
   d.release.insert(d.release.end(), d.keep.begin(), d.keep.end());
   d.keep.clear();
   for (auto& t : d.keep_t) d.release_t.push_back(std::move(t));

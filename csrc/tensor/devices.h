@@ -24,6 +24,13 @@ struct DeviceState {
   std::vector<PyObject*> keep, release;     // strong refs (GIL held) of recorded work: unpublished / published
   std::vector<at::Tensor> keep_t, release_t;  // the same, for tensors the scheduler's lowering recorded
   std::string abandoned;                    // why this device's runtime was abandoned (empty: it was not)
+  // A program capture on this device (issue #17, sched/program.cpp): while set, published work's keep-alive
+  // references move here instead of to the release lists (a captured program keeps every storage its tape
+  // points at), and the scheduler notes the byte ranges of the outputs it allocated (`fresh`).
+  Tape* capture = nullptr;
+  std::vector<PyObject*> hold;
+  std::vector<at::Tensor> hold_t;
+  std::vector<std::pair<uint64_t, uint64_t>> fresh;  // [lo, hi) of storages allocated during the capture
 };
 
 // The device's state (0 <= dev < kMaxDevices).

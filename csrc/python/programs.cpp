@@ -1,0 +1,43 @@
+// csrc/python/programs.cpp -- gpuos_ext's program bindings (sched/program.h; used by gpuos/programs.py).
+#include <pybind11/stl.h>
+
+#include "python/bindings.h"
+#include "sched/program.h"
+#include "tensor/errors.h"
+
+namespace py = pybind11;
+
+namespace gpuos {
+
+void add_program_bindings(py::module_& m) {
+  py::class_<CapturedTape, std::shared_ptr<CapturedTape>>(m, "Tape",
+      "A captured program's sub-ops (gpuos.capture): replayed by gpuos.Program.")
+      .def_property_readonly("device", [](const CapturedTape& c) { return c.dev; })
+      .def_property_readonly("entries", [](const CapturedTape& c) { return c.tape.entries.size(); },
+                             "Recorded sub-ops (a fused chain is one; a product's tiles are one).")
+      .def("tiles", [](const CapturedTape& c, size_t b, size_t e) {
+        uint64_t n = 0;
+        for (size_t i = b; i < e && i < c.tape.entries.size(); ++i) {
+          const TapeEntry& t = c.tape.entries[i];
+          n += (t.total + t.per_tile - 1) / t.per_tile;
+        }
+        return n;
+      }, py::arg("begin"), py::arg("end"), "Descriptors (work items) of entries [begin, end).")
+      .def("levels", [](const CapturedTape& c, size_t b, size_t e) { return c.tape.levels(b, e); },
+           py::arg("begin"), py::arg("end"), "Dependency levels of entries [begin, end) staged alone.")
+      .def_property_readonly("held_bytes", &CapturedTape::held_bytes,
+                             "Bytes of the distinct storages the program keeps alive (its arena, inputs, weights).")
+      .def_property_readonly("fresh", [](const CapturedTape& c) { return c.fresh; },
+                             "[(lo, hi)]: storages the scheduler allocated during the capture.")
+      .def("replay", [](CapturedTape& c, size_t b, size_t e,
+                        const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& rel) { tape_replay(c, b, e, rel); },
+           py::arg("begin"), py::arg("end"), py::arg("reloc"),
+           "Stage entries [begin, end) with pointers in [lo, hi) moved by delta ([(lo, hi, delta)]), publish them on "
+           "the current stream.");
+  m.def("_capture_begin", &capture_begin, py::arg("device"));
+  m.def("_capture_mark", &capture_mark, py::arg("device"));
+  m.def("_capture_end", &capture_end, py::arg("device"));
+  m.def("_capturing", &capturing, py::arg("device"));
+}
+
+}  // namespace gpuos

@@ -1,0 +1,45 @@
+// csrc/sched/program.h -- capture and replay of programs (issue #17; the Python side is gpuos/programs.py).
+//
+// capture_begin attaches a Tape (core/tape.h) to the device's runtime: everything the scheduler lowers (and the
+// explicit API records) from then on is also appended to it, and the keep-alive references of that work move to
+// the capture instead of being released, so every storage the tape points at outlives the program. capture_end
+// publishes what is still deferred, detaches the tape and hands it over with those references and the byte
+// ranges of the outputs the scheduler allocated meanwhile (`fresh`: a program returns new buffers for those).
+// replay stages a range of the tape again with moved pointers and publishes it: one flush, no Python per op.
+#pragma once
+#include <torch/extension.h>
+
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/tape.h"
+
+namespace gpuos {
+
+struct CapturedTape {
+  int dev = 0;
+  Tape tape;
+  std::vector<PyObject*> hold;      // strong references (explicit-API work): dropped with the GIL held
+  std::vector<at::Tensor> hold_t;   // tensors of the scheduler's lowered work
+  std::vector<std::pair<uint64_t, uint64_t>> fresh;  // [lo, hi) of storages the scheduler allocated
+  CapturedTape() = default;
+  CapturedTape(const CapturedTape&) = delete;
+  CapturedTape& operator=(const CapturedTape&) = delete;
+  ~CapturedTape();
+  uint64_t held_bytes() const;  // bytes of the distinct storages held (inputs and parameters included)
+};
+
+// Start capturing on `dev` (the device's pending work is published first). Throws if a capture is active there.
+void capture_begin(int dev);
+// Tape entries so far (deferred work not yet lowered is not counted: it is lowered at its flush).
+size_t capture_mark(int dev);
+// Publish the device's deferred work into the tape and stop capturing. Also the way out of a failed capture.
+std::shared_ptr<CapturedTape> capture_end(int dev);
+bool capturing(int dev);
+// Stage tape entries [b, e) with pointers in [lo, hi) moved by delta, then publish them on the current stream
+// (the device's deferred work is published first: stream order). Counted under the flush cause "program".
+void tape_replay(CapturedTape& c, size_t b, size_t e, const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& rel);
+
+}  // namespace gpuos
