@@ -57,7 +57,8 @@ SDPA_NOTE = "cuDNN SDPA off; flash / mem-efficient / math left to torch's choice
 # replay hit a device-side assert, index_copy_ out of bounds: the static cache the graph writes into was freed
 # after capture, and transformers 5.x writes at the cache's own on-device counter, not at cache_position --
 # rewind_static below.)
-IN_PROCESS = ["eager", "gpuos_scheduler", "gpuos_scheduler_worker_mm", "gpuos_scheduler_worker", "cudagraph"]
+IN_PROCESS = ["eager", "gpuos_scheduler", "gpuos_scheduler_worker_mm", "gpuos_scheduler_worker", "gpuos_program",
+              "cudagraph"]
 NOT_APPLICABLE = {
     "foreach": "a decode step is a chain of dependent ops; torch._foreach_* needs lists of independent tensors",
     "gpuos_submit": "the explicit submit API has no matmul or attention; gpuos_scheduler runs the model unchanged",
@@ -259,6 +260,50 @@ def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False, worker_attn: boo
     return setup
 
 
+def setup_program(case: H.Case) -> H.Prepared:
+    """gpuos_program: one static-cache step captured with gpuos.capture (worker matmul and attention on while
+    capturing), replayed per token with that token and position bound by pointer (no copies)."""
+    import collections
+    import time
+
+    import torch
+
+    import gpuos
+    d = case.data
+    if d.spec.cache != "static":
+        raise RuntimeError("not applicable: a dynamic cache grows by a Python-held concatenation every step; a "
+                           "program replays the GPU work of one length (symbolic extents are not built)")
+    cache = _cached(case)
+    toks = [t.contiguous().clone() for t in d.forced]  # one layout for every step (the guards compare strides)
+
+    def step(tok, pos):
+        with torch.no_grad():
+            return step_logits(d.model, tok, cache, pos, d.cache_kw)
+    was, was_attn = gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled()
+    gpuos.set_worker_matmul(True)
+    gpuos.set_worker_attention(True)
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prog = gpuos.capture(step, toks[0], d.positions[0])
+        torch.cuda.synchronize()
+        capture_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        gpuos.set_worker_matmul(was)
+        gpuos.set_worker_attention(was_attn)
+    info = prog.info()
+
+    def fn():
+        rewind_static(cache)
+        res = [prog(toks[i], d.positions[i]) for i in range(d.steps)]
+        logits = torch.cat(res)
+        return logits.argmax(-1), logits
+    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3), "subops_per_step": info["entries"],
+                                 "segments_per_step": info["segments"], "levels_per_step": sum(info["levels"]),
+                                 "eager_ops_per_step": dict(collections.Counter(info["fallbacks"])),
+                                 "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2)})
+
+
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
     """Per-decode-step figures of the scheduler from two gpuos.stats() snapshots."""
     def delta(key):
@@ -296,7 +341,7 @@ def make_setups(ctx: H.RunContext) -> dict:
     return {"eager": setup_eager, "gpuos_scheduler": scheduler_setup(ctx),
             "gpuos_scheduler_worker_mm": scheduler_setup(ctx, worker_mm=True),
             "gpuos_scheduler_worker": scheduler_setup(ctx, worker_mm=True, worker_attn=True),
-            "cudagraph": setup_cudagraph}
+            "gpuos_program": setup_program, "cudagraph": setup_cudagraph}
 
 
 # ------------------------------------------------------------------------------------------------ suite

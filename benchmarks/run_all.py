@@ -62,7 +62,7 @@ DEFAULT_BUDGET_S = 480.0
 END_RESERVE_S = 25.0  # kept for the warm JIT probe, first_call.json and the plots
 ALL_CONFIGS = ("eager", "eager_out", "foreach", "cudagraph", "compile", "compile_reduce_overhead", "gpuos_submit",
                "gpuos_submit_many", "gpuos_submit_reduce", "eager_softmax", "gpuos_softmax", "gpuos_scheduler",
-               "gpuos_scheduler_worker_mm", "gpuos_scheduler_worker")
+               "gpuos_scheduler_worker_mm", "gpuos_scheduler_worker", "gpuos_program")
 JIT_MARK = "@@GPUOS_JIT@@"
 JIT_PROBE = ("import faulthandler, json, time\nfaulthandler.dump_traceback_later(150, exit=True)\n"
              "t0 = time.perf_counter()\nimport gpuos\nt1 = time.perf_counter()\ngpuos.init()\n"

@@ -111,6 +111,7 @@ def flush(sync: bool = False, stream=None, device=None) -> None:
 from ._version import __version__  # noqa: E402  (the one definition; the extension was built with it)
 
 from .scheduler import GpuosScheduler, intercepted_ops, scheduler_context, scheduler_stats  # noqa: E402
+from .programs import CaptureError, GuardError, Program, capture, wrap  # noqa: E402
 from . import injection as _injection  # noqa: E402
 from .injection import (  # noqa: E402
     batch_install,
@@ -142,6 +143,11 @@ def supported_ops() -> list[str]:
 
 __all__ = _injection.__all__ + [
     "GpuosScheduler",
+    "CaptureError",
+    "GuardError",
+    "Program",
+    "capture",
+    "wrap",
     "intercepted_ops",
     "scheduler_context",
     "scheduler_stats",

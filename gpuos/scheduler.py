@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import gpuos_ext as _ext
 
 from . import _attention, _collectives, _data_handlers, _decode_handlers, _int_handlers, _log, _streams
+from . import programs as _programs
 from ._handler_base import DTYPE as _DTYPE_CODE, MISSING as _MISSING, MODES as _MODES
 from ._handler_base import REASONS as _REASONS, UNSUPPORTED as _UNSUPPORTED, Schema as _Schema
 from ._handler_base import is_reason as _is_reason, number as _number
@@ -220,6 +221,9 @@ class GpuosScheduler(TorchDispatchMode):
         # batch keeps growing. Heavy kernels and collectives get the SMs of their devices back from the worker.
         heavy = func in _HEAVY or _collectives.kind(func) == "collective"
         self._wait_for(_log.traced("dependency", _ext.sched_flush_for, args, kwargs, "dependency", heavy))
+        cap = _programs.active()
+        if cap is not None:  # capturing a program: the op becomes one of its eager steps
+            return cap.eager(func, args, kwargs)
         return func(*args, **kwargs)
 
 

@@ -38,6 +38,7 @@ void add_program_bindings(py::module_& m) {
   m.def("_capture_mark", &capture_mark, py::arg("device"));
   m.def("_capture_end", &capture_end, py::arg("device"));
   m.def("_capturing", &capturing, py::arg("device"));
+  m.def("_capture_fresh", &capture_fresh, py::arg("device"));
 }
 
 }  // namespace gpuos

@@ -52,6 +52,14 @@ void add_testing_module(py::module_& m) {
   t.def("attention_split", &attention_split, py::arg("tiles"), py::arg("kv_len"), py::arg("capacity"),
         "KV splits Runtime::record_attention gives a decode attention of `tiles` row-group tiles.");
   t.def("set_nvrtc_search_dirs", &set_nvrtc_search_dirs);
+  t.def("reloc", [](const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& ranges,
+                    const std::vector<uint64_t>& ptrs) {
+    Reloc r;
+    for (const auto& x : ranges) r.add(std::get<0>(x), std::get<1>(x), std::get<2>(x));
+    std::vector<uint64_t> out;
+    for (uint64_t p : ptrs) out.push_back(r(p));
+    return out;
+  }, py::arg("ranges"), py::arg("ptrs"), "Pointers moved by a program's relocation (core/tape.h Reloc).");
   t.def("front_diag", &front_diag, py::arg("tensor"),
         "Why the __torch_function__ front would or would not record an op on `tensor` here.");
   t.def("liveness_probe", [](py::handle o) {  // tests: hold C++ references, then ask which Python dropped

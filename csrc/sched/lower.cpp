@@ -298,7 +298,8 @@ void lower_deferred(int dev, Runtime& rt) {
         const uint64_t lo = (uint64_t)(uintptr_t)o.out.storage().data();
         ds.fresh.emplace_back(lo, lo + (uint64_t)o.out.storage().nbytes());
       }
-      if (elided[j] && o.fresh) pool_put(dev, D.stream, o.out.storage());
+      // (Not while capturing: the program keeps the storage, and a later op must not be handed it.)
+      if (elided[j] && o.fresh && !ds.capture) pool_put(dev, D.stream, o.out.storage());
       if (o.out.defined()) keep_tensor(dev, std::move(o.out));
       for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
       if (o.written.defined()) keep_tensor(dev, std::move(o.written));

@@ -58,6 +58,12 @@ size_t capture_mark(int dev) {
   return ds.capture ? ds.capture->entries.size() : 0;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> capture_fresh(int dev) {
+  Runtime& rt = device_runtime(dev, "capture");
+  RtLock lk(rt);
+  return device_state(dev).fresh;
+}
+
 std::shared_ptr<CapturedTape> capture_end(int dev) {
   Runtime& rt = device_runtime(dev, "capture");
   auto c = std::make_shared<CapturedTape>();

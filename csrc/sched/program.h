@@ -38,6 +38,8 @@ size_t capture_mark(int dev);
 // Publish the device's deferred work into the tape and stop capturing. Also the way out of a failed capture.
 std::shared_ptr<CapturedTape> capture_end(int dev);
 bool capturing(int dev);
+// The byte ranges of the storages the scheduler allocated for outputs so far in the device's capture.
+std::vector<std::pair<uint64_t, uint64_t>> capture_fresh(int dev);
 // Stage tape entries [b, e) with pointers in [lo, hi) moved by delta, then publish them on the current stream
 // (the device's deferred work is published first: stream order). Counted under the flush cause "program".
 void tape_replay(CapturedTape& c, size_t b, size_t e, const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& rel);
