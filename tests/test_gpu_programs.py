@@ -235,3 +235,19 @@ def test_thousand_random_programs_replayed_with_new_inputs(rt):
             got, want = prog(*ys), fn(*ys)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"case {case}: {m}")
+
+
+@pytest.mark.watchdog(300)
+@pytest.mark.parametrize("label", ["llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static",
+                                   "llama-small-bf16-eager-static"])
+def test_hf_static_decode_program_equals_eager(rt, label):
+    """W7's gpuos_program config: one captured step replayed per token gives eager's tokens and logits."""
+    pytest.importorskip("transformers")
+    from benchmarks import bench_models as B
+    case = B.make_case(label, 16, "cuda")
+    prep = B.setup_program(case)
+    for _ in range(2):  # twice: the rewound cache is rewritten by the replays
+        toks, logits = prep.fn()
+        assert torch.equal(toks, case.ref[0]), (toks, case.ref[0])
+        torch.testing.assert_close(logits, case.ref[1], **case.tol)
+    assert prep.extra["segments_per_step"] >= 1 and prep.extra["subops_per_step"] > 0
