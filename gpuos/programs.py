@@ -159,7 +159,10 @@ class _Capture:
 
 
 def _guard_meta(t: torch.Tensor):
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+    """What a replay's input must share with the capture's: shape, strides (of dims longer than 1: the others
+    never move an address), dtype, device, 16-byte alignment."""
+    st = tuple(s if n != 1 else 0 for n, s in zip(t.shape, t.stride()))
+    return (tuple(t.shape), st, t.dtype, t.device, t.data_ptr() % 16)
 
 
 class Program:
