@@ -299,6 +299,7 @@ def setup_program(case: H.Case) -> H.Prepared:
         logits = torch.cat(res)
         return logits.argmax(-1), logits
     return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3), "subops_per_step": info["entries"],
+                                 "tiles_per_step": info["tiles"],
                                  "segments_per_step": info["segments"], "levels_per_step": sum(info["levels"]),
                                  "eager_ops_per_step": dict(collections.Counter(info["fallbacks"])),
                                  "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2)})

@@ -56,6 +56,9 @@ class GuardError(_ext.GpuosError):
 _HOST_READS = {aten._local_scalar_dense.default, aten.item.default, aten.equal.default, aten.is_nonzero.default,
                aten.nonzero.default, aten.allclose.default}
 _state = threading.local()
+# Ops with more output elements than this run eagerly while capturing (the scheduler's size rule). None: the
+# scheduler's default.
+DEFAULT_SIZE_THRESHOLD = 1 << 15
 
 
 def active():
@@ -168,7 +171,7 @@ def _guard_meta(t: torch.Tensor):
 class Program:
     """A captured step (see the module docstring): ``prog(*args, **kwargs)`` replays it; ``info()`` describes it."""
 
-    def __init__(self, fn, args, kwargs, size_threshold: int = 1 << 15) -> None:
+    def __init__(self, fn, args, kwargs, size_threshold: int | None = None) -> None:
         from .scheduler import scheduler_context
 
         if not torch.cuda.is_available():
@@ -188,7 +191,8 @@ class Program:
         if prev is not None:
             raise CaptureError("gpuos.capture: captures do not nest. Fix: capture the outer function only.")
         with torch.cuda.device(self.device):
-            ctx = scheduler_context(size_threshold=size_threshold, auto_flush_ms=0)
+            thr = DEFAULT_SIZE_THRESHOLD if size_threshold is None else size_threshold
+            ctx = scheduler_context(size_threshold=thr, auto_flush_ms=0)
             ctx.__enter__()  # starts the runtime if needed (capture_begin needs it)
             try:
                 _ext._capture_begin(self.device)
@@ -410,7 +414,7 @@ class Wrapped:
     values), captured on the first call with it (that call returns the capture's results), replayed after; at
     most ``cache_size`` programs, least recently used dropped."""
 
-    def __init__(self, fn, cache_size: int = 8, size_threshold: int = 1 << 15) -> None:
+    def __init__(self, fn, cache_size: int = 8, size_threshold: int | None = None) -> None:
         self.fn = fn
         self.cache_size = max(1, int(cache_size))
         self.size_threshold = size_threshold
@@ -441,7 +445,7 @@ class Wrapped:
         self.programs.clear()
 
 
-def wrap(fn=None, *, cache_size: int = 8, size_threshold: int = 1 << 15):
+def wrap(fn=None, *, cache_size: int = 8, size_threshold: int | None = None):
     """``gpuos.wrap(fn)`` or ``@gpuos.wrap(cache_size=4)``: see :class:`Wrapped`."""
     if fn is None:
         return lambda f: Wrapped(f, cache_size, size_threshold)

@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Where a replayed program's time goes (issue #17), GPU machine, ~1 min. Prints one JSON line per probe.
+
+* chain: D dependent tiny elementwise ops (one sub-op per level): GPU us per call and per level for the program,
+  its CUDA-graph replay and eager; host us of one prog() call (no sync).
+* wide: W independent tiny ops (one level).
+* matmul: 12 dependent M=1 products N=K (fp16, the worker's matmul in the program) vs their CUDA graph (cuBLAS).
+* hf: W7's llama-small / gpt2-small static decode replayed as a program, with the capture's size threshold at
+  the scheduler's default and at 2**18 (fewer eager steps), ms per step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import gpuos  # noqa: E402  (sets CUDA_MODULE_LOADING before CUDA starts)
+import torch  # noqa: E402
+
+
+def gpu_us(fn, reps=200):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps):
+        fn()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) * 1e3 / reps
+
+
+def host_us(fn, reps=200):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    h = (time.perf_counter() - t) * 1e6 / reps
+    torch.cuda.synchronize()
+    return h
+
+
+def graph_of(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def out(d):
+    print(json.dumps(d), flush=True)
+
+
+def chain(depth):
+    def f(x):
+        for _ in range(depth):
+            x = x * 1.0001 + 0.5
+        return x
+    return f
+
+
+def main():
+    gpuos.init()
+    x = torch.randn(1024, device="cuda")
+    for depth in (1, 16, 64, 256):
+        f = chain(depth)
+        prog = gpuos.capture(f, x)
+        lv = sum(prog.info()["levels"])
+        p = gpu_us(lambda: prog(x))
+        h = host_us(lambda: prog(x))
+        g = graph_of(lambda: f(x))
+        gr = gpu_us(g.replay)
+        e = gpu_us(lambda: f(x), reps=50)
+        out({"probe": "chain", "depth": depth, "levels": lv, "program_us": round(p, 1), "per_level_us":
+             round(p / max(lv, 1), 2), "host_us": round(h, 1), "cudagraph_us": round(gr, 1), "eager_us": round(e, 1),
+             "x_graph": round(gr / p, 2)})
+    ys = [torch.randn(1024, device="cuda") for _ in range(256)]
+
+    def wide(*ts):
+        return [t * 2.0 + 1.0 for t in ts]
+    prog = gpuos.capture(wide, *ys)
+    p, h = gpu_us(lambda: prog(*ys)), host_us(lambda: prog(*ys))
+    g = graph_of(lambda: wide(*ys))
+    out({"probe": "wide", "ops": 512, "levels": sum(prog.info()["levels"]), "program_us": round(p, 1),
+         "host_us": round(h, 1), "cudagraph_us": round(gpu_us(g.replay), 1)})
+    gpuos.set_worker_matmul(True)
+    for n in (768, 3072):
+        ws = [torch.randn(n, n, device="cuda", dtype=torch.float16) * (1.0 / n ** 0.5) for _ in range(12)]
+        h0 = torch.randn(1, n, device="cuda", dtype=torch.float16)
+
+        def mlp(h):
+            for w in ws:
+                h = torch.nn.functional.linear(h, w)
+            return h
+        prog = gpuos.capture(mlp, h0)
+        p = gpu_us(lambda: prog(h0))
+        g = graph_of(lambda: mlp(h0))
+        gr = gpu_us(g.replay)
+        out({"probe": "matmul", "n": n, "products": 12, "tiles": prog.info()["tiles"],
+             "levels": sum(prog.info()["levels"]), "program_us": round(p, 1), "cudagraph_us": round(gr, 1),
+             "x_graph": round(gr / p, 2), "weights_MB": round(12 * n * n * 2 / 2**20, 1),
+             "program_GBps": round(12 * n * n * 2 / p / 1e3, 1), "graph_GBps": round(12 * n * n * 2 / gr / 1e3, 1)})
+    gpuos.set_worker_matmul(False)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return
+    from benchmarks import bench_models as B
+    import gpuos.programs as P
+    for label in ("llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static"):
+        case = B.make_case(label, 8, "cuda")
+        for thr in (1 << 15, 1 << 18):
+            P.DEFAULT_SIZE_THRESHOLD = thr
+            prep = B.setup_program(case)
+            toks, _ = prep.fn()
+            ok = bool(torch.equal(toks, case.ref[0]))
+            t = gpu_us(prep.fn, reps=10) / 1e3 / 8
+            out({"probe": "hf", "label": label, "size_threshold": thr, "ms_per_step": round(t, 3), "tokens_equal": ok,
+                 **{k: prep.extra[k] for k in ("subops_per_step", "segments_per_step", "levels_per_step",
+                                               "eager_ops_per_step", "tiles_per_step") if k in prep.extra}})
+
+
+if __name__ == "__main__":
+    main()
