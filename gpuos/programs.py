@@ -161,6 +161,10 @@ class _Capture:
         return r
 
 
+def _raw_meta(t: torch.Tensor):
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
 def _guard_meta(t: torch.Tensor):
     """What a replay's input must share with the capture's: shape, strides (of dims longer than 1: the others
     never move an address), dtype, device, 16-byte alignment."""
@@ -183,7 +187,9 @@ class Program:
             raise CaptureError(f"gpuos.capture: inputs on several devices ({sorted(devs)}); a program runs on one "
                                "device. Fix: capture one program per device.")
         self.device = devs.pop() if devs else torch.cuda.current_device()
+        self._dev = torch.device("cuda", self.device)
         self._guards = [_guard_meta(x) if isinstance(x, torch.Tensor) else ("v", type(x), x) for x in flat]
+        self._raw = [_raw_meta(x) if isinstance(x, torch.Tensor) else None for x in flat]  # the fast compare
         self._overlaps = self._overlap_pattern(flat)
         t0 = time.perf_counter()
         cap = _Capture(self.device, flat)
@@ -220,9 +226,18 @@ class Program:
     # ------------------------------------------------------------------ capture helpers
     @staticmethod
     def _overlap_pattern(flat):
-        spans = [(i, _span(x)) for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.is_cuda]
-        return frozenset((i, j) for a, (i, si) in enumerate(spans) for (j, sj) in spans[a + 1:]
-                         if si[0] < sj[1] and sj[0] < si[1])
+        """Pairs of CUDA tensor inputs whose byte spans overlap (a sweep over the sorted spans)."""
+        spans = sorted((_span(x), i) for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.is_cuda)
+        pairs = []
+        for a in range(len(spans)):
+            (lo, hi), i = spans[a]
+            for b in range(a + 1, len(spans)):
+                (lo2, _), j = spans[b]
+                if lo2 >= hi:
+                    break
+                if lo < hi:  # an empty span overlaps nothing
+                    pairs.append((min(i, j), max(i, j)))
+        return frozenset(pairs)
 
     def _own_outputs(self, result, cap):
         """Outputs in storages the capture did not allocate are copied (inside the capture, so the copy is part of
@@ -268,15 +283,34 @@ class Program:
             if st[0] == "eager" and fresh_rows:
                 st[3][:] = [("t", a[1], rows.find(a[1])) if a[0] == "t" and a[2] < 0 else a for a in st[3]]
         self._rows = rows.rows
-        self._fresh = [(r, rows.rows[r][0], rows.rows[r][1]) for r in fresh_rows.values()]
+        # Per call: a new buffer per fresh range. An output that is exactly its storage (offset 0, dense) is
+        # allocated as itself (no view to build); others get a byte buffer and a view.
+        self._fresh = []
+        for r in fresh_rows.values():
+            lo, hi = rows.rows[r][0], rows.rows[r][1]
+            direct = None
+            for k, p in enumerate(self._out_plan):
+                o = p[1] if p[0] == "t" and p[2] == r else None
+                if o is not None and o.storage_offset() == 0 and _span(o) == (lo, hi) and \
+                        o.is_non_overlapping_and_dense():
+                    direct = (tuple(o.shape), o.stride(), o.dtype)
+                    self._out_plan[k] = ("b", o, r)
+                    break
+            self._fresh.append((r, lo, hi, direct))
+        self._inputs = [(r, key, lo, hi) for r, (lo, hi, kind, key) in enumerate(rows.rows) if kind == "input"]
 
     # ------------------------------------------------------------------ replay
     def _check(self, flat, spec):
         if spec != self._spec or len(flat) != len(self._guards):
             raise GuardError("gpuos program: called with a different argument structure than it was captured with. "
                              "Fix: call it like the capture, or use gpuos.wrap (one program per signature).")
-        for i, (x, g) in enumerate(zip(flat, self._guards)):
+        ntensor = 0
+        for i, x in enumerate(flat):
+            g = self._guards[i]
             if isinstance(x, torch.Tensor):
+                ntensor += 1
+                if _raw_meta(x) == self._raw[i]:
+                    continue
                 m = _guard_meta(x)
                 if m != g:
                     raise GuardError(f"gpuos program: argument {i} is {tuple(x.shape)} {x.dtype} strides "
@@ -287,7 +321,7 @@ class Program:
                 raise GuardError(f"gpuos program: argument {i} is {x!r}, captured as "
                                  f"{g[2] if g[0] == 'v' else 'a tensor'!r}: non-tensor arguments are part of the "
                                  "program. Fix: capture again, or use gpuos.wrap.")
-        if self._overlap_pattern(flat) != self._overlaps:
+        if ntensor > 1 and self._overlap_pattern(flat) != self._overlaps:
             raise GuardError("gpuos program: inputs overlap in memory differently than at capture. Fix: pass "
                              "distinct tensors (or the same aliasing as at capture).")
 
@@ -295,41 +329,48 @@ class Program:
         flat, spec = pytree.tree_flatten((args, kwargs))
         self._check(flat, spec)
         rows = self._rows
-        # moved ranges: row id -> (delta, tensor of the new storage)
-        moved = {}
+        moved = {}  # row id -> (delta, a tensor in the new storage)
         reloc = []
-        for r, (lo, hi, kind, key) in enumerate(rows):
-            if kind == "input":
-                x = flat[key]
-                d = x.data_ptr() - lo
-                moved[r] = (d, x)
-                reloc.append((lo, hi, d))
-        for r, lo, hi in self._fresh:
-            b = torch.empty(hi - lo, dtype=torch.uint8, device=torch.device("cuda", self.device))
+        for r, key, lo, hi in self._inputs:
+            x = flat[key]
+            d = x.data_ptr() - lo
+            moved[r] = (d, x)
+            reloc.append((lo, hi, d))
+        dev = self._dev
+        for r, lo, hi, direct in self._fresh:
+            b = torch.empty_strided(direct[0], direct[1], dtype=direct[2], device=dev) if direct is not None else \
+                torch.empty(hi - lo, dtype=torch.uint8, device=dev)
             moved[r] = (b.data_ptr() - lo, b)
             reloc.append((lo, hi, b.data_ptr() - lo))
-        reloc = self._merge(reloc)
-        with torch.cuda.device(self.device):
-            for st in self.steps:
-                if st[0] == "seg":
-                    self.tape.replay(st[1], st[2], reloc)
-                    continue
-                _, func, aspec, arg_spec, out_rows = st
-                vals = [self._arg(a, moved) for a in arg_spec]
-                a, kw = pytree.tree_unflatten(vals, aspec)
-                r = func(*a, **kw)
-                outs, _ = pytree.tree_flatten(r)
-                for k, row, o in out_rows:
-                    n = outs[k]
-                    d = n.data_ptr() - o.data_ptr()
-                    moved[row] = (d, n)
-                    lo, hi = rows[row][0], rows[row][1]
-                    reloc = self._merge(reloc + [(lo, hi, d)], replace=(lo, hi))
+        reloc = self._merge(reloc) if len(reloc) > 1 else reloc
+        steps = self.steps
+        if len(steps) == 1 and steps[0][0] == "seg":  # the common case: one segment, no eager step
+            with torch.cuda.device(self.device):
+                self.tape.replay(steps[0][1], steps[0][2], reloc)
+        else:
+            with torch.cuda.device(self.device):
+                for st in steps:
+                    if st[0] == "seg":
+                        self.tape.replay(st[1], st[2], reloc)
+                        continue
+                    _, func, aspec, arg_spec, out_rows = st
+                    vals = [self._arg(a, moved) for a in arg_spec]
+                    a, kw = pytree.tree_unflatten(vals, aspec)
+                    res = func(*a, **kw)
+                    outs, _ = pytree.tree_flatten(res)
+                    for k, row, o in out_rows:
+                        n = outs[k]
+                        d = n.data_ptr() - o.data_ptr()
+                        moved[row] = (d, n)
+                        reloc = self._merge(reloc + [(rows[row][0], rows[row][1], d)],
+                                            replace=(rows[row][0], rows[row][1]))
         self.calls += 1
         out = []
         for p in self._out_plan:
             if p[0] == "v":
                 out.append(p[1])
+            elif p[0] == "b":
+                out.append(moved[p[2]][1])
             else:
                 d, base = moved[p[2]]
                 out.append(_rebind(p[1], base, d))

@@ -74,14 +74,17 @@ def main():
         f = chain(depth)
         prog = gpuos.capture(f, x)
         lv = sum(prog.info()["levels"])
+        s0 = gpuos.stats()
         p = gpu_us(lambda: prog(x))
+        s1 = gpuos.stats()
         h = host_us(lambda: prog(x))
         g = graph_of(lambda: f(x))
         gr = gpu_us(g.replay)
         e = gpu_us(lambda: f(x), reps=50)
         out({"probe": "chain", "depth": depth, "levels": lv, "program_us": round(p, 1), "per_level_us":
              round(p / max(lv, 1), 2), "host_us": round(h, 1), "cudagraph_us": round(gr, 1), "eager_us": round(e, 1),
-             "x_graph": round(gr / p, 2)})
+             "x_graph": round(gr / p, 2), "handovers": s1["handovers"] - s0["handovers"],
+             "batches_per_call": round((s1["batches"] - s0["batches"]) / 203, 1)})
     ys = [torch.randn(1024, device="cuda") for _ in range(256)]
 
     def wide(*ts):
@@ -110,7 +113,7 @@ def main():
              "program_GBps": round(12 * n * n * 2 / p / 1e3, 1), "graph_GBps": round(12 * n * n * 2 / gr / 1e3, 1)})
     gpuos.set_worker_matmul(False)
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401  (bench_models needs it)
     except ImportError:
         return
     from benchmarks import bench_models as B

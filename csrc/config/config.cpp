@@ -36,6 +36,7 @@ EnvConfig read_env() {
   read_f64("GPUOS_TIMEOUT_S", c.timeout_s);
   read_u32("GPUOS_TRACE", c.trace_records);
   read_u32("GPUOS_DMA_MIN", c.dma_min);
+  read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
@@ -85,7 +86,8 @@ std::string describe_env_config() {
          "\nGPUOS_BURST_MIN=" + std::to_string(c.burst_min) + "\nGPUOS_BURST_BLOCKS=" +
          std::to_string(c.burst_blocks) + "\nGPUOS_PUBLISH_MIN=" + std::to_string(c.publish_min) +
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
-         "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) + "\nGPUOS_SPECIALIZE_AFTER=" +
+         "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
+         "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
          "\nGPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +

@@ -233,6 +233,8 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     heavy = heavy || lv.heavy >= kHeavyBurst;
   }
   bool refs_sent = false;
+  // Many levels: one copy of the flush's descriptors (contiguous in the ring) instead of one per level.
+  const bool one_copy = cfg_.dma_levels && publishing.size() >= cfg_.dma_levels;
   // If anything below fails, nothing was published: undo the bookkeeping so the levels stay pending (a later
   // flush publishes them) and no seq is left "published but never ready" for a waiter to time out on.
   size_t pushed = 0;
@@ -253,7 +255,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       const uint32_t slot = seq & (kMaxBatches - 1);
       const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
       uint32_t src = 0;
-      if (lv.count >= cfg_.dma_min || lv.heavy) {
+      if (one_copy || lv.count >= cfg_.dma_min || lv.heavy) {
         // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
         // the device mirror first, once per flush, before any DMA-delivered level's ready write.
         if (!refs_sent && ref_head_ > ref_pub_) {
@@ -263,11 +265,15 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
           if (n1 < n) GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_, &refs_[0], (n - n1) * sizeof(TensorRef), stream));
           refs_sent = true;
         }
-        const uint32_t first = std::min(lv.count, cfg_.capacity - start);
-        GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
-                                     (size_t)first * sizeof(SubOp), stream));
-        if (first < lv.count)
-          GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(lv.count - first) * sizeof(SubOp), stream));
+        // One level's descriptors, or (one_copy, at the first level) every level's: they are contiguous.
+        const uint32_t count = !one_copy ? lv.count
+            : &lv == &publishing.front() ? (uint32_t)(publishing.back().start + publishing.back().count - lv.start) : 0;
+        const uint32_t first = std::min(count, cfg_.capacity - start);
+        if (first)
+          GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_ + (uint64_t)start * sizeof(SubOp), &ring_[start],
+                                       (size_t)first * sizeof(SubOp), stream));
+        if (first < count)
+          GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(count - first) * sizeof(SubOp), stream));
         src = kReadyDevRing;
         st_.dma_batches++;
       }

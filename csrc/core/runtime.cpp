@@ -21,6 +21,7 @@ Config config_from_env() {
   c.timeout_s = e.timeout_s;
   c.trace_records = e.trace_records;
   c.dma_min = e.dma_min;
+  c.dma_levels = e.dma_levels;
   return c;
 }
 

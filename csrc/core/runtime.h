@@ -40,6 +40,10 @@ struct Config {
   double timeout_s = 60.0;         // every GPU wait
   uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
   uint32_t dma_min = 128;          // levels of >= this many descriptors reach the device by one async copy
+  // A flush of >= dma_levels levels reaches the device by one copy of its descriptors (and one of its
+  // TensorRefs): small levels read from pinned host memory cost a PCIe round trip per load chain (a replayed
+  // program is ~100 such levels per decode step). 0: never.
+  uint32_t dma_levels = 4;
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots (core/record.cpp; gpuos_ext._testing.attention_split).
