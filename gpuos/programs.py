@@ -292,7 +292,7 @@ class Program:
             for k, p in enumerate(self._out_plan):
                 o = p[1] if p[0] == "t" and p[2] == r else None
                 if o is not None and o.storage_offset() == 0 and _span(o) == (lo, hi) and \
-                        o.is_non_overlapping_and_dense():
+                        o.numel() * o.element_size() == hi - lo:  # dense: every byte of the storage once
                     direct = (tuple(o.shape), o.stride(), o.dtype)
                     self._out_plan[k] = ("b", o, r)
                     break
