@@ -40,7 +40,7 @@ QUICK_KV_LENS = [128, 1024]
 STEPS, QUICK_STEPS = 256, 64
 TOL = {"rtol": 2e-2, "atol": 5e-2}  # fp16; 256 chained residual steps (max |x| about 20)
 K_SCALE, V_SCALE = 0.5, 0.1  # keep scores O(1) and x bounded: no fp16 overflow, no near-ties in softmax
-IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
+IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler", "gpuos_program"]
 NOT_APPLICABLE = {
     "foreach": "a decode step is one chain of dependent ops on one tensor; torch._foreach_* needs lists of "
                "independent tensors",
@@ -124,7 +124,19 @@ def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.
 def make_setups(ctx: H.RunContext) -> dict:
     """The in-process peers: {config: setup(case) -> Prepared}."""
     return {"eager": setup_eager, "cudagraph": setup_cudagraph,
-            "gpuos_scheduler": H.scheduler_setup(ctx, lambda case: run_steps(decode_step, case.data))}
+            "gpuos_scheduler": H.scheduler_setup(ctx, lambda case: run_steps(decode_step, case.data)),
+            "gpuos_program": H.program_setup(
+                ctx,
+                lambda case: (lambda x: decode_step(x, case.data.K, case.data.V, case.data.scale)),
+                lambda case: (case.data.x0,), program_steps)}
+
+
+def program_steps(case: H.Case, prog):
+    """gpuos_program: one step captured (x bound by pointer), replayed per step on the previous output."""
+    x = case.data.x0
+    for _ in range(case.data.steps):
+        x = prog(x)
+    return x
 
 
 # ------------------------------------------------------------------------------------------------ suite

@@ -39,13 +39,13 @@ WORKLOAD = "W6"
 TITLE = "dynamic shapes (W2 chain, n changes every iteration among 16 sizes)"
 SIZES = [1024 + 256 * k for k in range(16)]
 ITERS, QUICK_ITERS = 1000, 200
-IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
+IN_PROCESS = ["eager", "cudagraph", "gpuos_program", "gpuos_scheduler"]
 NOT_APPLICABLE = {
     "foreach": "the chain's ops are single-tensor ops of one size at a time; torch._foreach_* needs lists",
     "gpuos_submit": "gpuos_scheduler runs the same Python loop unchanged (the W1 submit API is measured in W1)",
 }
 IN_PROCESS_SHARE = 0.3  # of W6's suite budget; the compile child gets the rest
-COUNT_FIELDS = {"captures": "cudagraph", "graphs_compiled": None, "cudagraph_recordings": "compile_reduce_overhead"}
+COUNT_FIELDS = {"captures": "cudagraph", "program_captures": "gpuos_program", "graphs_compiled": None, "cudagraph_recordings": "compile_reduce_overhead"}
 
 
 def size_label(sizes=SIZES) -> str:
@@ -120,10 +120,21 @@ def make_setups(ctx: H.RunContext) -> dict:
             return out
         return dynamic_prepared(ctx, case, one, fields)
 
+    def program(case: H.Case) -> H.Prepared:
+        """gpuos.wrap: a program per size, captured on the size's first appearance (in the cold pass)."""
+        w = ctx.gpuos.wrap(w2_step, cache_size=len(SIZES))
+        fields = {"program_captures": 0}
+
+        def one(n: int):
+            r = w(*case.data.inputs[n])
+            fields["program_captures"] = w.captures
+            return r
+        return dynamic_prepared(ctx, case, one, fields)
+
     def scheduler(case: H.Case) -> H.Prepared:
         return dynamic_prepared(ctx, case, lambda n: w2_step(*case.data.inputs[n]), scope=ctx.scheduler)
 
-    return {"eager": eager, "cudagraph": cudagraph, "gpuos_scheduler": scheduler}
+    return {"eager": eager, "cudagraph": cudagraph, "gpuos_program": program, "gpuos_scheduler": scheduler}
 
 
 def count_rows(rows: list) -> list:

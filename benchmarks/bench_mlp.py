@@ -35,7 +35,7 @@ QUICK_SIZES = ["1x256", "8x512"]
 STEPS, QUICK_STEPS = 1000, 200
 OPS_PER_STEP = 10
 TOL = {"rtol": 1e-2, "atol": 1e-2}
-IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
+IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler", "gpuos_program"]
 NOT_APPLICABLE = {
     "foreach": "one batch through one block: no lists of independent tensors for torch._foreach_*",
     "gpuos_submit": "the explicit submit API has no matmul; gpuos_scheduler runs this loop unchanged",
@@ -115,7 +115,15 @@ def prepare_compiled(case: H.Case, compiled, mode: str, ctx: H.RunContext) -> H.
 def make_setups(ctx: H.RunContext) -> dict:
     """The in-process peers: {config: setup(case) -> Prepared}."""
     return {"eager": setup_eager, "cudagraph": setup_cudagraph,
-            "gpuos_scheduler": H.scheduler_setup(ctx, lambda case: run_steps(mlp_block, case.data))}
+            "gpuos_scheduler": H.scheduler_setup(ctx, lambda case: run_steps(mlp_block, case.data)),
+            "gpuos_program": H.program_setup(
+                ctx,
+                lambda case: (lambda x: mlp_block(x, *_weights(case.data))), lambda case: (case.data.x,),
+                lambda case, prog: [prog(case.data.x) for _ in range(case.data.steps)][-1])}
+
+
+def _weights(d):
+    return d.norm_w, d.w1, d.b1, d.w2, d.b2
 
 
 # ------------------------------------------------------------------------------------------------ suite

@@ -55,7 +55,7 @@ W2_SIZE = 2048
 OPS_PER_ITER = 5
 CONFIGS = ["eager", "gpuos_scheduler", "compile", "cudagraph", "compile_reduce_overhead"]
 DEFAULT_CONFIGS = ["eager", "gpuos_scheduler", "compile", "cudagraph"]
-W2_IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler"]
+W2_IN_PROCESS = ["eager", "cudagraph", "gpuos_scheduler", "gpuos_program"]
 DECODE_CONFIGS = ["eager", "gpuos_scheduler"]
 GOAL_VS_EAGER = 2.5
 W2_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -120,7 +120,9 @@ def w2_setups(ctx: H.RunContext, iters: int) -> dict:
 
     sched = H.scheduler_setup(ctx, lambda case: w2_loop(w2_step, *case.data, iters))
     # cudagraph before gpuos_scheduler: nothing of the runtime (worker, timer) is around during the capture
-    return {"eager": eager, "cudagraph": cudagraph, "gpuos_scheduler": sched}
+    prog = H.program_setup(ctx, lambda case: (lambda a, b, c, d: w2_loop(w2_step, a, b, c, d, iters)),
+                           lambda case: tuple(case.data))  # the whole loop, as the cudagraph peer captures it
+    return {"eager": eager, "cudagraph": cudagraph, "gpuos_scheduler": sched, "gpuos_program": prog}
 
 
 def host_us_rows(rows: list) -> list:

@@ -149,6 +149,44 @@ class _FakeGpuos:
     def stats():
         return {}
 
+    # programs: the captured function itself (the plumbing of the gpuos_program peer)
+    _flags = [False, False]
+
+    @classmethod
+    def worker_matmul_enabled(cls):
+        return cls._flags[0]
+
+    @classmethod
+    def worker_attention_enabled(cls):
+        return cls._flags[1]
+
+    @classmethod
+    def set_worker_matmul(cls, on):
+        cls._flags[0] = on
+
+    @classmethod
+    def set_worker_attention(cls, on):
+        cls._flags[1] = on
+
+    @staticmethod
+    def wrap(fn, cache_size=8):
+        class _Wrapped:
+            captures = 0
+
+            def __call__(self, *a):
+                return fn(*a)
+        return _Wrapped()
+
+    @staticmethod
+    def capture(fn, *args):
+        class _Prog:
+            def __call__(self, *a):
+                return fn(*a)
+
+            def info(self):
+                return {"entries": 1, "tiles": 1, "segments": 1, "levels": [1], "fallbacks": []}
+        return _Prog()
+
 
 @pytest.mark.parametrize("workload", ["W4", "W5", "W6"])
 def test_gpu_peer_setups_with_fake_graphs(workload, monkeypatch):

@@ -243,6 +243,36 @@ def peer_sweep(ctx: RunContext, workload: str, sizes: Sequence[Any], make_case: 
         release_memory(ctx.device)
 
 
+def program_setup(ctx: RunContext, fn_of: Callable[[Case], Callable], args_of: Callable[[Case], tuple],
+                  loop: Optional[Callable[[Case, Callable], Any]] = None) -> Callable[[Case], Prepared]:
+    """Setup of the ``gpuos_program`` peer (issue #17): ``fn_of(case)`` captured once with gpuos.capture on
+    ``args_of(case)`` (worker matmul and attention on while capturing); a repetition is ``loop(case, prog)``
+    (default: one ``prog(*args)``). The row says what the program holds and what the capture cost."""
+    def setup(case: Case) -> Prepared:
+        import collections
+        import time
+        gpuos = ctx.gpuos
+        f, args = fn_of(case), args_of(case)
+        was = (gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled())
+        gpuos.set_worker_matmul(True)
+        gpuos.set_worker_attention(True)
+        try:
+            ctx.sync()
+            t0 = time.perf_counter()
+            prog = gpuos.capture(f, *args)
+            ctx.sync()
+            ms = (time.perf_counter() - t0) * 1e3
+        finally:
+            gpuos.set_worker_matmul(was[0])
+            gpuos.set_worker_attention(was[1])
+        info = prog.info()
+        run = (lambda: loop(case, prog)) if loop is not None else (lambda: prog(*args))
+        return Prepared(run, extra={"capture_ms": round(ms, 3), "subops": info["entries"], "tiles": info["tiles"],
+                                    "segments": info["segments"], "levels": sum(info["levels"]),
+                                    "eager_ops": dict(collections.Counter(info["fallbacks"]))})
+    return setup
+
+
 def scheduler_setup(ctx: RunContext, run: Callable[[Case], Any]) -> Callable[[Case], Prepared]:
     """Setup of the ``gpuos_scheduler`` peer: the eager ``run(case)`` inside one gpuos.scheduler_context()."""
     def setup(case: Case) -> Prepared:

@@ -326,7 +326,12 @@ void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& ou
   proto.dtype = out.dtype;
   TensorRef slots[2];
   std::memcpy((void*)slots, (const void*)&fa, sizeof(FusedArgs));
-  append_tiles(proto, (uint64_t)numel, kTileElems, slots, 2, out, ins, nin);
+  // One warp interprets a tile. While a program is captured (latency-bound steps), small chains are split over
+  // up to 16 warps (tiles of >= 128 elements): a 1,024-element chain of 32 instructions took 140 us in one
+  // warp's tile on an H200. Live flushes keep whole tiles (throughput: W2's thousands of chains fill the grid).
+  uint64_t per_tile = kTileElems;
+  if (tape_) per_tile = std::min<uint64_t>(kTileElems, std::max<uint64_t>(128, ((uint64_t)numel / 16 + 31) / 32 * 32));
+  append_tiles(proto, (uint64_t)numel, per_tile, slots, 2, out, ins, nin);
   st_.submitted++;
   st_.fused_subops++;
   maybe_publish_early();

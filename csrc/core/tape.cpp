@@ -7,6 +7,7 @@
 
 #include "core/runtime.h"
 #include "device_src/functors.h"
+#include "inject/specialize.h"
 
 namespace gpuos {
 
@@ -84,6 +85,7 @@ void Runtime::replay(const Tape& tape, size_t b, size_t e, const Reloc& rel) {
     TapeEntry t = tape.entries[i];
     relocate(t, rel);
     if (!(t.proto.flags & kFlagFused)) note_op_gen(t.proto.op);
+    else note_program_use((int32_t)t.proto.in[0]);  // replays count toward tier 2 like live runs
     out.storage = t.out.storage, out.lo = t.out.lo, out.hi = t.out.hi;
     for (uint32_t k = 0; k < t.nin; ++k) {
       ins[k].storage = t.ins[k].storage, ins[k].lo = t.ins[k].lo, ins[k].hi = t.ins[k].hi;
