@@ -190,6 +190,8 @@ class Program:
         self._dev = torch.device("cuda", self.device)
         self._guards = [_guard_meta(x) if isinstance(x, torch.Tensor) else ("v", type(x), x) for x in flat]
         self._raw = [_raw_meta(x) if isinstance(x, torch.Tensor) else None for x in flat]  # the fast compare
+        self._ext = [(lambda sp: sp[1] - sp[0])(_span(x)) if isinstance(x, torch.Tensor) and x.is_cuda else None
+                     for x in flat]  # byte extent of each CUDA input (equal shapes and strides: equal extents)
         self._overlaps = self._overlap_pattern(flat)
         t0 = time.perf_counter()
         cap = _Capture(self.device, flat)
@@ -225,19 +227,23 @@ class Program:
 
     # ------------------------------------------------------------------ capture helpers
     @staticmethod
-    def _overlap_pattern(flat):
-        """Pairs of CUDA tensor inputs whose byte spans overlap (a sweep over the sorted spans)."""
-        spans = sorted((_span(x), i) for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.is_cuda)
+    def _pairs(spans):
+        """Pairs (i, j) of inputs whose byte spans [lo, hi) overlap; spans: [(lo, hi, i)] (a sorted sweep)."""
+        spans = sorted(spans)
         pairs = []
         for a in range(len(spans)):
-            (lo, hi), i = spans[a]
+            lo, hi, i = spans[a]
             for b in range(a + 1, len(spans)):
-                (lo2, _), j = spans[b]
+                lo2, _, j = spans[b]
                 if lo2 >= hi:
                     break
                 if lo < hi:  # an empty span overlaps nothing
                     pairs.append((min(i, j), max(i, j)))
         return frozenset(pairs)
+
+    @classmethod
+    def _overlap_pattern(cls, flat):
+        return cls._pairs([(*_span(x), i) for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.is_cuda])
 
     def _own_outputs(self, result, cap):
         """Outputs in storages the capture did not allocate are copied (inside the capture, so the copy is part of
@@ -301,32 +307,44 @@ class Program:
 
     # ------------------------------------------------------------------ replay
     def _check(self, flat, spec):
+        """The guards (GuardError on a mismatch). The fast path compares each tensor's raw metadata with the
+        capture's; only a difference is looked at in detail (strides of size-1 dims may differ)."""
         if spec != self._spec or len(flat) != len(self._guards):
             raise GuardError("gpuos program: called with a different argument structure than it was captured with. "
                              "Fix: call it like the capture, or use gpuos.wrap (one program per signature).")
-        ntensor = 0
+        spans = []
         for i, x in enumerate(flat):
+            r = self._raw[i]
+            if r is not None and isinstance(x, torch.Tensor):
+                p = x.data_ptr()
+                if x.shape != r[0] or x.stride() != r[1] or x.dtype != r[2] or x.device != r[3] or (p & 15) != r[4]:
+                    self._check_tensor(i, x)
+                if self._ext[i] is not None:
+                    spans.append((p, p + self._ext[i], i))
+                continue
             g = self._guards[i]
-            if isinstance(x, torch.Tensor):
-                ntensor += 1
-                if _raw_meta(x) == self._raw[i]:
-                    continue
-                m = _guard_meta(x)
-                if m != g:
-                    raise GuardError(f"gpuos program: argument {i} is {tuple(x.shape)} {x.dtype} strides "
-                                     f"{x.stride()} on {x.device} (address mod 16 = {m[4]}), captured as {g[0]} "
-                                     f"{g[2]} strides {g[1]} on {g[3]} (mod 16 = {g[4]}). Fix: capture again "
-                                     "for these inputs, or use gpuos.wrap.")
-            elif g[0] != "v" or type(x) is not g[1] or x != g[2]:
+            if isinstance(x, torch.Tensor) or g[0] != "v" or type(x) is not g[1] or x != g[2]:
                 raise GuardError(f"gpuos program: argument {i} is {x!r}, captured as "
                                  f"{g[2] if g[0] == 'v' else 'a tensor'!r}: non-tensor arguments are part of the "
                                  "program. Fix: capture again, or use gpuos.wrap.")
-        if ntensor > 1 and self._overlap_pattern(flat) != self._overlaps:
+        if len(spans) > 1 and self._pairs(spans) != self._overlaps:
             raise GuardError("gpuos program: inputs overlap in memory differently than at capture. Fix: pass "
                              "distinct tensors (or the same aliasing as at capture).")
 
+    def _check_tensor(self, i, x):
+        g = self._guards[i]
+        m = _guard_meta(x)
+        if m != g:
+            raise GuardError(f"gpuos program: argument {i} is {tuple(x.shape)} {x.dtype} strides "
+                             f"{x.stride()} on {x.device} (address mod 16 = {m[4]}), captured as {g[0]} "
+                             f"{g[2]} strides {g[1]} on {g[3]} (mod 16 = {g[4]}). Fix: capture again "
+                             "for these inputs, or use gpuos.wrap.")
+
     def __call__(self, *args, **kwargs):
         flat, spec = pytree.tree_flatten((args, kwargs))
+        return self._run(flat, spec)
+
+    def _run(self, flat, spec):
         self._check(flat, spec)
         rows = self._rows
         moved = {}  # row id -> (delta, a tensor in the new storage)
@@ -342,11 +360,11 @@ class Program:
                 torch.empty(hi - lo, dtype=torch.uint8, device=dev)
             moved[r] = (b.data_ptr() - lo, b)
             reloc.append((lo, hi, b.data_ptr() - lo))
-        reloc = self._merge(reloc) if len(reloc) > 1 else reloc
+        if self._overlaps:  # inputs that overlapped at capture: their equal moves merge into one range
+            reloc = self._merge(reloc)
         steps = self.steps
-        if len(steps) == 1 and steps[0][0] == "seg":  # the common case: one segment, no eager step
-            with torch.cuda.device(self.device):
-                self.tape.replay(steps[0][1], steps[0][2], reloc)
+        if len(steps) == 1 and steps[0][0] == "seg" and torch.cuda.current_device() == self.device:
+            self.tape.replay(steps[0][1], steps[0][2], reloc)  # the common case: one segment, no eager step
         else:
             with torch.cuda.device(self.device):
                 for st in steps:
@@ -440,7 +458,7 @@ def _signature(flat, spec):
     key = [spec]
     for x in flat:
         if isinstance(x, torch.Tensor):
-            key.append(_guard_meta(x))
+            key.append(_raw_meta(x))  # raw strides: a size-1 dim's stride may split a signature, never merge two
         else:
             try:
                 hash(x)
@@ -470,7 +488,7 @@ class Wrapped:
         prog = self.programs.get(key)
         if prog is not None:
             self.programs.move_to_end(key)
-            return prog(*args, **kwargs)
+            return prog._run(flat, spec)
         prog = Program(self.fn, args, kwargs, self.size_threshold)
         self.captures += 1
         self.programs[key] = prog
