@@ -231,7 +231,9 @@ def summary_lines(docs: list) -> list:
         cells = ", ".join(f"{r['size']}{' ' + r['op'] if r.get('op') else ''}: {H.fmt_ratio(r['ratio'])} vs {r['peer']}"
                           for r in res)
         wins = sum(r["ratio"] > 1 for r in res)
-        out.append(f"{name}: GPUOS vs best peer {cells} ({wins} wins, {len(res) - wins} losses)")
+        gpu = str(doc.get("device") or "?").replace("NVIDIA ", "").replace(" 80GB HBM3", "")
+        out.append(f"{name} [{gpu}, {doc.get('gpuos') or '?'}]: GPUOS vs best peer {cells} ({wins} wins, "
+                   f"{len(res) - wins} losses)")
     return out
 
 

@@ -295,7 +295,8 @@ def test_report_rewrites_only_the_marked_block(results, tmp_path):
     assert text.endswith("<!-- results:end -->\nafter\n")
     short = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
     assert "old table" not in short and "NVIDIA Test GPU" in short and "benchmarks/RESULTS.md" in short
-    assert "- W4 decode: GPUOS vs best peer 128: 1.50x vs cudagraph" in short and "| size |" not in short
+    assert "- W4 decode [Test GPU, abc1234]: GPUOS vs best peer 128: 1.50x vs cudagraph" in short
+    assert "| size |" not in short
     block = out.read_text()
     assert block.startswith("# Measured results\n")
     assert "NVIDIA Test GPU" in block and "999.1" in block and "9.9.9+cu999" in block
@@ -319,7 +320,8 @@ def test_report_without_markers_fails_cleanly(results, tmp_path):
 
 def test_summary_lines_name_the_ratio(results):
     lines = report.summary_lines(report.load_docs(results))
-    assert lines == ["W4 decode: GPUOS vs best peer 128: 1.50x vs cudagraph, 256: 0.50x vs compile (1 wins, 1 losses)"]
+    assert lines == ["W4 decode [Test GPU, abc1234]: GPUOS vs best peer 128: 1.50x vs cudagraph, 256: 0.50x vs compile "
+                     "(1 wins, 1 losses)"]  # each line names the GPU and commit of its file
 
 
 # ----------------------------------------------------------------------------------------------- plots
