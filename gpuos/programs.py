@@ -234,10 +234,10 @@ class Program:
         for a in range(len(spans)):
             lo, hi, i = spans[a]
             for b in range(a + 1, len(spans)):
-                lo2, _, j = spans[b]
+                lo2, hi2, j = spans[b]
                 if lo2 >= hi:
                     break
-                if lo < hi:  # an empty span overlaps nothing
+                if lo < hi and lo2 < hi2:  # an empty span overlaps nothing
                     pairs.append((min(i, j), max(i, j)))
         return frozenset(pairs)
 

@@ -53,3 +53,54 @@ def test_wrap_as_decorator_keeps_the_function():
         return x
     assert f.cache_size == 3 and f.__doc__ == "doc" and f.__wrapped__(5) == 5
     assert f.info() == {"captures": 0, "cached": 0, "programs": []}
+
+
+def _bare_program(flat_args, spec):
+    """A Program's guard state for CPU tensors, without a capture (the guards are plain Python)."""
+    from gpuos.programs import _guard_meta, _raw_meta
+    p = Program.__new__(Program)
+    p._spec = spec
+    p._guards = [_guard_meta(x) if isinstance(x, torch.Tensor) else ("v", type(x), x) for x in flat_args]
+    p._raw = [_raw_meta(x) if isinstance(x, torch.Tensor) else None for x in flat_args]
+    p._ext = [None for _ in flat_args]  # CPU tensors: no spans to compare
+    p._overlaps = frozenset()
+    return p
+
+
+def test_guards_on_cpu_tensors():
+    from torch.utils import _pytree as pytree
+    x, s = torch.zeros(4, 6), 2.0
+    flat, spec = pytree.tree_flatten(((x, s), {}))
+    p = _bare_program(flat, spec)
+    ok, ok_spec = pytree.tree_flatten(((torch.ones(4, 6), 2.0), {}))
+    p._check(ok, ok_spec)  # same metadata: passes
+    col = torch.zeros(1, 6)
+    p1 = _bare_program(*pytree.tree_flatten(((col, s), {})))
+    strided = torch.zeros(1, 12)[:, ::2]  # a size-1 dim's stride differs, the other dim's too
+    with pytest.raises(gpuos.GuardError, match="strides"):
+        p1._check(*pytree.tree_flatten(((strided, s), {})))
+    row_view = torch.zeros(3, 8)[2:3, :6]  # (1, 6), strides (8, 1), 64 bytes in: the size-1 dim's stride is ignored
+    p1._check(*pytree.tree_flatten(((row_view, s), {})))
+    with pytest.raises(gpuos.GuardError, match="mod 16 = 8"):  # 24 bytes in: another alignment
+        p1._check(*pytree.tree_flatten(((torch.zeros(3, 6)[1:2], s), {})))
+    for bad, what in [((torch.zeros(4, 7), s), "argument 0"), ((torch.zeros(4, 6, dtype=torch.float64), s), "float64"),
+                      ((x, 3.0), "non-tensor"), ((x, torch.zeros(1)), "non-tensor")]:
+        with pytest.raises(gpuos.GuardError, match=what):
+            p._check(*pytree.tree_flatten((bad, {})))
+    with pytest.raises(gpuos.GuardError, match="structure"):
+        p._check(*pytree.tree_flatten(((x,), {})))
+
+
+def test_overlap_pairs():
+    assert Program._pairs([(0, 10, 0), (10, 20, 1)]) == frozenset()
+    assert Program._pairs([(0, 10, 0), (5, 20, 1), (30, 40, 2)]) == frozenset({(0, 1)})
+    assert Program._pairs([(30, 40, 2), (0, 100, 0), (50, 60, 1)]) == frozenset({(0, 1), (0, 2)})
+    assert Program._pairs([(5, 5, 0), (0, 10, 1)]) == frozenset()  # an empty span overlaps nothing
+
+
+def test_host_reads_are_refused_before_anything_runs():
+    from gpuos.programs import _Capture
+    cap = _Capture(0, [torch.zeros(3)])
+    with pytest.raises(gpuos.CaptureError, match="_local_scalar_dense.*host"):
+        cap.eager(torch.ops.aten._local_scalar_dense.default, (torch.zeros(1),), {})
+    assert cap.steps == [] and cap.fallbacks == []  # refused before the op ran or was recorded
