@@ -24,7 +24,9 @@ Configs (each rank runs the same one at a time; times are the slower rank's per 
 ``gpuos_scheduler`` (the eager loop inside ``gpuos.scheduler_context()``: collectives fall back, ordered after the
 deferred work they read); ``gpuos_scheduler_worker_mm`` (the same with ``gpuos.set_worker_matmul(True)``);
 ``eager_1gpu`` (the unsplit model on rank 0's GPU: the reference whose greedy tokens every config must reproduce).
-``gpuos_program`` (a recorded program replayed, issue #17) does not exist yet: no such row.
+``gpuos_program`` (one step captured with ``gpuos.capture``, worker matmul off; its all_reduces are eager steps
+of the program, replayed in order with a stream wait each; per token, the token and position tensors are bound by
+pointer; never run on two GPUs yet at this commit).
 
 A repetition generates from scratch: ``--prompt`` teacher-forced steps then ``--new`` greedy steps; the row's
 ``median_ms`` is milliseconds per step (``ms_per_generation`` / steps). ``correct``: both ranks produced exactly
@@ -49,7 +51,7 @@ import torch.nn.functional as F  # noqa: E402
 
 NAME = "multi_gpu"
 WORKLOAD = "TP2"
-CONFIGS = ["eager", "cudagraph", "gpuos_scheduler", "gpuos_scheduler_worker_mm"]
+CONFIGS = ["eager", "cudagraph", "gpuos_scheduler", "gpuos_scheduler_worker_mm", "gpuos_program"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -187,6 +189,23 @@ class Generator:
             tok = self.prompt[i + 1:i + 2] if i + 1 < self.prompt.numel() else nxt
         return torch.cat(toks)
 
+    def capture_program(self) -> dict:
+        """gpuos_program: one step recorded with gpuos.capture; one token / position tensor per step, made here
+        (slices of one buffer would differ in alignment, which the program's guards check). Returns its info."""
+        import gpuos
+        self.step_pos = [self.pos[i:i + 1].clone() for i in range(self.steps)]
+        self.step_tok = [self.prompt[i:i + 1].clone() for i in range(self.prompt.numel())]
+        self.program = gpuos.capture(self.m.step, self.step_tok[0], self.step_pos[0])
+        return self.program.info()
+
+    def replay_program(self) -> torch.Tensor:
+        toks, tok = [], self.step_tok[0]
+        for i in range(self.steps):
+            nxt = self.program(tok, self.step_pos[i])
+            toks.append(nxt)
+            tok = self.step_tok[i + 1] if i + 1 < len(self.step_tok) else nxt
+        return torch.cat(toks)
+
     def capture(self) -> None:
         """Capture one step (its all_reduces included) on static token / position buffers."""
         self.tok_buf = self.prompt[0:1].clone()
@@ -254,6 +273,14 @@ def run_config(config: str, gen: Generator, ref: list, reps: int, warmup: int, d
         with torch.no_grad():
             gen.capture()
             toks, ms = timed(gen.replay, reps, warmup, device)
+    elif config == "gpuos_program":
+        if device.type != "cuda":
+            return H.error_row(WORKLOAD, size, config, "not applicable: CPU run (programs need the GPU worker)")
+        with torch.no_grad():
+            info = gen.capture_program()
+            toks, ms = timed(gen.replay_program, reps, warmup, device)
+        extra = {"segments": info["segments"], "levels": sum(info["levels"]), "subops": info["entries"],
+                 "eager_ops_per_step": len(info["fallbacks"]), "capture_ms": round(info["capture_s"] * 1e3, 3)}
     else:
         import gpuos
         gpuos.set_worker_matmul(config == "gpuos_scheduler_worker_mm")

@@ -41,6 +41,8 @@ from torch.utils import _pytree as pytree
 
 import gpuos_ext as _ext
 
+from . import _collectives
+
 aten = torch.ops.aten
 
 
@@ -156,7 +158,7 @@ class _Capture:
                 lo, hi = _storage_range(o)
                 row = self.ranges.add(lo, hi, "eager", (len(self.steps), k))
                 out_rows.append((k, row, o))
-        self.steps.append(("eager", func, spec, arg_spec, out_rows))
+        self.steps.append(("eager", func, spec, arg_spec, out_rows, _collectives.kind(func) == "collective"))
         self.fallbacks.append(name)
         return r
 
@@ -371,11 +373,15 @@ class Program:
                     if st[0] == "seg":
                         self.tape.replay(st[1], st[2], reloc)
                         continue
-                    _, func, aspec, arg_spec, out_rows = st
+                    _, func, aspec, arg_spec, out_rows, collective = st
                     vals = [self._arg(a, moved) for a in arg_spec]
                     a, kw = pytree.tree_unflatten(vals, aspec)
                     res = func(*a, **kw)
                     outs, _ = pytree.tree_flatten(res)
+                    if collective:  # the caller waited at capture (dist.all_reduce: work.wait()): the stream
+                        for o in outs:  # waits for the collective before the next segment reads its result
+                            if not isinstance(o, torch.Tensor) and hasattr(o, "wait"):
+                                o.wait()
                     for k, row, o in out_rows:
                         n = outs[k]
                         d = n.data_ptr() - o.data_ptr()

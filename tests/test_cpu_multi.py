@@ -127,11 +127,12 @@ def test_bench_tp_cpu_check():
     from _helpers import REPO_ROOT
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           f"{REPO_ROOT}/benchmarks/bench_tp.py", "--cpu-check", "--configs", "eager", "gpuos_scheduler",
+           f"{REPO_ROOT}/benchmarks/bench_tp.py", "--cpu-check", "--configs", "eager", "gpuos_scheduler", "gpuos_program",
            "--reps", "1", "--warmup", "0", "--layers", "2", "--hidden", "128", "--new", "6", "--watchdog", "200"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
                        env={**__import__("os").environ, "PYTHONPATH": REPO_ROOT, "OMP_NUM_THREADS": "1"})
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("CPU_CHECK ")]
     assert p.returncode == 0 and line, describe(p)
     res = eval(line[0].split(" ", 1)[1])
-    assert res == {"eager_1gpu": True, "eager": True, "gpuos_scheduler": True}, describe(p)
+    assert res == {"eager_1gpu": True, "eager": True, "gpuos_scheduler": True,
+                   "gpuos_program": "not applicable: CPU run (programs need the GPU worker)"}, describe(p)
