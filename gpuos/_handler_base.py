@@ -11,6 +11,13 @@ import torch
 
 import gpuos_ext as _ext
 
+aten = torch.ops.aten
+# Ops whose kernels need whole SMs (cuBLAS / cuDNN): the resident worker yields before they are issued (the
+# scheduler's eager path and a program's eager steps).
+HEAVY = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.matmul.default,
+                   aten.linear.default, aten.convolution.default, aten._scaled_dot_product_efficient_attention.default,
+                   aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default})
+
 REASONS = _ext.sched_reasons()
 MODES = _ext.sched_modes()  # where sched_ew puts a result: functional / inplace / out
 

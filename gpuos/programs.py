@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 import gpuos_ext as _ext
 
 from . import _collectives
+from ._handler_base import HEAVY as _HEAVY
 
 aten = torch.ops.aten
 
@@ -158,7 +159,8 @@ class _Capture:
                 lo, hi = _storage_range(o)
                 row = self.ranges.add(lo, hi, "eager", (len(self.steps), k))
                 out_rows.append((k, row, o))
-        self.steps.append(("eager", func, spec, arg_spec, out_rows, _collectives.kind(func) == "collective"))
+        self.steps.append(("eager", func, spec, arg_spec, out_rows, _collectives.kind(func) == "collective",
+                           func in _HEAVY))
         self.fallbacks.append(name)
         return r
 
@@ -373,9 +375,11 @@ class Program:
                     if st[0] == "seg":
                         self.tape.replay(st[1], st[2], reloc)
                         continue
-                    _, func, aspec, arg_spec, out_rows, collective = st
+                    _, func, aspec, arg_spec, out_rows, collective, heavy = st
                     vals = [self._arg(a, moved) for a in arg_spec]
                     a, kw = pytree.tree_unflatten(vals, aspec)
+                    if collective or heavy:  # as the scheduler did at capture: the worker gives its SMs back
+                        _ext.yield_worker(self.device)  # (NCCL kernels of one rank wait for their peers, DESIGN F7)
                     res = func(*a, **kw)
                     outs, _ = pytree.tree_flatten(res)
                     if collective:  # the caller waited at capture (dist.all_reduce: work.wait()): the stream

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import gpuos_ext as _ext
 
 from . import _attention, _collectives, _data_handlers, _decode_handlers, _int_handlers, _log, _streams
-from . import programs as _programs
+from . import _handler_base, programs as _programs
 from ._handler_base import DTYPE as _DTYPE_CODE, MISSING as _MISSING, MODES as _MODES
 from ._handler_base import REASONS as _REASONS, UNSUPPORTED as _UNSUPPORTED, Schema as _Schema
 from ._handler_base import is_reason as _is_reason, number as _number
@@ -35,10 +35,7 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
             aten.squeeze.default, aten.detach.default, aten.alias.default, aten.as_strided.default,
             aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.unbind.int,
             aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
-# Ops whose kernels need whole SMs (cuBLAS / cuDNN): the resident worker yields before they are issued.
-_HEAVY = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.matmul.default,
-          aten.linear.default, aten.convolution.default, aten._scaled_dot_product_efficient_attention.default,
-          aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default}
+_HEAVY = _handler_base.HEAVY
 
 
 class _Stats:
