@@ -239,15 +239,8 @@ def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False, worker_attn: boo
 
         def fn():
             import gpuos
-            was, was_attn = gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled()
-            gpuos.set_worker_matmul(worker_mm)
-            gpuos.set_worker_attention(worker_attn)
-            try:
-                with ctx.scheduler():
-                    return decode(case.data, cache)
-            finally:
-                gpuos.set_worker_matmul(was)
-                gpuos.set_worker_attention(was_attn)
+            with H.worker_tasks(gpuos, worker_mm, worker_attn), ctx.scheduler():
+                return decode(case.data, cache)
 
         def check():
             import gpuos
@@ -264,7 +257,6 @@ def setup_program(case: H.Case) -> H.Prepared:
     """gpuos_program: one static-cache step captured with gpuos.capture (worker matmul and attention on while
     capturing), replayed per token with that token and position bound by pointer (no copies)."""
     import collections
-    import time
 
     import torch
 
@@ -279,18 +271,7 @@ def setup_program(case: H.Case) -> H.Prepared:
     def step(tok, pos):
         with torch.no_grad():
             return step_logits(d.model, tok, cache, pos, d.cache_kw)
-    was, was_attn = gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled()
-    gpuos.set_worker_matmul(True)
-    gpuos.set_worker_attention(True)
-    try:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        prog = gpuos.capture(step, toks[0], d.positions[0])
-        torch.cuda.synchronize()
-        capture_ms = (time.perf_counter() - t0) * 1e3
-    finally:
-        gpuos.set_worker_matmul(was)
-        gpuos.set_worker_attention(was_attn)
+    prog, capture_ms = H.capture_program(gpuos, step, (toks[0], d.positions[0]), torch.cuda.synchronize)
     info = prog.info()
 
     def fn():

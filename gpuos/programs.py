@@ -59,8 +59,8 @@ class GuardError(_ext.GpuosError):
 _HOST_READS = {aten._local_scalar_dense.default, aten.item.default, aten.equal.default, aten.is_nonzero.default,
                aten.nonzero.default, aten.allclose.default}
 _state = threading.local()
-# Ops with more output elements than this run eagerly while capturing (the scheduler's size rule). None: the
-# scheduler's default.
+# Ops with more output elements than this run eagerly while capturing (the scheduler's size rule; capture() and
+# wrap() without a size_threshold use it).
 DEFAULT_SIZE_THRESHOLD = 1 << 15
 
 
@@ -76,6 +76,11 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
         return lo, lo
     ext = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
     return lo, lo + (ext + 1) * t.element_size()
+
+
+def _extent(t: torch.Tensor) -> int:
+    lo, hi = _span(t)
+    return hi - lo
 
 
 def _storage_range(t: torch.Tensor) -> tuple[int, int]:
@@ -118,7 +123,8 @@ class _Capture:
 
     def __init__(self, dev: int, inputs: list) -> None:
         self.dev = dev
-        self.steps: list = []        # ("seg", begin, end) | ("eager", func, arg_spec, kw_spec, out_rows)
+        # ("seg", begin, end) | ("eager", func, treespec, arg_spec, out_rows, collective, heavy)
+        self.steps: list = []
         self.last = 0                # tape entries before the last eager step
         self.ranges = _Ranges()
         self.fallbacks: list[str] = []
@@ -155,10 +161,10 @@ class _Capture:
         arg_storages = {_storage_range(x)[0] for x in flat if isinstance(x, torch.Tensor) and x.is_cuda}
         out_rows = []
         for k, o in enumerate(outs):
-            if isinstance(o, torch.Tensor) and o.is_cuda and _storage_range(o)[0] not in arg_storages:
+            if isinstance(o, torch.Tensor) and o.is_cuda:
                 lo, hi = _storage_range(o)
-                row = self.ranges.add(lo, hi, "eager", (len(self.steps), k))
-                out_rows.append((k, row, o))
+                if lo not in arg_storages:  # a new storage (not in place, not a view of an argument)
+                    out_rows.append((k, self.ranges.add(lo, hi, "eager", (len(self.steps), k)), o))
         self.steps.append(("eager", func, spec, arg_spec, out_rows, _collectives.kind(func) == "collective",
                            func in _HEAVY))
         self.fallbacks.append(name)
@@ -194,14 +200,13 @@ class Program:
         self._dev = torch.device("cuda", self.device)
         self._guards = [_guard_meta(x) if isinstance(x, torch.Tensor) else ("v", type(x), x) for x in flat]
         self._raw = [_raw_meta(x) if isinstance(x, torch.Tensor) else None for x in flat]  # the fast compare
-        self._ext = [(lambda sp: sp[1] - sp[0])(_span(x)) if isinstance(x, torch.Tensor) and x.is_cuda else None
-                     for x in flat]  # byte extent of each CUDA input (equal shapes and strides: equal extents)
+        # byte extent of each CUDA input (equal shapes and strides: equal extents)
+        self._ext = [_extent(x) if isinstance(x, torch.Tensor) and x.is_cuda else None for x in flat]
         self._overlaps = self._overlap_pattern(flat)
+        if active() is not None:
+            raise CaptureError("gpuos.capture: captures do not nest. Fix: capture the outer function only.")
         t0 = time.perf_counter()
         cap = _Capture(self.device, flat)
-        prev = active()
-        if prev is not None:
-            raise CaptureError("gpuos.capture: captures do not nest. Fix: capture the outer function only.")
         with torch.cuda.device(self.device):
             thr = DEFAULT_SIZE_THRESHOLD if size_threshold is None else size_threshold
             ctx = scheduler_context(size_threshold=thr, auto_flush_ms=0)

@@ -6,6 +6,7 @@ Imports: timing, rows, gpuos_rt.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -243,6 +244,29 @@ def peer_sweep(ctx: RunContext, workload: str, sizes: Sequence[Any], make_case: 
         release_memory(ctx.device)
 
 
+@contextlib.contextmanager
+def worker_tasks(gpuos, matmul: bool, attention: bool):
+    """The scheduler's worker matmul / attention settings for the duration of the block (restored after)."""
+    was = (gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled())
+    gpuos.set_worker_matmul(matmul)
+    gpuos.set_worker_attention(attention)
+    try:
+        yield
+    finally:
+        gpuos.set_worker_matmul(was[0])
+        gpuos.set_worker_attention(was[1])
+
+
+def capture_program(gpuos, f: Callable, args: tuple, sync: Callable[[], None]) -> tuple:
+    """(gpuos.capture(f, *args), its milliseconds between syncs), with the worker's matmul and attention on."""
+    with worker_tasks(gpuos, True, True):
+        sync()
+        t0 = time.perf_counter()
+        prog = gpuos.capture(f, *args)
+        sync()
+    return prog, (time.perf_counter() - t0) * 1e3
+
+
 def program_setup(ctx: RunContext, fn_of: Callable[[Case], Callable], args_of: Callable[[Case], tuple],
                   loop: Optional[Callable[[Case, Callable], Any]] = None) -> Callable[[Case], Prepared]:
     """Setup of the ``gpuos_program`` peer (issue #17): ``fn_of(case)`` captured once with gpuos.capture on
@@ -250,21 +274,8 @@ def program_setup(ctx: RunContext, fn_of: Callable[[Case], Callable], args_of: C
     (default: one ``prog(*args)``). The row says what the program holds and what the capture cost."""
     def setup(case: Case) -> Prepared:
         import collections
-        import time
-        gpuos = ctx.gpuos
-        f, args = fn_of(case), args_of(case)
-        was = (gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled())
-        gpuos.set_worker_matmul(True)
-        gpuos.set_worker_attention(True)
-        try:
-            ctx.sync()
-            t0 = time.perf_counter()
-            prog = gpuos.capture(f, *args)
-            ctx.sync()
-            ms = (time.perf_counter() - t0) * 1e3
-        finally:
-            gpuos.set_worker_matmul(was[0])
-            gpuos.set_worker_attention(was[1])
+        args = args_of(case)
+        prog, ms = capture_program(ctx.gpuos, fn_of(case), args, ctx.sync)
         info = prog.info()
         run = (lambda: loop(case, prog)) if loop is not None else (lambda: prog(*args))
         return Prepared(run, extra={"capture_ms": round(ms, 3), "subops": info["entries"], "tiles": info["tiles"],
