@@ -25,7 +25,6 @@ results: benchmarks/results/attention.json. Without a CUDA GPU: message, exit 0.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -127,28 +126,17 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
           + "".join(f"  {c} WRONG RESULTS" for c in correct if not correct[c]), flush=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--reps", type=int, default=10)
-    a = p.parse_args(argv)
-    if H.skip_without_cuda("bench_attention.py"):
-        return 0
+def grid(quick: bool) -> list:
     import torch
-    import gpuos
-    gpuos.init()
-    meta = H.env_metadata(NAME)
-    print(H.env_line(meta), flush=True)
-    rows: list = []
-    shapes = ["llama"] if a.quick else list(SHAPES)
-    kvs = [128, 4096] if a.quick else [128, 512, 2048, 8192]
-    dts = [torch.float16] if a.quick else [torch.float16, torch.bfloat16]
-    cases = [(shape, kv, dt) for dt in dts for shape in shapes for kv in kvs]
-    H.sweep(lambda shape, kv, dt: run_size(shape, kv, dt, a.reps, rows), cases, rows, WORKLOAD,
-            lambda shape, kv, dt: f"{shape}-KV{kv}-{dt}", after=H.release_memory)
-    path = H.write_results(NAME, meta, rows)
-    print(f"results written to {path}")
-    return 0
+    shapes = ["llama"] if quick else list(SHAPES)
+    kvs = [128, 4096] if quick else [128, 512, 2048, 8192]
+    dts = [torch.float16] if quick else [torch.float16, torch.bfloat16]
+    return [(shape, kv, dt) for dt in dts for shape in shapes for kv in kvs]
+
+
+def main(argv=None) -> int:
+    return H.grid_main(__doc__, argv, "bench_attention.py", NAME, WORKLOAD, grid, run_size,
+                       lambda shape, kv, dt: f"{shape}-KV{kv}-{dt}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ cuBLAS's time. Results: benchmarks/results/matmul.json. Without a CUDA GPU: mess
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -87,28 +86,17 @@ def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
         for r in rows[-4:]), flush=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--reps", type=int, default=10)
-    a = p.parse_args(argv)
-    if H.skip_without_cuda("bench_matmul.py"):
-        return 0
+def grid(quick: bool) -> list:
     import torch
-    import gpuos
-    gpuos.init()
-    meta = H.env_metadata(NAME)
-    print(H.env_line(meta), flush=True)
-    rows: list = []
-    ms = [1, 16] if a.quick else [1, 4, 16, 64]
-    nks = [1024] if a.quick else [1024, 4096]
-    dts = [torch.float16] if a.quick else [torch.float16, torch.bfloat16]
-    cases = [(m, nk, dt) for dt in dts for nk in nks for m in ms]
-    H.sweep(lambda m, nk, dt: run_size(m, nk, dt, a.reps, rows), cases, rows, WORKLOAD,
-            lambda m, nk, dt: f"M{m}-N{nk}-{dt}", after=H.release_memory)
-    path = H.write_results(NAME, meta, rows)
-    print(f"results written to {path}")
-    return 0
+    ms = [1, 16] if quick else [1, 4, 16, 64]
+    nks = [1024] if quick else [1024, 4096]
+    dts = [torch.float16] if quick else [torch.float16, torch.bfloat16]
+    return [(m, nk, dt) for dt in dts for nk in nks for m in ms]
+
+
+def main(argv=None) -> int:
+    return H.grid_main(__doc__, argv, "bench_matmul.py", NAME, WORKLOAD, grid, run_size,
+                       lambda m, nk, dt: f"M{m}-N{nk}-{dt}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from .env import env_line, env_metadata, skip_without_cuda
 from .gpuos_rt import gpuos_stats, is_fatal_gpuos_error, stats_delta
-from .rows import error_row, format_exc, is_gpuos_config, rnd, timing_row
+from .results import write_results
+from .rows import error_row, format_exc, is_gpuos_config, rnd, sweep, timing_row
 from .timing import cuda_sync, no_sync, release_memory, time_reps
 
 
@@ -242,6 +244,29 @@ def peer_sweep(ctx: RunContext, workload: str, sizes: Sequence[Any], make_case: 
                 save()
         case = None  # free this size's tensors before the next size
         release_memory(ctx.device)
+
+
+def grid_main(doc: str, argv: Any, script: str, name: str, workload: str, grid: Callable[[bool], list],
+              run: Callable[..., None], label: Callable[..., str]) -> int:
+    """main() of a micro-benchmark grid (bench_matmul, bench_attention): ``--quick`` / ``--reps``, exit 0 without
+    a GPU, the runtime started, ``run(*case, reps, rows)`` for every case of ``grid(quick)`` (a case that raises
+    becomes an error row named ``label(*case)``), the rows written to benchmarks/results/<name>.json."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=10)
+    a = p.parse_args(argv)
+    if skip_without_cuda(script):
+        return 0
+    import gpuos
+    gpuos.init()
+    meta = env_metadata(name)
+    print(env_line(meta), flush=True)
+    rows: list = []
+    sweep(lambda *case: run(*case, a.reps, rows), grid(a.quick), rows, workload, label, after=release_memory)
+    path = write_results(name, meta, rows)
+    print(f"results written to {path}")
+    return 0
 
 
 @contextlib.contextmanager
