@@ -254,6 +254,37 @@ def timed(fn, reps: int, warmup: int, device) -> tuple:
     return out, t.tolist()
 
 
+def stall_report(seconds: float, rank: int, config: str, deadline: float):
+    """With seconds > 0: arm a report of this rank's state if `config` is still running after `seconds` (Python
+    stacks through faulthandler, which needs no GIL; gpuos' hang report -- each runtime's published / done words,
+    worker state, the driver call it is in -- from a timer thread). Returns the disarm function, which re-arms the
+    run's watchdog (faulthandler has one timer) to exit at `deadline` (time.monotonic(); 0: none)."""
+    if seconds <= 0:
+        return lambda: None
+    import faulthandler
+    import threading
+
+    def report():
+        sys.stderr.write(f"[{NAME}] rank {rank}: {config} still running after {seconds:.0f} s\n")
+        try:
+            import gpuos_ext
+            sys.stderr.write(gpuos_ext._testing.hang_report())
+        except Exception as e:  # no runtime yet, or the extension is missing: the stacks still come
+            sys.stderr.write(f"[{NAME}] rank {rank}: no gpuos hang report ({e})\n")
+        sys.stderr.flush()
+    timer = threading.Timer(seconds, report)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(seconds + 2, exit=False)
+
+    def disarm():
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
+        if deadline:
+            faulthandler.dump_traceback_later(max(1.0, deadline - time.monotonic()), exit=True)
+    return disarm
+
+
 def same_everywhere(tokens: torch.Tensor, ref: list) -> bool:
     """Every rank produced exactly `ref` (the 1-GPU run's tokens, known on every rank)."""
     ok = torch.tensor([1 if tokens.tolist() == ref else 0], device=tokens.device)
@@ -343,9 +374,14 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=24, help="greedy steps")
     p.add_argument("--cpu-check", action="store_true", help="gloo on CPU tensors (no GPU); writes no result file")
     p.add_argument("--out", default=None, help="result file (default benchmarks/results/multi_gpu.json, merged)")
+    p.add_argument("--nccl-timeout-s", type=float, default=120.0, help="process group timeout (NCCL watchdog)")
+    p.add_argument("--stall-s", type=float, default=0.0,
+                   help="diagnose a stalled config: after this many seconds in one config, each rank writes its "
+                        "Python stacks and gpuos' hang report (runtimes' control words, threads) to stderr")
     H.add_watchdog_arg(p, 540)
     args = p.parse_args(argv)
     H.start_watchdog(args.watchdog)
+    deadline = time.monotonic() + args.watchdog if args.watchdog and args.watchdog > 0 else 0.0
     configs = H.select_configs(args.configs, CONFIGS, p.error)
     reps = args.reps or (3 if args.quick else 10)
     if "RANK" not in os.environ:
@@ -353,7 +389,7 @@ def main(argv=None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.cpu_check:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.nccl_timeout_s))
     else:
         if torch.cuda.device_count() < world:
             print(f"[{NAME}] needs {world} CUDA GPUs, found {torch.cuda.device_count()}: nothing measured (exit 0)")
@@ -361,7 +397,8 @@ def main(argv=None) -> int:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False
-        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group("nccl", device_id=device,
+                                timeout=datetime.timedelta(seconds=args.nccl_timeout_s))
     try:
         cfg = ModelCfg(layers=args.layers, hidden=args.hidden, heads=8, kv_heads=4, ffn=3 * args.hidden,
                        max_seq=args.prompt + args.new, dtype=DTYPES[args.dtype])
@@ -373,10 +410,13 @@ def main(argv=None) -> int:
         gen = Generator(TPModel(cfg, w, rank, world, device), prompt.to(device), args.new)
         rows = [ref_row] if ref_row else []
         for config in configs:
+            stall = stall_report(args.stall_s, rank, config, deadline)
             try:
                 row = run_config(config, gen, ref, reps, args.warmup, device)
             except Exception as e:  # a config that cannot run gets an error row; the others still run
                 row = H.error_row(WORKLOAD, cfg.name(world), config, e)
+            finally:
+                stall()
             rows.append(row)
             if rank == 0:
                 print(f"[{NAME}] {config:28s} " + (f"{row['median_ms']:8.3f} ms/step  correct={row['correct']}"

@@ -85,3 +85,38 @@ def test_rsub_and_pow_scalar_under_scheduler(rt):
     assert n == 2
     torch.testing.assert_close(y, 2.0 - 3.0 * x)
     torch.testing.assert_close(z, torch.pow(2.0, x))
+
+
+_PIECES_SCRIPT = r"""
+import torch, gpuos
+gpuos.init()
+K, N, depth = 256, 192, 300
+x = torch.zeros(1, K, device="cuda", dtype=torch.float16)
+one = torch.ones_like(x)
+w = torch.randn(K, N, device="cuda", dtype=torch.float16)
+out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.float16)
+gpuos.flush(sync=True)
+b0, d0 = gpuos.stats()["batches"], gpuos.stats()["dma_batches"]
+for _ in range(depth):  # one level each (in place), descriptors only: read from pinned memory
+    gpuos.submit_add(x, one, x)
+gpuos.submit_matmul(x, w, out)  # level depth + 1, its TensorRefs recorded before the first piece is published
+gpuos.flush(sync=True)
+s = gpuos.stats()
+print("BATCHES", s["batches"] - b0, "DMA", s["dma_batches"] - d0)
+ref = (torch.full((1, K), float(depth), device="cuda") @ w.float()).half()
+torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-1)
+print("OK")
+"""
+
+
+def test_flush_published_in_pieces_mirrors_its_refs_for_a_later_dma_level():
+    """A flush of more levels than one publication holds goes out in pieces; every TensorRef of the flush is
+    recorded before the first. When the first piece had no DMA-delivered level, a later one's matmul level (DMA:
+    it reads its TensorRefs from the device mirror) read a stale mirror: garbage pointers (the lost CUDA context
+    in W5's program setup) or old refs (wrong results). GPUOS_DMA_LEVELS=0 keeps the first piece on pinned reads."""
+    from _helpers import describe, run_python
+    r = run_python(_PIECES_SCRIPT, {"GPUOS_DMA_LEVELS": "0", "GPUOS_TIMEOUT_S": "20"}, timeout=170)
+    assert r.returncode == 0 and "OK" in r.stdout, describe(r)
+    batches, dma = (int(v) for v in r.stdout.split("BATCHES", 1)[1].split()[0:3:2])
+    assert batches == 301, describe(r)  # one batch per level: the flush really went out in more than one piece
+    assert 1 <= dma < batches, describe(r)  # the matmul level by DMA, the adds from pinned memory

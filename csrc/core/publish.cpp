@@ -256,10 +256,14 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
       uint32_t src = 0;
       if (one_copy || lv.count >= cfg_.dma_min || lv.heavy) {
-        // The TensorRefs recorded since the last publication (every level of this flush points only there) go to
-        // the device mirror first, once per flush, before any DMA-delivered level's ready write.
-        if (!refs_sent && ref_head_ > ref_pub_) {
-          const uint64_t a = ref_pub_ % ref_capacity_, n = ref_head_ - ref_pub_;
+        // The live TensorRefs not yet in the device mirror go there first, once per publication, before any
+        // DMA-delivered level's ready write. Not just those recorded since the last publication: a flush of many
+        // levels publishes in pieces, and its refs were all recorded before the first piece; when that piece
+        // went without a DMA level, a later DMA piece (a matmul level) read a stale mirror -- garbage pointers
+        // (CUDA_ERROR_ILLEGAL_ADDRESS in W5's program setup; silently wrong results where old refs were valid).
+        const uint64_t lo = std::max(ref_mirrored_, ref_tail_);
+        if (!refs_sent && ref_head_ > lo) {
+          const uint64_t a = lo % ref_capacity_, n = ref_head_ - lo;
           const uint64_t n1 = std::min<uint64_t>(n, ref_capacity_ - a);
           GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_ + a * sizeof(TensorRef), &refs_[a], n1 * sizeof(TensorRef), stream));
           if (n1 < n) GPUOS_CU(d.cuMemcpyHtoDAsync(refs_dev_, &refs_[0], (n - n1) * sizeof(TensorRef), stream));
@@ -312,7 +316,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   }
   prog_unsent_.clear();
   pending_subops_ = 0;
-  ref_pub_ = ref_head_;
+  if (refs_sent) ref_mirrored_ = ref_head_;
   // Until the stream waits for these batches, a later flush() must add the wait (also if a step below throws:
   // the batches stay published; the next publication launches a worker for them).
   unwaited_seq_ = last_seq_;

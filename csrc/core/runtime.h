@@ -270,7 +270,7 @@ class Runtime {
   TensorRef* refs_ = nullptr;  // pinned, mapped
   CUdeviceptr refs_d_ = 0;
   CUdeviceptr refs_dev_ = 0;  // device mirror of the arena (DMA-delivered batches read their TensorRefs here)
-  uint64_t ref_pub_ = 0;      // ref_head_ at the last publication: refs since then go with the next DMA
+  uint64_t ref_mirrored_ = 0;  // arena slots below this are in refs_dev_ (or dead); the next DMA level sends the rest
   uint32_t ref_capacity_ = 0;
   CUdeviceptr dc_d_ = 0;     // DevCtl
   CUdeviceptr scratch_d_ = 0;  // split-K matmul scratch (WorkerArgs::scratch)
