@@ -252,7 +252,7 @@ def main(argv: Optional[list] = None) -> int:
                 ctx_base.update(gpuos=None, gpuos_err=ctx.gpuos_err)
             suite["elapsed_s"] = round(time.perf_counter() - t0, 1)
             save(rows, partial=False)
-            docs[w] = {"name": name, "rows": rows}
+            docs[w] = {"name": name, "rows": rows, "device": meta.get("device"), "gpuos": meta.get("gpuos")}
             progress.advance(f"{w} done", max(0, done_before + units[w] - progress.done))
             log(f"[benchmarks] {w} written to {path} ({suite['elapsed_s']} s)")
 
@@ -284,7 +284,7 @@ def main(argv: Optional[list] = None) -> int:
         plots.main(["--results", str(out_dir)] + (["--quick"] if args.quick else []))
     from benchmarks import report
     print()
-    for line in report.summary_lines([{"benchmark": d["name"], "rows": d["rows"]} for d in docs.values()]):
+    for line in report.summary_lines([dict(d, benchmark=d["name"]) for d in docs.values()]):
         print(line)
     print(f"\n[benchmarks] done in {time.perf_counter() - t_start:.0f} s; README block: python benchmarks/report.py")
     return 0
