@@ -38,3 +38,24 @@ def kind(func) -> str | None:
             k = "wait" if name in NO_KERNEL else "collective"
         _KIND[func] = k
     return k
+
+
+def wait_works(values) -> int:
+    """Wait on every c10d Work among a collective's outputs, as ``dist.all_reduce`` does with the one it gets (for
+    NCCL the current stream waits for the collective's stream; no host sync). The dispatcher hands the Work out
+    boxed in a ``torch.ScriptObject``: it is unboxed first (a script-method ``wait()`` on the boxed object
+    crashed the process with NCCL on torch 2.11). Returns how many Works were waited on."""
+    import torch
+    from torch._C._distributed_c10d import Work
+
+    n = 0
+    for v in values:
+        if isinstance(v, torch.ScriptObject):
+            try:
+                v = Work.unbox(v)
+            except RuntimeError:  # another boxed class (a process group): nothing to wait on
+                continue
+        if isinstance(v, Work):
+            v.wait()
+            n += 1
+    return n

@@ -388,9 +388,7 @@ class Program:
                     res = func(*a, **kw)
                     outs, _ = pytree.tree_flatten(res)
                     if collective:  # the caller waited at capture (dist.all_reduce: work.wait()): the stream
-                        for o in outs:  # waits for the collective before the next segment reads its result
-                            if not isinstance(o, torch.Tensor) and hasattr(o, "wait"):
-                                o.wait()
+                        _collectives.wait_works(outs)  # waits for the collective before the next segment reads
                     for k, row, o in out_rows:
                         n = outs[k]
                         d = n.data_ptr() - o.data_ptr()
