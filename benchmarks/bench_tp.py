@@ -179,7 +179,7 @@ class Generator:
         self.m, self.prompt, self.new = model, prompt, new
         self.steps = prompt.numel() + new
         self.pos = torch.arange(self.steps, device=prompt.device)
-        self.graph = None
+        self.graph = self.program = None
 
     def eager(self) -> torch.Tensor:
         toks, tok = [], self.prompt[0:1]
@@ -433,8 +433,27 @@ def main(argv=None) -> int:
                 path = H.merge_results(NAME, H.env_metadata(NAME), rows, path=args.out)
                 print(f"[{NAME}] wrote {path}", flush=True)
     finally:
-        dist.destroy_process_group()
+        teardown(args.stall_s, rank, device, deadline, locals().get("gen"))
     return 0
+
+
+def teardown(stall_s: float, rank: int, device, deadline: float, gen) -> None:
+    """Release the CUDA graph and the program (their NCCL kernels and memory), stop GPUOS' workers, then destroy
+    the process group. (At 1b68531 a full run on 2 x H200 wrote its results and then hung in its exit: each step
+    here says where a hang is.)"""
+    stall = stall_report(stall_s, rank, "teardown", deadline)
+    try:
+        if gen is not None:
+            gen.graph = gen.program = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if "gpuos" in sys.modules:
+            sys.modules["gpuos"].shutdown()
+        dist.destroy_process_group()
+    finally:
+        stall()
+    if stall_s > 0:
+        sys.stderr.write(f"[{NAME}] rank {rank}: teardown done\n")
 
 
 if __name__ == "__main__":

@@ -365,14 +365,26 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
-  __shared__ u32 s_per_claim;
+  __shared__ u32 s_per_claim, s_batch[4];  // the claim's batch: count, start, source, alias version
+  // Thread 0 reads a batch's fields once (four independent loads: one round trip), first for the batch the
+  // epoch announced -- before claiming, so that the claim and the fields do not cost two dependent round trips
+  // -- and again only when a claim returns another batch (the grid moved on while this block was late).
+  u32 f_seq = 0, f[4] = {0, 0, 0, 0};
+  auto fields = [&](u32 seq) {
+    const u32 sl = seq & (kMaxBatches - 1);
+    f[0] = ld_vol(&dc->bcount[sl]);
+    f[1] = ld_vol(&dc->bstart[sl]);
+    f[2] = ld_vol(&dc->bsrc[sl]);
+    f[3] = ld_vol(&dc->alias.bver[sl]);
+    f_seq = seq;
+  };
   // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but a
   // batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132) and
   // ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is correct:
   // k below uses the size this block claimed.)
   if (threadIdx.x == 0) {
-    const u32 cnt = ld_vol(&dc->bcount[ld_vol(&dc->epoch) & (kMaxBatches - 1)]);
-    const u32 cpw = cnt / (gridDim.x * nwarps * 4);
+    fields(ld_vol(&dc->epoch));
+    const u32 cpw = f[0] / (gridDim.x * nwarps * 4);
     s_per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
   }
   __syncthreads();
@@ -382,16 +394,19 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   for (;;) {
     if (threadIdx.x == 0) {
       if (tb) t_claim = globaltimer();
-      *s_claim = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
+      const u64 c = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
+      if ((u32)(c >> 32) != f_seq) fields((u32)(c >> 32));
+      *s_claim = c;
+      s_batch[0] = f[0], s_batch[1] = f[1], s_batch[2] = f[2], s_batch[3] = f[3];
     }
     __syncthreads();
     const u64 c = *s_claim;
     const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
-    const u32 count = ld_vol(&dc->bcount[slot]);
-    const u32 start = ld_vol(&dc->bstart[slot]);
-    const bool dev_src = ld_vol(&dc->bsrc[slot]) != 0;
-    const u32 bver = ld_vol(&dc->alias.bver[slot]);
-    __syncthreads();  // every thread has read s_claim before thread 0 may overwrite it
+    const u32 count = s_batch[0];
+    const u32 start = s_batch[1];
+    const bool dev_src = s_batch[2] != 0;
+    const u32 bver = s_batch[3];
+    __syncthreads();  // every thread has read s_claim and s_batch before thread 0 may overwrite them
     if (idx >= count) return;
     if (bver & kAliasActive)  // L2 loads: the host rewrites a version while it is not in use
       for (u32 j = threadIdx.x; j < 64; j += blockDim.x)
@@ -427,13 +442,59 @@ __device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubO
   }
 }
 
+// Announce the filled batch `next` to the grid: its claim word, then its epoch.
+__device__ __forceinline__ u32 open_batch(DevCtl* dc, u32& next, bool& opened_any) {
+  atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);
+  __threadfence();
+  st_vol(&dc->epoch, next);
+  ++next;
+  dc->next_seq = next;
+  opened_any = true;
+  return kCmdRun;
+}
+
+// Open batch `next` in its slot (fields the claiming blocks read; the ready word has landed). Not yet visible to
+// the grid: the claim word and the epoch announce it (open_batch below).
+__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 next, u64 ready) {
+  const u32 slot = next & (kMaxBatches - 1);
+  const u32 hi = (u32)(ready >> 32);
+  const u32 count = hi & ~kReadyDevRing;
+  const u32 start = dc->ring_pos;
+  dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
+  dc->bstart[slot] = start;
+  dc->bcount[slot] = count;
+  dc->bsrc[slot] = (hi & kReadyDevRing) ? 1u : 0u;
+  dc->remaining[slot] = count;
+  dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
+  __threadfence();
+  if (args.trace) {
+    const u64 t = globaltimer();
+    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, next, start, count);
+  }
+}
+
 // Poller (block 0, thread 0): open the next ready batch, or decide to exit. Returns kCmdRun / kCmdExit.
+// A level costs the device a chain of dependent memory round trips (the last block's remaining -> the poller ->
+// the epoch -> every block's claim -> descriptors -> data); while the previous batch runs, the poller reads the
+// next ready word and, once it has landed, fills the next slot ahead (fill_batch), so that only the claim word
+// and the epoch are left for the moment the previous batch completes.
 __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& next, bool& opened_any) {
+  bool filled = false;
   if (opened_any) {  // batches are dependency levels: the previous one completes before the next opens
     const u32 prev = (next - 1) & (kMaxBatches - 1);
+    const u32 nslot = next & (kMaxBatches - 1);
     while (ld_vol(&dc->remaining[prev]) != 0) {
+      if (!filled) {
+        const u64 r = ld_vol64(&dc->ready[nslot]);
+        if ((u32)r == next) {
+          __threadfence();  // the ready word before what it announces (as after the polling loop below)
+          fill_batch(args, dc, next, r);
+          filled = true;
+        }
+      }
     }
   }
+  if (filled) return open_batch(dc, next, opened_any);
   const u32 slot = next & (kMaxBatches - 1);
   u64 t_idle = globaltimer();
   u32 spins = 0;
@@ -478,27 +539,8 @@ __device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& n
     t_idle = globaltimer();
   }
   __threadfence();
-  const u32 hi = (u32)(ready >> 32);
-  const u32 count = hi & ~kReadyDevRing;
-  const u32 start = dc->ring_pos;
-  dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
-  dc->bstart[slot] = start;
-  dc->bcount[slot] = count;
-  dc->bsrc[slot] = (hi & kReadyDevRing) ? 1u : 0u;
-  dc->remaining[slot] = count;
-  dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
-  __threadfence();
-  if (args.trace) {
-    const u64 t = globaltimer();
-    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, next, start, count);
-  }
-  atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);
-  __threadfence();
-  st_vol(&dc->epoch, next);
-  ++next;
-  dc->next_seq = next;
-  opened_any = true;
-  return kCmdRun;
+  fill_batch(args, dc, next, ready);
+  return open_batch(dc, next, opened_any);
 }
 
 }  // namespace gpuos
