@@ -7,6 +7,8 @@
 * matmul: 12 dependent M=1 products N=K (fp16, the worker's matmul in the program) vs their CUDA graph (cuBLAS).
 * hf: W7's llama-small / gpt2-small static decode replayed as a program, with the capture's size threshold at
   the scheduler's default and at 2**18 (fewer eager steps), ms per step.
+
+`python tools/program_probe.py chain wide` runs those probes only (default: all four).
 """
 from __future__ import annotations
 
@@ -67,10 +69,10 @@ def chain(depth):
     return f
 
 
-def main():
+def main(probes=("chain", "wide", "matmul", "hf")):
     gpuos.init()
     x = torch.randn(1024, device="cuda")
-    for depth in (1, 16, 64, 256):
+    for depth in (1, 16, 64, 256) if "chain" in probes else ():
         f = chain(depth)
         prog = gpuos.capture(f, x)
         lv = sum(prog.info()["levels"])
@@ -85,6 +87,15 @@ def main():
              round(p / max(lv, 1), 2), "host_us": round(h, 1), "cudagraph_us": round(gr, 1), "eager_us": round(e, 1),
              "x_graph": round(gr / p, 2), "handovers": s1["handovers"] - s0["handovers"],
              "batches_per_call": round((s1["batches"] - s0["batches"]) / 203, 1)})
+    if "wide" in probes:
+        wide_probe()
+    if "matmul" in probes:
+        matmul_probe()
+    if "hf" in probes:
+        hf_probe()
+
+
+def wide_probe():
     ys = [torch.randn(1024, device="cuda") for _ in range(256)]
 
     def wide(*ts):
@@ -94,6 +105,9 @@ def main():
     g = graph_of(lambda: wide(*ys))
     out({"probe": "wide", "ops": 512, "levels": sum(prog.info()["levels"]), "program_us": round(p, 1),
          "host_us": round(h, 1), "cudagraph_us": round(gpu_us(g.replay), 1)})
+
+
+def matmul_probe():
     gpuos.set_worker_matmul(True)
     for n in (768, 3072):
         ws = [torch.randn(n, n, device="cuda", dtype=torch.float16) * (1.0 / n ** 0.5) for _ in range(12)]
@@ -112,6 +126,9 @@ def main():
              "x_graph": round(gr / p, 2), "weights_MB": round(12 * n * n * 2 / 2**20, 1),
              "program_GBps": round(12 * n * n * 2 / p / 1e3, 1), "graph_GBps": round(12 * n * n * 2 / gr / 1e3, 1)})
     gpuos.set_worker_matmul(False)
+
+
+def hf_probe():
     try:
         import transformers  # noqa: F401  (bench_models needs it)
     except ImportError:
@@ -132,4 +149,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(tuple(sys.argv[1:]) or ("chain", "wide", "matmul", "hf"))
