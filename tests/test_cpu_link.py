@@ -7,6 +7,7 @@ is compiled once per arch for the whole file."""
 
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -29,10 +30,23 @@ requires_link = pytest.mark.skipif(not _nvjitlink_usable(),
                                           "nvidia-nvjitlink) or GPUOS_LINK=0")
 
 
-def _env(**extra):
-    env = {"GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"], "CUDA_VISIBLE_DEVICES": ""}
+def _env(cache=None, **extra):
+    env = {"GPUOS_CACHE_DIR": str(cache or os.environ["GPUOS_CACHE_DIR"]), "CUDA_VISIBLE_DEVICES": ""}
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def cold_cache(tmp_path):
+    """A cache directory holding only the shared cache's worker objects: tests that count the small objects a
+    generation compiles need them cold, whatever ran before with the shared cache (the GPU suite's injection and
+    link tests compile the same op slots for sm_90); the worker object (seconds per arch) stays warm."""
+    import shutil
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*"):
+        shutil.copy(f, cache / f.name)
+    return cache
 
 
 def _is_cubin(b):
@@ -99,16 +113,16 @@ def _image_script(arch):
 
 @requires_link
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_linked_generation_image(arch):
+def test_linked_generation_image(arch, cold_cache):
     """A generation links for sm_80 and sm_90 without a GPU; the second generation compiles only its new small
     objects (3 more op slots, 1 tier-2 program, its dispatch), never the worker; a warm process with
     GPUOS_FORBID_COMPILE=1 builds both generations from the cache (links only)."""
-    p = run_python(_image_script(arch), env_extra=_env(), timeout=600)
+    p = run_python(_image_script(arch), env_extra=_env(cold_cache), timeout=600)
     assert p.returncode == 0, describe(p)
     first, first_obj, more, more_obj = map(int, p.stdout.split("COMPILES")[1].split()[:4])
     assert first == first_obj and first_obj in (2, 3), describe(p)  # [worker] + op + dispatch, all objects
     assert more == more_obj == 5, describe(p)                       # 3 op slots + 1 program + 1 dispatch
-    warm = run_python(_image_script(arch), env_extra=_env(GPUOS_FORBID_COMPILE="1"), timeout=300)
+    warm = run_python(_image_script(arch), env_extra=_env(cold_cache, GPUOS_FORBID_COMPILE="1"), timeout=300)
     assert warm.returncode == 0, describe(warm)
     assert "COMPILES 0 0 0 0" in warm.stdout, describe(warm)
 
@@ -147,10 +161,10 @@ print("OBJECTS", n1 - n0, n2 - n1, n3 - n2, "COMPILES", gpuos_ext.stats()["jit_c
 
 
 @requires_link
-def test_registry_links_generations():
+def test_registry_links_generations(cold_cache):
     """register / install with a known sm_90 arch: each change compiles only the op slot's object (at the quick
     check) and the generation's dispatch; a bad source raises CompileError with the user's lines numbered."""
-    p = run_python(_REGISTRY_SCRIPT, env_extra=_env(), timeout=600)
+    p = run_python(_REGISTRY_SCRIPT, env_extra=_env(cold_cache), timeout=600)
     assert p.returncode == 0, describe(p)
     assert "COMPILEERROR" in p.stdout, describe(p)
     assert "OBJECTS 2 2 2" in p.stdout, describe(p)
