@@ -47,8 +47,28 @@ def test_exceptions_are_the_same_objects_in_gpuos_ext(name):
         assert getattr(gpuos_ext, name) is getattr(gpuos, name)
 
 
-def test_is_initialized_returns_bool():
-    assert isinstance(gpuos_ext.is_initialized(), bool)
+_INIT_SCRIPT = r"""
+import gpuos, gpuos_ext
+print("FRESH", gpuos_ext.is_initialized())
+try:
+    gpuos.init()
+    print("INIT ok", gpuos_ext.is_initialized())
+except gpuos.GpuosError:
+    print("INIT failed", gpuos_ext.is_initialized())
+gpuos.shutdown()
+print("SHUTDOWN", gpuos_ext.is_initialized())
+"""
+
+
+def test_is_initialized_tracks_init_and_shutdown():
+    """False in a fresh process; after init() True if it succeeded, still False if it raised (no GPU: a typed
+    gpuos error); False again after shutdown()."""
+    from _helpers import describe, run_python
+    r = run_python(_INIT_SCRIPT, timeout=120)
+    assert r.returncode == 0, describe(r)
+    assert "FRESH False" in r.stdout, describe(r)
+    assert "INIT ok True" in r.stdout or "INIT failed False" in r.stdout, describe(r)
+    assert "SHUTDOWN False" in r.stdout, describe(r)
 
 
 def test_stats_is_dict_of_ints():

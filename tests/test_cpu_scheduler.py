@@ -345,11 +345,17 @@ def test_exception_inside_nested_contexts():
 
 
 def test_flush_without_pending_is_noop():
+    """Flushing a context with nothing deferred (outside it, inside it, and its exit) returns None, publishes no
+    batch, launches no worker, intercepts nothing, and leaves no dispatch mode behind."""
+    before = gpuos.scheduler_stats()
     ctx = gpuos.scheduler_context()
-    ctx.flush()
-    ctx.flush("explicit")
+    assert ctx.flush() is None
+    assert ctx.flush("explicit") is None
     with ctx:
-        ctx.flush()
+        assert ctx.flush() is None
+    after = gpuos.scheduler_stats()
+    for key in ("batches_by_cause", "launches_by_cause", "ops_intercepted", "fallbacks"):
+        assert after[key] == before[key], (key, before[key], after[key])
     _no_mode_left()
 
 
