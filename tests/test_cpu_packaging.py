@@ -34,6 +34,28 @@ def test_torch_version_mismatch_raises_with_the_fix():
     assert "torch 1.0.0 is installed" in msg and "--no-build-isolation --force-reinstall" in msg
 
 
+def _setup_check_build_torch(build_torch_version):
+    """setup.py's check_build_torch, compiled from its source with `torch` standing for the build environment's."""
+    import ast
+    import types
+    with open(os.path.join(REPO_ROOT, "setup.py")) as f:
+        tree = ast.parse(f.read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check_build_torch")
+    ns = {"os": os, "torch": types.SimpleNamespace(__version__=build_torch_version)}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), ns)
+    return ns["check_build_torch"]
+
+
+def test_isolated_build_against_another_torch_is_refused():
+    """pip's isolated build environment may bring another torch than the installed one: setup.py refuses to build
+    against it (the extension is not ABI-stable across torch versions) and names the fix; the same torch passes."""
+    import torch
+    with pytest.raises(SystemExit, match=r"this build sees torch 0\.0\.fake .* but torch " + re.escape(torch.__version__) +
+                       r" is installed.*pip install --no-build-isolation \."):
+        _setup_check_build_torch("0.0.fake")()
+    _setup_check_build_torch(torch.__version__)()  # the installed torch itself: no error
+
+
 def test_one_version_and_the_build_torch():
     import torch
     from gpuos._version import __version__
