@@ -399,6 +399,7 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = False
         dist.init_process_group("nccl", device_id=device,
                                 timeout=datetime.timedelta(seconds=args.nccl_timeout_s))
+    gen = None
     try:
         cfg = ModelCfg(layers=args.layers, hidden=args.hidden, heads=8, kv_heads=4, ffn=3 * args.hidden,
                        max_seq=args.prompt + args.new, dtype=DTYPES[args.dtype])
@@ -433,7 +434,7 @@ def main(argv=None) -> int:
                 path = H.merge_results(NAME, H.env_metadata(NAME), rows, path=args.out)
                 print(f"[{NAME}] wrote {path}", flush=True)
     finally:
-        teardown(args.stall_s, rank, device, deadline, locals().get("gen"))
+        teardown(args.stall_s, rank, device, deadline, gen)
     return 0
 
 

@@ -69,10 +69,9 @@ def chain(depth):
     return f
 
 
-def main(probes=("chain", "wide", "matmul", "hf")):
-    gpuos.init()
+def chain_probe():
     x = torch.randn(1024, device="cuda")
-    for depth in (1, 16, 64, 256) if "chain" in probes else ():
+    for depth in (1, 16, 64, 256):
         f = chain(depth)
         prog = gpuos.capture(f, x)
         lv = sum(prog.info()["levels"])
@@ -87,12 +86,6 @@ def main(probes=("chain", "wide", "matmul", "hf")):
              round(p / max(lv, 1), 2), "host_us": round(h, 1), "cudagraph_us": round(gr, 1), "eager_us": round(e, 1),
              "x_graph": round(gr / p, 2), "handovers": s1["handovers"] - s0["handovers"],
              "batches_per_call": round((s1["batches"] - s0["batches"]) / 203, 1)})
-    if "wide" in probes:
-        wide_probe()
-    if "matmul" in probes:
-        matmul_probe()
-    if "hf" in probes:
-        hf_probe()
 
 
 def wide_probe():
@@ -148,5 +141,17 @@ def hf_probe():
                                                "eager_ops_per_step", "tiles_per_step") if k in prep.extra}})
 
 
+PROBES = {"chain": chain_probe, "wide": wide_probe, "matmul": matmul_probe, "hf": hf_probe}
+
+
+def main(names=tuple(PROBES)):
+    unknown = [n for n in names if n not in PROBES]
+    if unknown:
+        raise SystemExit(f"program_probe: unknown probe(s) {unknown}; choose from {list(PROBES)}")
+    gpuos.init()
+    for n in names:
+        PROBES[n]()
+
+
 if __name__ == "__main__":
-    main(tuple(sys.argv[1:]) or ("chain", "wide", "matmul", "hf"))
+    main(tuple(sys.argv[1:]) or tuple(PROBES))
