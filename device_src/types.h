@@ -108,33 +108,33 @@ constexpr u32 kReadyDevRing = 0x80000000u;
 // Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
 // registered code, 1: an installed alternative). Two versions of the per-op choice: the host rewrites the
 // version not in use (only once no batch that may have read it is still running), then flips `ver`. The
-// poller copies `ver` into bver[] when it opens a batch and warps read slot[bver & 1][op]: a batch, and with
+// poller copies `ver` into bver[] when it fills a batch's slot and warps read slot[bver & 1][op]: a batch, and with
 // it every sub-op, runs wholly on one version. Lives in DevCtl (device memory; GPU reads of pinned memory
 // cost ~1 us each, DESIGN F5) and so outlives every generation.
 constexpr u32 kAliasActive = 2u;  // `ver` bit: some op selects slot 1 in the version in use
 struct AliasCtl {
   u32 ver;                  // bit 0: version in use; kAliasActive: that version is not all slot 0
   u32 reserved[31];
-  u32 bver[kMaxBatches];    // `ver` as the poller saw it when it opened the batch in this slot
+  u32 bver[kMaxBatches];    // `ver` as the poller saw it when it filled the batch in this slot
   u8 slot[2][256];          // slot[version][op id]: 0 or 1 (indexed by u8 op ids, kMaxOps < 256)
 };
 
 struct DevCtl {
   u64 ready[kMaxBatches];      // see kReadyDevRing
+  u64 claim[kMaxBatches];      // (seq << 32) | next descriptor index of the batch in this slot (set when filled)
   u32 remaining[kMaxBatches];  // sub-ops of the batch not yet finished
   u32 bstart[kMaxBatches];
   u32 bcount[kMaxBatches];
   u32 bsrc[kMaxBatches];       // 1: descriptors in the device ring, 0: read them from the pinned ring
-  u32 done[kMaxBatches];       // = seq once the batch completed: what stream waits poll (device memory is
-                               // polled faster than the pinned HostCtl::done the host reads)
-  u64 claim;                   // (seq << 32) | next descriptor index of the open batch
-  u32 next_seq;                // next batch the worker will open
-  u32 epoch;                   // seq of the batch last opened for the grid
+  u32 bseq[kMaxBatches];       // = seq once the poller has filled the slot (the fields above, claim, bver)
+  u32 done[kMaxBatches];       // = seq once the batch completed: what the next batch's blocks and stream waits
+                               // poll (device memory is polled faster than the pinned HostCtl::done the host reads)
+  u32 next_seq;                // next batch the poller fills (stored when a launch exits; read when one starts)
   u32 exit_flag;               // grid-wide: poller decided to exit
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)
   u32 shrink;                  // = launch gen: blocks >= WorkerArgs::keep_blocks leave (poller: stuck on a batch
                                // published but not ready, maybe behind stream work that needs their SMs)
-  u32 reserved[9];
+  u32 reserved[28];
   AliasCtl alias;              // dual-slot alias table (zero = every op on slot 0)
 };
 

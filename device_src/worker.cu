@@ -358,105 +358,40 @@ __device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u6
   st_vol(&tb->count[r], n + 1);
 }
 
-// Claim chunks of the open batch until it is exhausted. Returns after a claim past the end.
-__device__ void run_claims(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, SubOp* sdesc, TensorRef* wrefs,
-                           u64* cached, u64* s_claim) {
-  const SubOp* ring = (const SubOp*)args.ring;
-  const SubOp* ring_dev = (const SubOp*)args.ring_dev;
-  const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ u32 s_alias[64];  // the claim's batch's alias row (AliasCtl::slot[v], 256 bytes)
-  __shared__ u32 s_per_claim, s_batch[4];  // the claim's batch: count, start, source, alias version
-  // Thread 0 reads a batch's fields once (four independent loads: one round trip), first for the batch the
-  // epoch announced -- before claiming, so that the claim and the fields do not cost two dependent round trips
-  // -- and again only when a claim returns another batch (the grid moved on while this block was late).
-  u32 f_seq = 0, f[4] = {0, 0, 0, 0};
-  auto fields = [&](u32 seq) {
-    const u32 sl = seq & (kMaxBatches - 1);
-    f[0] = ld_vol(&dc->bcount[sl]);
-    f[1] = ld_vol(&dc->bstart[sl]);
-    f[2] = ld_vol(&dc->bsrc[sl]);
-    f[3] = ld_vol(&dc->alias.bver[sl]);
-    f_seq = seq;
-  };
-  // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but a
-  // batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132) and
-  // ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is correct:
-  // k below uses the size this block claimed.)
-  if (threadIdx.x == 0) {
-    fields(ld_vol(&dc->epoch));
-    const u32 cpw = f[0] / (gridDim.x * nwarps * 4);
-    s_per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
-  }
-  __syncthreads();
-  const u32 per_claim = s_per_claim;
-  TraceBuf* tb = (TraceBuf*)args.trace;
-  u64 t_claim = 0, t_loaded = 0;
-  for (;;) {
-    if (threadIdx.x == 0) {
-      if (tb) t_claim = globaltimer();
-      const u64 c = atomicAdd((unsigned long long*)&dc->claim, (unsigned long long)per_claim);
-      if ((u32)(c >> 32) != f_seq) fields((u32)(c >> 32));
-      *s_claim = c;
-      s_batch[0] = f[0], s_batch[1] = f[1], s_batch[2] = f[2], s_batch[3] = f[3];
-    }
-    __syncthreads();
-    const u64 c = *s_claim;
-    const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
-    const u32 count = s_batch[0];
-    const u32 start = s_batch[1];
-    const bool dev_src = s_batch[2] != 0;
-    const u32 bver = s_batch[3];
-    __syncthreads();  // every thread has read s_claim and s_batch before thread 0 may overwrite them
-    if (idx >= count) return;
-    if (bver & kAliasActive)  // L2 loads: the host rewrites a version while it is not in use
-      for (u32 j = threadIdx.x; j < 64; j += blockDim.x)
-        s_alias[j] = __ldcg((const unsigned int*)&dc->alias.slot[bver & 1u][0] + j);
-    const u32 k = count - idx < per_claim ? count - idx : per_claim;
-    cached[0] = cached[1] = cached[2] = cached[3] = 0;  // TensorRef slots are reused: refetch per claim
-    for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
-      const u32 di = j >> 2, part = j & 3;
-      const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
-      ((uint4*)&sdesc[di])[part] =
-          dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
-    }
-    __syncthreads();
-    if (tb && threadIdx.x == 0) t_loaded = globaltimer();
-    const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
-    // A batch whose descriptors came by DMA has its TensorRefs in the device mirror too (GPU reads of pinned
-    // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
-    const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
-    for (u32 di = warp; di < k; di += nwarps)
-      exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
-                  (u32)(((u64)start + idx + di) % args.capacity), args);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (tb && blockIdx.x < kTraceBlocks) trace_claim(tb, blockIdx.x, t_claim, t_loaded, globaltimer(), seq, idx, k);
-      const u32 old = atomicSub(&dc->remaining[slot], k);
-      if (old == k) {  // this block finished the batch: signal once
-        __threadfence_system();
-        st_vol(&dc->done[slot], seq);
-        st_vol(&hc->done[slot], seq);
-      }
-    }
-  }
+// ---------------------------------------------------------------- the level walk
+// Batches are dependency levels: batch `seq` runs after batch seq - 1 has completed. There is no grid-wide
+// "open" step. The poller (block 0, thread 0, between its own claims) fills a batch's slot as soon as its
+// ready word has landed -- fields, a fresh claim word, then bseq[slot] = seq -- as far ahead as ready words
+// have landed. Every block walks the batches itself: it claims a chunk of the next filled batch, loads the
+// chunk's descriptors, and only then waits for the previous batch's done word; so between two levels the
+// critical path is the last block's atomicSub -> its done store -> the other blocks' next poll of it, and the
+// claim and the descriptor loads of the next level are off it. (Before, the poller saw `remaining` reach
+// zero, then announced the next batch through a claim word and an epoch that every block re-read: four more
+// dependent round trips through L2 per level.) A block may skip batches (a slow block finds their claims
+// exhausted); seq comparisons are modular.
+__device__ __forceinline__ u32 ld_acq(const u32* p) {  // later loads (the level's data) are ordered after it
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
+__device__ __forceinline__ bool seq_reached(u32 v, u32 seq) { return (int)(v - seq) >= 0; }
 
-// Announce the filled batch `next` to the grid: its claim word, then its epoch.
-__device__ __forceinline__ u32 open_batch(DevCtl* dc, u32& next, bool& opened_any) {
-  atomicExch((unsigned long long*)&dc->claim, (unsigned long long)next << 32);
-  __threadfence();
-  st_vol(&dc->epoch, next);
-  ++next;
-  dc->next_seq = next;
-  opened_any = true;
-  return kCmdRun;
-}
+struct Walk {       // thread 0's state of one block
+  u32 cur = 0;      // the batch this block works on next
+  u32 f_seq = 0;    // the batch whose fields f[] holds (0: none)
+  u32 f[4] = {0, 0, 0, 0};  // count, start, source, alias version
+};
+struct Poller {     // block 0 thread 0's additional state
+  u32 next = 0;     // the next batch to fill
+  bool filled_any = false, idle = false;
+  u32 spins = 0;
+  u64 t_idle = 0;
+};
 
-// Open batch `next` in its slot (fields the claiming blocks read; the ready word has landed). Not yet visible to
-// the grid: the claim word and the epoch announce it (open_batch below).
-__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 next, u64 ready) {
-  const u32 slot = next & (kMaxBatches - 1);
+// Fill batch `seq`'s slot (its ready word has landed): the fields the claiming blocks read and its claim word.
+// Its bseq word goes after a fence (poll_step): a block that sees bseq == seq sees the rest.
+__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u64 ready) {
+  const u32 slot = seq & (kMaxBatches - 1);
   const u32 hi = (u32)(ready >> 32);
   const u32 count = hi & ~kReadyDevRing;
   const u32 start = dc->ring_pos;
@@ -466,81 +401,197 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   dc->bsrc[slot] = (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
   dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
-  __threadfence();
+  // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
+  // either lands before it (and finds that batch exhausted) or after (and holds a real claim on this one).
+  *(volatile u64*)&dc->claim[slot] = (u64)seq << 32;
+  if (count == 0) dc->done[slot] = seq, st_vol(&((HostCtl*)args.host_ctl)->done[slot], seq);  // nothing to run
   if (args.trace) {
     const u64 t = globaltimer();
-    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, next, start, count);
+    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, seq, start, count);
   }
 }
 
-// Poller (block 0, thread 0): open the next ready batch, or decide to exit. Returns kCmdRun / kCmdExit.
-// A level costs the device a chain of dependent memory round trips (the last block's remaining -> the poller ->
-// the epoch -> every block's claim -> descriptors -> data); while the previous batch runs, the poller reads the
-// next ready word and, once it has landed, fills the next slot ahead (fill_batch), so that only the claim word
-// and the epoch are left for the moment the previous batch completes.
-__device__ u32 poll_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, u32& next, bool& opened_any) {
-  bool filled = false;
-  if (opened_any) {  // batches are dependency levels: the previous one completes before the next opens
-    const u32 prev = (next - 1) & (kMaxBatches - 1);
-    const u32 nslot = next & (kMaxBatches - 1);
-    while (ld_vol(&dc->remaining[prev]) != 0) {
-      if (!filled) {
-        const u64 r = ld_vol64(&dc->ready[nslot]);
-        if ((u32)r == next) {
-          __threadfence();  // the ready word before what it announces (as after the polling loop below)
-          fill_batch(args, dc, next, r);
-          filled = true;
-        }
-      }
-    }
+// How far ahead of the oldest unfinished batch the poller fills (slots are reused every kMaxBatches), and the
+// most batches one poll step fills (their ready words are read at once: one round trip, two fences).
+constexpr u32 kFillAhead = kMaxBatches / 2, kFillBurst = 8;
+
+// One step of the poller: fill the next batches whose ready words have landed; otherwise, once every filled
+// batch has completed, the idle logic (yield, exit). Returns kCmdExit when this launch is over.
+__device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p) {
+  const u32 next = p.next;
+  u64 ready[kFillBurst];
+#pragma unroll
+  for (u32 i = 0; i < kFillBurst; ++i) ready[i] = ld_vol64(&dc->ready[(next + i) & (kMaxBatches - 1)]);
+  u32 n = 0;
+  while (n < kFillBurst && (u32)ready[n] == next + n) ++n;
+  if (n > 0) {
+    const u32 back = next + n - 1 - kFillAhead;
+    if ((int)back > 0 && !seq_reached(ld_vol(&dc->done[back & (kMaxBatches - 1)]), back))
+      return kCmdRun;  // far ahead of the walk: wait for it
+    __threadfence();  // the ready words before what they announce
+    for (u32 i = 0; i < n; ++i) fill_batch(args, dc, next + i, ready[i]);
+    __threadfence();
+    for (u32 i = 0; i < n; ++i) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
+    p.next = next + n;
+    p.filled_any = true;
+    p.idle = false;
+    return kCmdRun;
   }
-  if (filled) return open_batch(dc, next, opened_any);
-  const u32 slot = next & (kMaxBatches - 1);
-  u64 t_idle = globaltimer();
-  u32 spins = 0;
-  u64 ready = 0;
+  if (!seq_reached(ld_vol(&dc->done[(next - 1) & (kMaxBatches - 1)]), next - 1)) return kCmdRun;  // work left
+  if (!p.idle) {
+    p.idle = true;
+    p.spins = 0;
+    p.t_idle = globaltimer();
+  }
+  // Every 32 polls: the yield word (pinned, ~1 us to read) and the idle clock. Every 1024 polls kept the
+  // worker resident up to ~0.4 ms after a yield request, while foreign GEMMs that need its SMs wait (F7).
+  if ((++p.spins & 31u) != 0) return kCmdRun;
+  if (p.spins == 32) st_vol(&hc->polling_seq, next);
+  const bool want_yield = ld_vol(&hc->yield_request) != 0;
+  // A standby that finds nothing published (a resident worker ran its batch) leaves at once.
+  const u64 idle = args.standby && !p.filled_any ? 0 : args.idle_ns;
+  if (!want_yield && globaltimer() - p.t_idle < idle) return kCmdRun;
+  // Dekker handshake: announce exit, then re-read what the host has published. The host stores
+  // host_published, fences, then reads worker_state: at least one side sees the other's store, so a
+  // published batch is either seen here (stay) or seen as "worker exiting" by the host (it relaunches).
+  st_vol(&hc->worker_state, kWorkerExiting);
+  __threadfence_system();
+  // Published but not ready, for idle_ns: leave if a later launch is gated on this batch or a later one
+  // (HostCtl::standby): it starts once the ready word lands, and the stream work holding it back may need
+  // the device free of resident kernels (a device-wide blocking call, a module load).
+  const u64 sb = ld_vol64(&hc->standby);
+  const bool covered = (u32)(sb >> 32) > args.gen && (int)((u32)sb - next) >= 0;
+  // (host_published may lag: a publication stores it after checking its stream, and a resident worker can
+  // run the batch first -- not ahead of what ran is "nothing published".)
+  if ((int)(ld_vol(&hc->host_published) - (next - 1)) <= 0 || covered) {
+    dc->next_seq = next;
+    st_vol(&dc->exit_flag, args.gen);
+    st_vol(&hc->worker_exited, args.gen);
+    __threadfence();
+    return kCmdExit;
+  }
+  // Published but not ready, and no later standby covers it: stream work before the flush is still running.
+  // Stay; check again later. A burst grid gives back the SMs beyond the bounded grid: that stream work may be
+  // a kernel that cannot fit beside a worker block, and the batch's ready write waits for it (a deadlock if
+  // every SM held a block).
+  st_vol(&hc->worker_state, kWorkerRunning);
+  __threadfence_system();
+  if (gridDim.x > args.keep_blocks) st_vol(&dc->shrink, args.gen);
+  p.t_idle = globaltimer();
+  return kCmdRun;
+}
+
+// Thread 0: claim the next chunk of work, walking forward from w.cur. Returns kCmdRun with the claim in
+// s_claim (seq << 32 | index) and the batch's fields in s_batch, or kCmdExit.
+__device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk& w, Poller& p, u32 nwarps,
+                          u64* s_claim, u32* s_batch) {
+  auto fields = [&](u32 seq) {  // four independent loads: one round trip
+    const u32 sl = seq & (kMaxBatches - 1);
+    w.f[0] = ld_vol(&dc->bcount[sl]);
+    w.f[1] = ld_vol(&dc->bstart[sl]);
+    w.f[2] = ld_vol(&dc->bsrc[sl]);
+    w.f[3] = ld_vol(&dc->alias.bver[sl]);
+    w.f_seq = seq;
+  };
   for (;;) {
-    ready = ld_vol64(&dc->ready[slot]);
-    if ((u32)ready == next) break;
-    // Every 32 polls: the yield word (pinned, ~1 us to read) and the idle clock. Every 1024 polls kept the
-    // worker resident up to ~0.4 ms after a yield request, while foreign GEMMs that need its SMs wait (F7).
-    if ((++spins & 31u) != 0) continue;
-    if (spins == 32) st_vol(&hc->polling_seq, next);
-    const bool want_yield = ld_vol(&hc->yield_request) != 0;
-    // A standby that finds nothing published (a resident worker ran its batch) leaves at once.
-    const u64 idle = args.standby && !opened_any ? 0 : args.idle_ns;
-    if (!want_yield && globaltimer() - t_idle < idle) continue;
-    // Dekker handshake: announce exit, then re-read what the host has published. The host stores
-    // host_published, fences, then reads worker_state: at least one side sees the other's store, so a
-    // published batch is either seen here (stay) or seen as "worker exiting" by the host (it relaunches).
-    st_vol(&hc->worker_state, kWorkerExiting);
-    __threadfence_system();
-    // Published but not ready, for idle_ns: leave if a later launch is gated on this batch or a later one
-    // (HostCtl::standby): it starts once the ready word lands, and the stream work holding it back may need
-    // the device free of resident kernels (a device-wide blocking call, a module load).
-    const u64 sb = ld_vol64(&hc->standby);
-    const bool covered = (u32)(sb >> 32) > args.gen && (int)((u32)sb - next) >= 0;
-    // (host_published may lag: a publication stores it after checking its stream, and a resident worker can
-    // run the batch first -- not ahead of what ran is "nothing published".)
-    if ((int)(ld_vol(&hc->host_published) - (next - 1)) <= 0 || covered) {
-      dc->next_seq = next;
-      st_vol(&dc->exit_flag, args.gen);
-      st_vol(&hc->worker_exited, args.gen);
-      __threadfence();
-      return kCmdExit;
+    if (w.f_seq != w.cur) {  // is batch cur filled?
+      const u32 bs = ld_acq(&dc->bseq[w.cur & (kMaxBatches - 1)]);
+      if (bs != w.cur) {
+        if ((int)(bs - w.cur) > 0) {  // the slot holds a later batch: this block fell behind; skip ahead
+          w.cur = bs;
+          continue;
+        }
+        if (blockIdx.x == 0) {
+          if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
+        } else {
+          if (ld_vol(&dc->exit_flag) == args.gen) return kCmdExit;
+          if (blockIdx.x >= args.keep_blocks && ld_vol(&dc->shrink) == args.gen) return kCmdExit;
+        }
+        continue;
+      }
+      fields(w.cur);
     }
-    // Published but not ready, and no later standby covers it: stream work before the flush is still running.
-    // Stay; check again later. A burst grid gives back the SMs beyond the bounded grid: that stream work may be
-    // a kernel that cannot fit beside a worker block, and the batch's ready write waits for it (a deadlock if
-    // every SM held a block).
-    st_vol(&hc->worker_state, kWorkerRunning);
-    __threadfence_system();
-    if (gridDim.x > args.keep_blocks) st_vol(&dc->shrink, args.gen);
-    t_idle = globaltimer();
+    // The poller fills the batch after this one while this one is still being claimed, so that blocks
+    // finishing their share early find it filled (otherwise they wait until block 0 is between claims).
+    if (blockIdx.x == 0 && (int)(p.next - w.cur) < 2) poll_step(args, dc, hc, p);
+    // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but
+    // a batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132)
+    // and ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is
+    // correct: the executing block uses the size it claimed.)
+    const u32 cpw = w.f[0] / (gridDim.x * nwarps * 4);
+    const u32 per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
+    const u64 c = atomicAdd((unsigned long long*)&dc->claim[w.cur & (kMaxBatches - 1)], (unsigned long long)per_claim);
+    const u32 seq = (u32)(c >> 32), idx = (u32)c;
+    if (seq != w.cur) {  // the slot was refilled with a later batch: this claim is on that one (it is filled)
+      w.cur = seq;
+      fields(seq);
+    }
+    if (idx >= w.f[0]) {  // batch exhausted: on to the next
+      ++w.cur;
+      continue;
+    }
+    *s_claim = c;
+    s_batch[0] = w.f[0], s_batch[1] = w.f[1], s_batch[2] = w.f[2], s_batch[3] = w.f[3], s_batch[4] = per_claim;
+    return kCmdRun;
   }
+}
+
+// Thread 0: wait until batch seq - 1 has completed (this block holds a claim on batch seq). Block 0 keeps
+// filling meanwhile; no exit is possible while a claim is held (the poller leaves only when all is done).
+__device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, u32 seq) {
+  const u32* d = &dc->done[(seq - 1) & (kMaxBatches - 1)];
+  while (!seq_reached(ld_vol(d), seq - 1))
+    if (blockIdx.x == 0) poll_step(args, dc, hc, p);
+  ld_acq(d);  // the previous level's writes before this level's loads
+}
+
+// Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
+// level, execute one sub-op per warp, then count the chunk off; the block that finishes the batch signals.
+__device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, SubOp* sdesc,
+                          TensorRef* wrefs, u64* cached, const u64* s_claim, const u32* s_batch, u32* s_alias) {
+  const SubOp* ring = (const SubOp*)args.ring;
+  const SubOp* ring_dev = (const SubOp*)args.ring_dev;
+  const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  TraceBuf* tb = (TraceBuf*)args.trace;
+  const u64 t_claim = tb && threadIdx.x == 0 ? globaltimer() : 0;
+  const u64 c = *s_claim;
+  const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
+  const u32 count = s_batch[0], start = s_batch[1], bver = s_batch[3], per_claim = s_batch[4];
+  const bool dev_src = s_batch[2] != 0;
+  if (bver & kAliasActive)  // L2 loads: the host rewrites a version while it is not in use
+    for (u32 j = threadIdx.x; j < 64; j += blockDim.x)
+      s_alias[j] = __ldcg((const unsigned int*)&dc->alias.slot[bver & 1u][0] + j);
+  const u32 k = count - idx < per_claim ? count - idx : per_claim;
+  cached[0] = cached[1] = cached[2] = cached[3] = 0;  // TensorRef slots are reused: refetch per claim
+  for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
+    const u32 di = j >> 2, part = j & 3;
+    const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
+    ((uint4*)&sdesc[di])[part] =
+        dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
+  }
+  if (threadIdx.x == 0) wait_prev(args, dc, hc, p, seq);
+  __syncthreads();
+  const u64 t_loaded = tb && threadIdx.x == 0 ? globaltimer() : 0;
+  const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
+  // A batch whose descriptors came by DMA has its TensorRefs in the device mirror too (GPU reads of pinned
+  // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
+  const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
+  for (u32 di = warp; di < k; di += nwarps)
+    exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
+                (u32)(((u64)start + idx + di) % args.capacity), args);
   __threadfence();
-  fill_batch(args, dc, next, ready);
-  return open_batch(dc, next, opened_any);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (tb && blockIdx.x < kTraceBlocks) trace_claim(tb, blockIdx.x, t_claim, t_loaded, globaltimer(), seq, idx, k);
+    const u32 old = atomicSub(&dc->remaining[slot], k);
+    if (old == k) {  // this block finished the batch: signal once, the next level's blocks first
+      __threadfence();
+      st_vol(&dc->done[slot], seq);
+      __threadfence_system();
+      st_vol(&hc->done[slot], seq);
+    }
+  }
+  __syncthreads();  // sdesc, s_claim and s_batch are rewritten by the next claim
 }
 
 }  // namespace gpuos
@@ -550,39 +601,26 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
   __shared__ __align__(16) SubOp sdesc[kMaxWarps * kClaimPerWarp];  // written as uint4
   __shared__ __align__(16) TensorRef srefs[kMaxWarps][kWarpSlots];
   __shared__ unsigned long long s_claim;
-  __shared__ u32 s_cmd;
+  __shared__ u32 s_cmd, s_batch[5], s_alias[64];  // the claim's batch: count, start, source, alias version, size
   HostCtl* hc = (HostCtl*)args.host_ctl;
   DevCtl* dc = (DevCtl*)args.dev_ctl;
   const u32 warp = threadIdx.x / 32;
   u64 cached[4] = {0, 0, 0, 0};  // per-warp: which TensorRefs srefs[warp] holds (all lanes agree)
 
-  u32 next = 0, seen = 0;
-  bool opened_any = false;
+  Walk w;
+  Poller p;
   if (threadIdx.x == 0) {
+    w.cur = ld_vol(&dc->next_seq);  // every batch before it completed before the previous launch exited
     if (blockIdx.x == 0) {
-      next = dc->next_seq;
+      p.next = w.cur;
       st_vol(&hc->worker_state, kWorkerRunning);
       st_vol(&hc->worker_started, args.gen);
     }
-    seen = ld_vol(&dc->epoch);
   }
   for (;;) {
-    if (threadIdx.x == 0) {
-      u32 cmd;
-      if (blockIdx.x == 0) {
-        cmd = poll_next(args, dc, hc, next, opened_any);
-      } else {
-        for (;;) {
-          if (ld_vol(&dc->exit_flag) == args.gen) { cmd = kCmdExit; break; }
-          if (blockIdx.x >= args.keep_blocks && ld_vol(&dc->shrink) == args.gen) { cmd = kCmdExit; break; }
-          const u32 e = ld_vol(&dc->epoch);
-          if (e != seen) { seen = e; cmd = kCmdRun; break; }
-        }
-      }
-      s_cmd = cmd;
-    }
+    if (threadIdx.x == 0) s_cmd = claim_next(args, dc, hc, w, p, blockDim.x / 32, &s_claim, s_batch);
     __syncthreads();
     if (s_cmd == kCmdExit) return;
-    run_claims(args, dc, hc, sdesc, srefs[warp], cached, &s_claim);
+    run_claim(args, dc, hc, p, sdesc, srefs[warp], cached, &s_claim, s_batch, s_alias);
   }
 }

@@ -4,6 +4,9 @@
 * chain: D dependent tiny elementwise ops (one sub-op per level): GPU us per call and per level for the program,
   its CUDA-graph replay and eager; host us of one prog() call (no sync).
 * wide: W independent tiny ops (one level).
+* walk: the device's cost of a level alone: programs of D dependent tiny levels (a fused chain; a softmax chain)
+  replayed while the stream is held by a sleeping kernel, so that every call is published before the GPU
+  starts on them; GPU us per level from events recorded after the sleep.
 * matmul: 12 dependent M=1 products N=K (fp16, the worker's matmul in the program) vs their CUDA graph (cuBLAS).
 * hf: W7's llama-small / gpt2-small static decode replayed as a program, with the capture's size threshold at
   the scheduler's default and at 2**18 (fewer eager steps), ms per step.
@@ -100,6 +103,36 @@ def wide_probe():
          "host_us": round(h, 1), "cudagraph_us": round(gpu_us(g.replay), 1)})
 
 
+def gated_us(fn, reps):
+    """GPU us per call of `fn`, every call published while the stream sleeps (host cost hidden)."""
+    fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s: far longer than publishing the calls below
+    e0.record()
+    for _ in range(reps):
+        fn()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) * 1e3 / reps
+
+
+def walk_probe():
+    x = torch.randn(1024, device="cuda")
+
+    def soft(x, depth=64):
+        for _ in range(depth):
+            x = torch.softmax(x, -1) * 2.0
+        return x
+    for name, f in (("fused chain 256", chain(256)), ("softmax chain 64", soft)):
+        prog = gpuos.capture(f, x)
+        lv = sum(prog.info()["levels"])
+        reps = max(1, 600 // max(lv, 1))  # in-flight batches stay well under kMaxBatches
+        t = [gated_us(lambda: prog(x), reps) for _ in range(3)]
+        out({"probe": "walk", "program": name, "levels": lv, "reps": reps, "gated_us_per_call": round(min(t), 1),
+             "us_per_level": round(min(t) / max(lv, 1), 2)})
+
+
 def matmul_probe():
     gpuos.set_worker_matmul(True)
     for n in (768, 3072):
@@ -141,7 +174,7 @@ def hf_probe():
                                                "eager_ops_per_step", "tiles_per_step") if k in prep.extra}})
 
 
-PROBES = {"chain": chain_probe, "wide": wide_probe, "matmul": matmul_probe, "hf": hf_probe}
+PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "matmul": matmul_probe, "hf": hf_probe}
 
 
 def main(names=tuple(PROBES)):
