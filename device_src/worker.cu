@@ -232,16 +232,20 @@ __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs&
 // A fused sub-op's FusedArgs (pinned arena) and Program (device table) go into the warp's shared slots:
 // FusedArgs in slots 0-1, the Program from slot 2 on (slots 2-4). Tags in cached[] keep a later strided
 // sub-op of the same claim from mistaking those bytes for its TensorRefs.
-__device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                           const Program* progs, i64 rd) {
-  constexpr u64 kProgTag = 1ull << 63;
-  const u32 prog = (u32)d.in[0];
+constexpr u64 kProgTag = 1ull << 63;
+__device__ __forceinline__ void fetch_fused_args(const SubOp& d, TensorRef* refs, u64* cached, u32 lane, i64 rd) {
   if (cached[0] != d.out) {
     for (u32 w = lane; w < sizeof(FusedArgs) / 4; w += 32) ((u32*)&refs[0])[w] = ld_vol((const u32*)(d.out + rd) + w);
     cached[0] = d.out;
   }
   cached[1] = kProgTag;  // slot 1 holds the second half of the FusedArgs
   __syncwarp();
+}
+
+__device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
+                                           const Program* progs, i64 rd) {
+  const u32 prog = (u32)d.in[0];
+  fetch_fused_args(d, refs, cached, lane, rd);
   if (exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {
     __syncwarp();
     return;
@@ -269,6 +273,14 @@ __device__ __forceinline__ void fetch_refs(const SubOp& d, TensorRef* refs, u64*
     cached[k] = src;
   }
   __syncwarp();
+}
+
+// A warp's first sub-op of a claim: its TensorRefs (or FusedArgs) into the warp's slots while the block still
+// waits for the previous level (they are the host's, immutable while the batch is in flight); execution finds
+// them cached.
+__device__ __forceinline__ void prefetch_refs(const SubOp& d, TensorRef* refs, u64* cached, u32 lane, i64 rd) {
+  if (d.op == kOpFused) fetch_fused_args(d, refs, cached, lane, rd);
+  else if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
 }
 
 }  // namespace gpuos
@@ -524,6 +536,7 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     const u32 seq = (u32)(c >> 32), idx = (u32)c;
     if (seq != w.cur) {  // the slot was refilled with a later batch: this claim is on that one (it is filled)
       w.cur = seq;
+      while (ld_acq(&dc->bseq[seq & (kMaxBatches - 1)]) != seq) {}  // its fields before they are read
       fields(seq);
     }
     if (idx >= w.f[0]) {  // batch exhausted: on to the next
@@ -536,13 +549,19 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
   }
 }
 
-// Thread 0: wait until batch seq - 1 has completed (this block holds a claim on batch seq). Block 0 keeps
-// filling meanwhile; no exit is possible while a claim is held (the poller leaves only when all is done).
+// Thread 0: wait until batch seq - 1 has completed (this block holds a claim on batch seq). It polls the batch's
+// `remaining` word, which reaches zero with the last block's atomicSub (one hop earlier than the done word that
+// block then stores), and its done word (the slot may have been refilled since: then it completed long ago).
+// Block 0 keeps filling meanwhile; no exit is possible while a claim is held (the poller leaves only when all
+// is done).
 __device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, u32 seq) {
-  const u32* d = &dc->done[(seq - 1) & (kMaxBatches - 1)];
-  while (!seq_reached(ld_vol(d), seq - 1))
+  const u32 prev = seq - 1, ps = prev & (kMaxBatches - 1);
+  // bseq before remaining: a remaining word read after seeing bseq == prev is prev's (or a later refill's).
+  for (u32 b = ld_acq(&dc->bseq[ps]); b != prev; b = ld_acq(&dc->bseq[ps]))
+    if ((int)(b - prev) > 0) return;  // refilled: prev completed long ago (the poller fills behind done words)
+  while (ld_vol(&dc->remaining[ps]) != 0 && !seq_reached(ld_vol(&dc->done[ps]), prev))
     if (blockIdx.x == 0) poll_step(args, dc, hc, p);
-  ld_acq(d);  // the previous level's writes before this level's loads
+  __threadfence();  // acquire: the previous level's writes before this level's loads
 }
 
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
@@ -569,13 +588,15 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     ((uint4*)&sdesc[di])[part] =
         dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
   }
+  // A batch whose descriptors came by DMA has its TensorRefs in the device mirror too (GPU reads of pinned
+  // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
+  const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
+  __syncthreads();
+  if (warp < k) prefetch_refs(sdesc[warp], wrefs, cached, lane, rd);
   if (threadIdx.x == 0) wait_prev(args, dc, hc, p, seq);
   __syncthreads();
   const u64 t_loaded = tb && threadIdx.x == 0 ? globaltimer() : 0;
   const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
-  // A batch whose descriptors came by DMA has its TensorRefs in the device mirror too (GPU reads of pinned
-  // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
-  const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
   for (u32 di = warp; di < k; di += nwarps)
     exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
                 (u32)(((u64)start + idx + di) % args.capacity), args);
