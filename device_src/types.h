@@ -157,17 +157,17 @@ struct WorkerArgs {
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
 // per claim it ran to its own region (no atomics on host memory), then bumps count[b]; the poller's batch
-// openings go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy.
+// slot fills go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy.
 constexpr u32 kTraceBlocks = 256;    // blocks traced (block index >= this: not traced)
-constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-opening record
+constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-filling record
 struct TraceRec {
-  u64 t0;         // %globaltimer (ns) at the claim (opening: when the poller saw the batch ready)
-  u32 load_ns;    // claim -> its descriptors in shared memory
+  u64 t0;         // %globaltimer (ns) at the claim (fill record: when the poller filled the batch's slot)
+  u32 load_ns;    // claim -> its descriptors in shared memory and the previous batch complete
   u32 exec_ns;    // descriptors loaded -> every warp done (block barrier)
   u32 block;      // blockIdx.x, or kTraceOpen
   u32 seq;        // batch
   u32 idx;        // first descriptor index of the claim within the batch
-  u32 k;          // descriptors claimed (opening: the batch's count)
+  u32 k;          // descriptors claimed (fill record: the batch's count)
 };
 struct TraceBuf {
   u32 per_block;  // records per region

@@ -1,12 +1,13 @@
 // device_src/worker.cu -- no host-only code, no system #includes. CUDA-only: the elastic persistent worker.
 //
-// One launch = one bounded grid. Block 0 thread 0 is the grid's only poller: it watches the per-batch
-// ready words in device memory (written by a stream memory op on the user's stream, so a batch opens only
-// after the stream work before its flush), opens a batch by mirroring its header into device memory, and
+// One launch = one bounded grid. Block 0 thread 0 is the grid's only poller: between its own claims it watches the
+// per-batch ready words in device memory (written by a stream memory op on the user's stream, so a batch runs only
+// after the stream work before its flush), fills each landed batch's slot (its header, a fresh claim word), and
 // exits after an idle period with nothing published (Dekker handshake with the host: see HostCtl).
-// Every block claims descriptors of the open batch in chunks, copies them from pinned memory into shared
-// memory with coalesced 16-byte loads, and runs one sub-op per warp. The block that finishes the last
-// chunk of a batch signals completion once, into pinned memory.
+// Every block walks the batches (= dependency levels) itself (see *the level walk* below): it claims descriptors of
+// the next filled batch in chunks, copies them into shared memory with coalesced 16-byte loads, waits for the
+// previous batch to complete, and runs one sub-op per warp. The block that finishes the last chunk of a batch
+// signals completion once, into device memory (the next level, stream waits) and pinned memory (the host).
 #include "device_src/config.h"
 #include "device_src/types.h"
 #include "device_src/numeric.h"

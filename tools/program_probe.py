@@ -25,11 +25,15 @@ import gpuos  # noqa: E402  (sets CUDA_MODULE_LOADING before CUDA starts)
 import torch  # noqa: E402
 
 
-def gpu_us(fn, reps=200):
-    for _ in range(3):
+def gpu_us(fn, reps=200, warmup=3, gated=False):
+    """GPU us per call of `fn` (CUDA events around `reps` calls). gated: every call is published while the stream
+    sleeps (~0.1 s, far longer than publishing them), so the host's cost is hidden."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if gated:
+        torch.cuda._sleep(200_000_000)
     e0.record()
     for _ in range(reps):
         fn()
@@ -103,20 +107,6 @@ def wide_probe():
          "host_us": round(h, 1), "cudagraph_us": round(gpu_us(g.replay), 1)})
 
 
-def gated_us(fn, reps):
-    """GPU us per call of `fn`, every call published while the stream sleeps (host cost hidden)."""
-    fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(200_000_000)  # ~0.1 s: far longer than publishing the calls below
-    e0.record()
-    for _ in range(reps):
-        fn()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / reps
-
-
 def walk_probe():
     x = torch.randn(1024, device="cuda")
 
@@ -128,7 +118,7 @@ def walk_probe():
         prog = gpuos.capture(f, x)
         lv = sum(prog.info()["levels"])
         reps = max(1, 600 // max(lv, 1))  # in-flight batches stay well under kMaxBatches
-        t = [gated_us(lambda: prog(x), reps) for _ in range(3)]
+        t = [gpu_us(lambda: prog(x), reps, warmup=1, gated=True) for _ in range(3)]
         out({"probe": "walk", "program": name, "levels": lv, "reps": reps, "gated_us_per_call": round(min(t), 1),
              "us_per_level": round(min(t) / max(lv, 1), 2)})
 

@@ -3,9 +3,10 @@
 Sets GPUOS_TRACE (claim trace, see gpuos_ext.worker_trace) and runs W3-like scenarios (default: all; names: w3,
 views, single; env TPB = threads_per_block, GPUOS_PUBLISH_MIN=0 = no early publication), each as
 `reps` repetitions of: record the sub-ops (host time), flush(sync=True) (host time); the last rep's trace is
-summarised: when the batch opened and its first claim started (relative to the flush call, when the GPU's
+summarised: when the batch's slot was filled and its first claim started (relative to the flush call, when the GPU's
 %globaltimer and the host's CLOCK_REALTIME agree), how long until the last claim ended, achieved bandwidth,
-and per claim: descriptor-load time, execution time (block barrier), gaps between a block's claims.
+and per claim: descriptor-load time (with the wait for the previous level: a block claims a level's chunk before
+the level before it has completed), execution time (block barrier), gaps between a block's claims.
 """
 import os
 import statistics
@@ -40,7 +41,7 @@ def summarise(name, recs, t_flush_ns, nbytes, host_ms, flush_ms):
     print(f"{name}: submit {host_ms:.3f} ms, flush+sync {flush_ms:.3f} ms; {len(opens)} batch(es) "
           f"{[o[3] for o in opens][:6]}, {len(claims)} claims by {len(blocks)} blocks")
     if opens:
-        print(f"  batch opened at {rel(opens[0][4])} from the flush call, first claim {rel(t_first)}, "
+        print(f"  batch filled at {rel(opens[0][4])} from the flush call, first claim {rel(t_first)}, "
               f"last claim done {rel(t_last)}")
     print(f"  claims span {span_us:.1f} us: {nbytes / (span_us * 1e-6) / 1e9:.0f} GB/s of input")
     load = [r[5] / 1e3 for r in claims]

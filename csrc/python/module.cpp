@@ -219,7 +219,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
     }
     return d;
   }, "Claim trace since the last call, per device: {'records': [(block, seq, idx, k, t0_ns, load_ns, exec_ns)], "
-     "'dropped': n}; block -1 = the poller opening batch seq (idx = ring start, k = count). Needs GPUOS_TRACE=<records "
+     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch. Needs GPUOS_TRACE=<records "
      "per block> before init; call after flush(sync=True). See tools/worker_trace.py.");
   m.def("runtime_info", [] {
     py::dict d;
