@@ -376,9 +376,9 @@ __device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u6
 // "open" step. The poller (block 0, thread 0, between its own claims) fills a batch's slot as soon as its
 // ready word has landed -- fields, a fresh claim word, then bseq[slot] = seq -- as far ahead as ready words
 // have landed. Every block walks the batches itself: it claims a chunk of the next filled batch, loads the
-// chunk's descriptors, and only then waits for the previous batch's done word; so between two levels the
-// critical path is the last block's atomicSub -> its done store -> the other blocks' next poll of it, and the
-// claim and the descriptor loads of the next level are off it. (Before, the poller saw `remaining` reach
+// chunk's descriptors and its warps' first TensorRefs, and only then waits for the previous batch's `remaining`
+// word to reach zero; so between two levels the critical path is the last block's fence + atomicSub -> the
+// other blocks' next poll of that word, and the claim and the loads of the next level are off it. (Before, the poller saw `remaining` reach
 // zero, then announced the next batch through a claim word and an epoch that every block re-read: four more
 // dependent round trips through L2 per level.) A block may skip batches (a slow block finds their claims
 // exhausted); seq comparisons are modular.
