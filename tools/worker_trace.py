@@ -1,29 +1,49 @@
 """Where does the worker's time go? Run on a GPU machine: python tools/worker_trace.py [scenario ...]
 
 Sets GPUOS_TRACE (claim trace, see gpuos_ext.worker_trace) and runs W3-like scenarios (default: all; names: w3,
-views, single; env TPB = threads_per_block, GPUOS_PUBLISH_MIN=0 = no early publication), each as
+views, single, levels; env TPB = threads_per_block, GPUOS_PUBLISH_MIN=0 = no early publication), each as
 `reps` repetitions of: record the sub-ops (host time), flush(sync=True) (host time); the last rep's trace is
 summarised: when the batch's slot was filled and its first claim started (relative to the flush call, when the GPU's
 %globaltimer and the host's CLOCK_REALTIME agree), how long until the last claim ended, achieved bandwidth,
 and per claim: descriptor-load time (with the wait for the previous level: a block claims a level's chunk before
 the level before it has completed), execution time (block barrier), gaps between a block's claims.
+`levels` (a chain of dependent one-sub-op levels) adds the level handoff (level_gaps): from the last claim of a
+level ending (before its block's atomicSub) to the first claim of the next level starting to execute.
 """
 import os
 import statistics
 import sys
 import time
 
-os.environ.setdefault("GPUOS_TRACE", "4096")
+import torch
 
-import torch  # noqa: E402
-
-import gpuos  # noqa: E402
-import gpuos_ext  # noqa: E402
+import gpuos
+import gpuos_ext
 
 
 def pct(v, q):
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))] if v else 0
+
+
+def level_gaps(recs):
+    """Per pair of consecutive traced batches (seq, seq + 1) that both have claims: the next level's first claim
+    starting to execute (t0 + load_ns: descriptors loaded and the previous level complete) minus this level's
+    last claim ending (t0 + load_ns + exec_ns), in us; and how far ahead of that end the next level's first claim
+    was made (us, positive = before it). Records as gpuos_ext.worker_trace returns them."""
+    first_exec, first_claim, last_end = {}, {}, {}
+    for blk, seq, _idx, _k, t0, load, exe in recs:
+        if blk < 0:
+            continue
+        first_exec[seq] = min(first_exec.get(seq, t0 + load), t0 + load)
+        first_claim[seq] = min(first_claim.get(seq, t0), t0)
+        last_end[seq] = max(last_end.get(seq, t0 + load + exe), t0 + load + exe)
+    gaps, leads = [], []
+    for seq in sorted(last_end):
+        if seq + 1 in first_exec:
+            gaps.append((first_exec[seq + 1] - last_end[seq]) / 1e3)
+            leads.append((last_end[seq] - first_claim[seq + 1]) / 1e3)
+    return gaps, leads
 
 
 def summarise(name, recs, t_flush_ns, nbytes, host_ms, flush_ms):
@@ -60,6 +80,10 @@ def summarise(name, recs, t_flush_ns, nbytes, host_ms, flush_ms):
     print(f"  block first-claim offsets: median {statistics.median(starts):.1f} us, max {max(starts):.1f} us; "
           f"busy per block median {statistics.median(busy):.1f} us (of {span_us:.1f}); gaps between claims "
           f"median {statistics.median(gaps) if gaps else 0:.2f} us, p90 {pct(gaps, .9):.2f} us")
+    hand, lead = level_gaps(recs)
+    if hand:
+        print(f"  level handoff ({len(hand)} pairs): median {statistics.median(hand):.2f} us (p90 "
+              f"{pct(hand, .9):.2f}); next level claimed {statistics.median(lead):.2f} us before the end (median)")
 
 
 def run(name, X, O, op, reps=4, big=None):
@@ -85,7 +109,29 @@ def run(name, X, O, op, reps=4, big=None):
         print(f"  ({tr['dropped']} records dropped: raise GPUOS_TRACE)")
 
 
+def levels(depth=64, n=1024):
+    """A chain of `depth` (even) dependent one-sub-op levels: explicit adds ping-ponging between two tensors."""
+    ref = torch.randn(n, device="cuda")
+    a, b = torch.empty_like(ref), torch.empty_like(ref)
+    for _ in range(4):
+        a.copy_(ref)
+        torch.cuda.synchronize()
+        gpuos_ext.worker_trace()  # reset
+        t0 = time.perf_counter()
+        for i in range(depth):
+            src, dst = (a, b) if i % 2 == 0 else (b, a)
+            gpuos_ext.submit_add(src, src, dst)
+        t1 = time.perf_counter()
+        t_flush_ns = time.time_ns()
+        gpuos.flush(sync=True)
+        t2 = time.perf_counter()
+        tr = gpuos_ext.worker_trace()[torch.cuda.current_device()]
+    torch.testing.assert_close(a, ref * 2.0 ** depth)  # doublings are exact in fp32
+    summarise(f"levels: {depth} dependent adds of {n}", tr["records"], t_flush_ns, 0, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+
 def main():
+    os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
     gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
     print(gpuos.runtime_info(), flush=True)
     want = set(sys.argv[1:])
@@ -116,6 +162,8 @@ def main():
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 100
         print(f"  torch.sum of the same 128000x1024: {ms:.3f} ms ({buf.numel() * 4 / (ms * 1e-3) / 1e9:.0f} GB/s)")
+    if on("levels"):
+        levels()
     print("stats", {k: v for k, v in gpuos.stats().items() if v}, flush=True)
 
 
