@@ -378,10 +378,10 @@ __device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u6
 // have landed. Every block walks the batches itself: it claims a chunk of the next filled batch, loads the
 // chunk's descriptors and its warps' first TensorRefs, and only then waits for the previous batch's `remaining`
 // word to reach zero; so between two levels the critical path is the last block's fence + atomicSub -> the
-// other blocks' next poll of that word, and the claim and the loads of the next level are off it. (Before, the poller saw `remaining` reach
-// zero, then announced the next batch through a claim word and an epoch that every block re-read: four more
-// dependent round trips through L2 per level.) A block may skip batches (a slow block finds their claims
-// exhausted); seq comparisons are modular.
+// other blocks' next poll of that word, and the claim and the loads of the next level are off it. (Before, the
+// poller saw `remaining` reach zero, then announced the next batch through a claim word and an epoch that every
+// block re-read: four more dependent round trips through L2 per level.) A block may skip batches (a slow block
+// finds their claims exhausted); seq comparisons are modular.
 __device__ __forceinline__ u32 ld_acq(const u32* p) {  // later loads (the level's data) are ordered after it
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
