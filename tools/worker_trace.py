@@ -86,48 +86,50 @@ def summarise(name, recs, t_flush_ns, nbytes, host_ms, flush_ms):
               f"{pct(hand, .9):.2f}); next level claimed {statistics.median(lead):.2f} us before the end (median)")
 
 
-def run(name, X, O, op, reps=4, big=None):
-    recs = None
-    for rep in range(reps):
+def traced(record, reps=4, prepare=None):
+    """`reps` times: prepare(), record() (host time), flush(sync=True) (host time); the last rep's trace:
+    (records, dropped, flush call's CLOCK_REALTIME ns, record ms, flush ms)."""
+    for _ in range(reps):
+        if prepare is not None:
+            prepare()
         torch.cuda.synchronize()
         gpuos_ext.worker_trace()  # reset
         t0 = time.perf_counter()
-        if big is not None:
-            gpuos.submit_reduce(op, big[0], big[1])
-        else:
-            for x, o in zip(X, O):
-                gpuos.submit_reduce(op, x, o)
+        record()
         t1 = time.perf_counter()
         t_flush_ns = time.time_ns()
         gpuos.flush(sync=True)
         t2 = time.perf_counter()
         tr = gpuos_ext.worker_trace()[torch.cuda.current_device()]
-        recs = tr["records"]
+    return tr["records"], tr["dropped"], t_flush_ns, (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+
+def run(name, X, O, op, big=None):
+    def record():
+        if big is not None:
+            gpuos.submit_reduce(op, big[0], big[1])
+        else:
+            for x, o in zip(X, O):
+                gpuos.submit_reduce(op, x, o)
+    recs, dropped, t_flush_ns, host_ms, flush_ms = traced(record)
     nbytes = (big[0].numel() * big[0].element_size()) if big is not None else sum(x.numel() * x.element_size() for x in X)
-    summarise(name, recs, t_flush_ns, nbytes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
-    if tr["dropped"]:
-        print(f"  ({tr['dropped']} records dropped: raise GPUOS_TRACE)")
+    summarise(name, recs, t_flush_ns, nbytes, host_ms, flush_ms)
+    if dropped:
+        print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
 def levels(depth=64, n=1024):
     """A chain of `depth` (even) dependent one-sub-op levels: explicit adds ping-ponging between two tensors."""
     ref = torch.randn(n, device="cuda")
     a, b = torch.empty_like(ref), torch.empty_like(ref)
-    for _ in range(4):
-        a.copy_(ref)
-        torch.cuda.synchronize()
-        gpuos_ext.worker_trace()  # reset
-        t0 = time.perf_counter()
+
+    def record():
         for i in range(depth):
             src, dst = (a, b) if i % 2 == 0 else (b, a)
             gpuos_ext.submit_add(src, src, dst)
-        t1 = time.perf_counter()
-        t_flush_ns = time.time_ns()
-        gpuos.flush(sync=True)
-        t2 = time.perf_counter()
-        tr = gpuos_ext.worker_trace()[torch.cuda.current_device()]
+    recs, _, t_flush_ns, host_ms, flush_ms = traced(record, prepare=lambda: a.copy_(ref))
     torch.testing.assert_close(a, ref * 2.0 ** depth)  # doublings are exact in fp32
-    summarise(f"levels: {depth} dependent adds of {n}", tr["records"], t_flush_ns, 0, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+    summarise(f"levels: {depth} dependent adds of {n}", recs, t_flush_ns, 0, host_ms, flush_ms)
 
 
 def main():
