@@ -75,7 +75,7 @@ struct SubOp {
   u64 in[3];     // same, per input
   float scalar[2];
   u32 dtype;     // packed DType per operand: out | in0 << 8 | in1 << 16 | in2 << 24
-  u32 reserved;  // op mm: variant | ksplit << 8 (config.h kMm*); otherwise 0
+  u32 reserved;  // op mm: variant | ksplit << 8 (config.h kMm*); kOpFused: a row program's row length (0: a chain)
 };
 
 // Lives in pinned, device-mapped host memory. The host writes host_published and yield_request; the worker

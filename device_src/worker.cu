@@ -61,6 +61,38 @@ __device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const
   }
 }
 
+// A row program (sub-op `reserved` = the row length, cols; the tile holds whole rows): for each row, one pass per
+// reduction over its elements (run_program stopped at that kOpRowRed, folded over the lanes and combined across
+// the warp), then the output pass. The passes re-read the row's inputs (L1 / L2: a decode row is a few KiB).
+__device__ __noinline__ void fused_rows_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
+  const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
+  const u32 cols = d.reserved;
+  u32 rop[kRowMaxRed];
+  float rscale[kRowMaxRed], red[kRowMaxRed];
+  const u32 nred = row_reductions(p, rop, rscale);
+  for (u32 r0 = 0; r0 < d.n; r0 += cols) {
+    const i64 row = (i64)d.base + r0;
+    for (u32 q = 0; q <= nred; ++q) {
+      const bool out = q == nred;
+      const u32 op = out ? 0u : rop[q];
+      float acc = row_init(op);
+      for (u32 c = lane; c < cols; c += 32) {
+        const i64 e = row + c;
+        float x[kProgMaxInputs];
+        for (u32 k = 0; k < nin; ++k)
+          x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
+        const float v = run_program(p, x, red, out ? ~0u : q);
+        if (out) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), v);
+        else acc = row_combine(op, acc, v);
+      }
+      if (out) break;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc = row_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, o));
+      red[q] = acc * rscale[q];
+    }
+  }
+}
+
 __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs& fa, u32 prog, u32 lane) {
 #if GPUOS_USER_OPS_LINKED  // linked generation (issue #18): the dispatch object of device_src/linked.h
   return gpuos_linked_fused_exec(&d, &fa, prog, lane);
@@ -95,7 +127,7 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
                                            const Program* progs, i64 rd) {
   const u32 prog = (u32)d.in[0];
   fetch_fused_args(d, refs, cached, lane, rd);
-  if (exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {
+  if (d.reserved == 0 && exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {  // rows: interpreter only
     __syncwarp();
     return;
   }
@@ -106,7 +138,8 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
     cached[2] = cached[3] = kProgTag | prog;
   }
   __syncwarp();
-  fused_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
+  if (d.reserved) fused_rows_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
+  else fused_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
   __syncwarp();  // the next sub-op of this warp may overwrite the slots
 }
 

@@ -63,6 +63,7 @@ class _Stats:
             "mean_batch_size": (c["flushed_ops"] / n) if n else 0.0,
             "fused_groups": c["fused_groups"],
             "fused_ops": c["fused_ops"],
+            "row_groups": c["row_groups"],  # fused groups with a last-dim reduction inside (norms)
             "independent_eager": c["independent_eager"],
             "specializations_requested": c["specializations_requested"],
             "recycled_outputs": c["recycled_outputs"],  # outputs given a fused-away intermediate's storage

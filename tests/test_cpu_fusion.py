@@ -182,3 +182,62 @@ def test_tier2_specialized_program_compiles_into_a_generation(requires_nvrtc):
     assert "X(7, ::gpuos_fused_7::F)" in hdr and "ClampF::apply" in hdr and "f32_to_f16" in hdr
     cubin = ext._jit_compile_generation("sm_90", hdr)
     assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == 190  # EM_CUDA
+
+
+def _row_nodes():
+    """Op ids and the row pseudo-op for hand-built row programs (device_src/interp.h kOpRowRed)."""
+    import gpuos_ext as ext
+
+    ids = {row["name"]: row["id"] for row in ext.op_table()}
+    return ids, ext.limits()["op_row_red"]
+
+
+@pytest.mark.parametrize("dt,code", [(torch.float32, 0), (torch.float16, 1), (torch.bfloat16, 2)])
+def test_row_program_rmsnorm_matches_torch(dt, code):
+    """A row program (a last-dim reduction inside a fused chain: the scheduler's RMSNorm row task) evaluated
+    pass by pass: w * (x * rsqrt(mean(x * x) + eps)), rows of 300, fp32 math, rounded once to the dtype."""
+    import gpuos_ext as ext
+
+    ids, red = _row_nodes()
+    x = (torch.randn(5, 300) * 2).to(dt)
+    w = torch.randn(300).to(dt)
+    eps = 1e-6
+    nodes = [(ids["mul"], [0, 0], 0.0, 0.0), (red, [2], 1.0 / 300, float(ids["mean"])), (0xFF, [], eps, 0.0),
+             (ids["add"], [3, 4], 1.0, 0.0), (ids["rsqrt"], [5], 0.0, 0.0), (ids["mul"], [0, 6], 0.0, 0.0),
+             (ids["mul"], [1, 7], 0.0, 0.0)]
+    prog = ext._build_program(2, nodes, 8)
+    got = _run(prog, [x, w.expand(5, 300).contiguous()], dtype=dt)
+    xf = x.float()
+    exp = (w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(dt)
+    rtol, atol = {0: (1e-5, 1e-5), 1: (1e-3, 1e-3), 2: (8e-3, 8e-3)}[code]
+    torch.testing.assert_close(got, exp, rtol=rtol, atol=atol)
+
+
+def test_row_program_with_two_dependent_reductions():
+    """LayerNorm (mean, then the mean of (x - mean)^2) and softmax (amax, then sum of exp(x - max)): the second
+    reduction's pass reads the first one's row value."""
+    import gpuos_ext as ext
+
+    ids, red = _row_nodes()
+    x = torch.randn(7, 129) * 3
+    ln = [(red, [0], 1.0 / 129, float(ids["mean"])), (ids["sub"], [0, 1], 1.0, 0.0), (ids["mul"], [2, 2], 0.0, 0.0),
+          (red, [3], 1.0 / 129, float(ids["mean"])), (0xFF, [], 1e-5, 0.0), (ids["add"], [4, 5], 1.0, 0.0),
+          (ids["rsqrt"], [6], 0.0, 0.0), (ids["mul"], [2, 7], 0.0, 0.0)]
+    got = _run(ext._build_program(1, ln, 8), [x])
+    torch.testing.assert_close(got, torch.nn.functional.layer_norm(x, (129,), eps=1e-5), rtol=1e-5, atol=1e-5)
+    sm = [(red, [0], 1.0, float(ids["amax"])), (ids["sub"], [0, 1], 1.0, 0.0), (ids["exp"], [2], 0.0, 0.0),
+          (red, [3], 1.0, float(ids["sum"])), (ids["div"], [3, 4], 0.0, 0.0)]
+    got = _run(ext._build_program(1, sm, 5), [x])
+    torch.testing.assert_close(got, torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    mn = [(red, [0], 1.0, float(ids["amin"])), (ids["sub"], [0, 1], 1.0, 0.0)]
+    got = _run(ext._build_program(1, mn, 2), [x])
+    torch.testing.assert_close(got, x - x.amin(-1, keepdim=True), rtol=0, atol=0)
+
+
+def test_row_program_rejects_a_reduction_it_cannot_fold():
+    import gpuos_ext as ext
+
+    ids, red = _row_nodes()
+    prog = ext._build_program(1, [(red, [0], 1.0, float(ids["softmax"]))], 1)
+    with pytest.raises(ValueError, match="malformed instruction 0"):
+        _run(prog, [torch.randn(3, 8)])

@@ -317,20 +317,31 @@ int32_t Runtime::program_id(const Program& p) {
 }
 
 void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
-                           int64_t numel) {
+                           int64_t numel, int64_t cols) {
   if (numel <= 0) return;
+  if (cols < 0 || cols >= (int64_t(1) << 32) || (cols > 0 && numel % cols != 0))
+    throw std::logic_error("gpuos internal error: a row program's row length does not divide its elements");
   SubOp proto{};
   proto.op = kOpFused;
   proto.flags = kFlagFused;
   proto.in[0] = prog;
   proto.dtype = out.dtype;
+  proto.reserved = (uint32_t)cols;
   TensorRef slots[2];
   std::memcpy((void*)slots, (const void*)&fa, sizeof(FusedArgs));
   // One warp interprets a tile. While a program is captured (latency-bound steps), small chains are split over
   // up to 16 warps (tiles of >= 128 elements): a 1,024-element chain of 32 instructions took 140 us in one
   // warp's tile on an H200. Live flushes keep whole tiles (throughput: W2's thousands of chains fill the grid).
+  // A row program's tile is whole rows: about kTileElems elements, over at least 16 warps while capturing.
   uint64_t per_tile = kTileElems;
-  if (tape_) per_tile = std::min<uint64_t>(kTileElems, std::max<uint64_t>(128, ((uint64_t)numel / 16 + 31) / 32 * 32));
+  if (cols > 0) {
+    const uint64_t rows = (uint64_t)(numel / cols);
+    uint64_t per = std::max<uint64_t>(1, kTileElems / (uint64_t)cols);
+    if (tape_) per = std::min<uint64_t>(per, (rows + 15) / 16);
+    per_tile = std::max<uint64_t>(1, per) * (uint64_t)cols;
+  } else if (tape_) {
+    per_tile = std::min<uint64_t>(kTileElems, std::max<uint64_t>(128, ((uint64_t)numel / 16 + 31) / 32 * 32));
+  }
   append_tiles(proto, (uint64_t)numel, per_tile, slots, 2, out, ins, nin);
   st_.submitted++;
   st_.fused_subops++;

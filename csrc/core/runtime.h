@@ -142,9 +142,10 @@ class Runtime {
   void record_data(SubOp proto, const TensorRef* refs, uint32_t nref, const Operand& out, const Operand* reads,
                    uint32_t nread, uint64_t total, uint64_t per_tile);
   // Record a fused chain: out = program(ins...) over `numel` elements. `fa` holds every operand's pointer,
-  // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels.
+  // broadcast rule and dtype (out first); `out`/`ins` give the footprints for dependency levels. cols > 0: a
+  // row program (kOpRowRed inside) over rows of `cols` elements, the output's last dim; tiles hold whole rows.
   void record_fused(uint32_t prog, const FusedArgs& fa, const Operand& out, const Operand* ins, uint32_t nin,
-                    int64_t numel);
+                    int64_t numel, int64_t cols = 0);
   // Programs (issue #17, core/tape.h). While a tape is attached, every staged sub-op is also appended to it
   // (null detaches). replay() stages tape entries [b, e) again with their pointers moved by `rel`; the caller
   // publishes them (flush). Call under mu.

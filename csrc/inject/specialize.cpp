@@ -58,8 +58,12 @@ void note_program_use(int32_t id) {
   if (after == 0) return;
   const uint32_t n = g_prog_uses[(size_t)id].fetch_add(1, std::memory_order_relaxed) + 1;
   if (n != after) return;  // exactly once per program
+  const Program& p = program_by_id(id);
+  uint32_t rop[kRowMaxRed];
+  float rscale[kRowMaxRed];
+  if (row_reductions(p, rop, rscale) > 0) return;  // row programs run in the interpreter (worker.cu fused_rows_op)
   g_spec_requests++;
-  request_fused_spec((uint32_t)id, specialize_program((uint32_t)id, program_by_id(id)));
+  request_fused_spec((uint32_t)id, specialize_program((uint32_t)id, p));
 }
 
 std::string specialize_program(uint32_t id, const Program& p) {

@@ -344,6 +344,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("limits", [] {
     return py::dict(py::arg("prog_max_inputs") = kProgMaxInputs, py::arg("prog_max_regs") = kProgMaxRegs,
                     py::arg("prog_max_instr") = kProgMaxInstr, py::arg("op_const") = kOpConst,
+                    py::arg("op_row_red") = kOpRowRed, py::arg("row_max_red") = kRowMaxRed,
                     py::arg("program_bytes") = sizeof(Program), py::arg("max_programs") = kMaxPrograms,
                     py::arg("max_dims") = kMaxDims, py::arg("first_user_op") = kFirstUserOp,
                     py::arg("tile_elems") = kTileElems);

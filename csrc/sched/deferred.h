@@ -60,6 +60,7 @@ Deferred& deferred_of(int dev);
 
 struct SchedStats {
   uint64_t intercepted = 0, flushed_ops = 0, fused_groups = 0, fused_ops = 0, flushes = 0;
+  uint64_t row_groups = 0;  // of fused_groups: row programs (a last-dim reduction inside: RMSNorm, LayerNorm)
   uint64_t independent_eager = 0;  // eager ops that ran without flushing (no shared storage)
   uint64_t front_ops = 0;          // of `intercepted`: recorded by the __torch_function__ front
   uint64_t recycled = 0;           // outputs given a fused-away intermediate's storage (sched/outpool.cpp)

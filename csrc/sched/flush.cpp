@@ -126,6 +126,7 @@ py::dict sched_stats() {
   d["flushed_ops"] = g_sched.flushed_ops;
   d["sched_flushes"] = g_sched.flushes;
   d["fused_groups"] = g_sched.fused_groups;
+  d["row_groups"] = g_sched.row_groups;
   d["fused_ops"] = g_sched.fused_ops;
   d["independent_eager"] = g_sched.independent_eager;
   d["front_ops"] = g_sched.front_ops;

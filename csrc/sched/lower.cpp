@@ -97,14 +97,25 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   nodes.reserve(2 * kProgMaxInstr);
   leaves.reserve(kProgMaxInputs + 1);
   std::function<uint32_t(int)> visit;  // returns the value index (inputs numbered later: fix-up below)
-  // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index.
+  // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index. An op that
+  // several members read (merge_shared_producers) is one node.
+  std::unordered_map<int, uint32_t> seen;
+  bool rows = false;
   visit = [&](int i) -> uint32_t {
+    if (auto it = seen.find(i); it != seen.end()) return it->second;
     const DeferredOp& o = ops[i];
     ExprNode n{};
     n.op = o.op;
     n.nsrc = o.nin;
     n.s0 = o.s0;
     n.s1 = o.s1;
+    if (o.reduce) {  // a row reduction inside the group (row_reduction): r = s0 * fold(src) over the root's rows
+      if (o.in[0].sizes() != root.out.sizes()) throw std::invalid_argument("row of another shape");
+      n.op = kOpRowRed;
+      n.s0 = o.op == kOp_mean ? 1.0f / (float)o.in[0].size(-1) : 1.0f;
+      n.s1 = (float)o.op;
+      rows = true;
+    }
     n.round = (i == r) ? (uint32_t)kF32 : (uint32_t)dtype_code(o.out.scalar_type());
     for (uint32_t k = 0; k < o.nin; ++k) {
       if (child[i][k] >= 0) {
@@ -128,9 +139,14 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
       }
     }
     nodes.push_back(n);
-    return (uint32_t)(nodes.size() - 1);
+    return seen[i] = (uint32_t)(nodes.size() - 1);
   };
-  const uint32_t outv = visit(r);
+  uint32_t outv;
+  try {
+    outv = visit(r);
+  } catch (const std::invalid_argument&) {
+    return false;  // emitted op by op
+  }
   const uint32_t nin = (uint32_t)leaves.size();
   if (nin < 1 || nin > kProgMaxInputs) return false;
   for (auto& n : nodes)
@@ -164,7 +180,7 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   note_program_use(pid);
   fa.prog = (uint32_t)pid;
   fa.ninputs = nin;
-  rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel());
+  rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel(), rows ? shape.back() : 0);
   return true;
 }
 
@@ -191,11 +207,33 @@ void emit_plain(Runtime& rt, const DeferredOp& o) {
   else record_ew_tensors(rt, o.op, o.nin, o.out, o.in, o.cv, o.s0, o.s1);
 }
 
-// Emit the tree rooted at r op by op (its producers first), materialising every intermediate.
-void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
+// Emit the group rooted at r op by op (its producers first, a producer several members read once),
+// materialising every intermediate.
+void emit_unfused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child,
+                  int r, std::vector<char>& done) {
+  if (done[r]) return;
+  done[r] = 1;
   for (uint32_t k = 0; k < ops[r].nin; ++k)
-    if (child[r][k] >= 0) emit_unfused(rt, ops, child, child[r][k]);
+    if (child[r][k] >= 0) emit_unfused(rt, ops, child, child[r][k], done);
   emit_plain(rt, ops[r]);
+}
+
+// A last-dim reduction that can live inside a group (a row program): sum / mean / amax / amin with keepdim
+// over a non-empty last dim, not switched to injected code.
+bool row_reduction(const DeferredOp& red) {
+  if (!red.reduce || !red.keepdim || red.nin != 1 || !red.in[0].defined() || red.op >= kNumOps || op_switched(red.op))
+    return false;
+  if (red.op != kOp_sum && red.op != kOp_mean && red.op != kOp_amax && red.op != kOp_amin) return false;
+  const at::Tensor& x = red.in[0];
+  return x.dim() >= 1 && x.size(-1) > 0 && red.out.dim() == x.dim() && red.out.size(-1) == 1;
+}
+
+// Is `row` the row shape of `full` (its dims, the last one 1)?
+bool is_row_of(at::IntArrayRef row, at::IntArrayRef full) {
+  if (row.size() != full.size() || row.empty() || row.back() != 1 || full.back() == 1) return false;
+  for (size_t d = 0; d + 1 < row.size(); ++d)
+    if (row[d] != full[d]) return false;
+  return true;
 }
 
 // The order in which lower_deferred emits its units (a plain op, or a fused root with its subtree; fused-away
@@ -243,42 +281,116 @@ void lower_deferred(int dev, Runtime& rt) {
     // did not allocate (in-place / out= ops): only those can be a write hazard for a subtree.
     std::vector<int> size(n, 1), first(n), not_fresh(n + 1, 0);
     for (int m = 0; m < n; ++m) not_fresh[m + 1] = not_fresh[m] + (ops[m].fresh ? 0 : 1);
-    std::vector<int> stack;
-    for (int j = 0; j < n; ++j) {
-      DeferredOp& o = ops[j];
-      first[j] = j;
-      if (!o.elementwise()) continue;
-      for (uint32_t k = 0; k < o.nin; ++k) {
-        const int i = prod_of[j][k];
-        if (i < 0) continue;
-        const DeferredOp& p = ops[i];
-        // Switched built-ins run their slot-1 code, which the interpreter does not have: never fused.
-        // Injected ops (ids >= kNumOps) are not in the interpreter either.
-        bool ok = p.elementwise() && p.fresh && !fused_away[i] && readers[i] == 1 && j - i <= 64 &&
-                  p.op < kNumOps && o.op < kNumOps && !op_switched(p.op) && !op_switched(o.op) &&
-                  o.in[k].sizes() == o.out.sizes() && dead_to_python(p.out, 2) &&
-                  p.out.storage().use_count() == 1 && size[i] + size[j] <= (int)kProgMaxInstr / 2;
-        // Nothing between the subtree's first op and j may write memory the subtree reads (it is evaluated
-        // at j's position): checked against the subtree's leaves when such a writer exists.
-        for (int m = first[i] + 1; ok && m < j && not_fresh[j] > not_fresh[first[i] + 1]; ++m) {
-          if (ops[m].fresh) continue;
-          const void* w = storage_of(ops[m].out);
-          stack.assign(1, i);
-          while (ok && !stack.empty()) {
-            const int x = stack.back();
-            stack.pop_back();
-            for (uint32_t q = 0; q < ops[x].nin; ++q) {
-              if (child[x][q] >= 0) stack.push_back(child[x][q]);
-              else if (ops[x].in[q].defined()) ok &= storage_of(ops[x].in[q]) != w;
-            }
+    std::vector<int> stack, parent(n, -1);
+    // Nothing between position `from` + 1 and `at` may write memory the subtree of i reads (the group is
+    // evaluated at `at`): checked against the subtree's leaves when such a writer exists.
+    const auto leaves_unwritten = [&](int i, int from, int at) {
+      if (not_fresh[at] == not_fresh[from + 1]) return true;
+      for (int m = from + 1; m < at; ++m) {
+        if (ops[m].fresh) continue;
+        const void* w = storage_of(ops[m].out);
+        stack.assign(1, i);
+        while (!stack.empty()) {
+          const int x = stack.back();
+          stack.pop_back();
+          for (uint32_t q = 0; q < ops[x].nin; ++q) {
+            if (child[x][q] >= 0) stack.push_back(child[x][q]);
+            else if (ops[x].in[q].defined() && storage_of(ops[x].in[q]) == w) return false;
           }
         }
-        if (!ok) continue;
-        child[j][k] = i;
-        fused_away[i] = 1;
-        size[j] += size[i];
-        first[j] = std::min(first[j], first[i]);
       }
+      return true;
+    };
+    // Shapes: a group is evaluated over its root's shape. Its members have that shape, or -- with a last-dim
+    // reduction inside (a row program) -- the row shape (RMSNorm's mean, + eps and rsqrt: dims but the last,
+    // then 1), whose values are recomputed for each element of the row. rows[j]: the shape the reductions of
+    // j's subtree fold (their input's), empty if none; it must be the root's (checked again at emission).
+    std::vector<std::vector<int64_t>> rows(n);
+    // Fold producer i into consumer j (operand k): elementwise producers of the consumer's shape, or of its row
+    // shape when the group has a reduction; a row reduction (row_reduction), after it takes its own producer
+    // (undone if the reduction cannot join). Switched built-ins run their slot-1 code, which the interpreter
+    // does not have, and injected ops (ids >= kNumOps) are not in it: never fused.
+    std::function<bool(int, int, uint32_t)> try_fuse = [&](int i, int j, uint32_t k) -> bool {
+      const DeferredOp& o = ops[j];
+      const DeferredOp& p = ops[i];
+      const at::IntArrayRef os = o.out.sizes(), ps = p.out.sizes();
+      std::vector<int64_t> full = rows[i];  // the group's row shape after the fusion
+      bool ok;
+      if (o.reduce) {  // j is a row reduction taking the values it folds
+        ok = k == 0 && p.elementwise();
+        if (full.empty()) full = p.out.sizes().vec();
+      } else if (p.reduce) {
+        ok = row_reduction(p) && (os == p.in[0].sizes() || os == ps);
+        full = p.in[0].sizes().vec();
+      } else {
+        ok = p.elementwise() && (ps == os || is_row_of(ps, os));
+      }
+      if (!rows[j].empty()) {
+        if (!full.empty() && full != rows[j]) ok = false;
+        full = rows[j];
+      }
+      if (!full.empty() && !(os == at::IntArrayRef(full) || is_row_of(os, full))) ok = false;
+      if (full.empty() && ps != os) ok = false;  // no reduction: one shape, as before
+      if (!ok || !p.fresh || fused_away[i] || readers[i] != 1 || j - i > 64 || p.op >= kNumOps || o.op >= kNumOps ||
+          op_switched(p.op) || op_switched(o.op) || !dead_to_python(p.out, 2) || p.out.storage().use_count() != 1)
+        return false;
+      const int first_i = first[i], size_i = size[i], pi = p.reduce ? prod_of[i][0] : -1;
+      const std::vector<int64_t> rows_i = rows[i];
+      if (p.reduce && rows[i].empty()) rows[i] = full;
+      const bool took = pi >= 0 && try_fuse(pi, i, 0);
+      if (size[i] + size[j] > (int)kProgMaxInstr / 2 || !leaves_unwritten(i, first[i], j)) {
+        if (took) child[i][0] = -1, fused_away[pi] = 0, parent[pi] = -1, first[i] = first_i, size[i] = size_i;
+        rows[i] = rows_i;
+        return false;
+      }
+      child[j][k] = i;
+      fused_away[i] = 1;
+      parent[i] = j;
+      size[j] += size[i];
+      first[j] = std::min(first[j], first[i]);
+      rows[j] = full;
+      return true;
+    };
+    for (int j = 0; j < n; ++j) {
+      first[j] = j;
+      if (!ops[j].elementwise()) continue;
+      for (uint32_t k = 0; k < ops[j].nin; ++k)
+        if (prod_of[j][k] >= 0) try_fuse(prod_of[j][k], j, k);
+    }
+    // A producer that several members of one group read (RMSNorm's x.float(), LayerNorm's x - mean) joins it
+    // as one shared node; latest first, since a merge can bring an earlier producer's readers into one group.
+    const auto root_of = [&](int i) {
+      while (parent[i] >= 0) i = parent[i];
+      return i;
+    };
+    for (int i = n - 1; i >= 0; --i) {
+      const DeferredOp& p = ops[i];
+      if (fused_away[i] || readers[i] < 2 || !p.elementwise() || !p.fresh || p.op >= kNumOps || op_switched(p.op))
+        continue;
+      int root = -1, count = 0;
+      bool ok = true;
+      for (int j = i + 1; ok && j < n && j - i <= 64; ++j)
+        for (uint32_t k = 0; ok && k < ops[j].nin; ++k) {
+          if (prod_of[j][k] != i) continue;
+          ++count;
+          const int r = root_of(j);
+          ok = (root < 0 || root == r) &&
+               (ops[j].elementwise() ? ops[j].in[k].sizes() == ops[j].out.sizes() : ops[j].reduce && fused_away[j]);
+          root = r;
+        }
+      if (root >= 0 && !rows[i].empty() && rows[i] != rows[root] &&
+          !(rows[root].empty() && ops[root].out.sizes() == at::IntArrayRef(rows[i])))
+        ok = false;
+      if (!ok || root < 0 || count != readers[i] || root - first[i] > 64 || size[root] + size[i] > (int)kProgMaxInstr / 2 ||
+          !dead_to_python(p.out, 1 + readers[i]) || p.out.storage().use_count() != 1 || !leaves_unwritten(i, first[i], root))
+        continue;
+      for (int j = i + 1; j <= root; ++j)
+        for (uint32_t k = 0; k < ops[j].nin; ++k)
+          if (prod_of[j][k] == i) child[j][k] = i, parent[i] = j;
+      fused_away[i] = 1;
+      size[root] += size[i];
+      first[root] = std::min(first[root], first[i]);
+      if (rows[root].empty()) rows[root] = rows[i];
     }
   }
   g_sched.analyse_ns += ns_since(t0);
@@ -308,6 +420,7 @@ void lower_deferred(int dev, Runtime& rt) {
     ops.clear();
     D.touched.clear();
   };
+  std::vector<char> emitted(n, 0);  // emit_unfused: ops of a group already emitted one by one
   int j = 0;
   try {
     for (; j < n; ++j) {
@@ -319,16 +432,20 @@ void lower_deferred(int dev, Runtime& rt) {
       }
       if (emit_fused(rt, ops, child, j)) {
         int members = 0;
+        bool row = false;
         std::function<void(int)> count = [&](int i) {
+          if (i != j && elided[i]) return;  // a shared producer: counted once
           ++members;
+          row |= ops[i].reduce;
           elided[i] = i != j;
           for (int c : child[i]) if (c >= 0) count(c);
         };
         count(j);
         g_sched.fused_groups++;
         g_sched.fused_ops += members;
+        g_sched.row_groups += row ? 1 : 0;
       } else {
-        emit_unfused(rt, ops, child, j);
+        emit_unfused(rt, ops, child, j, emitted);
       }
     }
   } catch (...) {

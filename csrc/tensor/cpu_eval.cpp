@@ -110,7 +110,10 @@ void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
     throw py::value_error("cpu_run_program: malformed program or wrong number of inputs");
   for (uint32_t i = 0; i < p.ninstr; ++i) {
     const Instr& I = p.code[i];
-    bool ok = I.dst < kProgMaxRegs && I.nsrc <= 3 && (I.op == kOpConst || I.op == kOpRoundF16 || I.op == kOpRoundBF16 || (I.op < kNumOps && kOps[I.op].kind == 0));
+    const bool row_red = I.op == kOpRowRed && I.nsrc == 1 &&
+                         (I.s1 == (float)kOp_sum || I.s1 == (float)kOp_mean || I.s1 == (float)kOp_amax || I.s1 == (float)kOp_amin);
+    bool ok = I.dst < kProgMaxRegs && I.nsrc <= 3 &&
+              (row_red || I.op == kOpConst || I.op == kOpRoundF16 || I.op == kOpRoundBF16 || (I.op < kNumOps && kOps[I.op].kind == 0));
     for (uint32_t k = 0; k < I.nsrc; ++k) ok &= I.src[k] < kProgMaxRegs;
     if (!ok) throw py::value_error("cpu_run_program: malformed instruction " + std::to_string(i));
   }
@@ -125,10 +128,27 @@ void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
   }
   const int64_t n = out.numel();
   float v[kProgMaxInputs];
-  for (int64_t e = 0; e < n; ++e) {
-    for (size_t k = 0; k < ins.size(); ++k)
-      v[k] = load_f32(ins[k].data_ptr(), (uint32_t)dtype_code(ins[k].scalar_type()), e);
-    store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), e, run_program(p, v));
+  const auto load = [&](int64_t e) {
+    for (size_t k = 0; k < ins.size(); ++k) v[k] = load_f32(ins[k].data_ptr(), (uint32_t)dtype_code(ins[k].scalar_type()), e);
+  };
+  // A row program (kOpRowRed inside): rows are out's last dim; one pass per reduction, then the output pass
+  // (the worker's fused_rows_op, with the row folded in order rather than over 32 lanes).
+  uint32_t rop[kRowMaxRed];
+  float rscale[kRowMaxRed], red[kRowMaxRed];
+  const uint32_t nred = row_reductions(p, rop, rscale);
+  const int64_t cols = nred && out.dim() ? out.size(-1) : 1;
+  if (nred && (out.dim() == 0 || cols == 0))
+    throw py::value_error("cpu_run_program: a row program needs an output with a non-empty last dim");
+  for (int64_t row = 0; row < n; row += cols) {
+    for (uint32_t q = 0; q < nred; ++q) {
+      float acc = row_init(rop[q]);
+      for (int64_t c = 0; c < cols; ++c) load(row + c), acc = row_combine(rop[q], acc, run_program(p, v, red, q));
+      red[q] = acc * rscale[q];
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      load(row + c);
+      store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), row + c, run_program(p, v, red));
+    }
   }
 }
 
