@@ -7,6 +7,8 @@
 * walk: the device's cost of a level alone: programs of D dependent tiny levels (a fused chain; a softmax chain)
   replayed while the stream is held by a sleeping kernel, so that every call is published before the GPU
   starts on them; GPU us per level from events recorded after the sleep.
+* norm: programs of 16 dependent RMSNorms (HF's hand-written form) / LayerNorms at hidden 256 / 768 / 4096 (fp16),
+  replayed gated as in walk: GPU us per norm and the levels they take (row programs: one level per norm).
 * matmul: 12 dependent M=1 products N=K (fp16, the worker's matmul in the program) vs their CUDA graph (cuBLAS).
 * hf: W7's llama-small / gpt2-small static decode replayed as a program, with the capture's size threshold at
   the scheduler's default and at 2**18 (fewer eager steps), ms per step.
@@ -123,6 +125,37 @@ def walk_probe():
              "us_per_level": round(min(t) / max(lv, 1), 2)})
 
 
+def norm_probe():
+    import torch.nn.functional as F
+
+    def rms(x, w):
+        for _ in range(16):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            x = w * h.to(x.dtype)
+        return x
+
+    def ln(x, w):
+        for _ in range(16):
+            x = F.layer_norm(x, (x.shape[-1],), w, w, 1e-5)
+        return x
+    for hidden in (256, 768, 4096):
+        x = torch.randn(1, 1, hidden, device="cuda", dtype=torch.float16)
+        w = torch.rand(hidden, device="cuda", dtype=torch.float16) + 0.5
+        for name, f in (("rmsnorm", rms), ("layernorm", ln)):
+            for rows in (True, False):
+                gpuos.set_row_fusion(rows)
+                prog = gpuos.capture(f, x, w)
+                lv = sum(prog.info()["levels"])
+                reps = max(1, 600 // max(lv, 1))  # in-flight batches stay well under kMaxBatches
+                t = [gpu_us(lambda: prog(x, w), reps, warmup=1, gated=True) for _ in range(3)]
+                ok = bool(torch.allclose(prog(x, w).float(), f(x, w).float(), rtol=2e-2, atol=2e-2))
+                out({"probe": "norm", "norm": name, "hidden": hidden, "row_fusion": rows, "levels": lv,
+                     "us_per_norm": round(min(t) / 16, 2), "us_per_level": round(min(t) / max(lv, 1), 2),
+                     "equal_eager": ok})
+    gpuos.set_row_fusion(True)
+
+
 def matmul_probe():
     gpuos.set_worker_matmul(True)
     for n in (768, 3072):
@@ -153,18 +186,26 @@ def hf_probe():
     import gpuos.programs as P
     for label in ("llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static"):
         case = B.make_case(label, 8, "cuda")
-        for thr in (1 << 15, 1 << 18):
+        for thr, rows in ((1 << 15, True), (1 << 15, False), (1 << 18, True), (1 << 18, False)):
             P.DEFAULT_SIZE_THRESHOLD = thr
+            if hasattr(gpuos, "set_row_fusion"):
+                gpuos.set_row_fusion(rows)
+            elif not rows:
+                continue
             prep = B.setup_program(case)
             toks, _ = prep.fn()
             ok = bool(torch.equal(toks, case.ref[0]))
             t = gpu_us(prep.fn, reps=10) / 1e3 / 8
-            out({"probe": "hf", "label": label, "size_threshold": thr, "ms_per_step": round(t, 3), "tokens_equal": ok,
+            out({"probe": "hf", "label": label, "size_threshold": thr, "row_fusion": rows, "ms_per_step": round(t, 3),
+                 "tokens_equal": ok,
                  **{k: prep.extra[k] for k in ("subops_per_step", "segments_per_step", "levels_per_step",
                                                "eager_ops_per_step", "tiles_per_step") if k in prep.extra}})
+    if hasattr(gpuos, "set_row_fusion"):
+        gpuos.set_row_fusion(True)
 
 
-PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "matmul": matmul_probe, "hf": hf_probe}
+PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
+          "hf": hf_probe}
 
 
 def main(names=tuple(PROBES)):

@@ -297,6 +297,10 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });
+  m.def("set_row_fusion", [](bool on) { g_row_fusion = on; }, py::arg("enabled"),
+        "Enable / disable row programs (a last-dim reduction inside a fused chain: RMSNorm, LayerNorm) and producers "
+        "shared by several members of one group (default on; fusion itself must be on).");
+  m.def("row_fusion_enabled", [] { return g_row_fusion; });
   m.def("set_worker_matmul", &set_worker_matmul, py::arg("enabled"),
         "Record aten::mm / addmm with <= 64 activation rows as worker tasks under scheduler_context (default: "
         "off, or GPUOS_WORKER_MATMUL=1). Off, they run with cuBLAS (fallback reason 'matmul_off').");

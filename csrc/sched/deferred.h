@@ -75,6 +75,7 @@ struct SchedStats {
 };
 extern SchedStats g_sched;
 extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
+extern bool g_row_fusion;  // row programs and shared producers in groups (gpuos.set_row_fusion; needs g_fusion)
 // aten::mm / addmm with at most kWorkerMatmulMaxRows activation rows run as worker tasks (gpuos.set_worker_matmul;
 // off by default, GPUOS_WORKER_MATMUL=1 turns it on: read on first use, config/config.h).
 bool worker_matmul_enabled();

@@ -320,7 +320,7 @@ void lower_deferred(int dev, Runtime& rt) {
         ok = k == 0 && p.elementwise();
         if (full.empty()) full = p.out.sizes().vec();
       } else if (p.reduce) {
-        ok = row_reduction(p) && (os == p.in[0].sizes() || os == ps);
+        ok = g_row_fusion && row_reduction(p) && (os == p.in[0].sizes() || os == ps);
         full = p.in[0].sizes().vec();
       } else {
         ok = p.elementwise() && (ps == os || is_row_of(ps, os));
@@ -363,7 +363,7 @@ void lower_deferred(int dev, Runtime& rt) {
       while (parent[i] >= 0) i = parent[i];
       return i;
     };
-    for (int i = n - 1; i >= 0; --i) {
+    for (int i = n - 1; g_row_fusion && i >= 0; --i) {
       const DeferredOp& p = ops[i];
       if (fused_away[i] || readers[i] < 2 || !p.elementwise() || !p.fresh || p.op >= kNumOps || op_switched(p.op))
         continue;
