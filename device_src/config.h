@@ -6,8 +6,10 @@
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define GPUOS_DEVICE_COMPILE 1
 #define GPUOS_HD __host__ __device__ __forceinline__
+#define GPUOS_UNROLL _Pragma("unroll")
 #else
 #define GPUOS_HD inline
+#define GPUOS_UNROLL
 #endif
 
 namespace gpuos {

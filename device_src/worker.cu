@@ -49,41 +49,64 @@ __device__ __forceinline__ uint4 ld_vol4(const void* p) {
 namespace gpuos {
 
 // ---------------------------------------------------------------- fused chains (interpreter tier)
-// out[e] = program(in_0[e], ..., in_k[e]) for the tile's elements: any never-seen chain runs at once.
+// out[e] = program(in_0[e], ..., in_k[e]) for the tile's elements: any never-seen chain runs at once. A lane
+// takes kInterpVec elements at once (run_program_v: their loads and register traffic overlap).
+constexpr u32 kInterpVec = 4;
 __device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
   const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
-  for (u32 i = lane; i < d.n; i += 32) {
-    const i64 e = (i64)d.base + i;
-    float x[kProgMaxInputs];
+  float r[kProgMaxRegs][kInterpVec];
+  for (u32 i0 = 0; i0 < d.n; i0 += 32 * kInterpVec) {
     for (u32 k = 0; k < nin; ++k)
-      x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
-    store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), run_program(p, x));
+#pragma unroll
+      for (u32 v = 0; v < kInterpVec; ++v) {
+        const u32 i = i0 + lane + 32 * v;
+        r[k][v] = i < d.n ? load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], (i64)d.base + i))
+                          : 0.0f;
+      }
+    float val[kInterpVec];
+    run_program_v<kInterpVec>(p, r, val);
+#pragma unroll
+    for (u32 v = 0; v < kInterpVec; ++v) {
+      const u32 i = i0 + lane + 32 * v;
+      if (i < d.n) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], (i64)d.base + i), val[v]);
+    }
   }
 }
 
 // A row program (sub-op `reserved` = the row length, cols; the tile holds whole rows): for each row, one pass per
-// reduction over its elements (run_program stopped at that kOpRowRed, folded over the lanes and combined across
-// the warp), then the output pass. The passes re-read the row's inputs (L1 / L2: a decode row is a few KiB).
+// reduction over its elements (the program stopped at that kOpRowRed, folded over the lanes and combined across
+// the warp), then the output pass. A lane takes kInterpVec elements of the row at once (run_program_v: their loads
+// and register traffic overlap). The passes re-read the row's inputs (L1 / L2: a decode row is a few KiB).
 __device__ __noinline__ void fused_rows_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
   const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
   const u32 cols = d.reserved;
   u32 rop[kRowMaxRed];
   float rscale[kRowMaxRed], red[kRowMaxRed];
   const u32 nred = row_reductions(p, rop, rscale);
+  float r[kProgMaxRegs][kInterpVec];
   for (u32 r0 = 0; r0 < d.n; r0 += cols) {
     const i64 row = (i64)d.base + r0;
     for (u32 q = 0; q <= nred; ++q) {
       const bool out = q == nred;
       const u32 op = out ? 0u : rop[q];
       float acc = row_init(op);
-      for (u32 c = lane; c < cols; c += 32) {
-        const i64 e = row + c;
-        float x[kProgMaxInputs];
+      for (u32 c0 = 0; c0 < cols; c0 += 32 * kInterpVec) {
         for (u32 k = 0; k < nin; ++k)
-          x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
-        const float v = run_program(p, x, red, out ? ~0u : q);
-        if (out) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), v);
-        else acc = row_combine(op, acc, v);
+#pragma unroll
+          for (u32 v = 0; v < kInterpVec; ++v) {
+            const u32 c = c0 + lane + 32 * v;
+            r[k][v] = c < cols ? load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], row + c))
+                               : 0.0f;
+          }
+        float val[kInterpVec];
+        run_program_v<kInterpVec>(p, r, val, red, out ? ~0u : q);
+#pragma unroll
+        for (u32 v = 0; v < kInterpVec; ++v) {
+          const u32 c = c0 + lane + 32 * v;
+          if (c >= cols) continue;
+          if (out) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], row + c), val[v]);
+          else acc = row_combine(op, acc, val[v]);
+        }
       }
       if (out) break;
 #pragma unroll

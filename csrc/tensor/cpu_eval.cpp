@@ -131,23 +131,37 @@ void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
   const auto load = [&](int64_t e) {
     for (size_t k = 0; k < ins.size(); ++k) v[k] = load_f32(ins[k].data_ptr(), (uint32_t)dtype_code(ins[k].scalar_type()), e);
   };
-  // A row program (kOpRowRed inside): rows are out's last dim; one pass per reduction, then the output pass
-  // (the worker's fused_rows_op, with the row folded in order rather than over 32 lanes).
   uint32_t rop[kRowMaxRed];
   float rscale[kRowMaxRed], red[kRowMaxRed];
   const uint32_t nred = row_reductions(p, rop, rscale);
-  const int64_t cols = nred && out.dim() ? out.size(-1) : 1;
-  if (nred && (out.dim() == 0 || cols == 0))
-    throw py::value_error("cpu_run_program: a row program needs an output with a non-empty last dim");
-  for (int64_t row = 0; row < n; row += cols) {
-    for (uint32_t q = 0; q < nred; ++q) {
-      float acc = row_init(rop[q]);
-      for (int64_t c = 0; c < cols; ++c) load(row + c), acc = row_combine(rop[q], acc, run_program(p, v, red, q));
-      red[q] = acc * rscale[q];
+  if (nred == 0) {
+    for (int64_t e = 0; e < n; ++e) {
+      load(e);
+      store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), e, run_program(p, v));
     }
-    for (int64_t c = 0; c < cols; ++c) {
-      load(row + c);
-      store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), row + c, run_program(p, v, red));
+    return;
+  }
+  // A row program (kOpRowRed inside): rows are out's last dim; one pass per reduction, then the output pass,
+  // through the worker's vector interpreter (fused_rows_op: 4 elements per call), the row folded in order.
+  const int64_t cols = out.dim() ? out.size(-1) : 0;
+  if (cols == 0) throw py::value_error("cpu_run_program: a row program needs an output with a non-empty last dim");
+  constexpr uint32_t V = 4;
+  float r[kProgMaxRegs][V], val[V];
+  for (int64_t row = 0; row < n; row += cols) {
+    for (uint32_t q = 0; q <= nred; ++q) {
+      float acc = q < nred ? row_init(rop[q]) : 0.0f;
+      for (int64_t c0 = 0; c0 < cols; c0 += V) {
+        for (uint32_t u = 0; u < V; ++u) {
+          if (c0 + u < cols) load(row + c0 + u);
+          for (size_t k = 0; k < ins.size(); ++k) r[k][u] = c0 + u < cols ? v[k] : 0.0f;
+        }
+        run_program_v<V>(p, r, val, red, q < nred ? q : ~0u);
+        for (uint32_t u = 0; u < V && c0 + u < cols; ++u) {
+          if (q < nred) acc = row_combine(rop[q], acc, val[u]);
+          else store_f32(out.data_ptr(), (uint32_t)dtype_code(out.scalar_type()), row + c0 + u, val[u]);
+        }
+      }
+      if (q < nred) red[q] = acc * rscale[q];
     }
   }
 }
