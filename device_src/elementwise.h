@@ -9,6 +9,7 @@
 #include "device_src/config.h"
 #include "device_src/types.h"
 #include "device_src/numeric.h"
+#include "device_src/interp.h"  // row programs: kRowMaxRed, row_init / row_combine
 
 namespace gpuos {
 
@@ -148,9 +149,70 @@ __device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
   return q * o.stride;
 }
 
-// Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS).
+// A row program's tile (SubOp::reserved = the row length, cols; the tile holds whole rows): for each row, one pass
+// per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the lane's elements,
+// then over the warp by shuffles), then the output pass. A lane takes V elements of the row at once: ev(r, val,
+// red, stop) evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter
+// (worker.cu fused_rows_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The
+// passes re-read the row's inputs (L1 / L2: a decode row is a few KiB).
+template <u32 V, u32 R, class Ev>
+__device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, u32 nin, u32 nred, const u32* rop,
+                                           const float* rscale, u32 lane, Ev ev) {
+  const u32 cols = d.reserved;
+  float red[kRowMaxRed];
+  float r[R][V];
+  for (u32 r0 = 0; r0 < d.n; r0 += cols) {
+    const i64 row = (i64)d.base + r0;
+    for (u32 q = 0; q <= nred; ++q) {
+      const bool out = q == nred;
+      const u32 op = out ? 0u : rop[q];
+      float acc = row_init(op);
+      for (u32 c0 = 0; c0 < cols; c0 += 32 * V) {
+        for (u32 k = 0; k < nin && k < R; ++k)
+#pragma unroll
+          for (u32 v = 0; v < V; ++v) {
+            const u32 c = c0 + lane + 32 * v;
+            r[k][v] = c < cols ? load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], row + c))
+                               : 0.0f;
+          }
+        float val[V];
+        ev(r, val, red, out ? ~0u : q);
+#pragma unroll
+        for (u32 v = 0; v < V; ++v) {
+          const u32 c = c0 + lane + 32 * v;
+          if (c >= cols) continue;
+          if (out) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], row + c), val[v]);
+          else acc = row_combine(op, acc, val[v]);
+        }
+      }
+      if (out) break;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc = row_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, o));
+      red[q] = acc * rscale[q];
+    }
+  }
+}
+
+// Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS). F::kRows > 0:
+// a row program (F::eval(x, red, stop) as run_program_v, F::row_info its reductions' op ids and scales).
 template <class F>
 __device__ __noinline__ void fused_spec_op(const SubOp& d, const FusedArgs& fa, u32 lane) {
+  if constexpr (F::kRows > 0) {
+    u32 rop[kRowMaxRed];
+    float rscale[kRowMaxRed];
+    F::row_info(rop, rscale);
+    fused_rows<4, F::kInputs>(d, fa, F::kInputs, F::kRows, rop, rscale, lane,
+                              [](float (*r)[4], float* val, const float* red, u32 stop) {
+#pragma unroll
+                                for (u32 v = 0; v < 4; ++v) {
+                                  float x[F::kInputs];
+#pragma unroll
+                                  for (u32 k = 0; k < F::kInputs; ++k) x[k] = r[k][v];
+                                  val[v] = F::eval(x, red, stop);
+                                }
+                              });
+    return;
+  }
   for (u32 i = lane; i < d.n; i += 32) {
     const i64 e = (i64)d.base + i;
     float x[F::kInputs];

@@ -73,47 +73,16 @@ __device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const
   }
 }
 
-// A row program (sub-op `reserved` = the row length, cols; the tile holds whole rows): for each row, one pass per
-// reduction over its elements (the program stopped at that kOpRowRed, folded over the lanes and combined across
-// the warp), then the output pass. A lane takes kInterpVec elements of the row at once (run_program_v: their loads
-// and register traffic overlap). The passes re-read the row's inputs (L1 / L2: a decode row is a few KiB).
+// A row program in the interpreter (elementwise.h fused_rows: the passes, the row folded over the warp).
 __device__ __noinline__ void fused_rows_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
-  const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
-  const u32 cols = d.reserved;
   u32 rop[kRowMaxRed];
-  float rscale[kRowMaxRed], red[kRowMaxRed];
+  float rscale[kRowMaxRed];
   const u32 nred = row_reductions(p, rop, rscale);
-  float r[kProgMaxRegs][kInterpVec];
-  for (u32 r0 = 0; r0 < d.n; r0 += cols) {
-    const i64 row = (i64)d.base + r0;
-    for (u32 q = 0; q <= nred; ++q) {
-      const bool out = q == nred;
-      const u32 op = out ? 0u : rop[q];
-      float acc = row_init(op);
-      for (u32 c0 = 0; c0 < cols; c0 += 32 * kInterpVec) {
-        for (u32 k = 0; k < nin; ++k)
-#pragma unroll
-          for (u32 v = 0; v < kInterpVec; ++v) {
-            const u32 c = c0 + lane + 32 * v;
-            r[k][v] = c < cols ? load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], row + c))
-                               : 0.0f;
-          }
-        float val[kInterpVec];
-        run_program_v<kInterpVec>(p, r, val, red, out ? ~0u : q);
-#pragma unroll
-        for (u32 v = 0; v < kInterpVec; ++v) {
-          const u32 c = c0 + lane + 32 * v;
-          if (c >= cols) continue;
-          if (out) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], row + c), val[v]);
-          else acc = row_combine(op, acc, val[v]);
-        }
-      }
-      if (out) break;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc = row_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, o));
-      red[q] = acc * rscale[q];
-    }
-  }
+  const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
+  fused_rows<kInterpVec, kProgMaxRegs>(d, fa, nin, nred, rop, rscale, lane,
+                                       [&p](float (*r)[kInterpVec], float* val, const float* red, u32 stop) {
+                                         run_program_v<kInterpVec>(p, r, val, red, stop);
+                                       });
 }
 
 __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs& fa, u32 prog, u32 lane) {
@@ -150,7 +119,7 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
                                            const Program* progs, i64 rd) {
   const u32 prog = (u32)d.in[0];
   fetch_fused_args(d, refs, cached, lane, rd);
-  if (d.reserved == 0 && exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {  // rows: interpreter only
+  if (exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {
     __syncwarp();
     return;
   }

@@ -241,3 +241,18 @@ def test_row_program_rejects_a_reduction_it_cannot_fold():
     prog = ext._build_program(1, [(red, [0], 1.0, float(ids["softmax"]))], 1)
     with pytest.raises(ValueError, match="malformed instruction 0"):
         _run(prog, [torch.randn(3, 8)])
+
+
+def test_tier2_row_program_compiles_into_a_generation(requires_nvrtc):
+    """A row program's straight-line code (kRows, row_info, eval with red / stop) goes into a generation and the
+    worker compiles with it for sm_90 (elementwise.h fused_spec_op runs it through fused_rows)."""
+    import gpuos_ext as ext
+
+    ids, red = _row_nodes()
+    nodes = [(ids["mul"], [0, 0], 0.0, 0.0), (red, [1], 1.0 / 64, float(ids["mean"])), (ids["rsqrt"], [2], 0.0, 0.0),
+             (ids["mul"], [0, 3], 0.0, 0.0, 1)]
+    prog = ext._build_program(1, nodes, 4)
+    hdr = ext._generation_header_for([], [(9, prog)])
+    assert "kRows = 1;" in hdr and f"ops[0] = {ids['mean']}u;" in hdr and "if (stop == 0u) return" in hdr
+    cubin = ext._jit_compile_generation("sm_90", hdr)
+    assert cubin[:4] == b"\x7fELF"

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "config/config.h"
+#include "device_src/interp.h"
 #include "device_src/numeric.h"
 #include "device_src/types.h"
 #include "inject/registry.h"
@@ -58,22 +59,30 @@ void note_program_use(int32_t id) {
   if (after == 0) return;
   const uint32_t n = g_prog_uses[(size_t)id].fetch_add(1, std::memory_order_relaxed) + 1;
   if (n != after) return;  // exactly once per program
-  const Program& p = program_by_id(id);
-  uint32_t rop[kRowMaxRed];
-  float rscale[kRowMaxRed];
-  if (row_reductions(p, rop, rscale) > 0) return;  // row programs run in the interpreter (worker.cu fused_rows_op)
   g_spec_requests++;
-  request_fused_spec((uint32_t)id, specialize_program((uint32_t)id, p));
+  request_fused_spec((uint32_t)id, specialize_program((uint32_t)id, program_by_id(id)));
 }
 
 std::string specialize_program(uint32_t id, const Program& p) {
   const std::string ns = "gpuos_fused_" + std::to_string(id);
+  // A row program (kOpRowRed inside) also gets kRows, row_info (its reductions) and eval's red / stop, with
+  // run_program_v's meaning (elementwise.h fused_spec_op runs it through fused_rows).
+  uint32_t rop[kRowMaxRed];
+  float rscale[kRowMaxRed];
+  const uint32_t nred = row_reductions(p, rop, rscale);
   std::string s = "namespace " + ns + " {\nstruct F {\n  static constexpr ::gpuos::u32 kInputs = " +
-                  std::to_string(p.ninputs) + ";\n  static __device__ __forceinline__ float eval(const float* x) {\n"
+                  std::to_string(p.ninputs) + ";\n  static constexpr ::gpuos::u32 kRows = " + std::to_string(nred) +
+                  ";\n  static __device__ __forceinline__ void row_info(::gpuos::u32* ops, float* scales) {\n"
                   "    using namespace ::gpuos;\n";
+  for (uint32_t q = 0; q < nred; ++q)
+    s += "    ops[" + std::to_string(q) + "] = " + std::to_string(rop[q]) + "u; scales[" + std::to_string(q) + "] = " +
+         fbits(rscale[q]) + ";\n";
+  s += "  }\n  static __device__ __forceinline__ float eval(const float* x, const float* red = nullptr, "
+       "::gpuos::u32 stop = ~0u) {\n    using namespace ::gpuos;\n";
   for (uint32_t r = 0; r < kProgMaxRegs; ++r)
     s += "    float r" + std::to_string(r) + " = " + (r < p.ninputs ? "x[" + std::to_string(r) + "]" : "0.0f") + ";\n";
   auto reg = [](uint32_t r) { return "r" + std::to_string(r); };
+  uint32_t q = 0;
   for (uint32_t i = 0; i < p.ninstr && i < kProgMaxInstr; ++i) {
     const Instr& I = p.code[i];
     const std::string dst = "    " + reg(I.dst) + " = ";
@@ -83,6 +92,10 @@ std::string specialize_program(uint32_t id, const Program& p) {
       s += dst + "f16_to_f32(f32_to_f16(" + reg(I.src[0]) + "));\n";
     } else if (I.op == kOpRoundBF16) {
       s += dst + "bf16_to_f32(f32_to_bf16(" + reg(I.src[0]) + "));\n";
+    } else if (I.op == kOpRowRed) {
+      s += "    if (stop == " + std::to_string(q) + "u) return " + reg(I.src[0]) + ";\n" + dst + "red[" +
+           std::to_string(q) + "];\n";
+      ++q;
     } else if (I.op < kNumOps) {
       s += dst + kOps[I.op].functor + "::apply(" + reg(I.src[0]) + ", " + (I.nsrc > 1 ? reg(I.src[1]) : "0.0f") + ", " +
            (I.nsrc > 2 ? reg(I.src[2]) : "0.0f") + ", " + fbits(I.s0) + ", " + fbits(I.s1) + ");\n";
