@@ -1,7 +1,7 @@
 """Where does the worker's time go? Run on a GPU machine: python tools/worker_trace.py [scenario ...]
 
 Sets GPUOS_TRACE (claim trace, see gpuos_ext.worker_trace) and runs W3-like scenarios (default: all; names: w3,
-views, single, levels; env TPB = threads_per_block, GPUOS_PUBLISH_MIN=0 = no early publication), each as
+views, single, levels, rows; env TPB = threads_per_block, GPUOS_PUBLISH_MIN=0 = no early publication), each as
 `reps` repetitions of: record the sub-ops (host time), flush(sync=True) (host time); the last rep's trace is
 summarised: when the batch's slot was filled and its first claim started (relative to the flush call, when the GPU's
 %globaltimer and the host's CLOCK_REALTIME agree), how long until the last claim ended, achieved bandwidth,
@@ -132,6 +132,37 @@ def levels(depth=64, n=1024):
     summarise(f"levels: {depth} dependent adds of {n}", recs, t_flush_ns, 0, host_ms, flush_ms)
 
 
+def rows(hidden, depth=16, row_fusion=True):
+    """`depth` dependent RMSNorms (HF's form, fp16, one row of `hidden`) recorded by the scheduler and published
+    by one flush: with row fusion each is one row-program level (its claim's exec time is the row's cost)."""
+    x0 = torch.randn(1, hidden, device="cuda", dtype=torch.float16)
+    w = torch.rand(hidden, device="cuda", dtype=torch.float16) + 0.5
+    out = []
+
+    def rms(x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(x.dtype)
+
+    def record():
+        x = x0
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            for _ in range(depth):
+                x = rms(x)
+        out[:] = [x]
+    gpuos.set_row_fusion(row_fusion)
+    try:
+        recs, _, t_flush_ns, host_ms, flush_ms = traced(record)
+    finally:
+        gpuos.set_row_fusion(True)
+    ref = x0
+    for _ in range(depth):
+        ref = rms(ref)
+    torch.testing.assert_close(out[0], ref, rtol=2e-2, atol=2e-2)
+    summarise(f"rows: {depth} dependent RMSNorms of {hidden}, row fusion {row_fusion}", recs, t_flush_ns, 0,
+              host_ms, flush_ms)
+
+
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
     gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
@@ -166,6 +197,10 @@ def main():
         print(f"  torch.sum of the same 128000x1024: {ms:.3f} ms ({buf.numel() * 4 / (ms * 1e-3) / 1e9:.0f} GB/s)")
     if on("levels"):
         levels()
+    if on("rows"):
+        for hidden in (256, 4096):
+            for rf in (True, False):
+                rows(hidden, row_fusion=rf)
     print("stats", {k: v for k, v in gpuos.stats().items() if v}, flush=True)
 
 
