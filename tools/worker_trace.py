@@ -9,6 +9,7 @@ and per claim: descriptor-load time (with the wait for the previous level: a blo
 the level before it has completed), execution time (block barrier), gaps between a block's claims.
 `levels` (a chain of dependent one-sub-op levels) adds the level handoff (level_gaps): from the last claim of a
 level ending (before its block's atomicSub) to the first claim of the next level starting to execute.
+`rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 """
 import os
 import statistics
@@ -132,7 +133,7 @@ def levels(depth=64, n=1024):
     summarise(f"levels: {depth} dependent adds of {n}", recs, t_flush_ns, 0, host_ms, flush_ms)
 
 
-def rows(hidden, depth=16, row_fusion=True):
+def norm_rows(hidden, depth=16, row_fusion=True):
     """`depth` dependent RMSNorms (HF's form, fp16, one row of `hidden`) recorded by the scheduler and published
     by one flush: with row fusion each is one row-program level (its claim's exec time is the row's cost)."""
     x0 = torch.randn(1, hidden, device="cuda", dtype=torch.float16)
@@ -200,7 +201,7 @@ def main():
     if on("rows"):
         for hidden in (256, 4096):
             for rf in (True, False):
-                rows(hidden, row_fusion=rf)
+                norm_rows(hidden, row_fusion=rf)
     print("stats", {k: v for k, v in gpuos.stats().items() if v}, flush=True)
 
 
