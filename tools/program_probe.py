@@ -140,7 +140,7 @@ def norm_probe():
         for _ in range(16):
             x = F.layer_norm(x, (x.shape[-1],), w, w, 1e-5)
         return x
-    for hidden in (256, 768, 4096):
+    for hidden in [int(h) for h in os.environ.get("PROBE_NORM_HIDDEN", "256,768,4096").split(",")]:
         x = torch.randn(1, 1, hidden, device="cuda", dtype=torch.float16)
         w = torch.rand(hidden, device="cuda", dtype=torch.float16) + 0.5
         for name, f in (("rmsnorm", rms), ("layernorm", ln)):
@@ -192,7 +192,8 @@ def hf_probe():
     import gpuos.programs as P
     for label in ("llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static"):
         case = B.make_case(label, 8, "cuda")
-        for thr, rows in ((1 << 15, True), (1 << 15, False), (1 << 18, True), (1 << 18, False)):
+        thresholds = [int(t) for t in os.environ.get("PROBE_HF_THRESHOLDS", f"{1 << 15},{1 << 18}").split(",")]
+        for thr, rows in ((t, r) for t in thresholds for r in (True, False)):
             P.DEFAULT_SIZE_THRESHOLD = thr
             if hasattr(gpuos, "set_row_fusion"):
                 gpuos.set_row_fusion(rows)

@@ -39,6 +39,8 @@ EnvConfig read_env() {
   read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
+  read_u32("GPUOS_PTXAS_OPT", c.ptxas_opt);
+  if (c.ptxas_opt > 3) c.ptxas_opt = 3;
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
   c.worker_matmul = flag("GPUOS_WORKER_MATMUL");
   c.worker_attention = flag("GPUOS_WORKER_ATTENTION");
@@ -88,7 +90,8 @@ std::string describe_env_config() {
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
          "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_SPECIALIZE_AFTER=" +
-         std::to_string(c.specialize_after) + "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
+         std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +
+         "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
          "\nGPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +
          "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +

@@ -77,7 +77,7 @@ std::string hex64(uint64_t h) {
 
 std::vector<std::string> compile_options(const std::string& arch, bool relocatable) {
   std::vector<std::string> o{"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space",
-                             "-Xptxas", "-O1"};
+                             "-Xptxas", "-O" + std::to_string(env_config().ptxas_opt)};
   if (relocatable) {
     // Separately compiled device functions do not inherit the worker's __launch_bounds__ register cap, and
     // nvJitLink refuses callees above the kernel's cap (tools/link_probe.py): give every object that cap.
