@@ -269,6 +269,7 @@ struct Walk {       // thread 0's state of one block
 };
 struct Poller {     // block 0 thread 0's additional state
   u32 next = 0;     // the next batch to fill
+  u32 early_for = 0;  // the batch block 0 last filled ahead for while claiming it (claim_next)
   bool filled_any = false, idle = false;
   u32 spins = 0;
   u64 t_idle = 0;
@@ -290,7 +291,9 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
   // either lands before it (and finds that batch exhausted) or after (and holds a real claim on this one).
   *(volatile u64*)&dc->claim[slot] = (u64)seq << 32;
-  if (count == 0) dc->done[slot] = seq, st_vol(&((HostCtl*)args.host_ctl)->done[slot], seq);  // nothing to run
+  // Nothing to run (Runtime::commit_level publishes no empty level; kept so that one could never wedge the walk:
+  // no claim would ever count it off).
+  if (count == 0) dc->done[slot] = seq, st_vol(&((HostCtl*)args.host_ctl)->done[slot], seq);
   if (args.trace) {
     const u64 t = globaltimer();
     trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, seq, start, count);
@@ -398,8 +401,12 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
       fields(w.cur);
     }
     // The poller fills the batch after this one while this one is still being claimed, so that blocks
-    // finishing their share early find it filled (otherwise they wait until block 0 is between claims).
-    if (blockIdx.x == 0 && (int)(p.next - w.cur) < 2) poll_step(args, dc, hc, p);
+    // finishing their share early find it filled (otherwise they wait until block 0 is between claims): once
+    // per batch. An exit decision there (every filled batch done, idle_us without a fill) ends the launch.
+    if (blockIdx.x == 0 && p.early_for != w.cur && (int)(p.next - w.cur) < 2) {
+      p.early_for = w.cur;
+      if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
+    }
     // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but
     // a batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132)
     // and ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is
