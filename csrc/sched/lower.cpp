@@ -98,7 +98,7 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   leaves.reserve(kProgMaxInputs + 1);
   std::function<uint32_t(int)> visit;  // returns the value index (inputs numbered later: fix-up below)
   // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index. An op that
-  // several members read (merge_shared_producers) is one node.
+  // several members read (the merge pass of lower_deferred) is one node.
   std::unordered_map<int, uint32_t> seen;
   bool rows = false;
   visit = [&](int i) -> uint32_t {
