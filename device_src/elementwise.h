@@ -80,6 +80,11 @@ __device__ __forceinline__ void pack4(uint4& r, u32 dt, u32 c, const float* f) {
   else r.x = a, r.y = b;
 }
 
+// Loads in flight per lane: a warp's loop waits a memory round trip per iteration (the compiler cannot move a
+// later element's loads above this element's store: out may alias an input), so each iteration loads kEwLoads
+// elements (vectors) per lane before it computes and stores any.
+constexpr u32 kEwLoads = 4;
+
 // Contiguous, 16-byte aligned, every tensor operand of the output's dtype (constants allowed): the tile's whole
 // vectors; returns how many elements it did (the rest goes through the element loop).
 template <class F, u32 A>
@@ -89,56 +94,79 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
   const u64 boff = (u64)d.base * (dt == kF32 ? 4u : 2u);
   const u32 nv = d.n / per;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
-  for (u32 v = lane; v < nv; v += 32) {
-    uint4 q[A];
+  for (u32 v0 = lane; v0 < nv; v0 += 32 * kEwLoads) {
+    uint4 q[kEwLoads][A];
 #pragma unroll
-    for (u32 k = 0; k < A; ++k)
-      q[k] = (d.flags & (kFlagConst0 << k)) ? make_uint4(0u, 0u, 0u, 0u)
-                                            : *(const uint4*)((const char*)d.in[k] + boff + (u64)v * 16);
-    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+    for (u32 u = 0; u < kEwLoads; ++u)
+#pragma unroll
+      for (u32 k = 0; k < A; ++k)
+        q[u][k] = (d.flags & (kFlagConst0 << k)) || v0 + 32 * u >= nv
+                      ? make_uint4(0u, 0u, 0u, 0u)
+                      : *(const uint4*)((const char*)d.in[k] + boff + (u64)(v0 + 32 * u) * 16);
 #pragma unroll 1
-    for (u32 c = 0; c < per / 4; ++c) {
-      float x[3][4] = {};
+    for (u32 u = 0; u < kEwLoads; ++u) {
+      if (v0 + 32 * u >= nv) break;
+      uint4 r = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll 1
+      for (u32 c = 0; c < per / 4; ++c) {
+        float x[3][4] = {};
 #pragma unroll
-      for (u32 k = 0; k < A; ++k) {
-        if (d.flags & (kFlagConst0 << k)) x[k][0] = x[k][1] = x[k][2] = x[k][3] = bits_f32((u32)d.in[k]);
-        else unpack4(q[k], dt, c, x[k]);
+        for (u32 k = 0; k < A; ++k) {
+          if (d.flags & (kFlagConst0 << k)) x[k][0] = x[k][1] = x[k][2] = x[k][3] = bits_f32((u32)d.in[k]);
+          else unpack4(q[u][k], dt, c, x[k]);
+        }
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) x[0][i] = F::apply(x[0][i], x[1][i], x[2][i], s0, s1);
+        pack4(r, dt, c, x[0]);
       }
-#pragma unroll
-      for (u32 i = 0; i < 4; ++i) x[0][i] = F::apply(x[0][i], x[1][i], x[2][i], s0, s1);
-      pack4(r, dt, c, x[0]);
+      *(uint4*)((char*)d.out + boff + (u64)(v0 + 32 * u) * 16) = r;
     }
-    *(uint4*)((char*)d.out + boff + (u64)v * 16) = r;
   }
   return nv * per;
 }
 
 // __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
 // op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
+// The element loop's loads and stores (contiguous: mixed dtypes, unaligned, or the vectors' tail; strided: the
+// address of every operand from its TensorRef), kEwLoads elements per lane: out of line and shared by every op
+// (per op, the loads' dtype and layout branches made the worker module ~40 % larger; the arrays pass through the
+// stack, L1, next to a memory round trip). ref_offset is out of line too: inlined per operand and per op it made
+// the worker module 2.8x larger, and its load at a generation handover as much slower.
+static __device__ __noinline__ void ew_gather(const SubOp& d, const TensorRef* refs, u32 arity, u32 i0, float (*x)[3]) {
+  const bool strided = d.flags & kFlagStrided;
+#pragma unroll
+  for (u32 u = 0; u < kEwLoads; ++u) {
+    const u32 i = i0 + 32 * u;
+    if (i >= d.n) break;
+    const i64 e = (i64)d.base + i;
+    for (u32 k = 0; k < arity; ++k)
+      x[u][k] = strided ? strided_operand(d, refs, k, e)
+                : (d.flags & (kFlagConst0 << k)) ? bits_f32((u32)d.in[k])
+                                                  : load_f32((const void*)d.in[k], dt_of(d, k + 1), e);
+  }
+}
+static __device__ __noinline__ void ew_scatter(const SubOp& d, const TensorRef* refs, u32 i0, const float* y) {
+  const u32 dto = d.dtype & 0xffu;
+#pragma unroll
+  for (u32 u = 0; u < kEwLoads; ++u) {
+    const u32 i = i0 + 32 * u;
+    if (i >= d.n) break;
+    const i64 e = (i64)d.base + i;
+    if (d.flags & kFlagStrided) store_f32((void*)refs[0].ptr, dto, ref_offset(refs[0], e), y[u]);
+    else store_f32((void*)d.out, dto, e, y[u]);
+  }
+}
+
 template <class F, u32 A>
 __device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
   const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
-  const u32 dto = d.dtype & 0xffu;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
-  if (!(d.flags & kFlagStrided)) {  // contiguous: mixed dtypes, unaligned, or the vectors' tail
-    for (u32 i = done + lane; i < d.n; i += 32) {
-      const i64 e = (i64)d.base + i;
-      float x[3] = {0.0f, 0.0f, 0.0f};
+  for (u32 i0 = done + lane; i0 < d.n; i0 += 32 * kEwLoads) {
+    float x[kEwLoads][3] = {}, y[kEwLoads];
+    ew_gather(d, refs, A, i0, x);
 #pragma unroll
-      for (u32 k = 0; k < A; ++k)
-        x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32((u32)d.in[k]) : load_f32((const void*)d.in[k], dt_of(d, k + 1), e);
-      store_f32((void*)d.out, dto, e, F::apply(x[0], x[1], x[2], s0, s1));
-    }
-    return;
-  }
-  // Strided: the address of every operand from its TensorRef (ref_offset, out of line: inlined per operand and
-  // per op it made the worker module 2.8x larger, and its load at a generation handover as much slower).
-  for (u32 i = lane; i < d.n; i += 32) {
-    const i64 e = (i64)d.base + i;
-    float x[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (u32 k = 0; k < A; ++k) x[k] = strided_operand(d, refs, k, e);
-    store_f32((void*)refs[0].ptr, dto, ref_offset(refs[0], e), F::apply(x[0], x[1], x[2], s0, s1));
+    for (u32 u = 0; u < kEwLoads; ++u) y[u] = F::apply(x[u][0], x[u][1], x[u][2], s0, s1);
+    ew_scatter(d, refs, i0, y);
   }
 }
 
@@ -149,16 +177,17 @@ __device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
   return q * o.stride;
 }
 
-// A row program's tile (SubOp::reserved = the row length, cols; the tile holds whole rows): for each row, one pass
-// per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the lane's elements,
-// then over the warp by shuffles), then the output pass. A lane takes V elements of the row at once: ev(r, val,
-// red, stop) evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter
-// (worker.cu fused_rows_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The
-// passes re-read the row's inputs (L1 / L2: a decode row is a few KiB).
+// A fused program's tile. A row program (SubOp::reserved = the row length, cols; the tile holds whole rows): for
+// each row, one pass per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the
+// lane's elements, then over the warp by shuffles), then the output pass. A chain (no reduction) is one row of
+// the tile's d.n elements: the output pass alone. A lane takes V elements at once: ev(r, val, red, stop)
+// evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter (worker.cu
+// fused_prog_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The passes re-read
+// the row's inputs (L1 / L2: a decode row is a few KiB).
 template <u32 V, u32 R, class Ev>
 __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, u32 nin, u32 nred, const u32* rop,
                                            const float* rscale, u32 lane, Ev ev) {
-  const u32 cols = d.reserved;
+  const u32 cols = d.reserved ? d.reserved : d.n;
   float red[kRowMaxRed];
   float r[R][V];
   for (u32 r0 = 0; r0 < d.n; r0 += cols) {
@@ -193,34 +222,23 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
   }
 }
 
-// Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS). F::kRows > 0:
-// a row program (F::eval(x, red, stop) as run_program_v, F::row_info its reductions' op ids and scales).
+// Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS): F::eval(x, red,
+// stop) as run_program_v, F::kRows its reductions (0 for a chain), F::row_info their op ids and scales.
 template <class F>
 __device__ __noinline__ void fused_spec_op(const SubOp& d, const FusedArgs& fa, u32 lane) {
-  if constexpr (F::kRows > 0) {
-    u32 rop[kRowMaxRed];
-    float rscale[kRowMaxRed];
-    F::row_info(rop, rscale);
-    fused_rows<4, F::kInputs>(d, fa, F::kInputs, F::kRows, rop, rscale, lane,
-                              [](float (*r)[4], float* val, const float* red, u32 stop) {
+  u32 rop[kRowMaxRed];
+  float rscale[kRowMaxRed];
+  F::row_info(rop, rscale);
+  fused_rows<4, F::kInputs>(d, fa, F::kInputs, F::kRows, rop, rscale, lane,
+                            [](float (*r)[4], float* val, const float* red, u32 stop) {
 #pragma unroll
-                                for (u32 v = 0; v < 4; ++v) {
-                                  float x[F::kInputs];
+                              for (u32 v = 0; v < 4; ++v) {
+                                float x[F::kInputs];
 #pragma unroll
-                                  for (u32 k = 0; k < F::kInputs; ++k) x[k] = r[k][v];
-                                  val[v] = F::eval(x, red, stop);
-                                }
-                              });
-    return;
-  }
-  for (u32 i = lane; i < d.n; i += 32) {
-    const i64 e = (i64)d.base + i;
-    float x[F::kInputs];
-#pragma unroll
-    for (u32 k = 0; k < F::kInputs; ++k)
-      x[k] = load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], e));
-    store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], e), F::eval(x));
-  }
+                                for (u32 k = 0; k < F::kInputs; ++k) x[k] = r[k][v];
+                                val[v] = F::eval(x, red, stop);
+                              }
+                            });
 }
 
 }  // namespace gpuos

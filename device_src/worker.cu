@@ -48,36 +48,15 @@ __device__ __forceinline__ uint4 ld_vol4(const void* p) {
 #include "device_src/reduce.h"
 namespace gpuos {
 
-// ---------------------------------------------------------------- fused chains (interpreter tier)
-// out[e] = program(in_0[e], ..., in_k[e]) for the tile's elements: any never-seen chain runs at once. A lane
-// takes kInterpVec elements at once (run_program_v: their loads and register traffic overlap).
+// ---------------------------------------------------------------- fused programs (interpreter tier)
+// A fused chain (out[e] = program(in_0[e], ..., in_k[e])) or row program run by the interpreter: any never-seen
+// program runs at once (elementwise.h fused_rows: the element loop and the row passes). A lane takes kInterpVec
+// elements at once (run_program_v: their loads and register traffic overlap).
 constexpr u32 kInterpVec = 4;
-__device__ __noinline__ void fused_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
-  const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
-  float r[kProgMaxRegs][kInterpVec];
-  for (u32 i0 = 0; i0 < d.n; i0 += 32 * kInterpVec) {
-    for (u32 k = 0; k < nin; ++k)
-#pragma unroll
-      for (u32 v = 0; v < kInterpVec; ++v) {
-        const u32 i = i0 + lane + 32 * v;
-        r[k][v] = i < d.n ? load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], (i64)d.base + i))
-                          : 0.0f;
-      }
-    float val[kInterpVec];
-    run_program_v<kInterpVec>(p, r, val);
-#pragma unroll
-    for (u32 v = 0; v < kInterpVec; ++v) {
-      const u32 i = i0 + lane + 32 * v;
-      if (i < d.n) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], (i64)d.base + i), val[v]);
-    }
-  }
-}
-
-// A row program in the interpreter (elementwise.h fused_rows: the passes, the row folded over the warp).
-__device__ __noinline__ void fused_rows_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
+__device__ __noinline__ void fused_prog_op(const SubOp& d, const FusedArgs& fa, const Program& p, u32 lane) {
   u32 rop[kRowMaxRed];
   float rscale[kRowMaxRed];
-  const u32 nred = row_reductions(p, rop, rscale);
+  const u32 nred = d.reserved ? row_reductions(p, rop, rscale) : 0u;
   const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
   fused_rows<kInterpVec, kProgMaxRegs>(d, fa, nin, nred, rop, rscale, lane,
                                        [&p](float (*r)[kInterpVec], float* val, const float* red, u32 stop) {
@@ -130,8 +109,7 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
     cached[2] = cached[3] = kProgTag | prog;
   }
   __syncwarp();
-  if (d.reserved) fused_rows_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
-  else fused_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
+  fused_prog_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
   __syncwarp();  // the next sub-op of this warp may overwrite the slots
 }
 

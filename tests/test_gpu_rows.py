@@ -1,6 +1,6 @@
 """Row programs (issue #16's row tasks) on the GPU: a last-dim reduction whose keepdim result a fused chain reads
 becomes part of that chain's program (csrc/sched/lower.cpp try_fuse / merge pass, device_src/worker.cu
-fused_rows_op). HF's hand-written RMSNorm and the LayerNorm handler's table ops each run as one sub-op in one
+fused_prog_op). HF's hand-written RMSNorm and the LayerNorm handler's table ops each run as one sub-op in one
 level, with the same results as eager; a reduction Python still holds, or an input written in between, keeps
 the old lowering."""
 

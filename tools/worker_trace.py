@@ -10,6 +10,11 @@ the level before it has completed), execution time (block barrier), gaps between
 `levels` (a chain of dependent one-sub-op levels) adds the level handoff (level_gaps): from the last claim of a
 level ending (before its block's atomicSub) to the first claim of the next level starting to execute.
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
+`ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
+cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced; needs
+transformers): where a replayed step's time goes, per level -- its execution span (first claim executing to last
+claim done) and the handoff before it -- summed by the ops the level holds, and the slowest levels
+(`Tape.level_map` names each level's sub-ops).
 """
 import os
 import statistics
@@ -164,6 +169,110 @@ def norm_rows(hidden, depth=16, row_fusion=True):
               host_ms, flush_ms)
 
 
+def op_chain(name, x0, fn, depth=16, row_fusion=False):
+    """`depth` dependent applications of `fn` recorded by the scheduler, published by one flush: one warp's tile
+    per level when the op is small (live flushes keep whole tiles), so the claims' exec time is that cost."""
+    out = []
+
+    def record():
+        x = x0
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            for _ in range(depth):
+                x = fn(x)
+        out[:] = [x]
+    gpuos.set_row_fusion(row_fusion)
+    try:
+        recs, _, t_flush_ns, host_ms, flush_ms = traced(record)
+    finally:
+        gpuos.set_row_fusion(True)
+    ref = x0
+    for _ in range(depth):
+        ref = fn(ref)
+    torch.testing.assert_close(out[0], ref, rtol=2e-2, atol=2e-2)
+    summarise(f"ops: {depth} x {name}", recs, t_flush_ns, 0, host_ms, flush_ms)
+
+
+def op_chains():
+    for n in (1024, 4096):
+        y = torch.randn(n, device="cuda")
+        op_chain(f"fp32 add of {n}", torch.randn(n, device="cuda"), lambda x: x + y)
+        op_chain(f"fp16 -> fp32 -> fp16 casts of {n}", torch.randn(n, device="cuda", dtype=torch.float16),
+                 lambda x: x.float().half())
+        op_chain(f"fp32 mean of (1, {n}) then subtract", torch.randn(1, n, device="cuda"),
+                 lambda x: x - x.mean(-1, keepdim=True) * 0.5)
+        m = int(n ** 0.5)
+        op_chain(f"fp32 transposed add of ({m}, {m})", torch.randn(m, m, device="cuda"), lambda x: x.t() + 1.0)
+
+
+def hf_levels(label, top=12):
+    """One traced replay of a captured static decode step (tier 2 waited for): per level exec span and handoff,
+    grouped by the ops of the level."""
+    import collections
+    from benchmarks import bench_models as B
+    from benchmarks.harness import suite as H
+    case = B.make_case(label, 8, "cuda")
+    d = case.data
+    cache = B._cached(case)
+    tok, pos = d.forced[0].contiguous().clone(), d.positions[0]
+
+    def step(t, p):
+        with torch.no_grad():
+            return B.step_logits(d.model, t, cache, p, d.cache_kw)
+    prog, _ = H.capture_program(gpuos, step, (tok, pos), torch.cuda.synchronize)
+    for _ in range(80):  # past the tier-2 threshold
+        prog(tok, pos)
+    torch.cuda.synchronize()
+    gpuos_ext.wait_generations()
+    for _ in range(3):
+        prog(tok, pos)
+    torch.cuda.synchronize()
+    gpuos.flush(sync=True)
+    gpuos_ext.worker_trace()  # reset
+    prog(tok, pos)
+    torch.cuda.synchronize()
+    gpuos.flush(sync=True)
+    recs = [r for r in gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"] if r[0] >= 0]
+    segs = [s for s in prog.steps if s[0] == "seg"]
+    lmap = []  # per level (in publication order): [entry dicts]
+    for sg in segs:
+        ents = prog.tape.level_map(sg[1], sg[2])
+        nl = max((e["level"] for e in ents), default=0)
+        per = [[] for _ in range(nl)]
+        for e in ents:
+            per[e["level"] - 1].append(e)
+        lmap.extend(per)
+    seq0 = min(r[1] for r in recs)
+    span = {}
+    for blk, seq, _i, _k, t0, load, exe in recs:
+        a, b = span.get(seq, (1 << 62, 0))
+        span[seq] = (min(a, t0 + load), max(b, t0 + load + exe))
+    seqs = sorted(span)
+    if len(seqs) != len(lmap):
+        print(f"hf {label}: {len(seqs)} traced batches vs {len(lmap)} levels (segments {len(segs)}); "
+              "per-level figures skipped")
+        return
+    by = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    rows, prev_end = [], None
+    for lv, sq in enumerate(seqs):
+        a, b = span[sq]
+        ex, hand = (b - a) / 1e3, ((a - prev_end) / 1e3 if prev_end is not None else 0.0)
+        prev_end = b
+        ops = lmap[lv]
+        key = "+".join(sorted({e["op"] + ("@" + str(e["row"]) if e["row"] else "") for e in ops}))
+        g = by[key]
+        g[0] += 1; g[1] += ex; g[2] += hand  # noqa: E702
+        rows.append((ex, lv + 1, hand, ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
+    tot_ex, tot_h = sum(r[0] for r in rows), sum(r[2] for r in rows)
+    first, last = min(span[s][0] for s in seqs), max(span[s][1] for s in seqs)
+    print(f"hf {label}: {len(seqs)} levels ({seq0}..), span {(last - first) / 1e3:.1f} us = exec {tot_ex:.1f} + "
+          f"handoffs {tot_h:.1f} us; fallbacks {list(prog.fallbacks)}")
+    for key, (n, ex, hand) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {key:40s} levels {n:3d}  exec {ex:8.1f} us ({ex / n:6.2f}/level)  handoff {hand:7.1f} us")
+    print("  slowest levels (exec us, level, handoff us, sub-ops op:elems/tiles):")
+    for ex, lv, hand, desc in sorted(rows, reverse=True)[:top]:
+        print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:150]}")
+
+
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
     gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
@@ -202,6 +311,16 @@ def main():
         for hidden in (256, 4096):
             for rf in (True, False):
                 norm_rows(hidden, row_fusion=rf)
+    if on("ops"):
+        op_chains()
+    if on("hf"):
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("hf: transformers is not installed")
+        else:
+            for label in ("llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static"):
+                hf_levels(label)
     print("stats", {k: v for k, v in gpuos.stats().items() if v}, flush=True)
 
 

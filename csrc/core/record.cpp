@@ -122,6 +122,20 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
   hazards_.note(w, reads, nr, level);
 }
 
+// While a program is captured (latency-bound decode steps) a small op is spread over up to kCaptureWarps warps:
+// one warp's memory-bound work waits a round trip per iteration of its loop (ninth session, claim trace on an
+// H200: a 1,024-element fp32 add 3.7 us, a 4,096-element cast 36.5 us in one warp's tile; a 1,024-element chain
+// of 32 instructions 140 us). Units are elements (min_units 128: whole 16-byte vectors, multiples of 32) or rows
+// (min_units 1). Live flushes keep whole tiles: thousands of independent ops fill the grid and each descriptor
+// costs host time.
+constexpr uint64_t kCaptureWarps = 16;
+uint64_t Runtime::capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units) const {
+  if (!tape_) return per_tile;
+  uint64_t split = (total + kCaptureWarps - 1) / kCaptureWarps;
+  if (min_units > 1) split = (split + 31) / 32 * 32;
+  return std::min<uint64_t>(per_tile, std::max<uint64_t>(min_units, split));
+}
+
 void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const Operand* ins, float s0, float s1,
                         int64_t numel) {
   if (numel <= 0) return;
@@ -160,13 +174,14 @@ void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const O
     // Refs in operand order: out, then each input slot (constants keep a zero ref that is never read).
     TensorRef slots[4] = {refs[0]};
     for (uint32_t k = 0, t = 1; k < arity; ++k) slots[k + 1] = ins[k].is_const ? TensorRef{} : refs[t++];
-    append_tiles(proto, (uint64_t)numel, kTileElems, slots, arity + 1, out, ins, arity);
+    append_tiles(proto, (uint64_t)numel, capture_tile(kTileElems, (uint64_t)numel, 128), slots, arity + 1, out, ins,
+                 arity);
   } else {
     if (one_dtype && (ptr_bits & 15) == 0) proto.flags |= kFlagVec;
     proto.out = out.ptr;
     for (uint32_t k = 0; k < arity; ++k)
       if (!ins[k].is_const) proto.in[k] = ins[k].ptr;
-    append_tiles(proto, (uint64_t)numel, kTileElems, nullptr, 0, out, ins, arity);
+    append_tiles(proto, (uint64_t)numel, capture_tile(kTileElems, (uint64_t)numel, 128), nullptr, 0, out, ins, arity);
   }
   st_.submitted++;
   maybe_publish_early();
@@ -189,7 +204,7 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   const int64_t elems = rows * std::max<int64_t>(cols, 1);
   const int64_t tile_elems = elems >= 32 * (int64_t)kTileElems ? 4 * (int64_t)kTileElems : (int64_t)kTileElems;
   const uint64_t per_tile = (uint64_t)std::max<int64_t>(1, std::min<int64_t>(32, tile_elems / std::max<int64_t>(cols, 1)));
-  append_tiles(proto, (uint64_t)rows, per_tile, refs, 2, out, &x, 1);
+  append_tiles(proto, (uint64_t)rows, capture_tile(per_tile, (uint64_t)rows, 1), refs, 2, out, &x, 1);
   st_.submitted++;
   maybe_publish_early();
 }
@@ -295,7 +310,9 @@ void Runtime::record_data(SubOp proto, const TensorRef* refs, uint32_t nref, con
                           uint32_t nread, uint64_t total, uint64_t per_tile) {
   if (total == 0) return;
   proto.flags |= kFlagStrided;
-  append_tiles(proto, total, per_tile, refs, nref, out, reads, nread);
+  // Element-tiled data ops spread like elementwise ones while capturing (argmax's tiles are rows).
+  append_tiles(proto, total, per_tile == kTileElems ? capture_tile(per_tile, total, 128) : capture_tile(per_tile, total, 1),
+               refs, nref, out, reads, nread);
   st_.submitted++;
   maybe_publish_early();
 }
@@ -329,18 +346,12 @@ void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& ou
   proto.reserved = (uint32_t)cols;
   TensorRef slots[2];
   std::memcpy((void*)slots, (const void*)&fa, sizeof(FusedArgs));
-  // One warp interprets a tile. While a program is captured (latency-bound steps), small chains are split over
-  // up to 16 warps (tiles of >= 128 elements): a 1,024-element chain of 32 instructions took 140 us in one
-  // warp's tile on an H200. Live flushes keep whole tiles (throughput: W2's thousands of chains fill the grid).
-  // A row program's tile is whole rows: about kTileElems elements, over at least 16 warps while capturing.
-  uint64_t per_tile = kTileElems;
+  // One warp interprets a tile: kTileElems elements, a row program's tile whole rows (about kTileElems elements);
+  // spread while capturing (capture_tile: a 1,024-element chain of 32 instructions took 140 us in one warp).
+  uint64_t per_tile = capture_tile(kTileElems, (uint64_t)numel, 128);
   if (cols > 0) {
     const uint64_t rows = (uint64_t)(numel / cols);
-    uint64_t per = std::max<uint64_t>(1, kTileElems / (uint64_t)cols);
-    if (tape_) per = std::min<uint64_t>(per, (rows + 15) / 16);
-    per_tile = std::max<uint64_t>(1, per) * (uint64_t)cols;
-  } else if (tape_) {
-    per_tile = std::min<uint64_t>(kTileElems, std::max<uint64_t>(128, ((uint64_t)numel / 16 + 31) / 32 * 32));
+    per_tile = capture_tile(std::max<uint64_t>(1, kTileElems / (uint64_t)cols), rows, 1) * (uint64_t)cols;
   }
   append_tiles(proto, (uint64_t)numel, per_tile, slots, 2, out, ins, nin);
   st_.submitted++;

@@ -243,6 +243,8 @@ class Runtime {
   // Stage ceil(total / per_tile) tiles of `proto` at the level the hazard model gives (out written, the
   // non-constant ins read); with nref > 0, refs[0..nref) go to the TensorRef arena (again for every piece of an
   // op larger than half the ring) and proto's pointer fields point at them.
+  // Units (elements or rows) per descriptor while a program is captured: see record.cpp.
+  uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units) const;
   void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
                     const Operand& out, const Operand* ins, uint32_t nin);
 

@@ -59,9 +59,9 @@ void relocate(TapeEntry& e, const Reloc& rel) {
   for (; k < e.nref; ++k) e.refs[k].ptr = rel(e.refs[k].ptr);
 }
 
-uint32_t Tape::levels(size_t b, size_t e) const {
+std::vector<uint32_t> Tape::entry_levels(size_t b, size_t e) const {
   Hazards h;
-  uint32_t top = 0;
+  std::vector<uint32_t> lv;
   Access reads[kProgMaxInputs];
   for (size_t i = b; i < e && i < entries.size(); ++i) {
     const TapeEntry& t = entries[i];
@@ -70,8 +70,14 @@ uint32_t Tape::levels(size_t b, size_t e) const {
       if (!t.in_const[k]) reads[nr++] = t.ins[k];
     const uint32_t l = h.level_of(t.out, reads, nr);
     h.note(t.out, reads, nr, l);
-    top = std::max(top, l);
+    lv.push_back(l);
   }
+  return lv;
+}
+
+uint32_t Tape::levels(size_t b, size_t e) const {
+  uint32_t top = 0;
+  for (uint32_t l : entry_levels(b, e)) top = std::max(top, l);
   return top;
 }
 

@@ -35,6 +35,8 @@ struct Tape {
   std::vector<TapeEntry> entries;
   // Dependency levels of entries [b, e) as the runtime gives them when they are staged alone (hazards.h).
   uint32_t levels(size_t b, size_t e) const;
+  // The level (1-based) of each entry of [b, e) under the same rule (levels() is their maximum).
+  std::vector<uint32_t> entry_levels(size_t b, size_t e) const;
 };
 
 // Byte ranges whose pointers move by `delta` at replay. Ranges must not overlap (the caller checks).

@@ -1,6 +1,7 @@
 // csrc/python/programs.cpp -- gpuos_ext's program bindings (sched/program.h; used by gpuos/programs.py).
 #include <pybind11/stl.h>
 
+#include "ops/op_table.h"
 #include "python/bindings.h"
 #include "sched/program.h"
 #include "tensor/errors.h"
@@ -25,6 +26,26 @@ void add_program_bindings(py::module_& m) {
       }, py::arg("begin"), py::arg("end"), "Descriptors (work items) of entries [begin, end).")
       .def("levels", [](const CapturedTape& c, size_t b, size_t e) { return c.tape.levels(b, e); },
            py::arg("begin"), py::arg("end"), "Dependency levels of entries [begin, end) staged alone.")
+      .def("level_map", [](const CapturedTape& c, size_t b, size_t e) {
+        const std::vector<uint32_t> lv = c.tape.entry_levels(b, e);
+        py::list l;
+        for (size_t i = 0; i < lv.size(); ++i) {
+          const TapeEntry& t = c.tape.entries[b + i];
+          const SubOp& p = t.proto;
+          const bool fused = p.flags & kFlagFused;
+          const char* name = fused ? (p.reserved ? "fused_rows" : "fused")
+                             : p.op < (uint32_t)kNumOps ? kOps[p.op].name : "injected";
+          l.append(py::dict(py::arg("level") = lv[i], py::arg("op") = name,
+                            py::arg("program") = fused ? (int64_t)p.in[0] : (int64_t)-1,
+                            py::arg("elems") = t.total, py::arg("per_tile") = t.per_tile,
+                            py::arg("tiles") = (t.total + t.per_tile - 1) / t.per_tile,
+                            py::arg("row") = fused ? p.reserved : 0u, py::arg("dtype") = p.dtype & 0xffu,
+                            py::arg("strided") = (p.flags & kFlagStrided) != 0, py::arg("vec") = (p.flags & kFlagVec) != 0));
+        }
+        return l;
+      }, py::arg("begin"), py::arg("end"),
+         "Per entry of [begin, end): {'level' (1-based, as levels() counts), 'op', 'program', 'elems', 'per_tile', "
+         "'tiles', 'row', 'dtype', 'strided', 'vec'} (tools/worker_trace.py hf).")
       .def_property_readonly("held_bytes", &CapturedTape::held_bytes,
                              "Bytes of the distinct storages the program keeps alive (its arena, inputs, weights).")
       .def_property_readonly("fresh", [](const CapturedTape& c) { return c.fresh; },

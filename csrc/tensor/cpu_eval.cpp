@@ -142,7 +142,7 @@ void cpu_run_program(py::bytes program, py::sequence inputs, at::Tensor out) {
     return;
   }
   // A row program (kOpRowRed inside): rows are out's last dim; one pass per reduction, then the output pass,
-  // through the worker's vector interpreter (fused_rows_op: 4 elements per call), the row folded in order.
+  // through the worker's vector interpreter (fused_prog_op: 4 elements per call), the row folded in order.
   const int64_t cols = out.dim() ? out.size(-1) : 0;
   if (cols == 0) throw py::value_error("cpu_run_program: a row program needs an output with a non-empty last dim");
   constexpr uint32_t V = 4;
