@@ -52,12 +52,6 @@ struct Vec16 {
 
 __device__ __forceinline__ u32 dt_of(const SubOp& d, u32 k) { return (d.dtype >> (8 * k)) & 0xffu; }
 
-// Operand k (0-based input index) of a strided sub-op at linear element e.
-__device__ __forceinline__ float strided_operand(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
-  if (d.flags & (kFlagConst0 << k)) return bits_f32((u32)d.in[k]);
-  return load_f32((const void*)refs[k + 1].ptr, dt_of(d, k + 1), ref_offset(refs[k + 1], e));
-}
-
 // One 16-byte vector holds 4 fp32 or 8 fp16 / bf16 values; the functor runs on chunks of 4 (one chunk for fp32,
 // two for 16-bit, in a loop that is not unrolled), so every op has one copy of its vector code for all three
 // dtypes: the worker module -- and with it the module load of a generation handover -- stays small.
@@ -80,9 +74,13 @@ __device__ __forceinline__ void pack4(uint4& r, u32 dt, u32 c, const float* f) {
   else r.x = a, r.y = b;
 }
 
-// Loads in flight per lane: a warp's loop waits a memory round trip per iteration (the compiler cannot move a
-// later element's loads above this element's store: out may alias an input), so each iteration loads kEwLoads
-// elements (vectors) per lane before it computes and stores any.
+// One warp's loops are latency-bound (decode-sized tiles run one per warp): an iteration must issue all of its
+// loads before it uses any. Measured with tools/warp_bench.cu (one warp, H200, 4,096 fp32 adds, L2-warm data):
+// one 16-byte load per lane in flight 6.5 us, four 2.4 us; a loop that converts or spills each loaded value before
+// the next load waits a round trip per element (the element loop's cast: 34 us; a load staged through a
+// local-memory array: 85 us for a 4,096-element copy). So each iteration loads kEwLoads vectors / elements per
+// lane into registers (static indices), then runs a non-unrolled loop over them that shifts the register array
+// down (static indices again: the functor's code appears once per op, which keeps the worker module small).
 constexpr u32 kEwLoads = 4;
 
 // Contiguous, 16-byte aligned, every tensor operand of the output's dtype (constants allowed): the tile's whole
@@ -104,8 +102,7 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
                       ? make_uint4(0u, 0u, 0u, 0u)
                       : *(const uint4*)((const char*)d.in[k] + boff + (u64)(v0 + 32 * u) * 16);
 #pragma unroll 1
-    for (u32 u = 0; u < kEwLoads; ++u) {
-      if (v0 + 32 * u >= nv) break;
+    for (u32 v = v0; v < nv && v < v0 + 32 * kEwLoads; v += 32) {
       uint4 r = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 1
       for (u32 c = 0; c < per / 4; ++c) {
@@ -113,13 +110,17 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
 #pragma unroll
         for (u32 k = 0; k < A; ++k) {
           if (d.flags & (kFlagConst0 << k)) x[k][0] = x[k][1] = x[k][2] = x[k][3] = bits_f32((u32)d.in[k]);
-          else unpack4(q[u][k], dt, c, x[k]);
+          else unpack4(q[0][k], dt, c, x[k]);
         }
 #pragma unroll
         for (u32 i = 0; i < 4; ++i) x[0][i] = F::apply(x[0][i], x[1][i], x[2][i], s0, s1);
         pack4(r, dt, c, x[0]);
       }
-      *(uint4*)((char*)d.out + boff + (u64)(v0 + 32 * u) * 16) = r;
+      *(uint4*)((char*)d.out + boff + (u64)v * 16) = r;
+#pragma unroll
+      for (u32 u = 0; u + 1 < kEwLoads; ++u)
+#pragma unroll
+        for (u32 k = 0; k < A; ++k) q[u][k] = q[u + 1][k];
     }
   }
   return nv * per;
@@ -127,54 +128,58 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
 
 // __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
 // op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
-// The element loop's loads and stores (contiguous: mixed dtypes, unaligned, or the vectors' tail; strided: the
-// address of every operand from its TensorRef), kEwLoads elements per lane: out of line and shared by every op
-// (per op, the loads' dtype and layout branches made the worker module ~40 % larger; the arrays pass through the
-// stack, L1, next to a memory round trip). ref_offset is out of line too: inlined per operand and per op it made
-// the worker module 2.8x larger, and its load at a generation handover as much slower.
-static __device__ __noinline__ void ew_gather(const SubOp& d, const TensorRef* refs, u32 arity, u32 i0, float (*x)[3]) {
-  const bool strided = d.flags & kFlagStrided;
-#pragma unroll
-  for (u32 u = 0; u < kEwLoads; ++u) {
-    const u32 i = i0 + 32 * u;
-    if (i >= d.n) break;
-    const i64 e = (i64)d.base + i;
-    for (u32 k = 0; k < arity; ++k)
-      x[u][k] = strided ? strided_operand(d, refs, k, e)
-                : (d.flags & (kFlagConst0 << k)) ? bits_f32((u32)d.in[k])
-                                                  : load_f32((const void*)d.in[k], dt_of(d, k + 1), e);
-  }
-}
-static __device__ __noinline__ void ew_scatter(const SubOp& d, const TensorRef* refs, u32 i0, const float* y) {
-  const u32 dto = d.dtype & 0xffu;
-#pragma unroll
-  for (u32 u = 0; u < kEwLoads; ++u) {
-    const u32 i = i0 + 32 * u;
-    if (i >= d.n) break;
-    const i64 e = (i64)d.base + i;
-    if (d.flags & kFlagStrided) store_f32((void*)refs[0].ptr, dto, ref_offset(refs[0], e), y[u]);
-    else store_f32((void*)d.out, dto, e, y[u]);
-  }
-}
-
+// The element loop (contiguous: mixed dtypes, unaligned, or the vectors' tail; strided: every operand's address
+// from its TensorRef by ref_offset, out of line -- inlined per operand and per op it made the worker module 2.8x
+// larger): kEwLoads elements per lane, their offsets first (calls), then their raw loads, then the values.
 template <class F, u32 A>
 __device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
   const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
+  const u32 dto = d.dtype & 0xffu;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
+  const bool strided = d.flags & kFlagStrided;
   for (u32 i0 = done + lane; i0 < d.n; i0 += 32 * kEwLoads) {
-    float x[kEwLoads][3] = {}, y[kEwLoads];
-    ew_gather(d, refs, A, i0, x);
+    i64 off[kEwLoads][A + 1];
 #pragma unroll
-    for (u32 u = 0; u < kEwLoads; ++u) y[u] = F::apply(x[u][0], x[u][1], x[u][2], s0, s1);
-    ew_scatter(d, refs, i0, y);
+    for (u32 u = 0; u < kEwLoads; ++u)
+#pragma unroll
+      for (u32 k = 0; k <= A; ++k) {
+        const i64 e = (i64)d.base + i0 + 32 * u;
+        off[u][k] = strided && i0 + 32 * u < d.n && (k == 0 || !(d.flags & (kFlagConst0 << (k - 1))))
+                        ? ref_offset(refs[k], e) : e;
+      }
+    u32 raw[kEwLoads][3];
+#pragma unroll
+    for (u32 u = 0; u < kEwLoads; ++u)
+#pragma unroll
+      for (u32 k = 0; k < A; ++k)
+        raw[u][k] = (d.flags & (kFlagConst0 << k)) ? (u32)d.in[k]
+                    : i0 + 32 * u >= d.n ? 0u
+                    : load_bits(strided ? (const void*)refs[k + 1].ptr : (const void*)d.in[k], dt_of(d, k + 1), off[u][k + 1]);
+    void* out = strided ? (void*)refs[0].ptr : (void*)d.out;
+#pragma unroll 1
+    for (u32 i = i0; i < d.n && i < i0 + 32 * kEwLoads; i += 32) {
+      float x[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (u32 k = 0; k < A; ++k) x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[0][k]) : bits_value(raw[0][k], dt_of(d, k + 1));
+      store_f32(out, dto, off[0][0], F::apply(x[0], x[1], x[2], s0, s1));
+#pragma unroll
+      for (u32 u = 0; u + 1 < kEwLoads; ++u) {
+#pragma unroll
+        for (u32 k = 0; k < A; ++k) raw[u][k] = raw[u + 1][k];
+        off[u][0] = off[u + 1][0];
+      }
+    }
   }
 }
 
 // ---------------------------------------------------------------- fused chains: operand offsets, tier 2
+// A tile's linear indices are below 2^32 (SubOp::base and n are 32-bit): 32-bit divisions, a fraction of the
+// instructions of 64-bit ones.
 __device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
-  i64 q = o.div > 1 ? e / (i64)o.div : e;
-  if (o.mod) q %= (i64)o.mod;
-  return q * o.stride;
+  u32 q = (u32)e;
+  if (o.div > 1) q /= o.div;
+  if (o.mod) q %= o.mod;
+  return (i64)q * o.stride;
 }
 
 // A fused program's tile. A row program (SubOp::reserved = the row length, cols; the tile holds whole rows): for
@@ -187,6 +192,9 @@ __device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
 template <u32 V, u32 R, class Ev>
 __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, u32 nin, u32 nred, const u32* rop,
                                            const float* rscale, u32 lane, Ev ev) {
+  // Inputs are loaded into `raw` (static indices: registers) before any is converted or copied into r (the
+  // interpreter indexes r by register number: local memory), so that a lane's V x nin loads are in flight at once.
+  constexpr u32 RI = R < kProgMaxInputs ? R : kProgMaxInputs;
   const u32 cols = d.reserved ? d.reserved : d.n;
   float red[kRowMaxRed];
   float r[R][V];
@@ -197,13 +205,20 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
       const u32 op = out ? 0u : rop[q];
       float acc = row_init(op);
       for (u32 c0 = 0; c0 < cols; c0 += 32 * V) {
-        for (u32 k = 0; k < nin && k < R; ++k)
+        u32 raw[RI][V];
+#pragma unroll
+        for (u32 k = 0; k < RI; ++k)
 #pragma unroll
           for (u32 v = 0; v < V; ++v) {
             const u32 c = c0 + lane + 32 * v;
-            r[k][v] = c < cols ? load_f32((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k], fused_off(fa.opnd[1 + k], row + c))
-                               : 0.0f;
+            raw[k][v] = k < nin && c < cols ? load_bits((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k],
+                                                        fused_off(fa.opnd[1 + k], row + c))
+                                            : 0u;
           }
+#pragma unroll
+        for (u32 k = 0; k < RI; ++k)
+#pragma unroll
+          for (u32 v = 0; v < V; ++v) r[k][v] = bits_value(raw[k][v], fa.dtype[1 + k]);
         float val[V];
         ev(r, val, red, out ? ~0u : q);
 #pragma unroll

@@ -172,7 +172,8 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // (q = lane / 4, t = lane % 4) holds weight rows n0 + q and n0 + q + 8 and activation rows m0 + q (and m0 + q + 8);
 // per 64-k chunk it loads k = kc + 16t .. 16t + 15 of each (two 16-byte vectors, 8 words). mma step s (k16) takes
 // words 2s and 2s + 1 as the fragment's k pairs (2t, 2t+1) and (2t+8, 2t+9): A and B see one permutation of the
-// chunk's k. U chunks of the weight are loaded before any is used (8 U loads of 16 bytes in flight per lane).
+// chunk's k. U chunks of the weight and of the activations are loaded before any is used (4 U + 2 U loads of
+// 16 bytes in flight per lane, 4 U + 4 U with TWO).
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
 template <bool BF16, bool TWO, u32 U>
 __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
@@ -198,22 +199,24 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
           w[u][0][h] = mm_ld16(wp0 + o, in && w0);
           w[u][1][h] = mm_ld16(wp1 + o, in && w1);
         }
+      uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
 #pragma unroll
-      for (u32 u = 0; u < U; ++u) {
-        uint4 x0[2], x1[2];
+      for (u32 u = 0; u < U; ++u)
 #pragma unroll
         for (u32 h = 0; h < 2; ++h) {
           const u32 o = kc + u * kMmChunk * 2 + h * 16;
           const bool in = o + koff < kb1;
-          x0[h] = mm_ld16(xpa + o, in && xa);
-          if (TWO) x1[h] = mm_ld16(xpb + o, in && xb);
+          x0[u][h] = mm_ld16(xpa + o, in && xa);
+          x1[u][h] = TWO ? mm_ld16(xpb + o, in && xb) : make_uint4(0u, 0u, 0u, 0u);
         }
+#pragma unroll
+      for (u32 u = 0; u < U; ++u) {
 #pragma unroll
         for (u32 s = 0; s < 4; ++s) {
           const u32 a0 = mm_word(w[u][0], 2 * s), a1 = mm_word(w[u][1], 2 * s);
           const u32 a2 = mm_word(w[u][0], 2 * s + 1), a3 = mm_word(w[u][1], 2 * s + 1);
-          mm_mma16816<BF16>(acc[0], a0, a1, a2, a3, mm_word(x0, 2 * s), mm_word(x0, 2 * s + 1));
-          if (TWO) mm_mma16816<BF16>(acc[1], a0, a1, a2, a3, mm_word(x1, 2 * s), mm_word(x1, 2 * s + 1));
+          mm_mma16816<BF16>(acc[0], a0, a1, a2, a3, mm_word(x0[u], 2 * s), mm_word(x0[u], 2 * s + 1));
+          if (TWO) mm_mma16816<BF16>(acc[1], a0, a1, a2, a3, mm_word(x1[u], 2 * s), mm_word(x1[u], 2 * s + 1));
         }
       }
     }
@@ -230,10 +233,13 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
-// of b, rows of a in passes of 4 (each a value is one broadcast load).
+// of b, rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
+// 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
+// (or past the last whole 8 of K) a's values are read one by one.
 __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
   const i64 n = n0 + 8 * (i64)lane;
   const bool live = n < g.N;
+  const bool avec = g.as1 == 1 && g.dta == g.dtb && (((u64)g.a | (u64)(g.as0 * 2)) & 15u) == 0;
   for (i64 m0 = 0; m0 < g.M; m0 += 4) {
     const u32 rm = (u32)(g.M - m0 < 4 ? g.M - m0 : 4);
     float acc[4][8];
@@ -242,9 +248,12 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
 #pragma unroll
       for (u32 i = 0; i < 8; ++i) acc[r][i] = 0.0f;
     for (i64 k = k0; k < k1; k += 8) {
-      uint4 bq[8];
+      uint4 bq[8], aq[4];
 #pragma unroll
       for (u32 j = 0; j < 8; ++j) bq[j] = mm_ld16(g.b + (u64)((k + j) * g.bs0 + n) * 2, live && k + j < k1);
+      const bool full = avec && k + 8 <= k1;  // a's k..k+7 of each row as one vector (k - k0 is a multiple of 8)
+#pragma unroll
+      for (u32 r = 0; r < 4; ++r) aq[r] = mm_ld16(g.a + (u64)((m0 + r) * g.as0 + k) * 2, full && r < rm);
 #pragma unroll
       for (u32 j = 0; j < 8; ++j) {
         float bf[8];
@@ -252,7 +261,9 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
 #pragma unroll
         for (u32 r = 0; r < 4; ++r) {
           if (r >= rm) break;
-          const float av = k + j < k1 ? load_f32(g.a, g.dta, (m0 + r) * g.as0 + (k + j) * g.as1) : 0.0f;
+          const u32 w = mm_word(&aq[r], j >> 1);
+          const float av = full ? Vec16::cvt((u16)((j & 1u) ? w >> 16 : w & 0xffffu), g.dta)
+                           : k + j < k1 ? load_f32(g.a, g.dta, (m0 + r) * g.as0 + (k + j) * g.as1) : 0.0f;
 #pragma unroll
           for (u32 i = 0; i < 8; ++i) acc[r][i] = fmaf(av, bf[i], acc[r][i]);
         }

@@ -187,6 +187,16 @@ inline
 #endif
 i64 ref_offset(const TensorRef& r, i64 linear) {
   i64 off = 0;
+  if (((u64)linear >> 32) == 0) {  // 32-bit divisions: a fraction of the instructions of 64-bit ones on the GPU
+    u32 l = (u32)linear;
+    for (int d = (int)r.ndim - 1; d > 0; --d) {
+      const u64 s = (u64)r.sizes[d];
+      const u32 q = (s >> 32) ? 0u : l / (u32)s;
+      off += (i64)(l - q * (u32)s) * r.strides[d];
+      l = q;
+    }
+    return r.ndim == 0 ? 0 : off + (i64)l * r.strides[0];
+  }
   for (int d = (int)r.ndim - 1; d > 0; --d) {
     const i64 s = r.sizes[d];
     const i64 q = linear / s;

@@ -210,13 +210,16 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
 }
 
 // K slices of a product of ntile column tiles of width tw (device_src/matmul.h): enough items to cover the
-// grid (about kMmItems), each slice at least 4 chunks of K (what one pass of a warp's loads covers), and the
+// grid (about kMmItems), each slice at least what one pass of a warp's loads covers (mma: U = 2 chunks; ncol: one
+// chunk, 8 passes of 8 rows) -- a decode product is latency-bound, and a slice of 4 chunks left GPT-2-small's
+// 256 x 768 weight to 3 warps (~60 us per product, H200, worker_trace hf) -- and the
 // tile's partials (tw x M) must fit the scratch of its ksplit ring slots; no split when they cannot. The items of
 // a split product must also stay in one piece of append_tiles (capacity / 2): consecutive in the ring.
 uint32_t Runtime::matmul_split(int64_t ntile, int64_t K, int64_t M, int64_t tw) const {
   constexpr int64_t kMmItems = 1024;
   const int64_t chunks = (K + kMmChunk - 1) / kMmChunk;
-  int64_t ks = std::min<int64_t>({kMmItems / std::max<int64_t>(ntile, 1), chunks / 4, (int64_t)kMmMaxSplit});
+  const int64_t min_chunks = tw == kMmNcolCols ? 1 : 2;
+  int64_t ks = std::min<int64_t>({kMmItems / std::max<int64_t>(ntile, 1), chunks / min_chunks, (int64_t)kMmMaxSplit});
   if (ks <= 1) return 1;
   const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
   if (ks < need) ks = need <= std::min<int64_t>(chunks, kMmMaxSplit) ? need : 1;

@@ -1,0 +1,253 @@
+// tools/warp_bench.cu -- what one warp's memory-bound work costs outside the worker (GPU machine, ~10 s).
+//
+//   nvcc -std=c++17 -arch=sm_90 -O3 -I . tools/warp_bench.cu -o /tmp/warp_bench && /tmp/warp_bench
+//
+// One warp of block 0 runs the worker's own device functions (device_src/: ew_op, reduce_op, fused_rows through
+// the interpreter) on one descriptor, `reps` times in a row (each rep reads what the previous one wrote: L2-warm
+// data, as a decode level reads its producer's output), timed by %clock64 and %globaltimer around each call.
+// Next to them, hand-written loops over the same bytes set the floor: one 16-byte load per lane in flight, and
+// four. Optional poller blocks (one per other SM, thread 0 spinning on one word with ld.acquire.gpu or volatile
+// loads, as the worker's idle blocks do) show whether the walk's pollers slow the working warp.
+// Prints one line per case: median ns per call and cycles per call.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+
+#include "device_src/config.h"
+#include "device_src/types.h"
+#include "device_src/numeric.h"
+#include "device_src/functors.h"
+#include "device_src/interp.h"
+#include "device_src/elementwise.h"
+#include "device_src/reduce.h"
+
+using namespace gpuos;
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+
+__device__ __forceinline__ u64 gtimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFused16 };
+
+// The floor: out[i] = a[i] + b[i] over n fp32 with 16-byte loads, `inflight` vectors per lane per iteration.
+template <int U>
+__device__ __noinline__ void raw_add(const float* a, const float* b, float* o, u32 n, u32 lane) {
+  const u32 nv = n / 4;
+  for (u32 v0 = lane; v0 < nv; v0 += 32 * U) {
+    float4 x[U], y[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + 32 * u < nv) x[u] = ((const float4*)a)[v0 + 32 * u], y[u] = ((const float4*)b)[v0 + 32 * u];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + 32 * u < nv)
+        ((float4*)o)[v0 + 32 * u] = make_float4(x[u].x + y[u].x, x[u].y + y[u].y, x[u].z + y[u].z, x[u].w + y[u].w);
+  }
+}
+
+__global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Program* gprog, int reps, u64* ns,
+                      u64* cyc, u32* stop, int pollmode) {
+  if (blockIdx.x != 0) {
+    if (threadIdx.x == 0 && pollmode) {
+      for (;;) {
+        u32 v;
+        if (pollmode == 1) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(stop) : "memory");
+        else v = *(volatile u32*)stop;
+        if (v) break;
+      }
+    }
+    return;
+  }
+  if (threadIdx.x >= 32) return;
+  const u32 lane = threadIdx.x;
+  __shared__ SubOp sd;
+  __shared__ __align__(16) TensorRef refs[4];
+  __shared__ __align__(16) Program sp;
+  for (u32 w = lane; w < sizeof(SubOp) / 4; w += 32) ((u32*)&sd)[w] = ((const u32*)&dsrc)[w];
+  for (u32 w = lane; w < sizeof(refs) / 4; w += 32) ((u32*)refs)[w] = ((const u32*)grefs)[w];
+  for (u32 w = lane; w < sizeof(Program) / 4; w += 32) ((u32*)&sp)[w] = ((const u32*)gprog)[w];
+  __syncwarp();
+  for (int r = 0; r < reps; ++r) {
+    const u64 t0 = gtimer();
+    const long long c0 = clock64();
+    switch (kind) {
+      case kRaw1: raw_add<1>((const float*)sd.in[0], (const float*)sd.in[1], (float*)sd.out, sd.n, lane); break;
+      case kRaw4: raw_add<4>((const float*)sd.in[0], (const float*)sd.in[1], (float*)sd.out, sd.n, lane); break;
+      case kEwAdd: case kEwStrided: ew_op<AddF, 2>(sd, refs, lane); break;
+      case kEwCast: ew_op<CopyF, 1>(sd, refs, lane); break;
+      case kMean: reduce_op<MeanR>(sd, refs, lane); break;
+      case kFused16: {
+        const FusedArgs& fa = *(const FusedArgs*)&refs[0];
+        u32 rop[kRowMaxRed];
+        float rsc[kRowMaxRed];
+        fused_rows<4, kProgMaxRegs>(sd, fa, sp.ninputs, 0, rop, rsc, lane,
+                                    [](float (*rr)[4], float* val, const float* red, u32 stop) {
+                                      (void)red, (void)stop;
+#pragma unroll
+                                      for (u32 v = 0; v < 4; ++v) val[v] = rr[0][v];
+                                    });
+        break;
+      }
+      default: break;
+    }
+    __syncwarp();
+    __threadfence();
+    const long long c1 = clock64();
+    const u64 t1 = gtimer();
+    if (lane == 0) ns[r] = t1 - t0, cyc[r] = (u64)(c1 - c0);
+  }
+  if (lane == 0) atomicExch(stop, 1u);
+}
+
+// The interpreter over a 16-instruction chain (fused_prog_op's loop in worker.cu), separately.
+__global__ void bench_interp(SubOp dsrc, const TensorRef* grefs, const Program* gprog, int reps, u64* ns, u64* cyc) {
+  if (threadIdx.x >= 32) return;
+  const u32 lane = threadIdx.x;
+  __shared__ SubOp sd;
+  __shared__ __align__(16) TensorRef refs[4];
+  __shared__ __align__(16) Program sp;
+  for (u32 w = lane; w < sizeof(SubOp) / 4; w += 32) ((u32*)&sd)[w] = ((const u32*)&dsrc)[w];
+  for (u32 w = lane; w < sizeof(refs) / 4; w += 32) ((u32*)refs)[w] = ((const u32*)grefs)[w];
+  for (u32 w = lane; w < sizeof(Program) / 4; w += 32) ((u32*)&sp)[w] = ((const u32*)gprog)[w];
+  __syncwarp();
+  for (int r = 0; r < reps; ++r) {
+    const u64 t0 = gtimer();
+    const long long c0 = clock64();
+    const FusedArgs& fa = *(const FusedArgs*)&refs[0];
+    u32 rop[kRowMaxRed];
+    float rsc[kRowMaxRed];
+    const Program* pp = &sp;
+    fused_rows<4, kProgMaxRegs>(sd, fa, sp.ninputs, 0, rop, rsc, lane,
+                                [pp](float (*rr)[4], float* val, const float* red, u32 stop) {
+                                  run_program_v<4>(*pp, rr, val, red, stop);
+                                });
+    __syncwarp();
+    __threadfence();
+    const long long c1 = clock64();
+    const u64 t1 = gtimer();
+    if (lane == 0) ns[r] = t1 - t0, cyc[r] = (u64)(c1 - c0);
+  }
+}
+
+static TensorRef ref1(const void* p, u32 dt, i64 n) {
+  TensorRef r{};
+  r.ptr = (u64)p, r.ndim = 1, r.dtype = dt, r.sizes[0] = n, r.strides[0] = 1;
+  return r;
+}
+
+int main() {
+  const int reps = 21;
+  const u32 n_max = 4096;
+  float *a, *b, *o, *big;
+  u64 *ns, *cyc;
+  u32* stop;
+  TensorRef* grefs;
+  Program* gprog;
+  CK(cudaMalloc(&a, n_max * 4));
+  CK(cudaMalloc(&b, n_max * 4));
+  CK(cudaMalloc(&o, n_max * 4));
+  CK(cudaMalloc(&big, n_max * 4));
+  CK(cudaMalloc(&ns, reps * 8));
+  CK(cudaMalloc(&cyc, reps * 8));
+  CK(cudaMalloc(&stop, 4));
+  CK(cudaMalloc(&grefs, 4 * sizeof(TensorRef)));
+  CK(cudaMalloc(&gprog, sizeof(Program)));
+  CK(cudaMemset(a, 0, n_max * 4));
+  CK(cudaMemset(b, 0, n_max * 4));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("%s, %d SMs\n", prop.name, sms);
+
+  Program prog{};
+  prog.ninputs = 2, prog.ninstr = 16, prog.out_reg = 0;
+  for (u32 i = 0; i < 16; ++i) {
+    Instr& I = prog.code[i];
+    I.op = kOp_add, I.dst = 0, I.src[0] = 0, I.src[1] = 1, I.src[2] = 0, I.nsrc = 2, I.s0 = 1.0f, I.s1 = 0.0f;
+  }
+  CK(cudaMemcpy(gprog, &prog, sizeof(Program), cudaMemcpyHostToDevice));
+
+  const char* names[] = {"raw add, 1 vector/lane in flight", "raw add, 4 vectors/lane in flight", "ew_op add (vector path)",
+                         "ew_op cast fp16->fp32 (element loop)", "ew_op add, transposed (strided)",
+                         "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)"};
+  for (u32 n : {1024u, 4096u}) {
+    for (int kind = 0; kind <= 6; ++kind) {
+      for (int pollmode : {0, 1, 2}) {
+        SubOp d{};
+        TensorRef refs[4] = {};
+        d.n = n, d.base = 0, d.scalar[0] = 1.0f, d.dtype = kF32 | (kF32 << 8) | (kF32 << 16);
+        d.out = (u64)o, d.in[0] = (u64)a, d.in[1] = (u64)b;
+        if (kind == kEwAdd || kind == kRaw1 || kind == kRaw4) {
+          d.op = kOp_add, d.flags = kFlagVec;
+        } else if (kind == kEwCast) {
+          d.op = kOp_copy, d.flags = 0, d.dtype = kF32 | (kF16 << 8);
+        } else if (kind == kEwStrided) {
+          const i64 m = n == 1024 ? 32 : 64;
+          d.op = kOp_add, d.flags = kFlagStrided;
+          for (int k = 0; k < 3; ++k) {
+            refs[k].ptr = (u64)(k == 0 ? o : k == 1 ? a : b), refs[k].ndim = 2, refs[k].dtype = kF32;
+            refs[k].sizes[0] = m, refs[k].sizes[1] = m, refs[k].strides[0] = 1, refs[k].strides[1] = m;  // transposed
+          }
+          refs[0].strides[0] = m, refs[0].strides[1] = 1;
+          // The device reads TensorRefs through d.out / d.in pointers only in the worker (fetch_refs); here the
+          // harness hands ew_op the shared copies directly.
+        } else if (kind == kMean) {
+          d.op = kOp_mean, d.flags = kFlagStrided, d.n = 1, d.dtype = kF32 | (kF32 << 8);
+          refs[0] = ref1(o, kF32, 1);
+          refs[1] = ref1(a, kF32, n);
+          refs[1].ndim = 2, refs[1].sizes[0] = 1, refs[1].sizes[1] = n, refs[1].strides[0] = n, refs[1].strides[1] = 1;
+          refs[0].ndim = 1;
+        } else if (kind == kFused16) {
+          d.op = kOpFused, d.flags = kFlagFused, d.reserved = n;  // one row of n, no reduction: a chain
+          FusedArgs fa{};
+          fa.opnd[0] = {(u64)o, 1, 1, 0};
+          fa.opnd[1] = {(u64)a, 1, 1, 0};
+          fa.opnd[2] = {(u64)b, 1, 1, 0};
+          fa.dtype[0] = fa.dtype[1] = fa.dtype[2] = kF32;
+          fa.ninputs = 2;
+          memcpy((void*)refs, (const void*)&fa, sizeof(FusedArgs));
+        }
+        CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
+        CK(cudaMemset(stop, 0, 4));
+        bench<<<pollmode ? sms : 1, 256>>>(kind, d, grefs, gprog, reps, ns, cyc, stop, pollmode);
+        CK(cudaDeviceSynchronize());
+        std::vector<u64> hn(reps), hc(reps);
+        CK(cudaMemcpy(hn.data(), ns, reps * 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hc.data(), cyc, reps * 8, cudaMemcpyDeviceToHost));
+        const u64 first = hn[0];
+        std::sort(hn.begin() + 1, hn.end());
+        std::sort(hc.begin() + 1, hc.end());
+        printf("n %5u  %-44s pollers %-8s  median %8.2f us  (%7llu cycles; first call %7.2f us)\n", n, names[kind],
+               pollmode == 0 ? "none" : pollmode == 1 ? "acquire" : "volatile", hn[reps / 2] / 1e3,
+               (unsigned long long)hc[reps / 2], first / 1e3);
+      }
+    }
+    // The interpreter: the fused 16-add chain.
+    SubOp d{};
+    d.op = kOpFused, d.flags = kFlagFused, d.n = n, d.reserved = n;
+    FusedArgs fa{};
+    fa.opnd[0] = {(u64)o, 1, 1, 0};
+    fa.opnd[1] = {(u64)a, 1, 1, 0};
+    fa.opnd[2] = {(u64)b, 1, 1, 0};
+    fa.ninputs = 2;
+    TensorRef refs[4] = {};
+    memcpy((void*)refs, (const void*)&fa, sizeof(FusedArgs));
+    CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
+    bench_interp<<<1, 32>>>(d, grefs, gprog, reps, ns, cyc);
+    CK(cudaDeviceSynchronize());
+    std::vector<u64> hn(reps), hc(reps);
+    CK(cudaMemcpy(hn.data(), ns, reps * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hc.data(), cyc, reps * 8, cudaMemcpyDeviceToHost));
+    std::sort(hn.begin() + 1, hn.end());
+    std::sort(hc.begin() + 1, hc.end());
+    printf("n %5u  %-44s pollers %-8s  median %8.2f us  (%7llu cycles)\n", n, "interpreted chain of 16 adds", "none",
+           hn[reps / 2] / 1e3, (unsigned long long)hc[reps / 2]);
+  }
+  return 0;
+}
