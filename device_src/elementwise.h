@@ -128,47 +128,46 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
 
 // __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
 // op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
-// The element loop (contiguous: mixed dtypes, unaligned, or the vectors' tail; strided: every operand's address
-// from its TensorRef by ref_offset, out of line -- inlined per operand and per op it made the worker module 2.8x
-// larger): kEwLoads elements per lane, their offsets first (calls), then their raw loads, then the values.
 template <class F, u32 A>
-__device__ __noinline__ void ew_op(const SubOp& d, const TensorRef* refs, u32 lane) {
+__device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 lane) {
+  // The descriptor in registers: through a generic reference (it lives in shared memory), the compiler must
+  // reload its fields after every global store.
+  const SubOp d = ds;
   const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
   const u32 dto = d.dtype & 0xffu;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
-  const bool strided = d.flags & kFlagStrided;
-  for (u32 i0 = done + lane; i0 < d.n; i0 += 32 * kEwLoads) {
-    i64 off[kEwLoads][A + 1];
+  if (!(d.flags & kFlagStrided)) {  // contiguous: mixed dtypes, unaligned, or the vectors' tail
+    for (u32 i0 = done + lane; i0 < d.n; i0 += 32 * kEwLoads) {
+      u32 raw[kEwLoads][3];
 #pragma unroll
-    for (u32 u = 0; u < kEwLoads; ++u)
+      for (u32 u = 0; u < kEwLoads; ++u)
 #pragma unroll
-      for (u32 k = 0; k <= A; ++k) {
-        const i64 e = (i64)d.base + i0 + 32 * u;
-        off[u][k] = strided && i0 + 32 * u < d.n && (k == 0 || !(d.flags & (kFlagConst0 << (k - 1))))
-                        ? ref_offset(refs[k], e) : e;
-      }
-    u32 raw[kEwLoads][3];
+        for (u32 k = 0; k < A; ++k)
+          raw[u][k] = (d.flags & (kFlagConst0 << k)) ? (u32)d.in[k]
+                      : i0 + 32 * u < d.n ? load_bits((const void*)d.in[k], dt_of(d, k + 1), (i64)d.base + i0 + 32 * u)
+                                          : 0u;
 #pragma unroll
-    for (u32 u = 0; u < kEwLoads; ++u)
+      for (u32 u = 0; u < kEwLoads; ++u) {
+        if (i0 + 32 * u >= d.n) break;
+        float x[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (u32 k = 0; k < A; ++k)
-        raw[u][k] = (d.flags & (kFlagConst0 << k)) ? (u32)d.in[k]
-                    : i0 + 32 * u >= d.n ? 0u
-                    : load_bits(strided ? (const void*)refs[k + 1].ptr : (const void*)d.in[k], dt_of(d, k + 1), off[u][k + 1]);
-    void* out = strided ? (void*)refs[0].ptr : (void*)d.out;
-#pragma unroll 1
-    for (u32 i = i0; i < d.n && i < i0 + 32 * kEwLoads; i += 32) {
-      float x[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (u32 k = 0; k < A; ++k) x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[0][k]) : bits_value(raw[0][k], dt_of(d, k + 1));
-      store_f32(out, dto, off[0][0], F::apply(x[0], x[1], x[2], s0, s1));
-#pragma unroll
-      for (u32 u = 0; u + 1 < kEwLoads; ++u) {
-#pragma unroll
-        for (u32 k = 0; k < A; ++k) raw[u][k] = raw[u + 1][k];
-        off[u][0] = off[u + 1][0];
+        for (u32 k = 0; k < A; ++k)
+          x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[u][k]) : bits_value(raw[u][k], dt_of(d, k + 1));
+        store_f32((void*)d.out, dto, (i64)d.base + i0 + 32 * u, F::apply(x[0], x[1], x[2], s0, s1));
       }
     }
+    return;
+  }
+  // Strided: the address of every operand from its TensorRef (ref_offset, out of line: inlined per operand and
+  // per op it made the worker module 2.8x larger, and its load at a generation handover as much slower).
+  for (u32 i = lane; i < d.n; i += 32) {
+    const i64 e = (i64)d.base + i;
+    float x[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (u32 k = 0; k < A; ++k)
+      x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32((u32)d.in[k])
+                                            : load_f32((const void*)refs[k + 1].ptr, dt_of(d, k + 1), ref_offset(refs[k + 1], e));
+    store_f32((void*)refs[0].ptr, dto, ref_offset(refs[0], e), F::apply(x[0], x[1], x[2], s0, s1));
   }
 }
 
@@ -216,9 +215,12 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
                                             : 0u;
           }
 #pragma unroll
-        for (u32 k = 0; k < RI; ++k)
+        for (u32 k = 0; k < RI; ++k) {
+          if (k >= nin) break;
+          const u32 dt = fa.dtype[1 + k];
 #pragma unroll
-          for (u32 v = 0; v < V; ++v) r[k][v] = bits_value(raw[k][v], fa.dtype[1 + k]);
+          for (u32 v = 0; v < V; ++v) r[k][v] = bits_value(raw[k][v], dt);
+        }
         float val[V];
         ev(r, val, red, out ? ~0u : q);
 #pragma unroll
