@@ -117,6 +117,21 @@ def step_logits(model, tok, cache, pos, kw="past_key_values"):
     return model(input_ids=tok, cache_position=pos, use_cache=True, **{kw: cache}).logits[:, -1].float()
 
 
+def token_mismatches(toks, ref_toks, ref_logits, tol: dict) -> list:
+    """Steps whose greedy token differs from eager's where eager's own logits do not make it a near-tie: [(step,
+    token, eager's token, eager's logit gap)]. With teacher forcing a step's token depends on that step alone;
+    two candidates whose eager logits lie within the dtype's tolerance (atol + rtol * |top|) can swap under any
+    other summation order (bf16 logits of random weights do), so such a swap is not a wrong result."""
+    out = []
+    for i in (toks != ref_toks).nonzero().flatten().tolist():
+        a, b = int(toks[i]), int(ref_toks[i])
+        top = float(ref_logits[i, b])
+        gap = top - float(ref_logits[i, a])
+        if gap > tol.get("atol", 0.0) + tol.get("rtol", 0.0) * abs(top):
+            out.append((i, a, b, gap))
+    return out
+
+
 def rewind_static(cache, length: int = PROMPT) -> None:
     """Set a static cache's write position back to ``length``, in place. transformers 5.x StaticLayer ignores
     ``cache_position``: it writes at its on-device ``cumulative_length`` and bumps it in place every update (a

@@ -248,6 +248,7 @@ def test_hf_static_decode_program_equals_eager(rt, label):
     prep = B.setup_program(case)
     for _ in range(2):  # twice: the rewound cache is rewritten by the replays
         toks, logits = prep.fn()
-        assert torch.equal(toks, case.ref[0]), (toks, case.ref[0])
+        # eager's tokens, except where eager's own logits make two candidates a near-tie (B.token_mismatches)
+        assert B.token_mismatches(toks, case.ref[0], case.ref[1], case.tol) == [], (toks, case.ref[0])
         torch.testing.assert_close(logits, case.ref[1], **case.tol)
     assert prep.extra["segments_per_step"] >= 1 and prep.extra["subops_per_step"] > 0
