@@ -103,7 +103,8 @@ GPUOS_HD u32 data_elem(const SubOp& d, const TensorRef* refs, i64 e) {
     case kOp_scatter: {
       const TensorRef& dim = refs[3];
       const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
-      const i64 i0 = e / inner, r = e - i0 * inner;
+      const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
+      const i64 r = e - i0 * inner;
       i64 iv = raw_to_int(ld_raw(data_addr(refs[2], i0), dtype_size(refs[2].dtype)), refs[2].dtype);
       if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
       const bool gather = d.op == kOp_gather;

@@ -172,15 +172,6 @@ __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 l
 }
 
 // ---------------------------------------------------------------- fused chains: operand offsets, tier 2
-// A tile's linear indices are below 2^32 (SubOp::base and n are 32-bit): 32-bit divisions, a fraction of the
-// instructions of 64-bit ones.
-__device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
-  u32 q = (u32)e;
-  if (o.div > 1) q /= o.div;
-  if (o.mod) q %= o.mod;
-  return (i64)q * o.stride;
-}
-
 // A fused program's tile. A row program (SubOp::reserved = the row length, cols; the tile holds whole rows): for
 // each row, one pass per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the
 // lane's elements, then over the warp by shuffles), then the output pass. A chain (no reduction) is one row of
@@ -188,17 +179,44 @@ __device__ __forceinline__ i64 fused_off(const FusedOperand& o, i64 e) {
 // evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter (worker.cu
 // fused_prog_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The passes re-read
 // the row's inputs (L1 / L2: a decode row is a few KiB).
+// An operand of a fused tile in registers (FusedArgs lives in shared memory and is reached through a generic
+// reference: its fields would be reloaded after every store).
+struct FusedReg {
+  u64 ptr;
+  i64 stride;
+  u32 div, mod, dt;
+};
+// A tile's linear indices are below 2^32 (SubOp::base and n are 32-bit): 32-bit divisions, a fraction of the
+// instructions of 64-bit ones.
+__device__ __forceinline__ i64 fused_off(const FusedReg& o, i64 e) {
+  u32 q = (u32)e;
+  if (o.div > 1) q /= o.div;
+  if (o.mod) q %= o.mod;
+  return (i64)q * o.stride;
+}
+
 template <u32 V, u32 R, class Ev>
 __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, u32 nin, u32 nred, const u32* rop,
                                            const float* rscale, u32 lane, Ev ev) {
   // Inputs are loaded into `raw` (static indices: registers) before any is converted or copied into r (the
   // interpreter indexes r by register number: local memory), so that a lane's V x nin loads are in flight at once.
   constexpr u32 RI = R < kProgMaxInputs ? R : kProgMaxInputs;
-  const u32 cols = d.reserved ? d.reserved : d.n;
+  const u32 n = d.n, cols = d.reserved ? d.reserved : d.n;
+  const i64 base = d.base;
+  FusedReg o[RI + 1];
+#pragma unroll
+  for (u32 k = 0; k <= RI; ++k) {
+    const bool used = k <= nin;
+    o[k].ptr = used ? fa.opnd[k].ptr : 0u;
+    o[k].stride = used ? fa.opnd[k].stride : 0;
+    o[k].div = used ? fa.opnd[k].div : 1u;
+    o[k].mod = used ? fa.opnd[k].mod : 0u;
+    o[k].dt = used ? fa.dtype[k] : 0u;
+  }
   float red[kRowMaxRed];
   float r[R][V];
-  for (u32 r0 = 0; r0 < d.n; r0 += cols) {
-    const i64 row = (i64)d.base + r0;
+  for (u32 r0 = 0; r0 < n; r0 += cols) {
+    const i64 row = base + r0;
     for (u32 q = 0; q <= nred; ++q) {
       const bool out = q == nred;
       const u32 op = out ? 0u : rop[q];
@@ -210,16 +228,14 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
 #pragma unroll
           for (u32 v = 0; v < V; ++v) {
             const u32 c = c0 + lane + 32 * v;
-            raw[k][v] = k < nin && c < cols ? load_bits((const void*)fa.opnd[1 + k].ptr, fa.dtype[1 + k],
-                                                        fused_off(fa.opnd[1 + k], row + c))
+            raw[k][v] = k < nin && c < cols ? load_bits((const void*)o[1 + k].ptr, o[1 + k].dt, fused_off(o[1 + k], row + c))
                                             : 0u;
           }
 #pragma unroll
         for (u32 k = 0; k < RI; ++k) {
           if (k >= nin) break;
-          const u32 dt = fa.dtype[1 + k];
 #pragma unroll
-          for (u32 v = 0; v < V; ++v) r[k][v] = bits_value(raw[k][v], dt);
+          for (u32 v = 0; v < V; ++v) r[k][v] = bits_value(raw[k][v], o[1 + k].dt);
         }
         float val[V];
         ev(r, val, red, out ? ~0u : q);
@@ -227,13 +243,13 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
         for (u32 v = 0; v < V; ++v) {
           const u32 c = c0 + lane + 32 * v;
           if (c >= cols) continue;
-          if (out) store_f32((void*)fa.opnd[0].ptr, fa.dtype[0], fused_off(fa.opnd[0], row + c), val[v]);
+          if (out) store_f32((void*)o[0].ptr, o[0].dt, fused_off(o[0], row + c), val[v]);
           else acc = row_combine(op, acc, val[v]);
         }
       }
       if (out) break;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc = row_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, o));
+      for (int o2 = 16; o2 > 0; o2 >>= 1) acc = row_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, o2));
       red[q] = acc * rscale[q];
     }
   }
