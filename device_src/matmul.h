@@ -135,12 +135,29 @@ __device__ __noinline__ void mm_finish(const MmArgs& g, float* part, u32 tw, u32
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != ksplit - 1) return;
   __threadfence();
-  for (i64 e = lane; e < g.M * tw; e += 32) {
-    float* p = part + kMmScratchHead + e;
-    const float v = __ldcg(p);
-    __stcg(p, 0.0f);
-    const i64 m = e / tw, nl = e - m * tw;
-    if (n0 + nl < g.N) mm_store(g, m, n0 + nl, v);
+  // 8 outputs per lane at once: their partials and bias values are all loaded before any is used (one memory
+  // round trip per 8, not two per output). The scratch holds M x tw < 2^32 floats (kMmMaxSplit slots).
+  const u32 total = (u32)(g.M * tw);
+  for (u32 e0 = lane; e0 < total; e0 += 32 * 8) {
+    float v[8];
+    u32 braw[8];
+#pragma unroll
+    for (u32 u = 0; u < 8; ++u) {
+      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
+      const bool live = e < total, ok = live && n0 + nl < g.N;
+      v[u] = live ? __ldcg(part + kMmScratchHead + e) : 0.0f;
+      braw[u] = ok && g.bias ? load_bits(g.bias, g.dtc, (i64)m * g.cs0 + (n0 + nl) * g.cs1) : 0u;
+    }
+#pragma unroll
+    for (u32 u = 0; u < 8; ++u) {
+      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
+      if (e >= total) break;
+      __stcg(part + kMmScratchHead + e, 0.0f);
+      if (n0 + nl >= g.N) continue;
+      float y = g.alpha * v[u];
+      if (g.bias) y += g.beta * bits_value(braw[u], g.dtc);
+      store_f32(g.out, g.dto, (i64)m * g.os0 + (n0 + nl) * g.os1, y);
+    }
   }
   if (lane == 0) atomicExch((unsigned*)part, 0u);
 }
