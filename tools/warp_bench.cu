@@ -32,7 +32,7 @@ __device__ __forceinline__ u64 gtimer() {
   return t;
 }
 
-enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFused16 };
+enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kKinds };
 
 // The floor: out[i] = a[i] + b[i] over n fp32 with 16-byte loads, `inflight` vectors per lane per iteration.
 template <int U>
@@ -81,13 +81,18 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
       case kEwAdd: case kEwStrided: ew_op<AddF, 2>(sd, refs, lane); break;
       case kEwCast: ew_op<CopyF, 1>(sd, refs, lane); break;
       case kMean: reduce_op<MeanR>(sd, refs, lane); break;
-      case kFused16: {
+      case kFusedCopy:
+      case kInterp16: {  // a copy through fused_rows' loads and stores; the 16-add chain through the interpreter
         const FusedArgs& fa = *(const FusedArgs*)&refs[0];
         u32 rop[kRowMaxRed];
         float rsc[kRowMaxRed];
+        const Program* pp = kind == kInterp16 ? &sp : nullptr;
         fused_rows<4, kProgMaxRegs>(sd, fa, sp.ninputs, 0, rop, rsc, lane,
-                                    [](float (*rr)[4], float* val, const float* red, u32 stop) {
-                                      (void)red, (void)stop;
+                                    [pp](float (*rr)[4], float* val, const float* red, u32 stop) {
+                                      if (pp) {
+                                        run_program_v<4>(*pp, rr, val, red, stop);
+                                        return;
+                                      }
 #pragma unroll
                                       for (u32 v = 0; v < 4; ++v) val[v] = rr[0][v];
                                     });
@@ -102,36 +107,6 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
     if (lane == 0) ns[r] = t1 - t0, cyc[r] = (u64)(c1 - c0);
   }
   if (lane == 0) atomicExch(stop, 1u);
-}
-
-// The interpreter over a 16-instruction chain (fused_prog_op's loop in worker.cu), separately.
-__global__ void bench_interp(SubOp dsrc, const TensorRef* grefs, const Program* gprog, int reps, u64* ns, u64* cyc) {
-  if (threadIdx.x >= 32) return;
-  const u32 lane = threadIdx.x;
-  __shared__ SubOp sd;
-  __shared__ __align__(16) TensorRef refs[4];
-  __shared__ __align__(16) Program sp;
-  for (u32 w = lane; w < sizeof(SubOp) / 4; w += 32) ((u32*)&sd)[w] = ((const u32*)&dsrc)[w];
-  for (u32 w = lane; w < sizeof(refs) / 4; w += 32) ((u32*)refs)[w] = ((const u32*)grefs)[w];
-  for (u32 w = lane; w < sizeof(Program) / 4; w += 32) ((u32*)&sp)[w] = ((const u32*)gprog)[w];
-  __syncwarp();
-  for (int r = 0; r < reps; ++r) {
-    const u64 t0 = gtimer();
-    const long long c0 = clock64();
-    const FusedArgs& fa = *(const FusedArgs*)&refs[0];
-    u32 rop[kRowMaxRed];
-    float rsc[kRowMaxRed];
-    const Program* pp = &sp;
-    fused_rows<4, kProgMaxRegs>(sd, fa, sp.ninputs, 0, rop, rsc, lane,
-                                [pp](float (*rr)[4], float* val, const float* red, u32 stop) {
-                                  run_program_v<4>(*pp, rr, val, red, stop);
-                                });
-    __syncwarp();
-    __threadfence();
-    const long long c1 = clock64();
-    const u64 t1 = gtimer();
-    if (lane == 0) ns[r] = t1 - t0, cyc[r] = (u64)(c1 - c0);
-  }
 }
 
 static TensorRef ref1(const void* p, u32 dt, i64 n) {
@@ -175,9 +150,10 @@ int main() {
 
   const char* names[] = {"raw add, 1 vector/lane in flight", "raw add, 4 vectors/lane in flight", "ew_op add (vector path)",
                          "ew_op cast fp16->fp32 (element loop)", "ew_op add, transposed (strided)",
-                         "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)"};
+                         "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)",
+                         "interpreted chain of 16 adds (fused_rows)"};
   for (u32 n : {1024u, 4096u}) {
-    for (int kind = 0; kind <= 6; ++kind) {
+    for (int kind = 0; kind < kKinds; ++kind) {
       for (int pollmode : {0, 1, 2}) {
         SubOp d{};
         TensorRef refs[4] = {};
@@ -203,7 +179,7 @@ int main() {
           refs[1] = ref1(a, kF32, n);
           refs[1].ndim = 2, refs[1].sizes[0] = 1, refs[1].sizes[1] = n, refs[1].strides[0] = n, refs[1].strides[1] = 1;
           refs[0].ndim = 1;
-        } else if (kind == kFused16) {
+        } else if (kind == kFusedCopy || kind == kInterp16) {
           d.op = kOpFused, d.flags = kFlagFused, d.reserved = n;  // one row of n, no reduction: a chain
           FusedArgs fa{};
           fa.opnd[0] = {(u64)o, 1, 1, 0};
@@ -228,26 +204,6 @@ int main() {
                (unsigned long long)hc[reps / 2], first / 1e3);
       }
     }
-    // The interpreter: the fused 16-add chain.
-    SubOp d{};
-    d.op = kOpFused, d.flags = kFlagFused, d.n = n, d.reserved = n;
-    FusedArgs fa{};
-    fa.opnd[0] = {(u64)o, 1, 1, 0};
-    fa.opnd[1] = {(u64)a, 1, 1, 0};
-    fa.opnd[2] = {(u64)b, 1, 1, 0};
-    fa.ninputs = 2;
-    TensorRef refs[4] = {};
-    memcpy((void*)refs, (const void*)&fa, sizeof(FusedArgs));
-    CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
-    bench_interp<<<1, 32>>>(d, grefs, gprog, reps, ns, cyc);
-    CK(cudaDeviceSynchronize());
-    std::vector<u64> hn(reps), hc(reps);
-    CK(cudaMemcpy(hn.data(), ns, reps * 8, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hc.data(), cyc, reps * 8, cudaMemcpyDeviceToHost));
-    std::sort(hn.begin() + 1, hn.end());
-    std::sort(hc.begin() + 1, hc.end());
-    printf("n %5u  %-44s pollers %-8s  median %8.2f us  (%7llu cycles)\n", n, "interpreted chain of 16 adds", "none",
-           hn[reps / 2] / 1e3, (unsigned long long)hc[reps / 2]);
   }
   return 0;
 }

@@ -138,37 +138,6 @@ def levels(depth=64, n=1024):
     summarise(f"levels: {depth} dependent adds of {n}", recs, t_flush_ns, 0, host_ms, flush_ms)
 
 
-def norm_rows(hidden, depth=16, row_fusion=True):
-    """`depth` dependent RMSNorms (HF's form, fp16, one row of `hidden`) recorded by the scheduler and published
-    by one flush: with row fusion each is one row-program level (its claim's exec time is the row's cost)."""
-    x0 = torch.randn(1, hidden, device="cuda", dtype=torch.float16)
-    w = torch.rand(hidden, device="cuda", dtype=torch.float16) + 0.5
-    out = []
-
-    def rms(x):
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return w * h.to(x.dtype)
-
-    def record():
-        x = x0
-        with gpuos.scheduler_context(auto_flush_ms=0):
-            for _ in range(depth):
-                x = rms(x)
-        out[:] = [x]
-    gpuos.set_row_fusion(row_fusion)
-    try:
-        recs, _, t_flush_ns, host_ms, flush_ms = traced(record)
-    finally:
-        gpuos.set_row_fusion(True)
-    ref = x0
-    for _ in range(depth):
-        ref = rms(ref)
-    torch.testing.assert_close(out[0], ref, rtol=2e-2, atol=2e-2)
-    summarise(f"rows: {depth} dependent RMSNorms of {hidden}, row fusion {row_fusion}", recs, t_flush_ns, 0,
-              host_ms, flush_ms)
-
-
 def op_chain(name, x0, fn, depth=16, row_fusion=False):
     """`depth` dependent applications of `fn` recorded by the scheduler, published by one flush: one warp's tile
     per level when the op is small (live flushes keep whole tiles), so the claims' exec time is that cost."""
@@ -189,19 +158,32 @@ def op_chain(name, x0, fn, depth=16, row_fusion=False):
     for _ in range(depth):
         ref = fn(ref)
     torch.testing.assert_close(out[0], ref, rtol=2e-2, atol=2e-2)
-    summarise(f"ops: {depth} x {name}", recs, t_flush_ns, 0, host_ms, flush_ms)
+    summarise(f"{name}, row fusion {row_fusion}", recs, t_flush_ns, 0, host_ms, flush_ms)
+
+
+def norm_rows(hidden, depth=16, row_fusion=True):
+    """`depth` dependent RMSNorms (HF's form, fp16, one row of `hidden`): with row fusion each is one row-program
+    level (its claim's exec time is the row's cost)."""
+    w = torch.rand(hidden, device="cuda", dtype=torch.float16) + 0.5
+
+    def rms(x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(x.dtype)
+    op_chain(f"rows: {depth} dependent RMSNorms of {hidden}", torch.randn(1, hidden, device="cuda", dtype=torch.float16),
+             rms, depth, row_fusion)
 
 
 def op_chains():
     for n in (1024, 4096):
         y = torch.randn(n, device="cuda")
-        op_chain(f"fp32 add of {n}", torch.randn(n, device="cuda"), lambda x: x + y)
-        op_chain(f"fp16 -> fp32 -> fp16 casts of {n}", torch.randn(n, device="cuda", dtype=torch.float16),
+        op_chain(f"ops: 16 x fp32 add of {n}", torch.randn(n, device="cuda"), lambda x: x + y)
+        op_chain(f"ops: 16 x fp16 -> fp32 -> fp16 casts of {n}", torch.randn(n, device="cuda", dtype=torch.float16),
                  lambda x: x.float().half())
-        op_chain(f"fp32 mean of (1, {n}) then subtract", torch.randn(1, n, device="cuda"),
+        op_chain(f"ops: 16 x fp32 mean of (1, {n}) then subtract", torch.randn(1, n, device="cuda"),
                  lambda x: x - x.mean(-1, keepdim=True) * 0.5)
         m = int(n ** 0.5)
-        op_chain(f"fp32 transposed add of ({m}, {m})", torch.randn(m, m, device="cuda"), lambda x: x.t() + 1.0)
+        op_chain(f"ops: 16 x fp32 transposed add of ({m}, {m})", torch.randn(m, m, device="cuda"), lambda x: x.t() + 1.0)
 
 
 def hf_levels(label, top=12):
