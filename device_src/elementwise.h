@@ -172,13 +172,6 @@ __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 l
 }
 
 // ---------------------------------------------------------------- fused chains: operand offsets, tier 2
-// A fused program's tile. A row program (SubOp::reserved = the row length, cols; the tile holds whole rows): for
-// each row, one pass per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the
-// lane's elements, then over the warp by shuffles), then the output pass. A chain (no reduction) is one row of
-// the tile's d.n elements: the output pass alone. A lane takes V elements at once: ev(r, val, red, stop)
-// evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter (worker.cu
-// fused_prog_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The passes re-read
-// the row's inputs (L1 / L2: a decode row is a few KiB).
 // An operand of a fused tile in registers (FusedArgs lives in shared memory and is reached through a generic
 // reference: its fields would be reloaded after every store).
 struct FusedReg {
@@ -195,6 +188,13 @@ __device__ __forceinline__ i64 fused_off(const FusedReg& o, i64 e) {
   return (i64)q * o.stride;
 }
 
+// A fused program's tile. A row program (SubOp::reserved = the row length, cols; the tile holds whole rows): for
+// each row, one pass per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the
+// lane's elements, then over the warp by shuffles), then the output pass. A chain (no reduction) is one row of
+// the tile's d.n elements: the output pass alone. A lane takes V elements at once: ev(r, val, red, stop)
+// evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter (worker.cu
+// fused_prog_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The passes re-read
+// the row's inputs (L1 / L2: a decode row is a few KiB).
 template <u32 V, u32 R, class Ev>
 __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, u32 nin, u32 nred, const u32* rop,
                                            const float* rscale, u32 lane, Ev ev) {

@@ -57,3 +57,14 @@ def test_cpu_debug_run_matches_eager(tmp_path, monkeypatch):
     assert sorted(r["size"] for r in timed) == ["gpt2-small-bf16-eager-dynamic", "llama-small-bf16-sdpa-static"]
     assert all(r["correct"] and r["ops_per_rep"] == M.QUICK_STEPS and r["sdpa"] == M.SDPA_NOTE for r in timed)
     assert any(r["config"] == "cudagraph" and "needs CUDA" in r["error"] for r in doc["rows"])
+
+
+def test_token_mismatches_allows_only_near_ties():
+    import torch
+    ref = torch.tensor([1, 2, 3])
+    logits = torch.zeros(3, 5)
+    logits[0, 1], logits[1, 2], logits[1, 4], logits[2, 3], logits[2, 0] = 1.0, 1.0, 0.99, 1.0, 0.5
+    tol = {"rtol": 5e-2, "atol": 5e-2}
+    assert M.token_mismatches(ref.clone(), ref, logits, tol) == []
+    assert M.token_mismatches(torch.tensor([1, 4, 3]), ref, logits, tol) == []  # 0.99 vs 1.0: a near-tie
+    assert M.token_mismatches(torch.tensor([1, 2, 0]), ref, logits, tol) == [(2, 0, 3, 0.5)]  # a clear loss

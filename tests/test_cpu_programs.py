@@ -104,3 +104,19 @@ def test_host_reads_are_refused_before_anything_runs():
     with pytest.raises(gpuos.CaptureError, match="_local_scalar_dense.*host"):
         cap.eager(torch.ops.aten._local_scalar_dense.default, (torch.zeros(1),), {})
     assert cap.steps == [] and cap.fallbacks == []  # refused before the op ran or was recorded
+
+
+@pytest.mark.parametrize("per_tile,total,min_units,want", [
+    (4096, 4096, 128, 256),    # a 4,096-element op: 16 tiles of 256
+    (4096, 1024, 128, 128),    # small: tiles of >= 128 elements (8 tiles)
+    (4096, 100, 128, 128),     # one tile
+    (4096, 3000, 128, 192),    # ceil(3000 / 16) = 188, rounded up to whole 32s
+    (4096, 1 << 20, 128, 4096),  # large: whole tiles, as live flushes
+    (32, 64, 1, 4),            # rows: 64 rows over 16 warps
+    (32, 3, 1, 1),             # fewer rows than warps: one per tile
+    (2, 100, 1, 2),            # never more per tile than the op's own tile
+])
+def test_capture_tile_spreads_small_ops_over_warps(per_tile, total, min_units, want):
+    got = gpuos_ext._testing.capture_tile(per_tile, total, min_units)
+    assert got == want
+    assert -(-total // got) <= max(16, -(-total // per_tile))  # at most 16 tiles unless the op is large

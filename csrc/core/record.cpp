@@ -129,8 +129,7 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
 // (min_units 1). Live flushes keep whole tiles: thousands of independent ops fill the grid and each descriptor
 // costs host time.
 constexpr uint64_t kCaptureWarps = 16;
-uint64_t Runtime::capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units) const {
-  if (!tape_) return per_tile;
+uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units) {
   uint64_t split = (total + kCaptureWarps - 1) / kCaptureWarps;
   if (min_units > 1) split = (split + 31) / 32 * 32;
   return std::min<uint64_t>(per_tile, std::max<uint64_t>(min_units, split));
@@ -174,14 +173,14 @@ void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const O
     // Refs in operand order: out, then each input slot (constants keep a zero ref that is never read).
     TensorRef slots[4] = {refs[0]};
     for (uint32_t k = 0, t = 1; k < arity; ++k) slots[k + 1] = ins[k].is_const ? TensorRef{} : refs[t++];
-    append_tiles(proto, (uint64_t)numel, capture_tile(kTileElems, (uint64_t)numel, 128), slots, arity + 1, out, ins,
+    append_tiles(proto, (uint64_t)numel, tile_units(kTileElems, (uint64_t)numel, 128), slots, arity + 1, out, ins,
                  arity);
   } else {
     if (one_dtype && (ptr_bits & 15) == 0) proto.flags |= kFlagVec;
     proto.out = out.ptr;
     for (uint32_t k = 0; k < arity; ++k)
       if (!ins[k].is_const) proto.in[k] = ins[k].ptr;
-    append_tiles(proto, (uint64_t)numel, capture_tile(kTileElems, (uint64_t)numel, 128), nullptr, 0, out, ins, arity);
+    append_tiles(proto, (uint64_t)numel, tile_units(kTileElems, (uint64_t)numel, 128), nullptr, 0, out, ins, arity);
   }
   st_.submitted++;
   maybe_publish_early();
@@ -204,7 +203,7 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   const int64_t elems = rows * std::max<int64_t>(cols, 1);
   const int64_t tile_elems = elems >= 32 * (int64_t)kTileElems ? 4 * (int64_t)kTileElems : (int64_t)kTileElems;
   const uint64_t per_tile = (uint64_t)std::max<int64_t>(1, std::min<int64_t>(32, tile_elems / std::max<int64_t>(cols, 1)));
-  append_tiles(proto, (uint64_t)rows, capture_tile(per_tile, (uint64_t)rows, 1), refs, 2, out, &x, 1);
+  append_tiles(proto, (uint64_t)rows, tile_units(per_tile, (uint64_t)rows, 1), refs, 2, out, &x, 1);
   st_.submitted++;
   maybe_publish_early();
 }
@@ -314,7 +313,7 @@ void Runtime::record_data(SubOp proto, const TensorRef* refs, uint32_t nref, con
   if (total == 0) return;
   proto.flags |= kFlagStrided;
   // Element-tiled data ops spread like elementwise ones while capturing (argmax's tiles are rows).
-  append_tiles(proto, total, per_tile == kTileElems ? capture_tile(per_tile, total, 128) : capture_tile(per_tile, total, 1),
+  append_tiles(proto, total, tile_units(per_tile, total, per_tile == kTileElems ? 128 : 1),
                refs, nref, out, reads, nread);
   st_.submitted++;
   maybe_publish_early();
@@ -350,11 +349,11 @@ void Runtime::record_fused(uint32_t prog, const FusedArgs& fa, const Operand& ou
   TensorRef slots[2];
   std::memcpy((void*)slots, (const void*)&fa, sizeof(FusedArgs));
   // One warp interprets a tile: kTileElems elements, a row program's tile whole rows (about kTileElems elements);
-  // spread while capturing (capture_tile: a 1,024-element chain of 32 instructions took 140 us in one warp).
-  uint64_t per_tile = capture_tile(kTileElems, (uint64_t)numel, 128);
+  // spread while capturing (tile_units: a 1,024-element chain of 32 instructions took 140 us in one warp).
+  uint64_t per_tile = tile_units(kTileElems, (uint64_t)numel, 128);
   if (cols > 0) {
     const uint64_t rows = (uint64_t)(numel / cols);
-    per_tile = capture_tile(std::max<uint64_t>(1, kTileElems / (uint64_t)cols), rows, 1) * (uint64_t)cols;
+    per_tile = tile_units(std::max<uint64_t>(1, kTileElems / (uint64_t)cols), rows, 1) * (uint64_t)cols;
   }
   append_tiles(proto, (uint64_t)numel, per_tile, slots, 2, out, ins, nin);
   st_.submitted++;

@@ -48,6 +48,9 @@ struct Config {
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots (core/record.cpp; gpuos_ext._testing.attention_split).
 uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity);
+// Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
+// less so that the op spreads over up to 16 warps (core/record.cpp; gpuos_ext._testing.capture_tile).
+uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
 // Defaults with the environment's settings applied (config/config.h).
 Config config_from_env();
 
@@ -243,8 +246,10 @@ class Runtime {
   // Stage ceil(total / per_tile) tiles of `proto` at the level the hazard model gives (out written, the
   // non-constant ins read); with nref > 0, refs[0..nref) go to the TensorRef arena (again for every piece of an
   // op larger than half the ring) and proto's pointer fields point at them.
-  // Units (elements or rows) per descriptor while a program is captured: see record.cpp.
-  uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units) const;
+  // capture_tile() while a tape is attached, else per_tile.
+  uint64_t tile_units(uint64_t per_tile, uint64_t total, uint64_t min_units) const {
+    return tape_ ? capture_tile(per_tile, total, min_units) : per_tile;
+  }
   void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
                     const Operand& out, const Operand* ins, uint32_t nin);
 
