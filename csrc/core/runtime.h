@@ -243,13 +243,13 @@ class Runtime {
   void make_current();
   void fit_stack(CUfunction f);  // per-thread stack limit >= the worker's local memory (before any launch)
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
-  // Stage ceil(total / per_tile) tiles of `proto` at the level the hazard model gives (out written, the
-  // non-constant ins read); with nref > 0, refs[0..nref) go to the TensorRef arena (again for every piece of an
-  // op larger than half the ring) and proto's pointer fields point at them.
   // capture_tile() while a tape is attached, else per_tile.
   uint64_t tile_units(uint64_t per_tile, uint64_t total, uint64_t min_units) const {
     return tape_ ? capture_tile(per_tile, total, min_units) : per_tile;
   }
+  // Stage ceil(total / per_tile) tiles of `proto` at the level the hazard model gives (out written, the
+  // non-constant ins read); with nref > 0, refs[0..nref) go to the TensorRef arena (again for every piece of an
+  // op larger than half the ring) and proto's pointer fields point at them.
   void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
                     const Operand& out, const Operand* ins, uint32_t nin);
 
