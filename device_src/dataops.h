@@ -55,15 +55,12 @@ GPUOS_HD u64 data_in(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return d.in[k];
   return ld_raw(data_addr(refs[k + 1], e), dtype_size(refs[k + 1].dtype));
 }
-GPUOS_HD float raw_to_f32(u64 raw, u32 dt) {
-  return dt == kF32 ? bits_f32((u32)raw) : dt == kF16 ? f16_to_f32((u16)raw) : bf16_to_f32((u16)raw);
-}
 // Input k as an integer (a float operand: truncated toward zero, as torch's float -> integer casts).
 GPUOS_HD i64 data_int(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return (i64)d.in[k];
   const u32 dt = refs[k + 1].dtype;
   const u64 raw = data_in(d, refs, k, e);
-  return dt <= kBF16 ? (i64)raw_to_f32(raw, dt) : raw_to_int(raw, dt);
+  return dt <= kBF16 ? (i64)bits_value((u32)raw, dt) : raw_to_int(raw, dt);
 }
 // add_int's alpha and scatter's negative-index rule travel as the 64 bits of SubOp::scalar[0..1].
 GPUOS_HD i64 data_scalar_bits(const SubOp& d) {
@@ -75,7 +72,7 @@ GPUOS_HD i64 data_scalar_bits(const SubOp& d) {
 enum CmpOp : u32 { kCmpLt = 0, kCmpLe = 1, kCmpGt = 2, kCmpGe = 3, kCmpEq = 4, kCmpNe = 5, kCmpFloat = 8 };
 GPUOS_HD float data_f32(const SubOp& d, const TensorRef* refs, u32 k, i64 e) {
   if (d.flags & (kFlagConst0 << k)) return bits_f32((u32)d.in[k]);
-  return raw_to_f32(data_in(d, refs, k, e), refs[k + 1].dtype);
+  return bits_value((u32)data_in(d, refs, k, e), refs[k + 1].dtype);
 }
 template <class T>
 GPUOS_HD bool cmp_apply(u32 rule, T a, T b) {

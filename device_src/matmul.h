@@ -34,10 +34,14 @@ struct MmArgs {
   float alpha, beta;
 };
 
-__device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
+// The epilogue: out[m, n] = alpha * acc (+ beta * bias[m, n], its value already loaded: `bias`).
+__device__ __forceinline__ void mm_put(const MmArgs& g, i64 m, i64 n, float acc, float bias) {
   float v = g.alpha * acc;
-  if (g.bias) v += g.beta * load_f32(g.bias, g.dtc, m * g.cs0 + n * g.cs1);
+  if (g.bias) v += g.beta * bias;
   store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
+}
+__device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
+  mm_put(g, m, n, acc, g.bias ? load_f32(g.bias, g.dtc, m * g.cs0 + n * g.cs1) : 0.0f);
 }
 
 // kvec: 4 columns x 4 rows per pass; lane l reads vectors l, l + 32, ... of each row.
@@ -153,10 +157,7 @@ __device__ __noinline__ void mm_finish(const MmArgs& g, float* part, u32 tw, u32
       const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
       if (e >= total) break;
       __stcg(part + kMmScratchHead + e, 0.0f);
-      if (n0 + nl >= g.N) continue;
-      float y = g.alpha * v[u];
-      if (g.bias) y += g.beta * bits_value(braw[u], g.dtc);
-      store_f32(g.out, g.dto, (i64)m * g.os0 + (n0 + nl) * g.os1, y);
+      if (n0 + nl < g.N) mm_put(g, m, n0 + nl, v[u], bits_value(braw[u], g.dtc));
     }
   }
   if (lane == 0) atomicExch((unsigned*)part, 0u);

@@ -80,19 +80,15 @@ GPUOS_HD u16 f32_to_f16(float f) {
 #endif
 }
 
-// Load element i of a buffer of dtype `dt` as fp32; store fp32 to it rounded to dtype.
-GPUOS_HD float load_f32(const void* p, u32 dt, i64 i) {
-  if (dt == 0) return ((const float*)p)[i];
-  u16 h = ((const u16*)p)[i];
-  return dt == 1 ? f16_to_f32(h) : bf16_to_f32(h);
-}
-// The same in two steps: the element's bits (fp32, or fp16 / bf16 in the low half), then their value. One warp's
-// loops issue every load of an iteration before they convert any (a conversion right after its load stalls the
-// warp until the load returns: each element then costs a memory round trip).
+// Element i of a buffer of dtype `dt` in two steps: its bits (fp32, or fp16 / bf16 in the low half), then their
+// value. One warp's loops issue every load of an iteration before they convert any (a conversion right after its
+// load stalls the warp until the load returns: each element then costs a memory round trip).
 GPUOS_HD u32 load_bits(const void* p, u32 dt, i64 i) { return dt == 0 ? ((const u32*)p)[i] : (u32)((const u16*)p)[i]; }
 GPUOS_HD float bits_value(u32 b, u32 dt) {
   return dt == 0 ? bits_f32(b) : dt == 1 ? f16_to_f32((u16)b) : bf16_to_f32((u16)b);
 }
+// Load element i as fp32 (both steps at once); store fp32 to it rounded to dtype.
+GPUOS_HD float load_f32(const void* p, u32 dt, i64 i) { return bits_value(load_bits(p, dt, i), dt); }
 GPUOS_HD void store_f32(void* p, u32 dt, i64 i, float v) {
   if (dt == 0) { ((float*)p)[i] = v; return; }
   ((u16*)p)[i] = dt == 1 ? f32_to_f16(v) : f32_to_bf16(v);
