@@ -253,6 +253,17 @@ def hf_levels(label, top=12):
     print("  slowest levels (exec us, level, handoff us, sub-ops op:elems/tiles):")
     for ex, lv, hand, desc in sorted(rows, reverse=True)[:top]:
         print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:150]}")
+    print("  claims of the 3 slowest levels (traced blocks only): count, blocks, claims per block max, sub-ops per "
+          "claim, load / exec us median and max, first and last claim start after the level's first (us):")
+    for ex, lv, hand, desc in sorted(rows, reverse=True)[:3]:
+        cl = [r for r in recs if r[1] == seqs[lv - 1]]
+        per_blk = collections.Counter(r[0] for r in cl)
+        t_first = min(r[4] for r in cl)
+        loads, exes = [r[5] / 1e3 for r in cl], [r[6] / 1e3 for r in cl]
+        print(f"    L{lv:<3d} {len(cl)} claims, {len(per_blk)} blocks, <= {max(per_blk.values())} per block, "
+              f"k {min(r[3] for r in cl)}..{max(r[3] for r in cl)}; load {statistics.median(loads):.2f} / "
+              f"{max(loads):.2f}, exec {statistics.median(exes):.2f} / {max(exes):.2f}; starts "
+              f"{(sorted(r[4] for r in cl)[len(cl) // 2] - t_first) / 1e3:.2f} / {(max(r[4] for r in cl) - t_first) / 1e3:.2f}")
 
 
 def main():

@@ -126,12 +126,17 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
 // one warp's memory-bound work waits a round trip per iteration of its loop (ninth session, claim trace on an
 // H200: a 1,024-element fp32 add 3.7 us, a 4,096-element cast 36.5 us in one warp's tile; a 1,024-element chain
 // of 32 instructions 140 us). Units are elements (min_units 128: whole 16-byte vectors, multiples of 32) or rows
-// (min_units 1). Live flushes keep whole tiles: thousands of independent ops fill the grid and each descriptor
-// costs host time.
-constexpr uint64_t kCaptureWarps = 16;
+// (min_units 1). Element tiles of a larger op hold at most kCaptureWarpElems elements, in at most
+// kCaptureMaxTiles tiles (eleventh session: HF's repeat_kv clones, 65,536 strided elements, took ~150 us per
+// level in 16 tiles). Live flushes keep whole tiles: thousands of independent ops fill the grid and each
+// descriptor costs host time.
+constexpr uint64_t kCaptureWarps = 16, kCaptureWarpElems = 512, kCaptureMaxTiles = 256;
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units) {
   uint64_t split = (total + kCaptureWarps - 1) / kCaptureWarps;
-  if (min_units > 1) split = (split + 31) / 32 * 32;
+  if (min_units > 1) {
+    split = std::max(std::min(split, kCaptureWarpElems), (total + kCaptureMaxTiles - 1) / kCaptureMaxTiles);
+    split = (split + 31) / 32 * 32;
+  }
   return std::min<uint64_t>(per_tile, std::max<uint64_t>(min_units, split));
 }
 

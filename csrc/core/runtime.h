@@ -49,7 +49,7 @@ struct Config {
 // slots (core/record.cpp; gpuos_ext._testing.attention_split).
 uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
-// less so that the op spreads over up to 16 warps (core/record.cpp; gpuos_ext._testing.capture_tile).
+// less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
 // Defaults with the environment's settings applied (config/config.h).
 Config config_from_env();
