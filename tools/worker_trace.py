@@ -12,7 +12,7 @@ level ending (before its block's atomicSub) to the first claim of the next level
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
 cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced; needs
-transformers): where a replayed step's time goes, per level -- its execution span (first claim executing to last
+transformers; env HF_SIZE_THRESHOLD: the capture's size threshold): where a replayed step's time goes, per level -- its execution span (first claim executing to last
 claim done) and the handoff before it -- summed by the ops the level holds, and the slowest levels
 (`Tape.level_map` names each level's sub-ops).
 """
@@ -192,6 +192,8 @@ def hf_levels(label, top=12):
     import collections
     from benchmarks import bench_models as B
     from benchmarks.harness import suite as H
+    import gpuos.programs as P
+    P.DEFAULT_SIZE_THRESHOLD = int(os.environ.get("HF_SIZE_THRESHOLD", P.DEFAULT_SIZE_THRESHOLD))
     case = B.make_case(label, 8, "cuda")
     d = case.data
     cache = B._cached(case)
