@@ -160,25 +160,22 @@ __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 l
   }
   // Strided: the address of every operand from its TensorRef (ref_offset, out of line: inlined per operand and
   // per op it made the worker module 2.8x larger, and its load at a generation handover as much slower).
-  // kEwLoads elements per lane at once: every offset first (the calls), then every load, then the stores -- a
-  // load consumed before the next one is issued cost a round trip per element (eleventh session: HF's
-  // repeat_kv clone of an expanded cache, 4,096 elements per warp, ~100 us).
+  // kEwLoads elements per lane at once: their offsets in one walk per operand (ref_offset4: the divisions of the
+  // four interleaved), then every load, then the stores. One walk per element and operand, each waiting on the
+  // last, took ~2,000 cycles per element (eleventh session, warp_bench: a 4,096-element transposed add 130 us).
+  static_assert(kEwLoads == 4, "ref_offset4 walks 4 elements");
   for (u32 i0 = lane; i0 < d.n; i0 += 32 * kEwLoads) {
-    i64 off[kEwLoads][A + 1];
+    RefOffs<kEwLoads> off[A + 1];  // indices past d.n get offsets too (never used)
 #pragma unroll
-    for (u32 u = 0; u < kEwLoads; ++u) {
-      const i64 e = (i64)d.base + (i0 + 32 * u < d.n ? i0 + 32 * u : i0);
-#pragma unroll
-      for (u32 k = 0; k <= A; ++k)
-        off[u][k] = k > 0 && (d.flags & (kFlagConst0 << (k - 1))) ? 0 : ref_offset(refs[k], e);
-    }
+    for (u32 k = 0; k <= A; ++k)
+      if (k == 0 || !(d.flags & (kFlagConst0 << (k - 1)))) off[k] = ref_offset4(refs[k], (i64)d.base + i0);
     u32 raw[kEwLoads][3];
 #pragma unroll
     for (u32 u = 0; u < kEwLoads; ++u)
 #pragma unroll
       for (u32 k = 0; k < A; ++k)
         raw[u][k] = (d.flags & (kFlagConst0 << k)) ? (u32)d.in[k]
-                    : i0 + 32 * u < d.n ? load_bits((const void*)refs[k + 1].ptr, dt_of(d, k + 1), off[u][k + 1])
+                    : i0 + 32 * u < d.n ? load_bits((const void*)refs[k + 1].ptr, dt_of(d, k + 1), off[k + 1].v[u])
                                         : 0u;
 #pragma unroll
     for (u32 u = 0; u < kEwLoads; ++u) {
@@ -187,7 +184,7 @@ __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 l
 #pragma unroll
       for (u32 k = 0; k < A; ++k)
         x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[u][k]) : bits_value(raw[u][k], dt_of(d, k + 1));
-      store_f32((void*)refs[0].ptr, dto, off[u][0], F::apply(x[0], x[1], x[2], s0, s1));
+      store_f32((void*)refs[0].ptr, dto, off[0].v[u], F::apply(x[0], x[1], x[2], s0, s1));
     }
   }
 }

@@ -177,34 +177,57 @@ struct TraceBuf {
   // TraceRec rec[(kTraceBlocks + 1) * per_block] follows (region r starts at rec + r * per_block)
 };
 
-// Element offset (in elements) of linear index `linear` of r's shape: the one address walk of strided operands (the
-// worker's elementwise and data ops, the host's CPU checks). Out of line on the device: inlined at each call site,
-// its 64-bit divisions grew the worker's cubin by 160 KB (a generation handover loads the whole module).
-#if defined(GPUOS_DEVICE_COMPILE)
-static __host__ __device__ __noinline__
-#else
-inline
-#endif
-i64 ref_offset(const TensorRef& r, i64 linear) {
-  i64 off = 0;
-  if (((u64)linear >> 32) == 0) {  // 32-bit divisions: a fraction of the instructions of 64-bit ones on the GPU
-    u32 l = (u32)linear;
+// Element offsets (in elements) of the linear indices e0, e0 + step, ... (U of them) of r's shape: the one address
+// walk of strided operands (the worker's elementwise and data ops, the host's CPU checks). The U walks are
+// independent chains of divisions, interleaved: one warp's strided loop was bound by the latency of one walk per
+// element and operand (eleventh session, warp_bench: ~2,000 cycles per element of a transposed fp32 add).
+template <u32 U>
+struct RefOffs {
+  i64 v[U];
+};
+template <u32 U>
+GPUOS_HD RefOffs<U> ref_offsets(const TensorRef& r, i64 e0, u32 step) {
+  RefOffs<U> o;
+  for (u32 u = 0; u < U; ++u) o.v[u] = 0;
+  if (r.ndim == 0) return o;
+  if ((((u64)e0 + (u64)step * (U - 1)) >> 32) == 0) {  // 32-bit divisions: a fraction of the 64-bit instructions
+    u32 l[U];
+    for (u32 u = 0; u < U; ++u) l[u] = (u32)e0 + step * u;
     for (int d = (int)r.ndim - 1; d > 0; --d) {
       const u64 s = (u64)r.sizes[d];
-      const u32 q = (s >> 32) ? 0u : l / (u32)s;
-      off += (i64)(l - q * (u32)s) * r.strides[d];
-      l = q;
+      const i64 st = r.strides[d];
+      for (u32 u = 0; u < U; ++u) {
+        const u32 q = (s >> 32) ? 0u : l[u] / (u32)s;
+        o.v[u] += (i64)(l[u] - q * (u32)s) * st;
+        l[u] = q;
+      }
     }
-    return r.ndim == 0 ? 0 : off + (i64)l * r.strides[0];
+    for (u32 u = 0; u < U; ++u) o.v[u] += (i64)l[u] * r.strides[0];
+    return o;
   }
-  for (int d = (int)r.ndim - 1; d > 0; --d) {
-    const i64 s = r.sizes[d];
-    const i64 q = linear / s;
-    off += (linear - q * s) * r.strides[d];
-    linear = q;
+  for (u32 u = 0; u < U; ++u) {
+    i64 linear = e0 + (i64)step * u;
+    for (int d = (int)r.ndim - 1; d > 0; --d) {
+      const i64 s = r.sizes[d];
+      const i64 q = linear / s;
+      o.v[u] += (linear - q * s) * r.strides[d];
+      linear = q;
+    }
+    o.v[u] += linear * r.strides[0];
   }
-  return r.ndim == 0 ? 0 : off + linear * r.strides[0];
+  return o;
 }
+// One offset, and four at once (indices e0 + 32 u: a lane's elements of the strided loops). Out of line on the
+// device: inlined at each call site, the walk's divisions grew the worker's cubin by 160 KB (a generation handover
+// loads the whole module).
+#if defined(GPUOS_DEVICE_COMPILE)
+#define GPUOS_REF_FN static __host__ __device__ __noinline__
+#else
+#define GPUOS_REF_FN inline
+#endif
+GPUOS_REF_FN i64 ref_offset(const TensorRef& r, i64 linear) { return ref_offsets<1>(r, linear, 0).v[0]; }
+GPUOS_REF_FN RefOffs<4> ref_offset4(const TensorRef& r, i64 e0) { return ref_offsets<4>(r, e0, 32); }
+#undef GPUOS_REF_FN
 
 static_assert(sizeof(TensorRef) == 16 + 16 * kMaxDims, "TensorRef layout");
 static_assert(sizeof(FusedOperand) == 24, "FusedOperand layout");

@@ -21,6 +21,7 @@
 #include "device_src/interp.h"
 #include "device_src/elementwise.h"
 #include "device_src/reduce.h"
+#include "device_src/matmul.h"
 
 using namespace gpuos;
 
@@ -32,7 +33,11 @@ __device__ __forceinline__ u64 gtimer() {
   return t;
 }
 
-enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kKinds };
+enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kMmNcolItem, kMmMmaItem, kKinds };
+// The matmul items (n = 4096 only): one ncol item (256 columns x 64 rows of K, fp16, M = 1: a K slice of
+// GPT-2-small's weights) and one mma item (16 columns x K = 256, fp16, M = 1: a tile of Llama-small's LM head),
+// both writing their outputs directly (no K split).
+constexpr i64 kBenchMmK = 256, kBenchMmN = 1024;
 
 // The floor: out[i] = a[i] + b[i] over n fp32 with 16-byte loads, `inflight` vectors per lane per iteration.
 template <int U>
@@ -98,6 +103,20 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
                                     });
         break;
       }
+      case kMmNcolItem: case kMmMmaItem: {
+        MmArgs g{};
+        g.a = (const char*)sd.in[0], g.b = (const char*)sd.in[1], g.out = (char*)sd.out, g.bias = nullptr;
+        g.M = 1, g.K = kBenchMmK, g.N = kBenchMmN, g.dta = g.dtb = g.dto = g.dtc = kF16, g.alpha = 1.0f;
+        g.as0 = kBenchMmK, g.as1 = 1, g.os0 = kBenchMmN, g.os1 = 1;
+        if (kind == kMmNcolItem) {  // b: K x N row-major
+          g.bs0 = kBenchMmN, g.bs1 = 1;
+          mm_ncol(g, 0, 0, 64, nullptr, lane);
+        } else {  // b: the transposed weight (N x K row-major)
+          g.bs0 = 1, g.bs1 = kBenchMmK;
+          mm_mma<false, false, 2>(g, 0, 0, kBenchMmK, nullptr, lane);
+        }
+        break;
+      }
       default: break;
     }
     __syncwarp();
@@ -126,7 +145,8 @@ int main() {
   CK(cudaMalloc(&a, n_max * 4));
   CK(cudaMalloc(&b, n_max * 4));
   CK(cudaMalloc(&o, n_max * 4));
-  CK(cudaMalloc(&big, n_max * 4));
+  CK(cudaMalloc(&big, kBenchMmK * kBenchMmN * 2));
+  CK(cudaMemset(big, 0, kBenchMmK * kBenchMmN * 2));
   CK(cudaMalloc(&ns, reps * 8));
   CK(cudaMalloc(&cyc, reps * 8));
   CK(cudaMalloc(&stop, 4));
@@ -151,9 +171,11 @@ int main() {
   const char* names[] = {"raw add, 1 vector/lane in flight", "raw add, 4 vectors/lane in flight", "ew_op add (vector path)",
                          "ew_op cast fp16->fp32 (element loop)", "ew_op add, transposed (strided)",
                          "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)",
-                         "interpreted chain of 16 adds (fused_rows)"};
+                         "interpreted chain of 16 adds (fused_rows)", "mm ncol item 256 cols x 64 K (fp16, M=1)",
+                         "mm mma item 16 cols x 256 K (fp16, M=1)"};
   for (u32 n : {1024u, 4096u}) {
     for (int kind = 0; kind < kKinds; ++kind) {
+      if ((kind == kMmNcolItem || kind == kMmMmaItem) && n != 4096) continue;
       for (int pollmode : {0, 1, 2}) {
         SubOp d{};
         TensorRef refs[4] = {};
@@ -173,6 +195,8 @@ int main() {
           refs[0].strides[0] = m, refs[0].strides[1] = 1;
           // The device reads TensorRefs through d.out / d.in pointers only in the worker (fetch_refs); here the
           // harness hands ew_op the shared copies directly.
+        } else if (kind == kMmNcolItem || kind == kMmMmaItem) {
+          d.in[0] = (u64)a, d.in[1] = (u64)big, d.out = (u64)o;  // a: K fp16; big: K x N fp16 (512 KB)
         } else if (kind == kMean) {
           d.op = kOp_mean, d.flags = kFlagStrided, d.n = 1, d.dtype = kF32 | (kF32 << 8);
           refs[0] = ref1(o, kF32, 1);
