@@ -55,8 +55,12 @@ constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 ste
 constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256;
 // SubOp::reserved of an mm sub-op: variant | ksplit << 8 (variant 0: a column tile of the per-warp paths).
 constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2;
-// K per item: ceil(K / ksplit) rounded up to whole chunks (host and device agree through this function).
-GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit) { return ((K + ksplit - 1) / ksplit + kMmChunk - 1) / kMmChunk * kMmChunk; }
+// K per item: ceil(K / ksplit) rounded up to whole slice units (host and device agree through this function): a
+// tensor-core chunk (mma), or one step of the ncol loop (kMmNcolRows rows of b: a slice of one step is one round
+// trip of loads -- GPT-2-small's 256 x 768 product in 64-row slices was 12 items of 8 steps, ~30 us a level).
+constexpr u32 kMmNcolRows = 8;
+GPUOS_HD u32 mm_unit(u32 variant) { return variant == kMmMma ? kMmChunk : kMmNcolRows; }
+GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit, u32 unit) { return ((K + ksplit - 1) / ksplit + unit - 1) / unit * unit; }
 // Decode attention (device_src/attention.h). An item is one (batch, KV head, KV split, group of query rows): the
 // group is up to kAttnRowsPerItem of the G x Lq query rows of the KV head's query heads (G = Hq / Hkv). With nsplit > 1
 // each item writes its partial (per row: max, sum, D accumulators, fp32) into the attention scratch of its own ring

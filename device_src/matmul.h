@@ -251,6 +251,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
+// (kMmNcolRows)
 // of b, rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
 // 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
 // (or past the last whole 8 of K) a's values are read one by one.
@@ -316,7 +317,8 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
   const u32 variant = d.reserved & 0xffu, ksplit = d.reserved >> 8 ? d.reserved >> 8 : 1u;
   if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit
-    const i64 tile = d.base / ksplit, kp = d.base % ksplit, kspan = mm_kspan(g.K, ksplit);
+    const i64 tile = d.base / ksplit, kp = d.base % ksplit,
+              kspan = mm_kspan(g.K, ksplit, mm_unit(variant));
     const i64 k0 = kp * kspan, k1 = k0 + kspan < g.K ? k0 + kspan : g.K;
     // The tile's items are consecutive in the ring: its scratch is that of the first one's slot.
     float* part = ksplit > 1 ? scratch + (u64)((ri + capacity - (u32)kp) % capacity) * kMmScratchPerSlot : nullptr;

@@ -213,24 +213,24 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
   maybe_publish_early();
 }
 
-// K slices of a product of ntile column tiles of width tw (device_src/matmul.h): enough items to cover the
-// grid (about kMmItems), each slice at least what one pass of a warp's loads covers (mma: U = 2 chunks; ncol: one
-// chunk, 8 passes of 8 rows) -- a decode product is latency-bound, and a slice of 4 chunks left GPT-2-small's
-// 256 x 768 weight to 3 warps (~60 us per product, H200, worker_trace hf) -- and the
-// tile's partials (tw x M) must fit the scratch of its ksplit ring slots; no split when they cannot. The items of
-// a split product must also stay in one piece of append_tiles (capacity / 2): consecutive in the ring.
-uint32_t Runtime::matmul_split(int64_t ntile, int64_t K, int64_t M, int64_t tw) const {
-  constexpr int64_t kMmItems = 1024;
-  const int64_t chunks = (K + kMmChunk - 1) / kMmChunk;
-  const int64_t min_chunks = tw == kMmNcolCols ? 1 : 2;
-  int64_t ks = std::min<int64_t>({kMmItems / std::max<int64_t>(ntile, 1), chunks / min_chunks, (int64_t)kMmMaxSplit});
+// K slices of a product of ntile column tiles (device_src/matmul.h): enough items to cover the grid (about
+// `items`), each slice at least what one pass of a warp's loads covers (mma: U = 2 chunks of 64; ncol: one step of
+// 8 rows) -- a decode product is latency-bound: an item is a few round trips, and the level waits for its
+// slowest -- and the tile's partials (tw x M) must fit the scratch of its ksplit ring slots; no split when they
+// cannot. The items of a split product must also stay in one piece of append_tiles (capacity / 2): consecutive
+// in the ring.
+uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items) {
+  const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols, unit = mm_unit(variant);
+  const int64_t units = (K + unit - 1) / unit;
+  const int64_t min_units = variant == kMmMma ? 2 : 1;
+  int64_t ks = std::min<int64_t>({(int64_t)items / std::max<int64_t>(ntile, 1), units / min_units, (int64_t)kMmMaxSplit});
   if (ks <= 1) return 1;
   const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
-  if (ks < need) ks = need <= std::min<int64_t>(chunks, kMmMaxSplit) ? need : 1;
-  if (ks > 1 && ntile * ks > (int64_t)cfg_.capacity / 2) ks = 1;
-  // mm_kspan rounds slices up to whole chunks: the last slices may be empty (harmless: their items add nothing);
+  if (ks < need) ks = need <= std::min<int64_t>(units, kMmMaxSplit) ? need : 1;
+  if (ks > 1 && ntile * ks > (int64_t)capacity / 2) ks = 1;
+  // mm_kspan rounds slices up to whole units: the last slices may be empty (harmless: their items add nothing);
   // drop them while the scratch still fits.
-  while (ks > 1 && ks - 1 >= need && (ks - 1) * mm_kspan(K, (uint32_t)ks) >= K) --ks;
+  while (ks > 1 && ks - 1 >= need && (ks - 1) * mm_kspan(K, (uint32_t)ks, (uint32_t)unit) >= K) --ks;
   return ks > 1 && ks * kMmScratchPerSlot >= kMmScratchHead + tw * M ? (uint32_t)ks : 1u;
 }
 
@@ -269,7 +269,7 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   } else {
     const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
     const int64_t ntile = (N + tw - 1) / tw;
-    const uint32_t ksplit = matmul_split(ntile, K, M, tw);
+    const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items);
     proto.reserved = variant | ksplit << 8;
     append_tiles(proto, (uint64_t)(ntile * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);
   }

@@ -22,6 +22,7 @@ Config config_from_env() {
   c.trace_records = e.trace_records;
   c.dma_min = e.dma_min;
   c.dma_levels = e.dma_levels;
+  c.mm_items = e.mm_items;
   return c;
 }
 

@@ -44,10 +44,14 @@ struct Config {
   // TensorRefs): small levels read from pinned host memory cost a PCIe round trip per load chain (a replayed
   // program is ~100 such levels per decode step). 0: never.
   uint32_t dma_levels = 4;
+  uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots (core/record.cpp; gpuos_ext._testing.attention_split).
 uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity);
+// K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol) with M rows, aiming
+// at about `items` items, for a ring of `capacity` slots (core/record.cpp; gpuos_ext._testing.matmul_split).
+uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
 // less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
@@ -215,7 +219,6 @@ class Runtime {
   void ensure_ref_room(uint32_t nref);
   // Room for ndesc descriptors in the ring, waiting for published batches only (never publishes).
   void wait_ring_room(uint32_t ndesc);
-  uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, int64_t tw) const;  // record.cpp
   void maybe_publish_early() {
     if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
       st_.early_publishes++;

@@ -51,6 +51,9 @@ void add_testing_module(py::module_& m) {
   t.def("probe_host_memory", &probe_host_memory, py::arg("n") = 1 << 20);
   t.def("attention_split", &attention_split, py::arg("tiles"), py::arg("kv_len"), py::arg("capacity"),
         "KV splits Runtime::record_attention gives a decode attention of `tiles` row-group tiles.");
+  t.def("matmul_split", &matmul_split, py::arg("ntile"), py::arg("K"), py::arg("M"), py::arg("variant"),
+        py::arg("capacity"), py::arg("items") = 1024,
+        "K slices Runtime::record_matmul gives a worker matmul (variant 1: mma, 2: ncol).");
   t.def("capture_tile", &capture_tile, py::arg("per_tile"), py::arg("total"), py::arg("min_units"),
         "Units per descriptor while a program is captured (core/record.cpp).");
   t.def("set_nvrtc_search_dirs", &set_nvrtc_search_dirs);

@@ -1,0 +1,48 @@
+"""K slices of the worker's matmul items (core/record.cpp matmul_split), on the CPU: the rule the host records
+decode products with (device_src/matmul.h runs the items)."""
+import pytest
+
+gpuos_ext = pytest.importorskip("gpuos_ext")
+
+MMA, NCOL = 1, 2
+UNIT = {MMA: 64, NCOL: 8}     # device_src/config.h mm_unit: a tensor-core chunk / one ncol step of 8 rows
+COLS = {MMA: 16, NCOL: 256}   # kMmMmaCols / kMmNcolCols
+
+
+def kspan(K, ks, unit):
+    return -(-(-(-K // ks)) // unit) * unit
+
+
+@pytest.mark.parametrize("ntile,K,M,variant,want", [
+    (3, 256, 1, NCOL, 32),     # GPT-2-small's 256 x 768 (c_attn): one 8-row step per item, 96 items
+    (1, 1024, 1, NCOL, 64),    # its MLP down-projection: at most kMmMaxSplit slices
+    (16, 256, 1, MMA, 2),      # Llama-small's 256 x 256: slices of two 64-k chunks
+    (256, 4096, 1, MMA, 4),    # 4,096 x 4,096: about 1,024 items
+    (3142, 256, 1, MMA, 1),    # an LM head: enough tiles already
+    (3, 256, 64, NCOL, 1),     # 64 rows of partials (256 x 64 floats) do not fit 64 scratch slots: no split
+])
+def test_matmul_split(ntile, K, M, variant, want):
+    assert gpuos_ext._testing.matmul_split(ntile, K, M, variant, 8192) == want
+
+
+@pytest.mark.parametrize("variant", [MMA, NCOL])
+@pytest.mark.parametrize("K", [8, 64, 200, 256, 688, 768, 3072, 4096, 11008])
+@pytest.mark.parametrize("ntile", [1, 3, 16, 43, 300])
+@pytest.mark.parametrize("M", [1, 4, 16])
+def test_matmul_split_slices_are_whole_and_nonempty(variant, K, ntile, M):
+    ks = gpuos_ext._testing.matmul_split(ntile, K, M, variant, 8192)
+    assert 1 <= ks <= 64
+    if ks > 1:
+        span = kspan(K, ks, UNIT[variant])
+        assert span % UNIT[variant] == 0
+        assert (ks - 1) * span < K <= ks * span          # every slice holds part of K, together all of it
+        assert ks * 128 >= 16 + COLS[variant] * M        # the tile's partials fit its ks scratch slots
+        assert ntile * ks <= 8192 // 2                   # one piece of the ring
+        need = -(-(16 + COLS[variant] * M) // 128)
+        assert ntile * ks <= max(1024, ntile * need)     # about `items` items (more only where the scratch needs)
+
+
+def test_matmul_split_items_and_ring_bound_the_split():
+    assert gpuos_ext._testing.matmul_split(3, 256, 1, NCOL, 8192, items=1) == 1   # GPUOS_MM_ITEMS=1: no split
+    assert gpuos_ext._testing.matmul_split(3, 256, 1, NCOL, 8192, items=48) == 16
+    assert gpuos_ext._testing.matmul_split(300, 4096, 1, MMA, 64) == 1             # would not fit a small ring
