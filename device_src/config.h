@@ -51,9 +51,12 @@ constexpr u32 kOpFused = 255;
 constexpr u32 kMmScratchPerSlot = 128;
 constexpr u32 kMmScratchHead = 16;     // floats before the partials (the counter word, padding to 64 bytes)
 constexpr u32 kMmMaxSplit = 64;        // most K slices (the scratch array has this many slots past the ring)
+constexpr u32 kMmMaxGroup = 16;        // most column tiles of one unsplit mma item
 constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 steps)
 constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256;
-// SubOp::reserved of an mm sub-op: variant | ksplit << 8 (variant 0: a column tile of the per-warp paths).
+// SubOp::reserved of an mm sub-op: variant | ksplit << 8 | tiles << 16 (variant 0: a column tile of the per-warp
+// paths; tiles: column tiles per item of an unsplit mma product, 0 = 1 -- an LM head of 2,000-3,142 tiles of 16
+// columns was that many items, each paying a claim's round trips for 8 KB of weights).
 constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2;
 // K per item: ceil(K / ksplit) rounded up to whole slice units (host and device agree through this function): a
 // tensor-core chunk (mma), or one step of the ncol loop (kMmNcolRows rows of b: a slice of one step is one round

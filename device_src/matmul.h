@@ -315,7 +315,17 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
   g.dto = d.dtype & 0xffu, g.dta = (d.dtype >> 8) & 0xffu, g.dtb = (d.dtype >> 16) & 0xffu;
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
-  const u32 variant = d.reserved & 0xffu, ksplit = d.reserved >> 8 ? d.reserved >> 8 : 1u;
+  const u32 variant = d.reserved & 0xffu, ksplit = (d.reserved >> 8) & 0xffu ? (d.reserved >> 8) & 0xffu : 1u;
+  const u32 group = d.reserved >> 16 ? d.reserved >> 16 : 1u;
+  if (variant == kMmMma && group > 1) {  // an unsplit item of `group` column tiles: tiles d.base * group, ...
+    for (u32 t = 0; t < group; ++t) {
+      const i64 n0 = ((i64)d.base * group + t) * kMmMmaCols;
+      if (n0 >= g.N) break;
+      if (g.dta == kBF16) g.M > 8 ? mm_mma<true, true, 2>(g, n0, 0, g.K, nullptr, lane) : mm_mma<true, false, 2>(g, n0, 0, g.K, nullptr, lane);
+      else g.M > 8 ? mm_mma<false, true, 2>(g, n0, 0, g.K, nullptr, lane) : mm_mma<false, false, 2>(g, n0, 0, g.K, nullptr, lane);
+    }
+    return;
+  }
   if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit
     const i64 tile = d.base / ksplit, kp = d.base % ksplit,
               kspan = mm_kspan(g.K, ksplit, mm_unit(variant));

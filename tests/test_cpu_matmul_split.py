@@ -34,11 +34,11 @@ def test_matmul_split_slices_are_whole_and_nonempty(variant, K, ntile, M):
     assert 1 <= ks <= 64
     if ks > 1:
         span = kspan(K, ks, UNIT[variant])
-        assert span % UNIT[variant] == 0
-        assert (ks - 1) * span < K <= ks * span          # every slice holds part of K, together all of it
-        assert ks * 128 >= 16 + COLS[variant] * M        # the tile's partials fit its ks scratch slots
+        need = -(-(16 + COLS[variant] * M) // 128)       # scratch slots the tile's partials take
+        assert span % UNIT[variant] == 0 and K <= ks * span  # whole units, together all of K
+        assert (ks - 1) * span < K or ks == need         # an empty last slice only where the scratch needs its slot
+        assert ks >= need                                # the tile's partials fit its ks scratch slots
         assert ntile * ks <= 8192 // 2                   # one piece of the ring
-        need = -(-(16 + COLS[variant] * M) // 128)
         assert ntile * ks <= max(1024, ntile * need)     # about `items` items (more only where the scratch needs)
 
 
@@ -46,3 +46,14 @@ def test_matmul_split_items_and_ring_bound_the_split():
     assert gpuos_ext._testing.matmul_split(3, 256, 1, NCOL, 8192, items=1) == 1   # GPUOS_MM_ITEMS=1: no split
     assert gpuos_ext._testing.matmul_split(3, 256, 1, NCOL, 8192, items=48) == 16
     assert gpuos_ext._testing.matmul_split(300, 4096, 1, MMA, 64) == 1             # would not fit a small ring
+
+
+@pytest.mark.parametrize("ntile,items,want", [
+    (100, 1024, 1),       # fewer tiles than items: one tile per item
+    (2000, 1024, 2),      # Llama-small's LM head (32,000 columns): 1,000 items of 2 tiles
+    (3142, 1024, 4),      # GPT-2's (50,257 columns): 786 items of 4
+    (100000, 1024, 16),   # at most kMmMaxGroup tiles per item
+    (3142, 1, 1),         # GPUOS_MM_ITEMS=1: one tile per item
+])
+def test_matmul_group(ntile, items, want):
+    assert gpuos_ext._testing.matmul_group(ntile, items) == want

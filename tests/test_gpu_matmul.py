@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gpuos
+import gpuos_ext
 
 pytestmark = pytest.mark.gpu
 
@@ -56,6 +57,24 @@ def test_matmul_matches_torch(rt, dtype, layout, M, NK):
     gpuos.submit_matmul(a, b, out)
     gpuos.flush()
     _check(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("M", [1, 12])
+@pytest.mark.parametrize("N", [32000, 50257, 16 * 1024 * 16 + 24])
+def test_lm_head_products_group_column_tiles_per_item(rt, dtype, M, N):
+    # More 16-column tiles than items: several tiles per item (matmul_group), the last item partial; every
+    # column written (the output starts as NaN).
+    K = 256
+    g = torch.Generator(device=DEV).manual_seed(N + M)
+    dt = DTYPES[dtype]
+    a = torch.randn(M, K, generator=g, device=DEV).to(dt)
+    w = torch.randn(N, K, generator=g, device=DEV).to(dt)
+    assert gpuos_ext._testing.matmul_group(-(-N // 16)) > 1
+    out = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
+    gpuos.submit_matmul(a, w.t(), out)
+    gpuos.flush()
+    _check(out, a, w.t())
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

@@ -234,6 +234,13 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
   return ks > 1 && ks * kMmScratchPerSlot >= kMmScratchHead + tw * M ? (uint32_t)ks : 1u;
 }
 
+// Column tiles per item of an unsplit tensor-core product: about `items` items (more tiles than that: an LM
+// head), at most kMmMaxGroup tiles each.
+uint32_t matmul_group(int64_t ntile, uint32_t items) {
+  if (items <= 1 || ntile <= (int64_t)items) return 1;
+  return (uint32_t)std::min<int64_t>(kMmMaxGroup, (ntile + items - 1) / items);
+}
+
 void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                             const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
                             int64_t M, int64_t N, int64_t K, float alpha, float beta) {
@@ -270,8 +277,9 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
     const int64_t ntile = (N + tw - 1) / tw;
     const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items);
-    proto.reserved = variant | ksplit << 8;
-    append_tiles(proto, (uint64_t)(ntile * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);
+    const uint32_t group = ksplit == 1 && variant == kMmMma ? matmul_group(ntile, cfg_.mm_items) : 1u;
+    proto.reserved = variant | ksplit << 8 | group << 16;
+    append_tiles(proto, (uint64_t)((ntile + group - 1) / group * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);
   }
   st_.submitted++;
   maybe_publish_early();

@@ -52,6 +52,8 @@ uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity);
 // K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol) with M rows, aiming
 // at about `items` items, for a ring of `capacity` slots (core/record.cpp; gpuos_ext._testing.matmul_split).
 uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items);
+// Column tiles per item of an unsplit tensor-core product of `ntile` tiles (gpuos_ext._testing.matmul_group).
+uint32_t matmul_group(int64_t ntile, uint32_t items);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
 // less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);

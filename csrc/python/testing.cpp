@@ -54,6 +54,8 @@ void add_testing_module(py::module_& m) {
   t.def("matmul_split", &matmul_split, py::arg("ntile"), py::arg("K"), py::arg("M"), py::arg("variant"),
         py::arg("capacity"), py::arg("items") = 1024,
         "K slices Runtime::record_matmul gives a worker matmul (variant 1: mma, 2: ncol).");
+  t.def("matmul_group", &matmul_group, py::arg("ntile"), py::arg("items") = 1024,
+        "Column tiles per item of an unsplit tensor-core worker matmul.");
   t.def("capture_tile", &capture_tile, py::arg("per_tile"), py::arg("total"), py::arg("min_units"),
         "Units per descriptor while a program is captured (core/record.cpp).");
   t.def("set_nvrtc_search_dirs", &set_nvrtc_search_dirs);
