@@ -33,7 +33,8 @@ __device__ __forceinline__ u64 gtimer() {
   return t;
 }
 
-enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kMmNcolItem, kMmMmaItem, kKinds };
+enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kMmNcolItem, kMmMmaItem,
+            kRowLn4, kRowLn8, kKinds };
 // The matmul items (n = 4096 only): one ncol item (256 columns x 64 rows of K, fp16, M = 1: a K slice of
 // GPT-2-small's weights) and one mma item (16 columns x K = 256, fp16, M = 1: a tile of Llama-small's LM head),
 // both writing their outputs directly (no K split).
@@ -53,6 +54,34 @@ __device__ __noinline__ void raw_add(const float* a, const float* b, float* o, u
       if (v0 + 32 * u < nv)
         ((float4*)o)[v0 + 32 * u] = make_float4(x[u].x + y[u].x, x[u].y + y[u].y, x[u].z + y[u].z, x[u].w + y[u].w);
   }
+}
+
+// A LayerNorm row as tier 2 generates it (csrc/inject/specialize.cpp): inputs x, w, b; two row reductions (mean,
+// mean of squares of x - mean); out = (x - mean) * rsqrt(var + eps) * w + b. Rows of 256 fp16 (n = 4096 only).
+struct LnF {
+  static constexpr u32 kInputs = 3, kRows = 2;
+  static __device__ __forceinline__ void row_info(u32* ops, float* scales) {
+    ops[0] = kOp_sum, ops[1] = kOp_sum, scales[0] = scales[1] = 1.0f / 256.0f;
+  }
+  static __device__ __forceinline__ float eval(const float* x, const float* red, u32 stop) {
+    if (stop == 0u) return x[0];
+    const float d = x[0] - red[0];
+    if (stop == 1u) return d * d;
+    return d * rsqrtf(red[1] + 1e-5f) * x[1] + x[2];
+  }
+};
+template <u32 V>
+__device__ __noinline__ void ln_row(const SubOp& d, const FusedArgs& fa, u32 lane) {
+  u32 rop[kRowMaxRed];
+  float rsc[kRowMaxRed];
+  LnF::row_info(rop, rsc);
+  fused_rows<V, 3>(d, fa, 3, 2, rop, rsc, lane, [](float (*r)[V], float* val, const float* red, u32 stop) {
+#pragma unroll
+    for (u32 v = 0; v < V; ++v) {
+      const float x[3] = {r[0][v], r[1][v], r[2][v]};
+      val[v] = LnF::eval(x, red, stop);
+    }
+  });
 }
 
 __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Program* gprog, int reps, u64* ns,
@@ -103,6 +132,8 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
                                     });
         break;
       }
+      case kRowLn4: ln_row<4>(sd, *(const FusedArgs*)&refs[0], lane); break;
+      case kRowLn8: ln_row<8>(sd, *(const FusedArgs*)&refs[0], lane); break;
       case kMmNcolItem: case kMmMmaItem: {
         MmArgs g{};
         g.a = (const char*)sd.in[0], g.b = (const char*)sd.in[1], g.out = (char*)sd.out, g.bias = nullptr;
@@ -172,10 +203,11 @@ int main() {
                          "ew_op cast fp16->fp32 (element loop)", "ew_op add, transposed (strided)",
                          "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)",
                          "interpreted chain of 16 adds (fused_rows)", "mm ncol item 256 cols x 64 K (fp16, M=1)",
-                         "mm mma item 16 cols x 256 K (fp16, M=1)"};
+                         "mm mma item 16 cols x 256 K (fp16, M=1)", "LayerNorm row of 256 fp16 (tier-2 form, V=4)",
+                         "LayerNorm row of 256 fp16 (tier-2 form, V=8)"};
   for (u32 n : {1024u, 4096u}) {
     for (int kind = 0; kind < kKinds; ++kind) {
-      if ((kind == kMmNcolItem || kind == kMmMmaItem) && n != 4096) continue;
+      if ((kind == kMmNcolItem || kind == kMmMmaItem || kind == kRowLn4 || kind == kRowLn8) && n != 4096) continue;
       for (int pollmode : {0, 1, 2}) {
         SubOp d{};
         TensorRef refs[4] = {};
@@ -195,6 +227,16 @@ int main() {
           refs[0].strides[0] = m, refs[0].strides[1] = 1;
           // The device reads TensorRefs through d.out / d.in pointers only in the worker (fetch_refs); here the
           // harness hands ew_op the shared copies directly.
+        } else if (kind == kRowLn4 || kind == kRowLn8) {
+          d.op = kOpFused, d.flags = kFlagFused, d.n = 256, d.reserved = 256, d.dtype = kF16;  // one row
+          FusedArgs fa{};
+          fa.opnd[0] = {(u64)o, 1, 1, 0};
+          fa.opnd[1] = {(u64)a, 1, 1, 0};
+          fa.opnd[2] = {(u64)b, 1, 1, 0};
+          fa.opnd[3] = {(u64)big, 1, 1, 0};
+          fa.dtype[0] = fa.dtype[1] = fa.dtype[2] = fa.dtype[3] = kF16;
+          fa.ninputs = 3;
+          memcpy((void*)refs, (const void*)&fa, sizeof(FusedArgs));
         } else if (kind == kMmNcolItem || kind == kMmMmaItem) {
           d.in[0] = (u64)a, d.in[1] = (u64)big, d.out = (u64)o;  // a: K fp16; big: K x N fp16 (512 KB)
         } else if (kind == kMean) {
