@@ -86,46 +86,32 @@ GPUOS_HD bool cmp_apply(u32 rule, T a, T b) {
   }
 }
 
-// gather / scatter, element e: the position of its index in the index tensor (returned) and its place r in the
-// indexed tensor without the indexed dim.
-GPUOS_HD i64 gs_index_pos(const TensorRef& dim, i64 e, i64& r) {
-  const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
-  const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
-  r = e - i0 * inner;
-  return i0;
-}
-// The indexed tensor's address of place r at the index whose raw bits are `iraw`; 0 when the index is out of range.
-GPUOS_HD u64 gs_target(const SubOp& d, const TensorRef* refs, i64 r, u64 iraw) {
-  const TensorRef& dim = refs[3];
-  i64 iv = raw_to_int(iraw, refs[2].dtype);
-  if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
-  if (iv < 0 || iv >= dim.sizes[0]) return 0;
-  const TensorRef& side = d.op == kOp_gather ? refs[1] : refs[0];  // the indexed tensor without its indexed dim
-  return side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)dtype_size(refs[0].dtype));
-}
-
 // One element (linear index e of the sub-op's iteration space) of a data-movement op other than argmax.
 // Returns 1 when an index was out of range (nothing was read or written outside a tensor), else 0.
 //   gather / scatter: refs[3] describes the indexed dim: sizes[0] its extent, strides[0] its stride, sizes[1] the
 //   elements per index (the product of the other dims); the iteration space is the "linear" side (gather: out, whose
 //   index dims come first; scatter: src with the indexed dim first). Scatter with scalar bits 1: negative indices
 //   count from the end (index_put_), as torch's advanced indexing does; otherwise they are out of range.
-//   (The worker runs gather / scatter 4 elements per lane at once through the same pieces: data_op.)
 GPUOS_HD u32 data_elem(const SubOp& d, const TensorRef* refs, i64 e) {
   const TensorRef& o = refs[0];
   const u32 sz = dtype_size(o.dtype);
   switch (d.op) {
     case kOp_gather:
     case kOp_scatter: {
-      i64 r = 0;
-      const i64 ip = gs_index_pos(refs[3], e, r);
-      const u64 at = gs_target(d, refs, r, ld_raw(data_addr(refs[2], ip), dtype_size(refs[2].dtype)));
+      const TensorRef& dim = refs[3];
+      const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
+      const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
+      const i64 r = e - i0 * inner;
+      i64 iv = raw_to_int(ld_raw(data_addr(refs[2], i0), dtype_size(refs[2].dtype)), refs[2].dtype);
+      if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
       const bool gather = d.op == kOp_gather;
       const u64 lin = gather ? data_addr(o, e) : data_addr(refs[1], e);
-      if (!at) {
+      if (iv < 0 || iv >= dim.sizes[0]) {
         if (gather) st_raw(lin, sz, poison_bits(o.dtype));
         return 1;
       }
+      const TensorRef& side = gather ? refs[1] : o;  // the indexed tensor without its indexed dim
+      const u64 at = side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)sz);
       if (gather) st_raw(lin, sz, ld_raw(at, sz));
       else st_raw(at, sz, ld_raw(lin, sz));
       return 0;
@@ -194,46 +180,6 @@ __device__ __noinline__ void argmax_rows(const SubOp& d, const TensorRef* refs, 
   }
 }
 
-// gather / scatter, 4 elements per lane at once (data_elem's rule and pieces): every address first (the walks are
-// calls: a load in flight across one would be spilled, and a spilled load waits for its data), then the index
-// loads, the targets, the data loads, the stores -- two round trips per 4 elements, not two per element.
-__device__ __noinline__ u32 gather_scatter4(const SubOp& d, const TensorRef* refs, u32 lane) {
-  const bool gather = d.op == kOp_gather;
-  const TensorRef& lref = gather ? refs[0] : refs[1];  // the linear side
-  const u32 sz = dtype_size(refs[0].dtype), isz = dtype_size(refs[2].dtype);
-  const i64 base = d.base;
-  u32 bad = 0;
-  for (u32 i0 = lane; i0 < d.n; i0 += 32 * 4) {
-    u64 ia[4], iraw[4], at[4], val[4];
-    i64 rr[4];
-#pragma unroll
-    for (u32 u = 0; u < 4; ++u) {
-      const u32 i = i0 + 32 * u < d.n ? i0 + 32 * u : i0;
-      ia[u] = data_addr(refs[2], gs_index_pos(refs[3], base + i, rr[u]));
-    }
-    const RefOffs<4> lo = ref_offset4(lref, base + i0);
-#pragma unroll
-    for (u32 u = 0; u < 4; ++u) iraw[u] = i0 + 32 * u < d.n ? ld_raw(ia[u], isz) : 0u;
-#pragma unroll
-    for (u32 u = 0; u < 4; ++u) at[u] = i0 + 32 * u < d.n ? gs_target(d, refs, rr[u], iraw[u]) : 0u;
-#pragma unroll
-    for (u32 u = 0; u < 4; ++u)
-      val[u] = at[u] ? ld_raw(gather ? at[u] : lref.ptr + (u64)(lo.v[u] * (i64)sz), sz) : 0u;
-#pragma unroll
-    for (u32 u = 0; u < 4; ++u) {
-      if (i0 + 32 * u >= d.n) break;
-      const u64 lin = lref.ptr + (u64)(lo.v[u] * (i64)sz);
-      if (!at[u]) {
-        bad = 1;
-        if (gather) st_raw(lin, sz, poison_bits(refs[0].dtype));
-      } else {
-        st_raw(gather ? lin : at[u], sz, val[u]);
-      }
-    }
-  }
-  return bad;
-}
-
 // A data-movement sub-op: argmax's rows, or the elements [base, base + n) of the others (one warp).
 __device__ __noinline__ void data_op(const SubOp& d, const TensorRef* refs, u32 lane, HostCtl* hc) {
   if (d.op == kOp_argmax) {
@@ -241,11 +187,7 @@ __device__ __noinline__ void data_op(const SubOp& d, const TensorRef* refs, u32 
     return;
   }
   u32 bad = 0;
-  if (d.op == kOp_gather || d.op == kOp_scatter) {
-    bad = gather_scatter4(d, refs, lane);
-  } else {
-    for (u32 i = lane; i < d.n; i += 32) bad |= data_elem(d, refs, (i64)d.base + i);
-  }
+  for (u32 i = lane; i < d.n; i += 32) bad |= data_elem(d, refs, (i64)d.base + i);
   if (__any_sync(0xffffffffu, bad != 0) && lane == 0) *(volatile u32*)&hc->index_fault = 1u;
 }
 #endif

@@ -213,7 +213,7 @@ __device__ __forceinline__ i64 fused_off(const FusedReg& o, i64 e) {
 // evaluates them from r[k][v] (input k of element v) into val[v]. One loop for the interpreter (worker.cu
 // fused_prog_op: R = kProgMaxRegs, the registers) and tier 2 (fused_spec_op: R = its inputs). The passes re-read
 // the row's inputs (L1 / L2: a decode row is a few KiB).
-template <u32 V, u32 R, bool kOnce, class Ev>
+template <u32 V, u32 R, class Ev>
 __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, u32 nin, u32 nred, const u32* rop,
                                            const float* rscale, u32 lane, Ev ev) {
   // Inputs are loaded into `raw` (static indices: registers) before any is converted or copied into r (the
@@ -233,11 +233,6 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
   }
   float red[kRowMaxRed];
   float r[R][V];
-  // kOnce (tier 2): a row of at most 32 V elements is one iteration per pass, and its inputs are loaded once for
-  // every pass (each pass re-loading them cost a round trip: a LayerNorm row is 3 passes). Not the interpreter:
-  // its raw values held across passes spill (52 bytes), and a spilled load waits for its data.
-  const bool once = kOnce && cols <= 32 * V;
-  u32 raw[RI][V];
   for (u32 r0 = 0; r0 < n; r0 += cols) {
     const i64 row = base + r0;
     for (u32 q = 0; q <= nred; ++q) {
@@ -245,17 +240,15 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
       const u32 op = out ? 0u : rop[q];
       float acc = row_init(op);
       for (u32 c0 = 0; c0 < cols; c0 += 32 * V) {
-        if (!once || q == 0) {
+        u32 raw[RI][V];
 #pragma unroll
-          for (u32 k = 0; k < RI; ++k)
+        for (u32 k = 0; k < RI; ++k)
 #pragma unroll
-            for (u32 v = 0; v < V; ++v) {
-              const u32 c = c0 + lane + 32 * v;
-              raw[k][v] = k < nin && c < cols
-                              ? load_bits((const void*)o[1 + k].ptr, o[1 + k].dt, fused_off(o[1 + k], row + c))
-                              : 0u;
-            }
-        }
+          for (u32 v = 0; v < V; ++v) {
+            const u32 c = c0 + lane + 32 * v;
+            raw[k][v] = k < nin && c < cols ? load_bits((const void*)o[1 + k].ptr, o[1 + k].dt, fused_off(o[1 + k], row + c))
+                                            : 0u;
+          }
 #pragma unroll
         for (u32 k = 0; k < RI; ++k) {
           if (k >= nin) break;
@@ -282,33 +275,21 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
 
 // Tier 2: a program with generated straight-line code (device_src/user_ops.h GPUOS_FUSED_SPECS): F::eval(x, red,
 // stop) as run_program_v, F::kRows its reductions (0 for a chain), F::row_info their op ids and scales.
-template <class F, u32 V>
-__device__ __forceinline__ void fused_spec_rows(const SubOp& d, const FusedArgs& fa, const u32* rop,
-                                                const float* rscale, u32 lane) {
-  fused_rows<V, F::kInputs, true>(d, fa, F::kInputs, F::kRows, rop, rscale, lane,
-                            [](float (*r)[V], float* val, const float* red, u32 stop) {
+template <class F>
+__device__ __noinline__ void fused_spec_op(const SubOp& d, const FusedArgs& fa, u32 lane) {
+  u32 rop[kRowMaxRed];
+  float rscale[kRowMaxRed];
+  F::row_info(rop, rscale);
+  fused_rows<4, F::kInputs>(d, fa, F::kInputs, F::kRows, rop, rscale, lane,
+                            [](float (*r)[4], float* val, const float* red, u32 stop) {
 #pragma unroll
-                              for (u32 v = 0; v < V; ++v) {
+                              for (u32 v = 0; v < 4; ++v) {
                                 float x[F::kInputs];
 #pragma unroll
                                 for (u32 k = 0; k < F::kInputs; ++k) x[k] = r[k][v];
                                 val[v] = F::eval(x, red, stop);
                               }
                             });
-}
-template <class F>
-__device__ __noinline__ void fused_spec_op(const SubOp& d, const FusedArgs& fa, u32 lane) {
-  u32 rop[kRowMaxRed];
-  float rscale[kRowMaxRed];
-  F::row_info(rop, rscale);
-  // Rows of 129..256 (decode hidden sizes): 8 elements per lane, so the row is loaded once for all its passes.
-  if constexpr (F::kRows > 0) {
-    if (d.reserved > 32 * 4 && d.reserved <= 32 * 8) {
-      fused_spec_rows<F, 8>(d, fa, rop, rscale, lane);
-      return;
-    }
-  }
-  fused_spec_rows<F, 4>(d, fa, rop, rscale, lane);
 }
 
 }  // namespace gpuos

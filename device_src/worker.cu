@@ -58,7 +58,7 @@ __device__ __noinline__ void fused_prog_op(const SubOp& d, const FusedArgs& fa, 
   float rscale[kRowMaxRed];
   const u32 nred = d.reserved ? row_reductions(p, rop, rscale) : 0u;
   const u32 nin = p.ninputs < kProgMaxInputs ? p.ninputs : kProgMaxInputs;
-  fused_rows<kInterpVec, kProgMaxRegs, false>(d, fa, nin, nred, rop, rscale, lane,
+  fused_rows<kInterpVec, kProgMaxRegs>(d, fa, nin, nred, rop, rscale, lane,
                                        [&p](float (*r)[kInterpVec], float* val, const float* red, u32 stop) {
                                          run_program_v<kInterpVec>(p, r, val, red, stop);
                                        });

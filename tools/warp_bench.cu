@@ -75,7 +75,7 @@ __device__ __noinline__ void ln_row(const SubOp& d, const FusedArgs& fa, u32 lan
   u32 rop[kRowMaxRed];
   float rsc[kRowMaxRed];
   LnF::row_info(rop, rsc);
-  fused_rows<V, 3, true>(d, fa, 3, 2, rop, rsc, lane, [](float (*r)[V], float* val, const float* red, u32 stop) {
+  fused_rows<V, 3>(d, fa, 3, 2, rop, rsc, lane, [](float (*r)[V], float* val, const float* red, u32 stop) {
 #pragma unroll
     for (u32 v = 0; v < V; ++v) {
       const float x[3] = {r[0][v], r[1][v], r[2][v]};
@@ -121,7 +121,7 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
         u32 rop[kRowMaxRed];
         float rsc[kRowMaxRed];
         const Program* pp = kind == kInterp16 ? &sp : nullptr;
-        fused_rows<4, kProgMaxRegs, false>(sd, fa, sp.ninputs, 0, rop, rsc, lane,
+        fused_rows<4, kProgMaxRegs>(sd, fa, sp.ninputs, 0, rop, rsc, lane,
                                     [pp](float (*rr)[4], float* val, const float* red, u32 stop) {
                                       if (pp) {
                                         run_program_v<4>(*pp, rr, val, red, stop);
