@@ -251,8 +251,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
-// (kMmNcolRows)
-// of b, rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
+// of b (kMmNcolRows), rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
 // 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
 // (or past the last whole 8 of K) a's values are read one by one.
 __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {

@@ -90,7 +90,8 @@ std::string describe_env_config() {
          std::to_string(c.burst_blocks) + "\nGPUOS_PUBLISH_MIN=" + std::to_string(c.publish_min) +
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
-         "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) + "\nGPUOS_SPECIALIZE_AFTER=" +
+         "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) +
+         "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +
          "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
