@@ -56,6 +56,18 @@ void add_testing_module(py::module_& m) {
         "K slices Runtime::record_matmul gives a worker matmul (variant 1: mma, 2: ncol).");
   t.def("matmul_group", &matmul_group, py::arg("ntile"), py::arg("items") = 1024,
         "Column tiles per item of an unsplit tensor-core worker matmul.");
+  t.def("ref_offsets", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t e0) {
+        if (sizes.size() != strides.size() || sizes.size() > kMaxDims)
+          throw std::invalid_argument("ref_offsets: sizes and strides need one length, at most kMaxDims");
+        TensorRef r{};
+        r.ndim = (uint32_t)sizes.size();
+        for (size_t d = 0; d < sizes.size(); ++d) r.sizes[d] = sizes[d], r.strides[d] = strides[d];
+        const RefOffs<4> four = ref_offset4(r, e0);
+        std::vector<int64_t> walked(four.v, four.v + 4), single;
+        for (int64_t u = 0; u < 4; ++u) single.push_back(ref_offset(r, e0 + 32 * u));
+        return std::make_pair(walked, single);
+      }, py::arg("sizes"), py::arg("strides"), py::arg("e0"),
+      "Element offsets of indices e0 + 32 u (u < 4) of a shape: (ref_offset4's, ref_offset's one by one).");
   t.def("capture_tile", &capture_tile, py::arg("per_tile"), py::arg("total"), py::arg("min_units"),
         "Units per descriptor while a program is captured (core/record.cpp).");
   t.def("set_nvrtc_search_dirs", &set_nvrtc_search_dirs);
