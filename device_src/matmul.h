@@ -250,6 +250,13 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
   }
 }
 
+// One mma tile: the instance for the dtype and the rows (two m8 tiles per pass above 8 rows).
+__device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
+  const bool two = g.M > 8;
+  if (g.dta == kBF16) two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
+  else two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
+}
+
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
 // of b (kMmNcolRows), rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
 // 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
@@ -320,8 +327,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
     for (u32 t = 0; t < group; ++t) {
       const i64 n0 = ((i64)d.base * group + t) * kMmMmaCols;
       if (n0 >= g.N) break;
-      if (g.dta == kBF16) g.M > 8 ? mm_mma<true, true, 2>(g, n0, 0, g.K, nullptr, lane) : mm_mma<true, false, 2>(g, n0, 0, g.K, nullptr, lane);
-      else g.M > 8 ? mm_mma<false, true, 2>(g, n0, 0, g.K, nullptr, lane) : mm_mma<false, false, 2>(g, n0, 0, g.K, nullptr, lane);
+      mm_mma_tile(g, n0, 0, g.K, nullptr, lane);
     }
     return;
   }
@@ -334,9 +340,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
     const u32 tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
     const i64 n0 = tile * tw;
     if (variant == kMmMma) {
-      const bool two = g.M > 8;
-      if (g.dta == kBF16) two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
-      else two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
+      mm_mma_tile(g, n0, k0, k1, part, lane);
     } else {
       mm_ncol(g, n0, k0, k1, part, lane);
     }
