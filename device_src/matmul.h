@@ -253,8 +253,10 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 // One mma tile: the instance for the dtype and the rows (two m8 tiles per pass above 8 rows).
 __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
   const bool two = g.M > 8;
-  if (g.dta == kBF16) two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
-  else two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
+  if (g.dta == kBF16)
+    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
+  else
+    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows

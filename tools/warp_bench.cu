@@ -199,7 +199,8 @@ int main() {
   }
   CK(cudaMemcpy(gprog, &prog, sizeof(Program), cudaMemcpyHostToDevice));
 
-  const char* names[] = {"raw add, 1 vector/lane in flight", "raw add, 4 vectors/lane in flight", "ew_op add (vector path)",
+  const char* names[] = {"raw add, 1 vector/lane in flight", "raw add, 4 vectors/lane in flight",
+                         "ew_op add (vector path)",
                          "ew_op cast fp16->fp32 (element loop)", "ew_op add, transposed (strided)",
                          "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)",
                          "interpreted chain of 16 adds (fused_rows)", "mm ncol item 256 cols x 64 K (fp16, M=1)",

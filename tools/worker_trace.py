@@ -11,10 +11,10 @@ the level before it has completed), execution time (block barrier), gaps between
 level ending (before its block's atomicSub) to the first claim of the next level starting to execute.
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
-cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced; needs
-transformers; env HF_SIZE_THRESHOLD: the capture's size threshold): where a replayed step's time goes, per level -- its execution span (first claim executing to last
-claim done) and the handoff before it -- summed by the ops the level holds, and the slowest levels
-(`Tape.level_map` names each level's sub-ops).
+cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
+needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold): where a replayed step's time goes, per
+level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
+ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops).
 """
 import os
 import statistics
@@ -170,8 +170,8 @@ def norm_rows(hidden, depth=16, row_fusion=True):
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         return w * h.to(x.dtype)
-    op_chain(f"rows: {depth} dependent RMSNorms of {hidden}", torch.randn(1, hidden, device="cuda", dtype=torch.float16),
-             rms, depth, row_fusion)
+    x0 = torch.randn(1, hidden, device="cuda", dtype=torch.float16)
+    op_chain(f"rows: {depth} dependent RMSNorms of {hidden}", x0, rms, depth, row_fusion)
 
 
 def op_chains():
@@ -183,7 +183,8 @@ def op_chains():
         op_chain(f"ops: 16 x fp32 mean of (1, {n}) then subtract", torch.randn(1, n, device="cuda"),
                  lambda x: x - x.mean(-1, keepdim=True) * 0.5)
         m = int(n ** 0.5)
-        op_chain(f"ops: 16 x fp32 transposed add of ({m}, {m})", torch.randn(m, m, device="cuda"), lambda x: x.t() + 1.0)
+        op_chain(f"ops: 16 x fp32 transposed add of ({m}, {m})", torch.randn(m, m, device="cuda"),
+                 lambda x: x.t() + 1.0)
 
 
 def hf_levels(label, top=12):
@@ -260,12 +261,12 @@ def hf_levels(label, top=12):
     for ex, lv, hand, desc in sorted(rows, reverse=True)[:3]:
         cl = [r for r in recs if r[1] == seqs[lv - 1]]
         per_blk = collections.Counter(r[0] for r in cl)
-        t_first = min(r[4] for r in cl)
+        starts = sorted(r[4] - min(r[4] for r in cl) for r in cl)
         loads, exes = [r[5] / 1e3 for r in cl], [r[6] / 1e3 for r in cl]
         print(f"    L{lv:<3d} {len(cl)} claims, {len(per_blk)} blocks, <= {max(per_blk.values())} per block, "
               f"k {min(r[3] for r in cl)}..{max(r[3] for r in cl)}; load {statistics.median(loads):.2f} / "
               f"{max(loads):.2f}, exec {statistics.median(exes):.2f} / {max(exes):.2f}; starts "
-              f"{(sorted(r[4] for r in cl)[len(cl) // 2] - t_first) / 1e3:.2f} / {(max(r[4] for r in cl) - t_first) / 1e3:.2f}")
+              f"{starts[len(cl) // 2] / 1e3:.2f} / {starts[-1] / 1e3:.2f}")
 
 
 def main():

@@ -223,7 +223,8 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
   const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols, unit = mm_unit(variant);
   const int64_t units = (K + unit - 1) / unit;
   const int64_t min_units = variant == kMmMma ? 2 : 1;
-  int64_t ks = std::min<int64_t>({(int64_t)items / std::max<int64_t>(ntile, 1), units / min_units, (int64_t)kMmMaxSplit});
+  int64_t ks =
+      std::min<int64_t>({(int64_t)items / std::max<int64_t>(ntile, 1), units / min_units, (int64_t)kMmMaxSplit});
   if (ks <= 1) return 1;
   const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
   if (ks < need) ks = need <= std::min<int64_t>(units, kMmMaxSplit) ? need : 1;
