@@ -3,12 +3,13 @@
 
     python benchmarks/bench_models.py                       # = python -m benchmarks --only W7
     python benchmarks/bench_models.py --quick               # 2 configs, 8 steps (models_quick.json)
-    GPUOS_BENCH_MODELS=full python benchmarks/bench_models.py   # all 32 configs (or a comma-separated list of labels)
+    GPUOS_BENCH_MODELS=full python benchmarks/bench_models.py   # all 34 configs (or a comma-separated list of labels)
 
 Models are built from code with random weights (seeded; no downloads): ``<model>-<scale>-<dtype>-<attn>-<cache>``
 with model gpt2 | llama, scale small (4 layers, hidden 256, 4 heads; Llama 2 KV heads) | base (GPT-2-small size:
 12 layers, hidden 768, 12 heads; Llama 4 KV heads), dtype fp16 | bf16, attention eager | sdpa (HF's
-``attn_implementation``), cache static (``StaticCache`` of 256 slots) | dynamic (``DynamicCache``). Without
+``attn_implementation``), cache static (``StaticCache`` of 256 slots) | static<N> (of N slots: ``static128`` /
+``static4096`` show what a long static cache costs, issue #17) | dynamic (``DynamicCache``). Without
 ``transformers`` every row says so.
 
 One repetition = STEPS decode steps after a PROMPT-token prefill done once in setup; each step feeds the token
@@ -48,10 +49,14 @@ SCALES = {  # layers, hidden, heads, kv heads (Llama), MLP width (Llama)
 }
 FULL = [f"{m}-{s}-{d}-{a}-{c}" for m in ("gpt2", "llama") for s in SCALES for d in ("fp16", "bf16")
         for a in ("eager", "sdpa") for c in ("static", "dynamic")]
+# A static cache of 128 and of 4,096 slots at the same positions: what reading the real length (not the slots)
+# saves (issue #17, acceptance 5).
+LONG_CACHE = ["llama-small-fp16-sdpa-static128", "llama-small-fp16-sdpa-static4096"]
+FULL += LONG_CACHE
 # Small models first: when the suite's time budget runs out, the issue's headline configs (GPT-2 / Llama small) are
 # the ones measured (at 8adc8bd, gpt2-base ate the rest of W7's budget before llama-small ran).
 DEFAULT = [f"{m}-{s}-fp16-sdpa-{c}" for s in SCALES for m in ("gpt2", "llama") for c in ("static", "dynamic")] + [
-    "llama-small-bf16-sdpa-static", "gpt2-small-fp16-eager-static", "llama-small-fp16-eager-dynamic"]
+    "llama-small-bf16-sdpa-static", "gpt2-small-fp16-eager-static", "llama-small-fp16-eager-dynamic"] + LONG_CACHE
 QUICK = ["llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-dynamic"]
 TOL = {"fp16": {"rtol": 2e-2, "atol": 2e-2}, "bf16": {"rtol": 5e-2, "atol": 5e-2}}
 SDPA_NOTE = "cuDNN SDPA off; flash / mem-efficient / math left to torch's choice"
@@ -69,12 +74,18 @@ IN_PROCESS_SHARE = 0.55
 
 
 def parse_label(label: str) -> SimpleNamespace:
-    model, scale, dtype, attn, cache = label.split("-")
+    parts = label.split("-")
+    model, scale, dtype, attn, cache = parts if len(parts) == 5 else ("",) * 5
+    slots = MAX_CACHE
+    if cache.startswith("static") and cache[6:].isdigit() and int(cache[6:]) > PROMPT + STEPS:
+        cache, slots = "static", int(cache[6:])
     if model not in ("gpt2", "llama") or scale not in SCALES or dtype not in TOL or attn not in ("eager", "sdpa") \
             or cache not in ("static", "dynamic"):
         raise ValueError(f"bench_models: bad config label {label!r}; expected e.g. {FULL[0]!r} (model gpt2|llama, "
-                         f"scale {'|'.join(SCALES)}, dtype fp16|bf16, attn eager|sdpa, cache static|dynamic)")
-    return SimpleNamespace(model=model, scale=scale, dtype=dtype, attn=attn, cache=cache)
+                         f"scale {'|'.join(SCALES)}, dtype fp16|bf16, attn eager|sdpa, cache static|static<N> "
+                         f"(N > {PROMPT + STEPS} slots)|dynamic)")
+    return SimpleNamespace(model=model, scale=scale, dtype=dtype, attn=attn, cache=cache,
+                           slots=slots if cache == "static" else None)
 
 
 def build_model(spec: SimpleNamespace, device: str):
@@ -102,7 +113,7 @@ def cache_kw(model) -> str:
 def new_cache(d):
     import transformers as T
     if d.spec.cache == "static":
-        return T.StaticCache(config=d.cfg, max_cache_len=MAX_CACHE)
+        return T.StaticCache(config=d.cfg, max_cache_len=d.spec.slots)
     return T.DynamicCache(config=d.cfg)
 
 
@@ -201,7 +212,7 @@ def make_case(label: str, steps: int, device: str) -> H.Case:
                   extra={"model": spec.model, "layers": layers, "hidden": hidden, "heads": heads,
                          "kv_heads": kv_heads if spec.model == "llama" else heads, "dtype": spec.dtype,
                          "attn": spec.attn, "cache": spec.cache, "steps": steps, "prompt": PROMPT,
-                         "max_cache": MAX_CACHE if spec.cache == "static" else None, "sdpa": SDPA_NOTE,
+                         "max_cache": spec.slots, "sdpa": SDPA_NOTE,
                          "per_op": "decode step"})
 
 

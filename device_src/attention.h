@@ -73,11 +73,46 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
       if (MASK) moff[MASK ? r : 0] = (i64)b * a.ms[0] + (i64)hq * a.ms[1] + (i64)i * a.ms[2];
     }
   }
+  // The mask bounds the loop (issue #17): a kv position no row of the item sees (a float mask's -inf, a boolean
+  // mask's false; causal limits included) weighs exactly 0, so the loop runs from the first position some row sees
+  // to the last. A static cache of 4,096 slots at position 100 then reads 101 rows of K and V, not 4,096, and a
+  // slice wholly past the position reads none. Scanned when the slice is longer than one step of the loop (the
+  // scan is one round trip of mask loads, 4 positions per lane in flight).
+  int jlo = (int)j0;
+  if (MASK && jend - jlo > (int)(T * RP)) {
+    int lo = jend, hi = jlo - 1;
+    for (int jb = jlo + (int)lane; jb < jend; jb += 32 * 4) {
+      float mv[4][R];
+#pragma unroll
+      for (u32 u = 0; u < 4; ++u)
+#pragma unroll
+        for (u32 r = 0; r < R; ++r) {
+          const int j = jb + 32 * (int)u;
+          const i64 mo = moff[MASK ? r : 0] + (i64)j * a.ms[3];
+          mv[u][r] = r >= nr || j >= jend || j > lim[r] ? attn_ninf()
+                     : mbool ? (((const u8*)a.mask)[mo] ? 0.0f : attn_ninf())
+                             : load_f32((const void*)a.mask, mdt, mo);
+        }
+#pragma unroll
+      for (u32 u = 0; u < 4; ++u) {
+        bool see = false;
+#pragma unroll
+        for (u32 r = 0; r < R; ++r) see = see || mv[u][r] != attn_ninf();
+        const int j = jb + 32 * (int)u;
+        if (see) lo = j < lo ? j : lo, hi = j > hi ? j : hi;
+      }
+    }
+    for (u32 o = 16; o > 0; o >>= 1) {
+      const int lo2 = __shfl_xor_sync(0xffffffffu, lo, o), hi2 = __shfl_xor_sync(0xffffffffu, hi, o);
+      lo = lo2 < lo ? lo2 : lo, hi = hi2 > hi ? hi2 : hi;
+    }
+    jlo = lo, jend = hi + 1;  // nothing seen: jend <= jlo, no step
+  }
   const char* kp = (const char*)rk.ptr + ((i64)b * rk.strides[0] + (i64)kh * rk.strides[1] + c * 8) * 2;
   const char* vp = (const char*)rv.ptr + ((i64)b * rv.strides[0] + (i64)kh * rv.strides[1] + c * 8) * 2;
   const i64 ks = rk.strides[2] * 2, vs = rv.strides[2] * 2;  // bytes per kv row
   const float ninf = attn_ninf();
-  for (int jb = (int)j0; jb < jend; jb += (int)(T * RP)) {  // warp-uniform trip count: the shuffles need every lane
+  for (int jb = jlo; jb < jend; jb += (int)(T * RP)) {  // warp-uniform trip count: the shuffles need every lane
     uint4 kq[T], vq[T];  // every load of the step is issued before the first use: T of K and T of V in flight
 #pragma unroll
     for (u32 t = 0; t < T; ++t) {

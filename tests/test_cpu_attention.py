@@ -52,6 +52,13 @@ def test_attention_split(tiles, kv, cap, want):
     assert tiles * ns <= max(cap // 2, tiles), "a split op must fit one piece of the ring"
 
 
+def test_attention_split_min_rows():
+    # GPUOS_ATTN_MIN_ROWS: 16-position slices at KV 256 give 16 splits, 64-position ones 4
+    assert gpuos_ext._testing.attention_split(4, 256, 4096, min_rows=16) == 16
+    assert gpuos_ext._testing.attention_split(4, 256, 4096, min_rows=64) == 4
+    assert gpuos_ext._testing.attention_split(4, 256, 4096, min_rows=1) == 64   # kAttnMaxSplit
+
+
 def test_attention_split_respects_the_ring():
     # 600 tiles x 2 slices would exceed half a 1,024-slot ring: no split
     assert gpuos_ext._testing.attention_split(600, 8192, 1024) == 1

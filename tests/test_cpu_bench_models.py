@@ -11,7 +11,14 @@ from benchmarks import run_all
 def test_labels_parse_and_bad_ones_are_named():
     s = M.parse_label("llama-base-bf16-eager-dynamic")
     assert (s.model, s.scale, s.dtype, s.attn, s.cache) == ("llama", "base", "bf16", "eager", "dynamic")
-    assert len(M.FULL) == 32 and len(set(M.FULL)) == 32
+    assert len(M.FULL) == 34 and len(set(M.FULL)) == 34
+    s = M.parse_label("llama-small-fp16-sdpa-static4096")
+    assert (s.cache, s.slots) == ("static", 4096)
+    assert M.parse_label("gpt2-small-fp16-sdpa-static").slots == M.MAX_CACHE
+    assert M.parse_label("gpt2-small-fp16-sdpa-dynamic").slots is None
+    for bad in ("llama-small-fp16-sdpa-static16", "llama-small-fp16-sdpa-staticx", "llama-small-fp16-sdpa"):
+        with pytest.raises(ValueError, match="static<N>"):
+            M.parse_label(bad)
     assert set(M.DEFAULT) <= set(M.FULL) and set(M.QUICK) <= set(M.DEFAULT)
     with pytest.raises(ValueError, match="bad config label 'llama-huge-fp16-sdpa-static'"):
         M.parse_label("llama-huge-fp16-sdpa-static")

@@ -133,6 +133,39 @@ def test_attention_layouts(rt, dtype, layout, mask):
     _check(out, q, k, v, m)
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("pos, window", [(100, None), (0, None), (4091, None), (700, 50), (3000, 1)])
+def test_attention_mask_bounds_the_kv_range(rt, dtype, kind, pos, window):
+    """A static cache of 4,096 slots at position `pos` (query row i sees [pos - window + 1 or 0, pos + i]; GQA,
+    4 query rows): K and V are NaN outside every row's visible range, so a result without NaN shows that the
+    masked-out slots were not read (they used to be, weighted 0: 0 * NaN = NaN). Row 0 of the second batch sees
+    nothing (its output is 0)."""
+    dt = DTYPES[dtype]
+    B, Hq, Hkv, Lq, Lk, D = 2, 8, 2, 4, 4096, 64
+    g = torch.Generator(device=DEV).manual_seed(pos * 31 + (window or 0))
+    q, k, v = _qkv(B, Hq, Hkv, Lq, Lk, D, dt, g)
+    j = torch.arange(Lk, device=DEV)
+    i = torch.arange(Lq, device=DEV)[:, None]
+    see = (j <= pos + i) & (j >= (pos - window + 1 if window else 0))  # (Lq, Lk)
+    see = see.expand(B, 1, Lq, Lk).clone()
+    see[1, :, 0] = False
+    m = see if kind == "bool" else torch.zeros(see.shape, device=DEV, dtype=dt).masked_fill(~see, float("-inf"))
+    ref = _reference(q, k, v, m)
+    anyrow = see.any(dim=2)[:, 0]  # (B, Lk): some row of the batch sees the slot
+    kp, vp = k.clone(), v.clone()
+    kp.masked_fill_(~anyrow[:, None, :, None], float("nan"))
+    vp.masked_fill_(~anyrow[:, None, :, None], float("nan"))
+    out = torch.full_like(q, float("nan"))
+    gpuos.submit_attention(q, kp, vp, out, attn_mask=m)
+    gpuos.flush()
+    ref = torch.nan_to_num(ref, nan=0.0)
+    assert not out.isnan().any(), "a masked-out kv slot was read"
+    assert (out[1, :, 0] == 0).all(), "a row that sees nothing is 0"
+    tol = TOL[dt] * max(1.0, ref.abs().max().item())
+    assert (out.float() - ref).abs().max().item() <= tol
+
+
 def test_attention_mask_broadcasts(rt):
     """A 2-D (Lq, Lk) mask and a per-head (1, Hq, 1, Lk) mask (stride-0 dims)."""
     g = torch.Generator(device=DEV).manual_seed(3)

@@ -38,6 +38,8 @@ EnvConfig read_env() {
   read_u32("GPUOS_DMA_MIN", c.dma_min);
   read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   read_u32("GPUOS_MM_ITEMS", c.mm_items);
+  read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);
+  if (c.attn_min_rows == 0) c.attn_min_rows = 1;
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
   read_u32("GPUOS_PTXAS_OPT", c.ptxas_opt);
@@ -91,6 +93,7 @@ std::string describe_env_config() {
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
          "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) +
+         "\nGPUOS_ATTN_MIN_ROWS=" + std::to_string(c.attn_min_rows) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +
          "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +

@@ -287,11 +287,13 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
 }
 
 // KV splits of decode attention (device_src/attention.h): enough items to cover the grid (about kAttnItems over
-// the tiles), each split at least kAttnMinRows kv positions (below that the combine costs more than it saves), at
-// most kAttnMaxSplit; the items of a split tile stay in one piece of append_tiles (consecutive in the ring).
-uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity) {
-  constexpr int64_t kAttnItems = 1024, kAttnMinRows = 64;
-  int64_t ns = std::min<int64_t>({(kAttnItems + tiles - 1) / std::max<int64_t>(tiles, 1), Lk / kAttnMinRows,
+// the tiles), each split at least min_rows kv positions (Config::attn_min_rows: below that the combine costs more
+// than it saves), at most kAttnMaxSplit; the items of a split tile stay in one piece of append_tiles (consecutive
+// in the ring).
+uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows) {
+  constexpr int64_t kAttnItems = 1024;
+  int64_t ns = std::min<int64_t>({(kAttnItems + tiles - 1) / std::max<int64_t>(tiles, 1),
+                                  Lk / std::max<int64_t>(min_rows, 1),
                                   (int64_t)kAttnMaxSplit});
   if (ns <= 1 || tiles * ns > (int64_t)capacity / 2) return 1;
   const int64_t span = (Lk + ns - 1) / ns;
@@ -306,7 +308,7 @@ void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand&
   if (tiles == 0 || args.D == 0) return;
   if (args.Lk == 0 || args.Lq > kAttnMaxQuery || args.Hkv == 0 || args.Hq % args.Hkv != 0)
     throw std::logic_error("gpuos internal error: record_attention got a shape the checks refuse");
-  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity);
+  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity, cfg_.attn_min_rows);
   SubOp proto{};
   proto.op = kOp_sdpa;
   proto.flags = kFlagStrided;

@@ -23,6 +23,7 @@ Config config_from_env() {
   c.dma_min = e.dma_min;
   c.dma_levels = e.dma_levels;
   c.mm_items = e.mm_items;
+  c.attn_min_rows = e.attn_min_rows;
   return c;
 }
 

@@ -45,10 +45,11 @@ struct Config {
   // program is ~100 such levels per decode step). 0: never.
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
+  uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
-// slots (core/record.cpp; gpuos_ext._testing.attention_split).
-uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity);
+// slots, each split at least `min_rows` positions (core/record.cpp; gpuos_ext._testing.attention_split).
+uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows);
 // K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol) with M rows, aiming
 // at about `items` items, for a ring of `capacity` slots (core/record.cpp; gpuos_ext._testing.matmul_split).
 uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items);

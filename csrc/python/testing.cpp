@@ -50,6 +50,7 @@ void add_testing_module(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "Test-only entry points (CPU evaluators, probes); not a stable API.");
   t.def("probe_host_memory", &probe_host_memory, py::arg("n") = 1 << 20);
   t.def("attention_split", &attention_split, py::arg("tiles"), py::arg("kv_len"), py::arg("capacity"),
+        py::arg("min_rows") = 64,
         "KV splits Runtime::record_attention gives a decode attention of `tiles` row-group tiles.");
   t.def("matmul_split", &matmul_split, py::arg("ntile"), py::arg("K"), py::arg("M"), py::arg("variant"),
         py::arg("capacity"), py::arg("items") = 1024,
