@@ -12,7 +12,7 @@ level ending (before its block's atomicSub) to the first claim of the next level
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
 cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
-needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold): where a replayed step's time goes, per
+needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated): where a replayed step's time goes, per
 level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
 ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops).
 """
@@ -271,6 +271,9 @@ def hf_levels(label, top=12):
 
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
+    # One batch per level: an early publication (GPUOS_PUBLISH_MIN sub-ops staged) would split a level of a
+    # replayed program into two traced batches, and hf's per-level table needs them one to one.
+    os.environ.setdefault("GPUOS_PUBLISH_MIN", "0")
     gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
     print(gpuos.runtime_info(), flush=True)
     want = set(sys.argv[1:])
@@ -315,8 +318,9 @@ def main():
         except ImportError:
             print("hf: transformers is not installed")
         else:
-            for label in ("llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static"):
-                hf_levels(label)
+            labels = os.environ.get("HF_LABELS", "llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static")
+            for label in labels.split(","):
+                hf_levels(label.strip())
     print("stats", {k: v for k, v in gpuos.stats().items() if v}, flush=True)
 
 
