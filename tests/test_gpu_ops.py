@@ -236,6 +236,51 @@ def test_ew_layouts(rt, op, layout, dt):
     run_layout(op, layout, dt, kw)
 
 
+def _runs_case(case):
+    """(op, inputs, out, runs or None): a strided op whose operands are contiguous along the last dim in long runs
+    (recorded as one contiguous sub-op per run, core/record.cpp record_ew_runs), or one that must not be."""
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(case.encode()))
+    r = functools.partial(torch.randn, generator=g, device="cuda")
+    if case == "repeat_kv":  # HF's repeat_kv: (1, 2, L, 64) expanded over a stride-0 dim of 2, copied out
+        x = r(1, 2, 1000, 64).half()
+        return "copy", [x[:, :, None].expand(1, 2, 2, 1000, 64)], torch.empty(1, 2, 2, 1000, 64, device="cuda",
+                                                                                 dtype=F16), 4
+    if case == "row_views":  # rows of wider buffers, 16-byte aligned rows
+        a, b = r(8, 3072)[:, :2048], r(8, 2048)
+        return "add", [a, b], torch.empty(8, 4096, device="cuda")[:, 1024:3072], 8
+    if case == "unaligned_rows":  # rows start off 16 bytes: the runs take the element loop
+        a = r(8, 3001).half()[:, 1:2049]
+        return "mul", [a, 2.5], torch.empty(8, 2048, device="cuda", dtype=F16), 8
+    if case == "cast_rows":  # fp32 runs into fp16 runs
+        a = r(6, 1500)[:, :1024]
+        return "copy", [a], torch.empty(6, 1024, device="cuda", dtype=F16), 6
+    if case == "short_runs":  # runs of 256: the strided walk
+        a = r(64, 512)[:, :256]
+        return "neg", [a], torch.empty(64, 256, device="cuda"), None
+    a = r(100, 1024)[:, :512]  # many_rows: 100 runs (> 64): the strided walk
+    return "exp", [a], torch.empty(100, 512, device="cuda"), None
+
+
+@pytest.mark.parametrize("case", ["repeat_kv", "row_views", "unaligned_rows", "cast_rows", "short_runs",
+                                  "many_rows"])
+def test_ew_long_contiguous_runs(rt, case):
+    op, ins, out, runs = _runs_case(case)
+    out.fill_(float("nan"))
+    before = rt.stats()["subops"]
+    gpuos.submit(op, ins, out)
+    subops = rt.stats()["subops"] - before
+    gpuos.flush(sync=True)
+    x = [t.float() if isinstance(t, torch.Tensor) else t for t in ins]
+    want = {"copy": lambda a: a, "add": torch.add, "mul": torch.mul, "neg": torch.neg, "exp": torch.exp}[op](*x)
+    assert_close(out.float(), want.expand(out.shape).float(), rtol=1e-2 if out.dtype == F16 else 1e-5, atol=1e-3)
+    tile = 4096  # kTileElems: live flushes keep whole tiles
+    run = out.shape[-1] if out.dim() == 2 else out[0, 0, 0].numel()
+    if runs is None:
+        assert subops == -(-out.numel() // tile), "a strided op of short or many runs keeps the strided walk"
+    else:
+        assert subops == runs * -(-run // tile), "one contiguous sub-op (of whole tiles) per run"
+
+
 def test_ew_bcast_0d_keeps_dimensioned_dtype(rt):
     """torch.result_type: an f32 0-d tensor does not promote an f16 tensor; its value is used at fp32"""
     a = inp("add", 0, (M, N), F16)

@@ -249,6 +249,8 @@ class Runtime {
   void make_current();
   void fit_stack(CUfunction f);  // per-thread stack limit >= the worker's local memory (before any launch)
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
+  bool record_ew_runs(const SubOp& proto, uint32_t arity, const Operand& out, const Operand* ins,
+                      const TensorRef* refs, int nt, uint32_t m, int64_t numel);
   // capture_tile() while a tape is attached, else per_tile.
   uint64_t tile_units(uint64_t per_tile, uint64_t total, uint64_t min_units) const {
     return tape_ ? capture_tile(per_tile, total, min_units) : per_tile;
