@@ -251,7 +251,7 @@ __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 fi
 #pragma unroll 8
       for (u32 s = 0; s < a.nsplit; ++s) {
         const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
-        if (mine) {
+        if (mine && ws != 0.0f) {  // an empty split (a slice the mask hides: a long static cache) adds nothing
           const float4 pv =
               __ldcg((const float4*)(attn + (u64)slot * kAttnScratchPerSlot + kAttnPartAcc + r * a.D + e));
           v[0] = fmaf(ws, pv.x, v[0]), v[1] = fmaf(ws, pv.y, v[1]), v[2] = fmaf(ws, pv.z, v[2]);

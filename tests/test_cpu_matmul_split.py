@@ -16,7 +16,8 @@ def kspan(K, ks, unit):
 @pytest.mark.parametrize("ntile,K,M,variant,want", [
     (3, 256, 1, NCOL, 32),     # GPT-2-small's 256 x 768 (c_attn): one 8-row step per item, 96 items
     (1, 1024, 1, NCOL, 64),    # its MLP down-projection: at most kMmMaxSplit slices
-    (16, 256, 1, MMA, 2),      # Llama-small's 256 x 256: slices of two 64-k chunks
+    (16, 256, 1, MMA, 1),      # Llama-small's 256 x 256: 128 KiB of weight, 16 items of 8 KiB, no split
+    (64, 1024, 1, MMA, 4),     # 1,024 x 1,024: 2 MiB, 256 items of 8 KiB
     (256, 4096, 1, MMA, 4),    # 4,096 x 4,096: about 1,024 items
     (3142, 256, 1, MMA, 1),    # an LM head: enough tiles already
     (3, 256, 64, NCOL, 1),     # 64 rows of partials (256 x 64 floats) do not fit 64 scratch slots: no split
@@ -46,6 +47,8 @@ def test_matmul_split_items_and_ring_bound_the_split():
     assert gpuos_ext._testing.matmul_split(3, 256, 1, NCOL, 8192, items=1) == 1   # GPUOS_MM_ITEMS=1: no split
     assert gpuos_ext._testing.matmul_split(3, 256, 1, NCOL, 8192, items=48) == 16
     assert gpuos_ext._testing.matmul_split(300, 4096, 1, MMA, 64) == 1             # would not fit a small ring
+    # an mma item keeps >= 8 KiB of weight: 16 tiles x K = 1,024 (512 KiB) -> 64 items, 4 slices, whatever `items`
+    assert gpuos_ext._testing.matmul_split(16, 1024, 1, MMA, 8192, items=4096) == 4
 
 
 @pytest.mark.parametrize("ntile,items,want", [

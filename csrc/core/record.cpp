@@ -279,8 +279,14 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
   const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols, unit = mm_unit(variant);
   const int64_t units = (K + unit - 1) / unit;
   const int64_t min_units = variant == kMmMma ? 2 : 1;
-  int64_t ks =
-      std::min<int64_t>({(int64_t)items / std::max<int64_t>(ntile, 1), units / min_units, (int64_t)kMmMaxSplit});
+  // A tensor-core item keeps at least kMmMmaItemBytes of weight (twelfth session, H200, bench_matmul --quick: a
+  // chain of 1,024^2 fp16 products at M = 1 took 18.7 us per product as 1,024 items, 14.3 as 256, cuBLAS 14.7;
+  // 128 independent ones in one level 18.3 / 10.6 against 14.3). The ncol items of GPT-2's steps did best at
+  // 1,024 (the same session: 701 us per step, 729 at 256, 732 at 128).
+  constexpr int64_t kMmMmaItemBytes = 8192;
+  const int64_t target = variant == kMmMma
+      ? std::min<int64_t>(items, std::max<int64_t>(1, ntile * tw * K * 2 / kMmMmaItemBytes)) : (int64_t)items;
+  int64_t ks = std::min<int64_t>({target / std::max<int64_t>(ntile, 1), units / min_units, (int64_t)kMmMaxSplit});
   if (ks <= 1) return 1;
   const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
   if (ks < need) ks = need <= std::min<int64_t>(units, kMmMaxSplit) ? need : 1;
