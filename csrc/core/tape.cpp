@@ -100,7 +100,9 @@ void Runtime::replay(const Tape& tape, size_t b, size_t e, const Reloc& rel) {
     append_tiles(t.proto, t.total, t.per_tile, t.nref ? t.refs : nullptr, t.nref, out, ins, t.nin);
     st_.submitted++;
     if (t.proto.flags & kFlagFused) st_.fused_subops++;
-    maybe_publish_early();
+    // No early publication (Config::publish_min) inside a replay: staging a decode step takes ~100-200 us, and
+    // each early piece relaunched the worker on the burst grid. Twelfth session, H200, HF decode replayed back to
+    // back: 726 -> 661 us per step (Llama-small static), 824 -> 763 (GPT-2-small), worker launches 1,146 -> 382.
   }
 }
 
