@@ -271,9 +271,6 @@ def hf_levels(label, top=12):
 
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
-    # One batch per level: an early publication (GPUOS_PUBLISH_MIN sub-ops staged) would split a level of a
-    # replayed program into two traced batches, and hf's per-level table needs them one to one.
-    os.environ.setdefault("GPUOS_PUBLISH_MIN", "0")
     gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
     print(gpuos.runtime_info(), flush=True)
     want = set(sys.argv[1:])
