@@ -12,8 +12,8 @@ level ending (before its block's atomicSub) to the first claim of the next level
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
 cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
-needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated): where a replayed step's time goes, per
-level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
+needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated):
+where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
 ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops).
 """
 import os
@@ -261,7 +261,8 @@ def hf_levels(label, top=12):
     for ex, lv, hand, desc in sorted(rows, reverse=True)[:3]:
         cl = [r for r in recs if r[1] == seqs[lv - 1]]
         per_blk = collections.Counter(r[0] for r in cl)
-        starts = sorted(r[4] - min(r[4] for r in cl) for r in cl)
+        t_first = min(r[4] for r in cl)
+        starts = sorted(r[4] - t_first for r in cl)
         loads, exes = [r[5] / 1e3 for r in cl], [r[6] / 1e3 for r in cl]
         print(f"    L{lv:<3d} {len(cl)} claims, {len(per_blk)} blocks, <= {max(per_blk.values())} per block, "
               f"k {min(r[3] for r in cl)}..{max(r[3] for r in cl)}; load {statistics.median(loads):.2f} / "
