@@ -38,7 +38,8 @@ EnvConfig read_env() {
   read_u32("GPUOS_DMA_MIN", c.dma_min);
   read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   read_u32("GPUOS_MM_ITEMS", c.mm_items);
-  read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);  // 0 acts as 1 (attention_split)
+  read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);
+  if (c.attn_min_rows == 0) c.attn_min_rows = 1;
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
   read_u32("GPUOS_PTXAS_OPT", c.ptxas_opt);

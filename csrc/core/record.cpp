@@ -188,22 +188,14 @@ void Runtime::record_ew(uint32_t op, uint32_t arity, const Operand& out, const O
     append_tiles(proto, (uint64_t)numel, tile_units(kTileElems, (uint64_t)numel, 128), slots, arity + 1, out, ins,
                  arity);
   } else {
-    append_ew_contiguous(proto, arity, out, ins, (uint64_t)numel, tile_units(kTileElems, (uint64_t)numel, 128),
-                         one_dtype && (ptr_bits & 15) == 0);
+    if (one_dtype && (ptr_bits & 15) == 0) proto.flags |= kFlagVec;
+    proto.out = out.ptr;
+    for (uint32_t k = 0; k < arity; ++k)
+      if (!ins[k].is_const) proto.in[k] = ins[k].ptr;
+    append_tiles(proto, (uint64_t)numel, tile_units(kTileElems, (uint64_t)numel, 128), nullptr, 0, out, ins, arity);
   }
   st_.submitted++;
   maybe_publish_early();
-}
-
-// A contiguous elementwise sub-op: pointers in the descriptor, no TensorRefs; `vec`: every tensor operand of the
-// output's dtype and 16-byte aligned (the worker's vector loop).
-void Runtime::append_ew_contiguous(SubOp proto, uint32_t arity, const Operand& out, const Operand* ins, uint64_t n,
-                                   uint64_t per_tile, bool vec) {
-  if (vec) proto.flags |= kFlagVec;
-  proto.out = out.ptr;
-  for (uint32_t k = 0; k < arity; ++k)
-    if (!ins[k].is_const) proto.in[k] = ins[k].ptr;
-  append_tiles(proto, n, per_tile, nullptr, 0, out, ins, arity);
 }
 
 // A strided elementwise op whose tensor operands are all contiguous along the innermost merged dim, in runs of
@@ -213,7 +205,7 @@ void Runtime::append_ew_contiguous(SubOp proto, uint32_t arity, const Operand& o
 // 2-byte load per element: a 2 MiB clone took 108 us per level on an H200, twelfth session). The runs' footprints
 // are their own byte ranges (disjoint writes: one level). Tiles: what the whole op would get, per run. Returns
 // false (nothing recorded) when the op does not qualify.
-bool Runtime::record_ew_runs(const SubOp& proto, uint32_t arity, const Operand& out, const Operand* ins,
+bool Runtime::record_ew_runs(const SubOp& proto0, uint32_t arity, const Operand& out, const Operand* ins,
                              const TensorRef* refs, int nt, uint32_t m, int64_t numel) {
   constexpr int64_t kRunMinElems = 512, kRunMaxRows = 64;
   if (m < 2) return false;
@@ -244,7 +236,12 @@ bool Runtime::record_ew_runs(const SubOp& proto, uint32_t arity, const Operand& 
       ptr_bits |= o.ptr;
       one_dtype &= o.dtype == out.dtype;
     }
-    append_ew_contiguous(proto, arity, ro, ri, (uint64_t)run, per, one_dtype && (ptr_bits & 15) == 0);
+    SubOp proto = proto0;
+    if (one_dtype && (ptr_bits & 15) == 0) proto.flags |= kFlagVec;
+    proto.out = ro.ptr;
+    for (uint32_t k = 0; k < arity; ++k)
+      if (!ri[k].is_const) proto.in[k] = ri[k].ptr;
+    append_tiles(proto, (uint64_t)run, per, nullptr, 0, ro, ri, arity);
     for (int j = (int)m - 2; j >= 0 && ++idx[j] == refs[0].sizes[j]; --j) idx[j] = 0;  // next run (outer-first)
   }
   return true;

@@ -251,8 +251,6 @@ class Runtime {
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
   bool record_ew_runs(const SubOp& proto, uint32_t arity, const Operand& out, const Operand* ins,
                       const TensorRef* refs, int nt, uint32_t m, int64_t numel);
-  void append_ew_contiguous(SubOp proto, uint32_t arity, const Operand& out, const Operand* ins, uint64_t n,
-                            uint64_t per_tile, bool vec);
   // capture_tile() while a tape is attached, else per_tile.
   uint64_t tile_units(uint64_t per_tile, uint64_t total, uint64_t min_units) const {
     return tape_ ? capture_tile(per_tile, total, min_units) : per_tile;
