@@ -211,13 +211,13 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
 __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 first, u32 step, u32 capacity, u32 dto, u32 b,
                                           u32 kh, u32 r0, u32 nr, u32 lane) {
   float* head = attn + (u64)first * kAttnScratchPerSlot;
-  __threadfence();
+  fence_acq_rel();  // this item's partials before the counter (release)
   __syncwarp();
   u32 old = 0;
   if (lane == 0) old = atomicAdd((unsigned*)head, 1u);
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != a.nsplit - 1) return;
-  __threadfence();
+  fence_acq_rel();  // acquire: every item's partials before they are read
   const u32 G = a.Hq / a.Hkv;
   const float ninf = attn_ninf();
   // Split s's weight and sum are held by lane s % 32 (w[s / 32], nsplit <= kAttnMaxSplit = 64); the D accumulators

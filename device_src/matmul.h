@@ -132,13 +132,13 @@ __device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, u32 tw, i6
 
 // After this item's partials: the tile's last item (the counter) writes the outputs and zeroes the scratch.
 __device__ __noinline__ void mm_finish(const MmArgs& g, float* part, u32 tw, u32 ksplit, i64 n0, u32 lane) {
-  __threadfence();
+  fence_acq_rel();  // this item's partials before the counter (release)
   __syncwarp();
   u32 old = 0;
   if (lane == 0) old = atomicAdd((unsigned*)part, 1u);
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != ksplit - 1) return;
-  __threadfence();
+  fence_acq_rel();  // acquire: every item's partials before they are read
   // 8 outputs per lane at once: their partials and bias values are all loaded before any is used (one memory
   // round trip per 8, not two per output). The scratch holds M x tw < 2^32 floats (kMmMaxSplit slots).
   const u32 total = (u32)(g.M * tw);

@@ -28,6 +28,10 @@ __device__ __forceinline__ u64 globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// Message passing between blocks (a level's writes, then its counter; split-K partials, then the tile counter)
+// needs release / acquire ordering only: fence.acq_rel, not __threadfence()'s fence.sc (sequentially consistent,
+// a heavier MEMBAR). Only the host<->worker handshakes (Dekker, done words) keep __threadfence[_system].
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ u32 ld_vol(const u32* p) { return *(const volatile u32*)p; }
 __device__ __forceinline__ void st_vol(u32* p, u32 v) { *(volatile u32*)p = v; }
 __device__ __forceinline__ u64 ld_vol64(const u64* p) { return *(const volatile u64*)p; }
@@ -420,7 +424,7 @@ __device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, Ho
     if ((int)(b - prev) > 0) return;  // refilled: prev completed long ago (the poller fills behind done words)
   while (ld_vol(&dc->remaining[ps]) != 0 && !seq_reached(ld_vol(&dc->done[ps]), prev))
     if (blockIdx.x == 0) poll_step(args, dc, hc, p);
-  __threadfence();  // acquire: the previous level's writes before this level's loads
+  fence_acq_rel();  // acquire: the previous level's writes before this level's loads
 }
 
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
@@ -459,10 +463,12 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   for (u32 di = warp; di < k; di += nwarps)
     exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
                 (u32)(((u64)start + idx + di) % args.capacity), args);
-  __threadfence();
+  // Release: every warp's writes (ordered before thread 0's fence by the barrier: fences are cumulative) before
+  // the count. One fence per block, not one per warp.
   __syncthreads();
   if (threadIdx.x == 0) {
     if (tb && blockIdx.x < kTraceBlocks) trace_claim(tb, blockIdx.x, t_claim, t_loaded, globaltimer(), seq, idx, k);
+    fence_acq_rel();
     const u32 old = atomicSub(&dc->remaining[slot], k);
     if (old == k) {  // this block finished the batch: signal once, the next level's blocks first
       __threadfence();

@@ -9,6 +9,42 @@ inline size_t hash_ptr(uintptr_t k) { return (size_t)((k >> 4) * 0x9E3779B97F4A7
 inline bool overlaps(uint64_t lo, uint64_t hi, uint64_t a, uint64_t b) { return lo < b && a < hi; }
 }  // namespace
 
+void set_period(Access& a, uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es) {
+  a.period = 0;
+  int inner = -1;
+  uint64_t p = 0;
+  for (int i = 0; i < ndim; ++i) {
+    if (sizes[i] <= 1) continue;
+    if (strides[i] == 1 && inner < 0) {
+      inner = i;
+      continue;
+    }
+    const uint64_t st = (uint64_t)(strides[i] < 0 ? -strides[i] : strides[i]) * (uint64_t)es;
+    if (st == 0) continue;  // broadcast: the same bytes again
+    if (p == 0 || st < p) p = st;
+  }
+  if (p == 0 || p > 0xffffffffull) return;
+  for (int i = 0; i < ndim; ++i) {
+    if (sizes[i] <= 1 || i == inner) continue;
+    const uint64_t st = (uint64_t)(strides[i] < 0 ? -strides[i] : strides[i]) * (uint64_t)es;
+    if (st % p != 0) return;
+  }
+  const uint64_t run = (uint64_t)(inner >= 0 ? sizes[inner] : 1) * (uint64_t)es, w0 = ptr % p;
+  if (run >= p || w0 + run > p) return;
+  a.period = p;
+  a.wlo = (uint32_t)w0;
+  a.whi = (uint32_t)(w0 + run);
+}
+
+namespace {
+// Can an access and the union noted so far touch a common byte? (Ranges overlap, and patterns do not tell them
+// apart.)
+inline bool meets(const Access& a, uint64_t lo, uint64_t hi, uint64_t per, uint32_t plo, uint32_t phi) {
+  if (!overlaps(a.lo, a.hi, lo, hi)) return false;
+  return !(a.period != 0 && a.period == per && (a.whi <= plo || phi <= a.wlo));
+}
+}  // namespace
+
 const Hazards::Entry* Hazards::find(uintptr_t k) const {
   const size_t mask = e_.size() - 1;
   for (size_t i = hash_ptr(k) & mask;; i = (i + 1) & mask) {
@@ -23,7 +59,7 @@ Hazards::Entry& Hazards::slot(uintptr_t k) {
   for (size_t i = hash_ptr(k) & mask;; i = (i + 1) & mask) {
     Entry& e = e_[i];
     if (e.tag != gen_) {  // new entry: empty ranges are [max, 0)
-      e = Entry{k, gen_, 0, 0, ~0ull, 0, ~0ull, 0};
+      e = Entry{k, gen_, 0, 0, ~0ull, 0, ~0ull, 0, {0, 0, 0}, {0, 0, 0}};
       ++count_;
       return e;
     }
@@ -32,7 +68,7 @@ Hazards::Entry& Hazards::slot(uintptr_t k) {
 }
 
 void Hazards::grow(size_t n) {
-  std::vector<Entry> old(n, Entry{0, 0, 0, 0, 0, 0, 0, 0});
+  std::vector<Entry> old(n, Entry{0, 0, 0, 0, 0, 0, 0, 0, {0, 0, 0}, {0, 0, 0}});
   old.swap(e_);
   const uint32_t live = gen_;
   gen_ = 1;
@@ -51,23 +87,37 @@ uint32_t Hazards::level_of(const Access& w, const Access* reads, uint32_t n) con
   uint32_t lev = 1;
   for (uint32_t k = 0; k < n; ++k) {
     const Entry* e = find(reads[k].storage);
-    if (e && overlaps(reads[k].lo, reads[k].hi, e->wlo, e->whi)) lev = std::max(lev, e->wlev + 1);
+    if (e && meets(reads[k], e->wlo, e->whi, e->wp.period, e->wp.lo, e->wp.hi)) lev = std::max(lev, e->wlev + 1);
   }
   if (const Entry* e = find(w.storage)) {
-    if (overlaps(w.lo, w.hi, e->wlo, e->whi)) lev = std::max(lev, e->wlev + 1);
-    if (overlaps(w.lo, w.hi, e->rlo, e->rhi)) lev = std::max(lev, e->rlev + 1);
+    if (meets(w, e->wlo, e->whi, e->wp.period, e->wp.lo, e->wp.hi)) lev = std::max(lev, e->wlev + 1);
+    if (meets(w, e->rlo, e->rhi, e->rp.period, e->rp.lo, e->rp.hi)) lev = std::max(lev, e->rlev + 1);
   }
   return lev;
+}
+
+// The window of a union: the first access's, the hull of both windows at one period, else none.
+void Hazards::merge(Window& p, bool empty, const Access& a) {
+  if (empty) {
+    p = {a.period, a.wlo, a.whi};
+  } else if (p.period != 0 && p.period == a.period) {
+    p.lo = std::min(p.lo, a.wlo);
+    p.hi = std::max(p.hi, a.whi);
+  } else {
+    p.period = 0;
+  }
 }
 
 void Hazards::note(const Access& w, const Access* reads, uint32_t n, uint32_t level) {
   for (uint32_t k = 0; k < n; ++k) {
     Entry& e = slot(reads[k].storage);
+    merge(e.rp, e.rlo > e.rhi, reads[k]);
     e.rlo = std::min(e.rlo, reads[k].lo);
     e.rhi = std::max(e.rhi, reads[k].hi);
     e.rlev = std::max(e.rlev, level);
   }
   Entry& e = slot(w.storage);
+  merge(e.wp, e.wlo > e.whi, w);
   e.wlo = std::min(e.wlo, w.lo);
   e.whi = std::max(e.whi, w.hi);
   e.wlev = std::max(e.wlev, level);

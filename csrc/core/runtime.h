@@ -71,9 +71,12 @@ struct Operand {
   bool contiguous = true;
   uintptr_t storage = 0;  // identity of the storage, for dependency tracking
   uint64_t lo = 0, hi = 0;  // byte range the view can touch
+  uint64_t period = 0;      // and within it, the window of its bytes at a period (core/hazards.h set_period)
+  uint32_t wlo = 0, whi = 0;
   bool is_const = false;    // a scalar operand (Tensor-Scalar forms): `value`, no memory
   float value = 0.0f;
-  Access access() const { return {storage, lo, hi}; }
+  Access access() const { return {storage, lo, hi, period, wlo, whi}; }
+  void set_access(const Access& a) { storage = a.storage, lo = a.lo, hi = a.hi, period = a.period, wlo = a.wlo, whi = a.whi; }
 };
 
 // The runtime's counters, one list: the struct, the sum over devices and gpuos_ext.stats() are expanded from it.

@@ -14,6 +14,7 @@
 #include "sched/deferred.h"
 #include "sched/dispatch.h"
 #include "tensor/cpu_eval.h"
+#include "tensor/tensor.h"
 
 namespace py = pybind11;
 
@@ -80,6 +81,18 @@ void add_testing_module(py::module_& m) {
     for (uint64_t p : ptrs) out.push_back(r(p));
     return out;
   }, py::arg("ranges"), py::arg("ptrs"), "Pointers moved by a program's relocation (core/tape.h Reloc).");
+  t.def("hazard_levels", [](const std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>>& units) {
+        Hazards h;  // the levels the runtime would give these units (out, reads) recorded in order
+        std::vector<uint32_t> lv;
+        for (const auto& u : units) {
+          std::vector<Access> reads;
+          for (const at::Tensor& t : u.second) reads.push_back(operand(t).access());
+          const Access w = operand(u.first).access();
+          lv.push_back(h.level_of(w, reads.data(), (uint32_t)reads.size()));
+          h.note(w, reads.data(), (uint32_t)reads.size(), lv.back());
+        }
+        return lv;
+      }, py::arg("units"), "Dependency levels of units [(out, [inputs])] by the hazard model (core/hazards.h).");
   t.def("front_diag", &front_diag, py::arg("tensor"),
         "Why the __torch_function__ front would or would not record an op on `tensor` here.");
   t.def("liveness_probe", [](py::handle o) {  // tests: hold C++ references, then ask which Python dropped

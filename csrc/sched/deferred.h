@@ -64,6 +64,10 @@ struct SchedStats {
   uint64_t independent_eager = 0;  // eager ops that ran without flushing (no shared storage)
   uint64_t front_ops = 0;          // of `intercepted`: recorded by the __torch_function__ front
   uint64_t recycled = 0;           // outputs given a fused-away intermediate's storage (sched/outpool.cpp)
+  uint64_t epilogues = 0;          // residual adds folded into their matmul (sched/rewrite.cpp)
+  uint64_t copies_folded = 0;      // copies whose producer writes their destination (sched/rewrite.cpp)
+  uint64_t dead_ops = 0;           // ops dropped because nobody could read their output (sched/rewrite.cpp)
+  uint64_t gqa_reads = 0;          // attention k / v read from repeat_kv's source (sched/rewrite.cpp gqa_source)
   // Host time of publication (steady clock, ns): fusion analysis, emitting sub-ops, keep-alive, Runtime::flush.
   uint64_t analyse_ns = 0, emit_ns = 0, keep_ns = 0, publish_ns = 0;
   // Per flush cause ("exit", "dependency", "timer", "size", "explicit", "stream_change", ...): flushes, the

@@ -131,6 +131,10 @@ py::dict sched_stats() {
   d["independent_eager"] = g_sched.independent_eager;
   d["front_ops"] = g_sched.front_ops;
   d["recycled_outputs"] = g_sched.recycled;
+  d["epilogues"] = g_sched.epilogues;
+  d["copies_folded"] = g_sched.copies_folded;
+  d["dead_ops"] = g_sched.dead_ops;
+  d["gqa_reads"] = g_sched.gqa_reads;
   py::dict h;  // host time spent publishing deferred ops, in microseconds
   h["analyse_us"] = g_sched.analyse_ns / 1e3;
   h["emit_us"] = g_sched.emit_ns / 1e3;

@@ -11,6 +11,7 @@
 #include "sched/bytecode.h"
 #include "sched/deferred.h"
 #include "sched/outpool.h"
+#include "sched/rewrite.h"
 #include "tensor/attention.h"
 #include "tensor/record.h"
 
@@ -265,7 +266,9 @@ void lower_deferred(int dev, Runtime& rt) {
   auto t0 = clk::now();
   const int n = (int)ops.size();
   std::vector<std::array<int, kDeferredMaxIn>> child(n, {-1, -1, -1, -1});
-  std::vector<char> fused_away(n, 0);
+  // Folded into another op or unobservable (sched/rewrite.h): neither emitted nor fused.
+  const std::vector<char> dropped = g_fusion ? rewrite_deferred(ops, g_sched) : std::vector<char>(n, 0);
+  std::vector<char> fused_away(dropped);
   if (g_fusion && n > 1) {
     // Readers of each op's output (by TensorImpl, the producer being the latest writer before the reader).
     std::unordered_map<const c10::TensorImpl*, int> producer;
@@ -274,6 +277,7 @@ void lower_deferred(int dev, Runtime& rt) {
     std::vector<std::array<int, kDeferredMaxIn>> prod_of(n, {-1, -1, -1, -1});
     for (int j = 0; j < n; ++j) {
       const DeferredOp& o = ops[j];
+      if (dropped[j]) continue;
       for (uint32_t k = 0; k < o.nin; ++k) {
         if (!o.in[k].defined()) continue;
         auto it = producer.find(impl_of(o.in[k]));
@@ -418,7 +422,7 @@ void lower_deferred(int dev, Runtime& rt) {
         ds.fresh.emplace_back(lo, lo + (uint64_t)o.out.storage().nbytes());
       }
       // (Not while capturing: the program keeps the storage, and a later op must not be handed it.)
-      if (elided[j] && o.fresh && !ds.capture) pool_put(dev, D.stream, o.out.storage());
+      if ((elided[j] || dropped[j]) && o.fresh && !ds.capture) pool_put(dev, D.stream, o.out.storage());
       if (o.out.defined()) keep_tensor(dev, std::move(o.out));
       for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
       if (o.written.defined()) keep_tensor(dev, std::move(o.written));

@@ -7,6 +7,7 @@
 #include "ops/op_table.h"
 #include "sched/deferred.h"
 #include "sched/outpool.h"
+#include "sched/rewrite.h"
 #include "tensor/attention.h"
 #include "tensor/errors.h"
 #include "tensor/tensor.h"
@@ -351,6 +352,15 @@ PyObject* sched_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       d.in[1] = k;
       d.in[2] = v;
       if (mask.defined()) d.in[3] = mask;
+      if (g_fusion) {  // read repeat_kv's source instead of its copies (the copies are then dropped)
+        const std::vector<DeferredOp>& ops = deferred_of(q.get_device()).ops;
+        at::Tensor ks = gqa_source(ops, ops.size() - 1, k), vs = gqa_source(ops, ops.size() - 1, v);
+        if ((!ks.is_same(k) || !vs.is_same(v)) && check_attention(q, ks, vs, mask, causal).code == kAttnOk) {
+          g_sched.gqa_reads += (!ks.is_same(k)) + (!vs.is_same(v));
+          d.in[1] = std::move(ks);
+          d.in[2] = std::move(vs);
+        }
+      }
     });
     PyObject* po = THPVariable_Wrap(std::move(out));
     PyObject* pl = want_lse ? THPVariable_Wrap(std::move(lse)) : (Py_INCREF(Py_None), Py_None);

@@ -57,6 +57,9 @@ Operand operand(const at::Tensor& t) {
     o.hi = o.ptr + (uint64_t)(impl->numel() * es);
   } else {
     extent(o.ptr, o.ndim, o.sizes, o.strides, es, o.lo, o.hi);
+    Access a;
+    set_period(a, o.ptr, o.ndim, o.sizes, o.strides, es);
+    o.period = a.period, o.wlo = a.wlo, o.whi = a.whi;
   }
   return o;
 }
