@@ -55,7 +55,7 @@ def _attn_inputs(dt, hkv, n_rep, L, g):
 @pytest.mark.parametrize("masked", [True, False], ids=["mask", "nomask"])
 def test_repeat_kv_is_read_from_its_source(rt, worker_tasks, dtype, n_rep, masked):
     dt = DTYPES[dtype]
-    q, ck, cv, mask = _attn_inputs(dt, 2, n_rep, 96, torch.Generator(device=DEV).manual_seed(1))
+    q, ck, cv, mask = _attn_inputs(dt, 2, n_rep, 48, torch.Generator(device=DEV).manual_seed(1))  # copies < 2^15
     m = mask if masked else None
 
     def step():
@@ -94,7 +94,7 @@ def test_repeat_kv_written_between_keeps_the_copy(rt, worker_tasks):
 def test_repeat_kv_copy_still_read_is_kept(rt, worker_tasks):
     """Python keeps the repeated k: the attention may read the source, but the copy must still be written."""
     dt = torch.float16
-    q, ck, cv, mask = _attn_inputs(dt, 2, 4, 80, torch.Generator(device=DEV).manual_seed(3))
+    q, ck, cv, mask = _attn_inputs(dt, 2, 4, 48, torch.Generator(device=DEV).manual_seed(3))
     ref_k = repeat_kv(ck, 4)
     ref = F.scaled_dot_product_attention(q, ref_k, repeat_kv(cv, 4), attn_mask=mask)
     c0 = _counts()

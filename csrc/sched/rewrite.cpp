@@ -57,8 +57,12 @@ int fold_residual(std::vector<DeferredOp>& ops, size_t j, const std::unordered_m
     DeferredOp& p = ops[i];
     if (!is_matmul_result(p, mm_view) || p.in[0].dim() != 2 || !p.fresh) continue;
     const bool bias = p.in[2].defined() && p.s1 != 0.0f;  // beta == 0 ignores the bias (torch.addmm)
-    // Only the add reads the product: its storage is held by the matmul's output and the add's view of it.
-    if (p.out.storage().use_count() != 2 || !dead_to_python(p.out, 1) || !dead_to_python(mm_view, 1)) continue;
+    // Only the add reads the product: its storage is held by the matmul's output and the add's view of it. (A view
+    // made by x.view(...) -- GPT-2's Conv1D -- also holds the product as its _base: a reference Python cannot use.)
+    const long base_ref =
+        mm_view.is_view() && mm_view._base().unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl() ? 1 : 0;
+    if (p.out.storage().use_count() != 2 || !dead_to_python(p.out, 1 + base_ref) || !dead_to_python(mm_view, 1))
+      continue;
     if (res.sizes() != o.out.sizes() || mm_view.sizes() != o.out.sizes() || !res.is_contiguous() ||
         res.scalar_type() != p.out.scalar_type() || o.out.scalar_type() != p.out.scalar_type())
       continue;
