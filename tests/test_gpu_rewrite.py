@@ -253,7 +253,7 @@ def test_hf_llama_decode_uses_the_rewrites(rt, worker_tasks):
     with torch.no_grad():
         ref = run()
         c0 = _counts()
-        with gpuos.scheduler_context():
+        with gpuos.scheduler_context(auto_flush_ms=0):  # a timer flush between a copy and its reader stops a rewrite
             got = run()
     d = _delta(c0)
     assert torch.equal(got, ref), (got, ref)
