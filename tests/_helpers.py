@@ -32,3 +32,25 @@ def run_python(code, env_extra=None, timeout=180, cwd=None):
 
 def describe(proc):
     return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+
+
+def tiny_hf_llama(device="cuda"):
+    """A small random HF Llama (2 layers, 4 heads / 2 KV heads, head_dim 64, fp16, sdpa) and a 12-token prompt, and
+    `generate(cache)`: 8 greedy tokens with a "static" or "dynamic" cache (no torch.compile). Skips without
+    transformers."""
+    import pytest
+    import torch
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+    model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(device, torch.float16).eval()
+    prompt = torch.randint(0, 512, (1, 12), device=device)
+
+    def generate(cache):
+        kw = {"disable_compile": True}  # a static cache makes generate() torch.compile the forward otherwise
+        if cache == "static":
+            kw["cache_implementation"] = "static"
+        return model.generate(prompt, max_new_tokens=8, do_sample=False, **kw)
+
+    return cfg, generate

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import gpuos
+from _helpers import tiny_hf_llama
 
 pytestmark = pytest.mark.gpu
 
@@ -374,18 +375,10 @@ def test_hf_eager_attention_pattern_in_the_worker(rt, worker_attention, dtype):
 def test_hf_llama_decode_tokens_equal_eager(rt, worker_attention, cache):
     """A small random Llama (4 heads / 2 KV heads / head_dim 64, fp16, sdpa): 8 greedy decode steps under the
     scheduler (worker matmul and attention on) give eager's tokens."""
-    T = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
-    model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(DEV, torch.float16).eval()
-    prompt = torch.randint(0, 512, (1, 12), device=DEV)
+    cfg, generate = tiny_hf_llama(DEV)
 
     def run():
-        kw = {"disable_compile": True}  # a static cache makes generate() torch.compile the forward otherwise
-        if cache == "static":
-            kw["cache_implementation"] = "static"
-        return model.generate(prompt, max_new_tokens=8, do_sample=False, **kw)
+        return generate(cache)
 
     with torch.no_grad():
         ref = run()

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import gpuos
+from _helpers import tiny_hf_llama
 
 pytestmark = pytest.mark.gpu
 
@@ -239,22 +240,12 @@ def test_unreadable_ops_are_dropped_and_live_ones_kept(rt):
 def test_hf_llama_decode_uses_the_rewrites(rt, worker_tasks):
     """HF Llama (GQA, sdpa, static cache) under the scheduler: eager's tokens, with repeat_kv read from the cache
     and the residual adds folded into o_proj / down_proj."""
-    T = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
-    model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(DEV, torch.float16).eval()
-    prompt = torch.randint(0, 512, (1, 12), device=DEV)
-
-    def run():
-        return model.generate(prompt, max_new_tokens=8, do_sample=False, disable_compile=True,
-                              cache_implementation="static")
-
+    cfg, generate = tiny_hf_llama(DEV)
     with torch.no_grad():
-        ref = run()
+        ref = generate("static")
         c0 = _counts()
         with gpuos.scheduler_context(auto_flush_ms=0):  # a timer flush between a copy and its reader stops a rewrite
-            got = run()
+            got = generate("static")
     d = _delta(c0)
     assert torch.equal(got, ref), (got, ref)
     steps = 7  # decode steps after the prefill (which may use the rewrites too: 12 rows fit both tasks)
