@@ -9,10 +9,12 @@
 
 #include "core/runtime.h"
 #include "driver/cuda_api.h"
+#include "ops/op_table.h"
 #include "python/bindings.h"
 #include "sched/api.h"
 #include "sched/deferred.h"
 #include "sched/dispatch.h"
+#include "sched/rewrite.h"
 #include "tensor/cpu_eval.h"
 #include "tensor/tensor.h"
 
@@ -93,6 +95,69 @@ void add_testing_module(py::module_& m) {
         }
         return lv;
       }, py::arg("units"), "Dependency levels of units [(out, [inputs])] by the hazard model (core/hazards.h).");
+  t.def("rewrite_queue", [](py::list spec) {
+        // A deferred queue from (kind, op name, out, [ins], fresh, s0, s1) -- kind "ew" (a table op) or "mm" (ins:
+        // a, b, bias or None) -- through rewrite_deferred (CPU tensors do: the rewrites read metadata and liveness
+        // only). The queue takes the spec's references and empties it, as a step's Python drops its temporaries:
+        // a tensor the caller holds elsewhere stays live.
+        calibrate_liveness();
+        std::vector<DeferredOp> ops;
+        for (const py::handle h : spec) {
+          const py::tuple e = py::reinterpret_borrow<py::tuple>(h);
+          DeferredOp d;
+          const std::string kind = e[0].cast<std::string>();
+          d.matmul = kind == "mm";
+          d.op = d.matmul ? (uint32_t)kOp_mm : op_id(e[1].cast<std::string>(), "rewrite_queue");
+          d.out = THPVariable_Unpack(e[2].ptr());
+          const py::list ins = e[3].cast<py::list>();
+          d.nin = d.matmul ? 3u : (uint32_t)ins.size();
+          for (size_t k = 0; k < ins.size() && k < kDeferredMaxIn; ++k)
+            if (!ins[k].is_none()) d.in[k] = THPVariable_Unpack(ins[k].ptr());
+          d.fresh = e[4].cast<bool>();
+          d.s0 = e[5].cast<float>();
+          d.s1 = e[6].cast<float>();
+          ops.push_back(std::move(d));
+        }
+        spec.attr("clear")();
+        SchedStats st;
+        const std::vector<char> dropped = rewrite_deferred(ops, st);
+        py::list out;
+        for (size_t j = 0; j < ops.size(); ++j) {
+          const DeferredOp& d = ops[j];
+          py::list ins;
+          for (uint32_t k = 0; k < d.nin; ++k)
+            ins.append(d.in[k].defined() ? py::object(py::int_((uintptr_t)d.in[k].data_ptr())) : py::object(py::none()));
+          py::dict r;
+          r["dropped"] = dropped[j] != 0;
+          r["kind"] = d.matmul ? "mm" : "ew";
+          r["op"] = d.matmul ? std::string("mm") : std::string(kOps[d.op].name);
+          r["out"] = (uintptr_t)d.out.data_ptr();
+          r["ins"] = ins;
+          r["s0"] = d.s0;
+          r["s1"] = d.s1;
+          out.append(r);
+        }
+        py::dict counts;
+        counts["epilogues"] = st.epilogues;
+        counts["copies_folded"] = st.copies_folded;
+        counts["dead_ops"] = st.dead_ops;
+        return py::make_tuple(out, counts);
+      }, py::arg("spec"), "The deferred-queue rewrites (sched/rewrite.h) on a queue of CPU tensors: per op, whether "
+         "it is dropped and what it became; the counts.");
+  t.def("gqa_source", [](const py::list& copies, const at::Tensor& kv) {
+        std::vector<DeferredOp> ops;  // (out, x) copies, as the scheduler defers x's clone
+        for (const py::handle h : copies) {
+          const py::tuple e = py::reinterpret_borrow<py::tuple>(h);
+          DeferredOp d;
+          d.op = kOp_copy;
+          d.nin = 1;
+          d.out = THPVariable_Unpack(e[0].ptr());
+          d.in[0] = THPVariable_Unpack(e[1].ptr());
+          ops.push_back(std::move(d));
+        }
+        return gqa_source(ops, ops.size(), kv);
+      }, py::arg("copies"), py::arg("kv"), "What decode attention reads for k / v given the deferred copies "
+         "[(out, x)] (sched/rewrite.h gqa_source): repeat_kv's source, or kv itself.");
   t.def("front_diag", &front_diag, py::arg("tensor"),
         "Why the __torch_function__ front would or would not record an op on `tensor` here.");
   t.def("liveness_probe", [](py::handle o) {  // tests: hold C++ references, then ask which Python dropped
