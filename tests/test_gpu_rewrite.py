@@ -1,7 +1,8 @@
 """The deferred queue's rewrites (csrc/sched/rewrite.h), on the GPU: HF's repeat_kv read from its source by the
 attention task (the copies dropped), residual adds folded into their matmul as its bias, and ops nobody can read
 dropped -- each against eager, each with a case where the rewrite must not happen (a write in between, a product
-or copy still read), checked by the counters in gpuos.stats()."""
+or copy still read), checked by the counters in gpuos.stats(). The contexts run without the flush timer: a timer
+flush between two ops (any first call may take 2 ms) would publish the first alone, and the counts would vary."""
 
 import pytest
 import torch
@@ -64,7 +65,7 @@ def test_repeat_kv_is_read_from_its_source(rt, worker_tasks, dtype, n_rep, maske
 
     ref = step()
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         got = step()
     d = _delta(c0)
     assert d["gqa_reads"] == 2 and d["dead_ops"] >= 2, d  # k and v from the cache; both copies dropped
@@ -85,7 +86,7 @@ def test_repeat_kv_written_between_keeps_the_copy(rt, worker_tasks):
     ref = step(ck.clone(), cv.clone())
     c0 = _counts()
     ck2, cv2 = ck.clone(), cv.clone()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         got = step(ck2, cv2)
     assert _delta(c0)["gqa_reads"] == 0
     torch.testing.assert_close(got.float(), ref.float(), atol=TOL[dt], rtol=TOL[dt])
@@ -99,7 +100,7 @@ def test_repeat_kv_copy_still_read_is_kept(rt, worker_tasks):
     ref_k = repeat_kv(ck, 4)
     ref = F.scaled_dot_product_attention(q, ref_k, repeat_kv(cv, 4), attn_mask=mask)
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         k = repeat_kv(ck, 4)
         got = F.scaled_dot_product_attention(q, k, repeat_kv(cv, 4), attn_mask=mask)
     d = _delta(c0)
@@ -137,7 +138,7 @@ def test_residual_add_folds_into_the_matmul(rt, worker_tasks, dtype, form, rows,
 
     ref = step()
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         got = step()
     assert _delta(c0)["epilogues"] == 1
     tol = TOL[dt] * 4
@@ -151,7 +152,7 @@ def test_residual_fold_refused_while_the_product_is_read(rt, worker_tasks):
     w = (torch.randn(256, 256, generator=g, device=DEV) / 16).half()
     ry = F.linear(x, w)
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         y = F.linear(x, w)
         z = y + res
         bcast = F.linear(x, w) + res[0, 0]  # the other operand broadcasts: not a bias of the product's shape
@@ -170,7 +171,7 @@ def test_residual_fold_keeps_a_write_to_the_weight_in_order(rt, worker_tasks):
     ref = F.linear(x, w) + res
     w2 = w.clone()
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         y = F.linear(x, w2)
         w2.mul_(2)
         got = y + res
@@ -199,7 +200,7 @@ def test_cat_of_a_computed_piece_writes_it_in_place(rt, dtype):
 
     ref = step()
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         got = step()
     assert _delta(c0)["copies_folded"] == 2
     for a, b in zip(got, ref):
@@ -210,7 +211,7 @@ def test_cat_piece_still_read_is_copied(rt):
     g = torch.Generator(device=DEV).manual_seed(9)
     x = torch.randn(4, 64, generator=g, device=DEV)
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         n = -x[:, 32:]
         out = torch.cat((n, x[:, :32]), dim=-1)
         cast = torch.cat(((x[:, :32] * 3).half(), x[:, 32:]), dim=-1)  # the half piece is cast: a real copy
@@ -225,7 +226,7 @@ def test_unreadable_ops_are_dropped_and_live_ones_kept(rt):
     a = torch.randn(1000, generator=g, device=DEV)
     b = a.clone()
     c0 = _counts()
-    with torch.no_grad(), gpuos.scheduler_context():
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         t = a * 2
         del t             # nobody can read it: dropped
         b.mul_(3)         # b is Python's: kept
@@ -244,7 +245,7 @@ def test_hf_llama_decode_uses_the_rewrites(rt, worker_tasks):
     with torch.no_grad():
         ref = generate("static")
         c0 = _counts()
-        with gpuos.scheduler_context(auto_flush_ms=0):  # a timer flush between a copy and its reader stops a rewrite
+        with gpuos.scheduler_context(auto_flush_ms=0):
             got = generate("static")
     d = _delta(c0)
     assert torch.equal(got, ref), (got, ref)
