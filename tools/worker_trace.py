@@ -12,7 +12,8 @@ level ending (before its block's atomicSub) to the first claim of the next level
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
 cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
-needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated):
+needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
+HF_TOP: how many of the slowest levels to list, 0 for every level in order):
 where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
 ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops).
 """
@@ -253,8 +254,10 @@ def hf_levels(label, top=12):
           f"handoffs {tot_h:.1f} us; fallbacks {list(prog.fallbacks)}")
     for key, (n, ex, hand) in sorted(by.items(), key=lambda kv: -kv[1][1]):
         print(f"  {key:40s} levels {n:3d}  exec {ex:8.1f} us ({ex / n:6.2f}/level)  handoff {hand:7.1f} us")
-    print("  slowest levels (exec us, level, handoff us, sub-ops op:elems/tiles):")
-    for ex, lv, hand, desc in sorted(rows, reverse=True)[:top]:
+    top = int(os.environ.get("HF_TOP", top))  # 0: every level, in level order
+    print("  " + ("every level" if top == 0 else "slowest levels") + " (exec us, level, handoff us, sub-ops "
+          "op:elems/tiles):")
+    for ex, lv, hand, desc in (rows if top == 0 else sorted(rows, reverse=True)[:top]):
         print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:150]}")
     print("  claims of the 3 slowest levels (traced blocks only): count, blocks, claims per block max, sub-ops per "
           "claim, load / exec us median and max, first and last claim start after the level's first (us):")
