@@ -9,8 +9,7 @@ inline size_t hash_ptr(uintptr_t k) { return (size_t)((k >> 4) * 0x9E3779B97F4A7
 inline bool overlaps(uint64_t lo, uint64_t hi, uint64_t a, uint64_t b) { return lo < b && a < hi; }
 }  // namespace
 
-void set_period(Access& a, uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es) {
-  a.period = 0;
+Window period_window(uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es) {
   int inner = -1;
   uint64_t p = 0;
   for (int i = 0; i < ndim; ++i) {
@@ -23,25 +22,34 @@ void set_period(Access& a, uint64_t ptr, int ndim, const int64_t* sizes, const i
     if (st == 0) continue;  // broadcast: the same bytes again
     if (p == 0 || st < p) p = st;
   }
-  if (p == 0 || p > 0xffffffffull) return;
+  if (p == 0 || p > 0xffffffffull) return {};
   for (int i = 0; i < ndim; ++i) {
     if (sizes[i] <= 1 || i == inner) continue;
     const uint64_t st = (uint64_t)(strides[i] < 0 ? -strides[i] : strides[i]) * (uint64_t)es;
-    if (st % p != 0) return;
+    if (st % p != 0) return {};
   }
   const uint64_t run = (uint64_t)(inner >= 0 ? sizes[inner] : 1) * (uint64_t)es, w0 = ptr % p;
-  if (run >= p || w0 + run > p) return;
-  a.period = p;
-  a.wlo = (uint32_t)w0;
-  a.whi = (uint32_t)(w0 + run);
+  if (run >= p || w0 + run > p) return {};
+  return {p, (uint32_t)w0, (uint32_t)(w0 + run)};
 }
 
 namespace {
-// Can an access and the union noted so far touch a common byte? (Ranges overlap, and patterns do not tell them
-// apart.)
-inline bool meets(const Access& a, uint64_t lo, uint64_t hi, uint64_t per, uint32_t plo, uint32_t phi) {
+// Can an access and the union [lo, hi) with window u noted so far touch a common byte? (Ranges overlap, and the
+// windows do not tell them apart.)
+inline bool meets(const Access& a, uint64_t lo, uint64_t hi, const Window& u) {
   if (!overlaps(a.lo, a.hi, lo, hi)) return false;
-  return !(a.period != 0 && a.period == per && (a.whi <= plo || phi <= a.wlo));
+  return !(a.win.period != 0 && a.win.period == u.period && (a.win.hi <= u.lo || u.hi <= a.win.lo));
+}
+// u = the window of u's union and a: a's if the union was empty, the hull of both at one period, else none.
+inline void merge(Window& u, bool empty, const Window& a) {
+  if (empty) {
+    u = a;
+  } else if (u.period != 0 && u.period == a.period) {
+    u.lo = std::min(u.lo, a.lo);
+    u.hi = std::max(u.hi, a.hi);
+  } else {
+    u.period = 0;
+  }
 }
 }  // namespace
 
@@ -87,37 +95,25 @@ uint32_t Hazards::level_of(const Access& w, const Access* reads, uint32_t n) con
   uint32_t lev = 1;
   for (uint32_t k = 0; k < n; ++k) {
     const Entry* e = find(reads[k].storage);
-    if (e && meets(reads[k], e->wlo, e->whi, e->wp.period, e->wp.lo, e->wp.hi)) lev = std::max(lev, e->wlev + 1);
+    if (e && meets(reads[k], e->wlo, e->whi, e->wp)) lev = std::max(lev, e->wlev + 1);
   }
   if (const Entry* e = find(w.storage)) {
-    if (meets(w, e->wlo, e->whi, e->wp.period, e->wp.lo, e->wp.hi)) lev = std::max(lev, e->wlev + 1);
-    if (meets(w, e->rlo, e->rhi, e->rp.period, e->rp.lo, e->rp.hi)) lev = std::max(lev, e->rlev + 1);
+    if (meets(w, e->wlo, e->whi, e->wp)) lev = std::max(lev, e->wlev + 1);
+    if (meets(w, e->rlo, e->rhi, e->rp)) lev = std::max(lev, e->rlev + 1);
   }
   return lev;
-}
-
-// The window of a union: the first access's, the hull of both windows at one period, else none.
-void Hazards::merge(Window& p, bool empty, const Access& a) {
-  if (empty) {
-    p = {a.period, a.wlo, a.whi};
-  } else if (p.period != 0 && p.period == a.period) {
-    p.lo = std::min(p.lo, a.wlo);
-    p.hi = std::max(p.hi, a.whi);
-  } else {
-    p.period = 0;
-  }
 }
 
 void Hazards::note(const Access& w, const Access* reads, uint32_t n, uint32_t level) {
   for (uint32_t k = 0; k < n; ++k) {
     Entry& e = slot(reads[k].storage);
-    merge(e.rp, e.rlo > e.rhi, reads[k]);
+    merge(e.rp, e.rlo > e.rhi, reads[k].win);
     e.rlo = std::min(e.rlo, reads[k].lo);
     e.rhi = std::max(e.rhi, reads[k].hi);
     e.rlev = std::max(e.rlev, level);
   }
   Entry& e = slot(w.storage);
-  merge(e.wp, e.wlo > e.whi, w);
+  merge(e.wp, e.wlo > e.whi, w.win);
   e.wlo = std::min(e.wlo, w.lo);
   e.whi = std::max(e.whi, w.hi);
   e.wlev = std::max(e.wlev, level);

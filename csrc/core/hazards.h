@@ -7,7 +7,7 @@
 // writes must also run after every earlier read overlapping it. Union ranges make it conservative (a unit may
 // land a level later than needed, never earlier): exact for distinct tensors and for rows/slices of one buffer
 // touched at one level. A strided view whose rows are runs of bytes at a fixed period also carries that pattern
-// (Access::period): two views of one storage with the same period whose windows do not meet are disjoint -- the
+// (Access::win): two views of one storage with the same period whose windows do not meet are disjoint -- the
 // pieces of a torch.cat along the last dim (HF's rotate_half) share a level. Open addressing, cleared in O(1) by
 // a generation tag.
 #pragma once
@@ -17,18 +17,22 @@
 
 namespace gpuos {
 
-// The memory one operand of a unit touches: its storage's identity and the byte range the view can reach; with
-// period > 0, only the bytes of [lo, hi) whose address mod period lies in [wlo, whi) (wlo < whi <= period).
+// Bytes whose address mod period lies in [lo, hi) (lo < hi <= period); period 0: no such pattern.
+struct Window {
+  uint64_t period = 0;
+  uint32_t lo = 0, hi = 0;
+};
+// The memory one operand of a unit touches: its storage's identity and the byte range the view can reach, and
+// within it, where the view has one, its periodic window.
 struct Access {
   uintptr_t storage = 0;
   uint64_t lo = 0, hi = 0;
-  uint64_t period = 0;
-  uint32_t wlo = 0, whi = 0;
+  Window win;
 };
-// The periodic pattern of a strided view at `ptr` (bytes; es: element size): its stride-1 dim is a run of bytes,
+// The periodic window of a strided view at `ptr` (bytes; es: element size): its stride-1 dim is a run of bytes,
 // and every other dim of size > 1 steps by a multiple of the smallest such step P; if the run is shorter than P
-// and its window [ptr mod P, + run) does not wrap, `a` gets period P and that window (else period 0: the range).
-void set_period(Access& a, uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es);
+// and its window [ptr mod P, + run) does not wrap, period P and that window (else period 0: the range alone).
+Window period_window(uint64_t ptr, int ndim, const int64_t* sizes, const int64_t* strides, int64_t es);
 
 class Hazards {
  public:
@@ -51,17 +55,12 @@ class Hazards {
   }
 
  private:
-  struct Window {  // the union of the noted accesses' windows (period 0: none, or the periods differ)
-    uint64_t period;
-    uint32_t lo, hi;
-  };
   struct Entry {
     uintptr_t key;
     uint32_t tag, rlev, wlev;
     uint64_t rlo, rhi, wlo, whi;
-    Window rp, wp;
+    Window rp, wp;  // the windows of the read / written unions (period 0: none, or the periods differ)
   };
-  static void merge(Window& p, bool empty, const Access& a);  // p = the window of p's union and a
   const Entry* find(uintptr_t k) const;
   Entry& slot(uintptr_t k);
   void grow(size_t n);

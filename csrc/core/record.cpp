@@ -232,7 +232,7 @@ bool Runtime::record_ew_runs(const SubOp& proto0, uint32_t arity, const Operand&
       const uint64_t es = dtype_size(o.dtype);
       o.ptr = refs[k].ptr + (uint64_t)(off * (int64_t)es);
       o.ndim = 1, o.sizes = &run, o.strides = &one, o.contiguous = true;
-      o.lo = o.ptr, o.hi = o.ptr + (uint64_t)run * es, o.period = 0;
+      o.fp.lo = o.ptr, o.fp.hi = o.ptr + (uint64_t)run * es, o.fp.win = {};
       ptr_bits |= o.ptr;
       one_dtype &= o.dtype == out.dtype;
     }

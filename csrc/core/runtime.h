@@ -69,14 +69,10 @@ struct Operand {
   const int64_t* sizes = nullptr;
   const int64_t* strides = nullptr;
   bool contiguous = true;
-  uintptr_t storage = 0;  // identity of the storage, for dependency tracking
-  uint64_t lo = 0, hi = 0;  // byte range the view can touch
-  uint64_t period = 0;      // and within it, the window of its bytes at a period (core/hazards.h set_period)
-  uint32_t wlo = 0, whi = 0;
-  bool is_const = false;    // a scalar operand (Tensor-Scalar forms): `value`, no memory
+  Access fp;              // what the view touches, for dependency tracking (core/hazards.h)
+  bool is_const = false;  // a scalar operand (Tensor-Scalar forms): `value`, no memory
   float value = 0.0f;
-  Access access() const { return {storage, lo, hi, period, wlo, whi}; }
-  void set_access(const Access& a) { storage = a.storage, lo = a.lo, hi = a.hi, period = a.period, wlo = a.wlo, whi = a.whi; }
+  const Access& access() const { return fp; }
 };
 
 // The runtime's counters, one list: the struct, the sum over devices and gpuos_ext.stats() are expanded from it.

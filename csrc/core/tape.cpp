@@ -92,9 +92,9 @@ void Runtime::replay(const Tape& tape, size_t b, size_t e, const Reloc& rel) {
     relocate(t, rel);
     if (!(t.proto.flags & kFlagFused)) note_op_gen(t.proto.op);
     else note_program_use((int32_t)t.proto.in[0]);  // replays count toward tier 2 like live runs
-    out.set_access(t.out);
+    out.fp = t.out;
     for (uint32_t k = 0; k < t.nin; ++k) {
-      ins[k].set_access(t.ins[k]);
+      ins[k].fp = t.ins[k];
       ins[k].is_const = t.in_const[k];
     }
     append_tiles(t.proto, t.total, t.per_tile, t.nref ? t.refs : nullptr, t.nref, out, ins, t.nin);

@@ -50,16 +50,14 @@ Operand operand(const at::Tensor& t) {
   o.sizes = impl->sizes().data();
   o.strides = impl->strides().data();
   o.contiguous = impl->is_contiguous();
-  o.storage = (uintptr_t)impl->storage().unsafeGetStorageImpl();
+  o.fp.storage = (uintptr_t)impl->storage().unsafeGetStorageImpl();
   const int64_t es = (int64_t)impl->itemsize();
   if (o.contiguous) {
-    o.lo = o.ptr;
-    o.hi = o.ptr + (uint64_t)(impl->numel() * es);
+    o.fp.lo = o.ptr;
+    o.fp.hi = o.ptr + (uint64_t)(impl->numel() * es);
   } else {
-    extent(o.ptr, o.ndim, o.sizes, o.strides, es, o.lo, o.hi);
-    Access a;
-    set_period(a, o.ptr, o.ndim, o.sizes, o.strides, es);
-    o.period = a.period, o.wlo = a.wlo, o.whi = a.whi;
+    extent(o.ptr, o.ndim, o.sizes, o.strides, es, o.fp.lo, o.fp.hi);
+    o.fp.win = period_window(o.ptr, o.ndim, o.sizes, o.strides, es);
   }
   return o;
 }
