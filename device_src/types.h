@@ -104,6 +104,9 @@ struct HostCtl {
 //   low 32 bits: seq; high 32 bits: descriptor count | kReadyDevRing (descriptors are in the device ring, and the
 //   TensorRefs they point at in the device mirror of the arena: WorkerArgs::refs_dev).
 constexpr u32 kReadyDevRing = 0x80000000u;
+// ... | kReadyResident (with kReadyDevRing): the batch's descriptors are not in the ring but at DevCtl::bdesc[slot]
+// (a program's resident image, issue #17), written by the host's stream memop before the ready word.
+constexpr u32 kReadyResident = 0x40000000u;
 
 // Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
 // registered code, 1: an installed alternative). Two versions of the per-op choice: the host rewrites the
@@ -122,10 +125,11 @@ struct AliasCtl {
 struct DevCtl {
   u64 ready[kMaxBatches];      // see kReadyDevRing
   u64 claim[kMaxBatches];      // (seq << 32) | next descriptor index of the batch in this slot (set when filled)
+  u64 bdesc[kMaxBatches];      // SubOp* of a kReadyResident batch (host-written before its ready word)
   u32 remaining[kMaxBatches];  // sub-ops of the batch not yet finished
   u32 bstart[kMaxBatches];
   u32 bcount[kMaxBatches];
-  u32 bsrc[kMaxBatches];       // 1: descriptors in the device ring, 0: read them from the pinned ring
+  u32 bsrc[kMaxBatches];       // 1: descriptors in the device ring, 0: read them from the pinned ring, 2: at bdesc
   u32 bseq[kMaxBatches];       // = seq once the poller has filled the slot (the fields above, claim, bver)
   u32 done[kMaxBatches];       // = seq once the batch completed: what the next batch's blocks and stream waits
                                // poll (device memory is polled faster than the pinned HostCtl::done the host reads)

@@ -248,6 +248,7 @@ struct Walk {       // thread 0's state of one block
   u32 cur = 0;      // the batch this block works on next
   u32 f_seq = 0;    // the batch whose fields f[] holds (0: none)
   u32 f[4] = {0, 0, 0, 0};  // count, start, source, alias version
+  u64 fd = 0;               // bdesc (source 2)
 };
 struct Poller {     // block 0 thread 0's additional state
   u32 next = 0;     // the next batch to fill
@@ -262,12 +263,13 @@ struct Poller {     // block 0 thread 0's additional state
 __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u64 ready) {
   const u32 slot = seq & (kMaxBatches - 1);
   const u32 hi = (u32)(ready >> 32);
-  const u32 count = hi & ~kReadyDevRing;
-  const u32 start = dc->ring_pos;
-  dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
+  const u32 count = hi & ~(kReadyDevRing | kReadyResident);
+  const bool resident = (hi & kReadyResident) != 0;  // descriptors at bdesc[slot]: no ring slots
+  const u32 start = resident ? 0u : dc->ring_pos;
+  if (!resident) dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
   dc->bstart[slot] = start;
   dc->bcount[slot] = count;
-  dc->bsrc[slot] = (hi & kReadyDevRing) ? 1u : 0u;
+  dc->bsrc[slot] = resident ? 2u : (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
   dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
   // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
@@ -356,12 +358,13 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
 // s_claim (seq << 32 | index) and the batch's fields in s_batch, or kCmdExit.
 __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk& w, Poller& p, u32 nwarps,
                           u64* s_claim, u32* s_batch) {
-  auto fields = [&](u32 seq) {  // four independent loads: one round trip
+  auto fields = [&](u32 seq) {  // five independent loads: one round trip
     const u32 sl = seq & (kMaxBatches - 1);
     w.f[0] = ld_vol(&dc->bcount[sl]);
     w.f[1] = ld_vol(&dc->bstart[sl]);
     w.f[2] = ld_vol(&dc->bsrc[sl]);
     w.f[3] = ld_vol(&dc->alias.bver[sl]);
+    w.fd = ld_vol64(&dc->bdesc[sl]);
     w.f_seq = seq;
   };
   for (;;) {
@@ -408,6 +411,7 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     }
     *s_claim = c;
     s_batch[0] = w.f[0], s_batch[1] = w.f[1], s_batch[2] = w.f[2], s_batch[3] = w.f[3], s_batch[4] = per_claim;
+    s_batch[5] = (u32)w.fd, s_batch[6] = (u32)(w.fd >> 32);
     return kCmdRun;
   }
 }
@@ -440,6 +444,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   const u32 seq = (u32)(c >> 32), idx = (u32)c, slot = seq & (kMaxBatches - 1);
   const u32 count = s_batch[0], start = s_batch[1], bver = s_batch[3], per_claim = s_batch[4];
   const bool dev_src = s_batch[2] != 0;
+  const SubOp* resident = s_batch[2] == 2 ? (const SubOp*)(((u64)s_batch[6] << 32) | s_batch[5]) : nullptr;
   if (bver & kAliasActive)  // L2 loads: the host rewrites a version while it is not in use
     for (u32 j = threadIdx.x; j < 64; j += blockDim.x)
       s_alias[j] = __ldcg((const unsigned int*)&dc->alias.slot[bver & 1u][0] + j);
@@ -448,8 +453,9 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
     const u32 di = j >> 2, part = j & 3;
     const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
-    ((uint4*)&sdesc[di])[part] =
-        dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part) : ld_vol4((const uint4*)(ring + ri) + part);
+    ((uint4*)&sdesc[di])[part] = resident ? ld_cg4((const uint4*)(resident + idx + di) + part)
+                                 : dev_src ? ld_cg4((const uint4*)(ring_dev + ri) + part)
+                                           : ld_vol4((const uint4*)(ring + ri) + part);
   }
   // A batch whose descriptors came by DMA has its TensorRefs in the device mirror too (GPU reads of pinned
   // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
@@ -487,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
   __shared__ __align__(16) SubOp sdesc[kMaxWarps * kClaimPerWarp];  // written as uint4
   __shared__ __align__(16) TensorRef srefs[kMaxWarps][kWarpSlots];
   __shared__ unsigned long long s_claim;
-  __shared__ u32 s_cmd, s_batch[5], s_alias[64];  // the claim's batch: count, start, source, alias version, size
+  __shared__ u32 s_cmd, s_batch[7], s_alias[64];  // the claim's batch: count, start, source, alias version, size,
+                                                  // bdesc (low, high)
   HostCtl* hc = (HostCtl*)args.host_ctl;
   DevCtl* dc = (DevCtl*)args.dev_ctl;
   const u32 warp = threadIdx.x / 32;

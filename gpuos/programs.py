@@ -6,8 +6,10 @@
 
 What a capture keeps (``gpuos_ext.Tape``, csrc/core/tape.h): every sub-op the runtime staged while ``fn`` ran --
 descriptor, tensor references, iteration space, dependency footprints -- after the scheduler's lowering and fusion.
-A replay stages them again with their data pointers moved (``Tape.replay``) and publishes them: one flush per
-segment, the worker walks the levels on the device. Memory:
+A replay copies the segment's staged image (descriptors in level order; tensor references resident on the GPU)
+with the data pointers that moved patched, and publishes it: one flush per segment, the worker walks the levels on
+the device. A call with positional tensors only and one segment is served in C++ (``gpuos_ext.ProgramCall``:
+guards, output buffers, replay), with no Python per tensor. Memory:
 
 * **inputs** (tensors among the arguments) are bound by pointer: a tape pointer inside an input's byte span at
   capture moves to the same place in the new input (no copy). Guards: same pytree structure, shapes, strides,
@@ -315,6 +317,44 @@ class Program:
                     break
             self._fresh.append((r, lo, hi, direct))
         self._inputs = [(r, key, lo, hi) for r, (lo, hi, kind, key) in enumerate(rows.rows) if kind == "input"]
+        self._fast = self._fast_call(flat)
+
+    def _fast_call(self, outs):
+        """The call in C++ (``gpuos_ext.ProgramCall``) when nothing needs Python per call: positional CUDA tensors
+        on the program's device only, one segment, no aliasing between the inputs, a result that is one tensor
+        or a tuple. None otherwise (``_run`` serves every call)."""
+        n = len(self._raw)
+        if len(self.steps) != 1 or self.steps[0][0] != "seg" or self._overlaps or n == 0:
+            return None
+        if self._spec != pytree.tree_flatten((tuple(range(n)), {}))[1]:
+            return None  # keyword or nested arguments
+        span = {key: (lo, hi) for _, key, lo, hi in self._inputs}
+        ins = []
+        for i, r in enumerate(self._raw):
+            if r is None or r[3] != self._dev or i not in span:
+                return None
+            ins.append((list(r[0]), list(r[1]), r[2], r[4], *span[i]))
+        single = self._out_spec == pytree.tree_flatten(outs[0] if outs else None)[1] and len(outs) == 1
+        if not single and self._out_spec != pytree.tree_flatten(tuple(range(len(outs))))[1]:
+            return None
+        fresh_idx = {r: k for k, (r, _, _, _) in enumerate(self._fresh)}
+        fresh = [(lo, hi, direct) for _, lo, hi, direct in self._fresh]
+        plan = []
+        for p in self._out_plan:
+            if p[0] == "v":
+                plan.append((0, 0, p[1], 0, [], [], torch.float32))
+                continue
+            o, r = p[1], p[2]
+            kind, key = self._rows[r][2], self._rows[r][3]
+            if p[0] == "b":
+                plan.append((2, fresh_idx[r], None, 0, [], [], o.dtype))
+            elif kind == "input":
+                plan.append((1, key, None, o.data_ptr(), list(o.shape), list(o.stride()), o.dtype))
+            elif kind == "fresh":
+                plan.append((3, fresh_idx[r], None, o.data_ptr(), list(o.shape), list(o.stride()), o.dtype))
+            else:
+                return None
+        return _ext.ProgramCall(self.tape, self.steps[0][1], self.steps[0][2], ins, fresh, plan, single)
 
     # ------------------------------------------------------------------ replay
     def _check(self, flat, spec):
@@ -352,6 +392,12 @@ class Program:
                              "for these inputs, or use gpuos.wrap.")
 
     def __call__(self, *args, **kwargs):
+        fast = self._fast
+        if fast is not None and not kwargs:
+            r = fast(*args)  # None: a guard differs; _run explains it (or accepts size-1 dims' strides)
+            if r is not None:
+                self.calls += 1
+                return r
         flat, spec = pytree.tree_flatten((args, kwargs))
         return self._run(flat, spec)
 
@@ -455,6 +501,7 @@ class Program:
             "outputs_copied": len(self._copied),
             "capture_s": self.capture_s,
             "calls": self.calls,
+            "fast_call": self._fast is not None,  # calls go through gpuos_ext.ProgramCall (no Python per tensor)
         }
 
     def __repr__(self) -> str:
@@ -494,19 +541,28 @@ class Wrapped:
         self.size_threshold = size_threshold
         self.programs: collections.OrderedDict = collections.OrderedDict()
         self.captures = 0
+        self._last = None  # the program of the last call (tried first, in C++)
         self.__wrapped__ = fn
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
+        last = self._last
+        if last is not None and last._fast is not None and not kwargs:
+            r = last._fast(*args)  # the C++ call's guards are the signature's tensor fields: a hit is this program
+            if r is not None:
+                last.calls += 1
+                return r
         flat, spec = pytree.tree_flatten((args, kwargs))
         key = _signature(flat, spec)
         prog = self.programs.get(key)
         if prog is not None:
             self.programs.move_to_end(key)
+            self._last = prog
             return prog._run(flat, spec)
         prog = Program(self.fn, args, kwargs, self.size_threshold)
         self.captures += 1
         self.programs[key] = prog
+        self._last = prog
         while len(self.programs) > self.cache_size:
             self.programs.popitem(last=False)
         return prog.first_result
@@ -517,6 +573,7 @@ class Wrapped:
 
     def cache_clear(self) -> None:
         self.programs.clear()
+        self._last = None
 
 
 def wrap(fn=None, *, cache_size: int = 8, size_threshold: int | None = None):

@@ -123,3 +123,12 @@ def test_capture_tile_spreads_small_ops_over_warps(per_tile, total, min_units, w
     assert got == want
     tiles = -(-total // got)
     assert tiles <= max(16, -(-total // per_tile)) or (min_units > 1 and got >= 512 and tiles <= 256)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_tape_image_equals_entry_by_entry_staging(seed):
+    """A replay from a staged image (csrc/core/tape.h TapeImage: descriptors in level order, TensorRefs as one run,
+    only moved pointers patched) writes the same descriptors and TensorRefs as relocating and staging each entry."""
+    descs, bad_descs, refs, bad_refs, moved = gpuos_ext._testing.tape_image_check(seed, 80)
+    assert descs > 80 and refs > 0 and moved > 0  # the case moves pointers in descriptors and in refs
+    assert (bad_descs, bad_refs) == (0, 0)

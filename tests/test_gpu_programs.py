@@ -3,6 +3,7 @@
 Every test compares replays against eager on inputs the capture never saw, and checks what a user relies on:
 outputs of one call are not overwritten by the next, state is updated in place, guards refuse other inputs,
 host reads are refused at capture, eager fallbacks split the program into segments that still run in order."""
+import contextlib
 import random
 
 import pytest
@@ -167,30 +168,43 @@ def test_wrap_captures_per_signature_and_bounds_its_cache(rt):
     assert w.info()["cached"] == 2
 
 
-def test_program_with_worker_matmul_and_attention(rt):
-    """A decode-like block with the worker's matmul and attention tasks: one segment, same results as eager."""
+@contextlib.contextmanager
+def worker_tasks_on():
+    """The worker's matmul and attention tasks on (restored after)."""
     was_mm, was_at = gpuos.worker_matmul_enabled(), gpuos.worker_attention_enabled()
     gpuos.set_worker_matmul(True)
     gpuos.set_worker_attention(True)
     try:
-        torch.manual_seed(0)
-        W = torch.randn(256, 64, device=DEV, dtype=torch.float16) * 0.05
-        K = torch.randn(1, 4, 128, 64, device=DEV, dtype=torch.float16)
-        V = torch.randn(1, 4, 128, 64, device=DEV, dtype=torch.float16)
+        yield
+    finally:
+        gpuos.set_worker_matmul(was_mm)
+        gpuos.set_worker_attention(was_at)
 
-        def block(h):
-            q = torch.nn.functional.linear(h, W).view(1, 1, 4, 64).transpose(1, 2)
-            a = torch.nn.functional.scaled_dot_product_attention(q, K, V)
-            return torch.nn.functional.silu(a.transpose(1, 2).reshape(1, 256)) + h.sum() * 0.0
 
+def decode_block():
+    """A decode-like block: a worker matmul, decode attention over a 128-position cache (an optional additive
+    mask), silu; h: (1, 64) fp16."""
+    torch.manual_seed(0)
+    W = torch.randn(256, 64, device=DEV, dtype=torch.float16) * 0.05
+    K = torch.randn(1, 4, 128, 64, device=DEV, dtype=torch.float16)
+    V = torch.randn(1, 4, 128, 64, device=DEV, dtype=torch.float16)
+
+    def block(h, m=None):
+        q = torch.nn.functional.linear(h, W).view(1, 1, 4, 64).transpose(1, 2)
+        a = torch.nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=m)
+        return torch.nn.functional.silu(a.transpose(1, 2).reshape(1, 256)) + h.sum() * 0.0
+    return block
+
+
+def test_program_with_worker_matmul_and_attention(rt):
+    """A decode-like block with the worker's matmul and attention tasks: one segment, same results as eager."""
+    with worker_tasks_on():
+        block = decode_block()
         h = torch.randn(1, 64, device=DEV, dtype=torch.float16)
         prog = gpuos.capture(block, h)
         for _ in range(3):
             h2 = torch.randn_like(h)
             torch.testing.assert_close(prog(h2), block(h2), rtol=2e-2, atol=2e-2)
-    finally:
-        gpuos.set_worker_matmul(was_mm)
-        gpuos.set_worker_attention(was_at)
 
 
 _UNARY = [torch.sigmoid, torch.tanh, torch.relu, lambda t: t * 0.5, lambda t: t + 1.0, torch.neg,

@@ -12,8 +12,11 @@
 * matmul: 12 dependent M=1 products N=K (fp16, the worker's matmul in the program) vs their CUDA graph (cuBLAS).
 * hf: W7's llama-small / gpt2-small static decode replayed as a program, with the capture's size threshold at
   the scheduler's default and at 2**18 (fewer eager steps), ms per step.
+* host: host us of one call by path (the C++ call + image replay, the Python call + image replay, the Python
+  call staging entry by entry), median of calls each started on an idle GPU; small programs and W7's llama-small /
+  gpt2-small static decode steps.
 
-`python tools/program_probe.py chain wide` runs those probes only (default: all four).
+`python tools/program_probe.py chain wide` runs those probes only (default: all).
 """
 from __future__ import annotations
 
@@ -213,8 +216,69 @@ def hf_probe():
         gpuos.set_row_fusion(True)
 
 
+def host_call_us(fn, reps):
+    """Median host us of one call of `fn` started on an idle GPU (a sync before each call, outside the timing): the
+    call's own cost, never a wait for earlier work (the ring and the arena are empty)."""
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return sorted(ts)[len(ts) // 2] * 1e6
+
+
+def host_probe():
+    """Host cost of one call by path (issue #17 acceptance 4): the C++ call with an image replay (the default),
+    the Python call with an image replay, the Python call staging entry by entry (before images)."""
+    from torch.utils import _pytree as pytree
+    set_images = gpuos_ext._testing.set_tape_images
+
+    def paths(prog, args, reps):
+        flat, spec = pytree.tree_flatten((tuple(args), {}))
+        keys = ("replay_stage_ns", "publish_ns", "publish_copy_ns", "publish_memop_ns", "publish_launch_ns")
+        s0 = gpuos.stats()
+        r = {"cpp_image": host_call_us(lambda: prog(*args), reps)}
+        s1 = gpuos.stats()
+        r.update({k.replace("_ns", "_us"): (s1[k] - s0[k]) / 1e3 / reps for k in keys})
+        r["py_image"] = host_call_us(lambda: prog._run(flat, spec), reps)
+        set_images(False)
+        r["py_entries"] = host_call_us(lambda: prog._run(flat, spec), reps)
+        set_images(True)
+        return {k: round(v, 1) for k, v in r.items()}
+
+    x = torch.randn(1024, device="cuda")
+    for depth in (1, 16):
+        prog = gpuos.capture(chain(depth), x)
+        i = prog.info()
+        out({"probe": "host", "what": f"chain{depth}", "fast_call": i["fast_call"], "levels": sum(i["levels"]),
+             "tiles": i["tiles"], **paths(prog, (x,), 200)})
+    a, b = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    prog = gpuos.capture(lambda p, q: (torch.softmax(p * q, -1), (p - q).abs().sum(-1)), a, b)
+    i = prog.info()
+    out({"probe": "host", "what": "two_outputs", "fast_call": i["fast_call"], "levels": sum(i["levels"]),
+         "tiles": i["tiles"], **paths(prog, (a, b), 200)})
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return
+    from benchmarks import bench_models as B
+    for label in ("llama-small-fp16-sdpa-static", "gpt2-small-fp16-sdpa-static"):
+        case = B.make_case(label, 8, "cuda")
+        prep = B.setup_program(case)
+        prep.fn()
+        # the step program is the closure's `prog`: replay step 0's arguments (positions are device tensors)
+        prog = next(c.cell_contents for c in prep.fn.__closure__ if isinstance(c.cell_contents, gpuos.programs.Program))
+        d = case.data
+        tok = d.forced[0].contiguous().clone()
+        i = prog.info()
+        out({"probe": "host", "what": label, "fast_call": i["fast_call"], "segments": i["segments"],
+             "levels": sum(i["levels"]), "tiles": i["tiles"], **paths(prog, (tok, d.positions[0]), 50)})
+
+
 PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
-          "hf": hf_probe}
+          "hf": hf_probe, "host": host_probe}
 
 
 def main(names=tuple(PROBES)):

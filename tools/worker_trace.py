@@ -11,7 +11,9 @@ the level before it has completed), execution time (block barrier), gaps between
 level ending (before its block's atomicSub) to the first claim of the next level starting to execute.
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
-cost per op kind. `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
+cost per op kind. `calls` (W5's MLP block captured as a program and called 20 times back to back: per call the exec span of its
+levels, the handoffs inside it and the gap before the next call; env CALLS_SIZE (W5 size), CALLS_IMAGES=0
+(replays staged entry by entry instead of from tape images)). `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
 needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
 where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
@@ -273,6 +275,57 @@ def hf_levels(label, top=12):
               f"{starts[len(cl) // 2] / 1e3:.2f} / {starts[-1] / 1e3:.2f}")
 
 
+def calls(n_calls=20):
+    """W5's MLP block (1x256 fp16, worker matmul) captured as a program and called n_calls times back to back,
+    one trace: per call, the device span of its levels, the handoffs inside it, and the gap before the next call
+    -- split at the moment the poller filled the next call's first batch (its ready word had landed: the stream's
+    wait for the previous call, the call's copies and its ready-word write are behind it)."""
+    from benchmarks import bench_mlp as M
+    from benchmarks.harness import suite as H
+    gpuos_ext._testing.set_tape_images(os.environ.get("CALLS_IMAGES", "1") != "0")  # 0: entry-by-entry replays
+    case = M.make_case(os.environ.get("CALLS_SIZE", "1x256"), 10, "cuda")
+    d = case.data
+    prog, _ = H.capture_program(gpuos, lambda x: M.mlp_block(x, *M._weights(d)), (d.x,), torch.cuda.synchronize)
+    nlev = sum(prog.info()["levels"])
+    for _ in range(5):
+        prog(d.x)
+    torch.cuda.synchronize()
+    gpuos.flush(sync=True)
+    gpuos_ext.worker_trace()  # reset
+    t0 = time.perf_counter()
+    for _ in range(n_calls):
+        prog(d.x)
+    host_us = (time.perf_counter() - t0) * 1e6 / n_calls
+    torch.cuda.synchronize()
+    gpuos.flush(sync=True)
+    recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
+    fill = {r[1]: r[4] for r in recs if r[0] < 0}
+    span = {}
+    for blk, seq, _i, _k, t, load, exe in recs:
+        if blk >= 0:
+            a, b = span.get(seq, (1 << 62, 0))
+            span[seq] = (min(a, t + load), max(b, t + load + exe))
+    seqs = sorted(span)
+    if len(seqs) != nlev * n_calls:
+        print(f"calls: {len(seqs)} traced batches for {n_calls} calls of {nlev} levels; skipped")
+        return
+    execs, hands, gaps, waits = [], [], [], []
+    for c in range(n_calls):
+        ss = seqs[c * nlev:(c + 1) * nlev]
+        execs.append(sum(span[s][1] - span[s][0] for s in ss) / 1e3)
+        hands.append(sum(span[b][0] - span[a][1] for a, b in zip(ss, ss[1:])) / 1e3)
+        if c + 1 < n_calls:
+            nxt = seqs[(c + 1) * nlev]
+            gaps.append((span[nxt][0] - span[ss[-1]][1]) / 1e3)
+            if nxt in fill:
+                waits.append((fill[nxt] - span[ss[-1]][1]) / 1e3)
+    med = statistics.median
+    print(f"calls {case.size} (images {int(gpuos_ext._testing.tape_images())}): {nlev} levels per call, host {host_us:.1f} us per call; per call (median): exec "
+          f"{med(execs):.1f} us, handoffs inside {med(hands):.1f} us, gap to the next call {med(gaps):.1f} us "
+          f"(of which until its first batch was filled {med(waits) if waits else float('nan'):.1f} us); "
+          f"wall per call {(span[seqs[-1]][1] - span[seqs[0]][0]) / 1e3 / n_calls:.1f} us", flush=True)
+
+
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
     gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
@@ -283,6 +336,10 @@ def main():
     def on(s):
         return not want or s in want
 
+    if on("calls"):
+        calls()
+        if want == {"calls"}:
+            return
     if on("w3"):
         for rows, cols in ((8, 256), (64, 512), (128, 1024)):
             X = [torch.randn(rows, cols, device="cuda") for _ in range(n)]

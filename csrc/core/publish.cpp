@@ -53,6 +53,8 @@ std::string Runtime::describe_unfinished() const {
   uint64_t start = desc_tail_;
   for (const InFlight& f : inflight_) {
     if (!seq_done(f.seq)) {
+      if (f.desc_end == start)  // its descriptors are a program's resident image (replay_image), not in the ring
+        return "oldest unfinished batch " + std::to_string(f.seq) + " (a level of a replayed program)";
       std::map<uint32_t, uint64_t> count;
       for (uint64_t i = start; i < f.desc_end; ++i) count[ring_[i % cfg_.capacity].op]++;
       std::string ops;
@@ -150,9 +152,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   uint32_t seq = 0;
   size_t li = 0;
   do {
-    while (li < stage_levels_ && levels_.size() < kMaxLevelsPerFlush &&
-           (levels_.empty() || levels_.size() + inflight_.size() < kMaxBatches / 2))
-      commit_level(stage_[li++]);
+    while (li < stage_levels_ && can_commit_level()) commit_level(stage_[li++]);
     seq = publish(stream, early, li == stage_levels_);
   } while (li < stage_levels_);
   stage_levels_ = 0;
@@ -161,26 +161,36 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   return seq;
 }
 
+bool Runtime::can_commit_level(bool resident) const {
+  // A resident level takes two memory writes of the publication's one cuStreamBatchMemOp call (< 256 operations).
+  const size_t most = resident ? kMaxLevelsPerFlush / 2 : kMaxLevelsPerFlush;
+  return levels_.size() < most && (levels_.empty() || levels_.size() + inflight_.size() < kMaxBatches / 2);
+}
+
 void Runtime::commit_level(std::vector<SubOp>& descs) {
   if (descs.empty()) return;
-  const uint32_t n = (uint32_t)descs.size();
+  commit_ring(descs.data(), (uint32_t)descs.size());
+  descs.clear();
+}
+
+void Runtime::commit_ring(const SubOp* descs, uint32_t n, bool dma) {
   wait_ring_room(n);
   const uint64_t start = desc_head_;
   const uint32_t a = (uint32_t)(start % cfg_.capacity);
   const uint32_t first = std::min(n, cfg_.capacity - a);
-  std::memcpy((void*)&ring_[a], descs.data(), (size_t)first * sizeof(SubOp));
-  if (first < n) std::memcpy((void*)&ring_[0], descs.data() + first, (size_t)(n - first) * sizeof(SubOp));
+  std::memcpy((void*)&ring_[a], descs, (size_t)first * sizeof(SubOp));
+  if (first < n) std::memcpy((void*)&ring_[0], descs + first, (size_t)(n - first) * sizeof(SubOp));
   desc_head_ += n;
   uint32_t heavy = 0;
-  for (const SubOp& s : descs) heavy += s.op == kOp_mm || s.op == kOp_sdpa;
-  levels_.push_back({start, n, heavy});
-  descs.clear();
+  for (uint32_t i = 0; i < n; ++i) heavy += descs[i].op == kOp_mm || descs[i].op == kOp_sdpa;
+  levels_.push_back({start, n, heavy, 0, dma});
 }
 
 // Publish the committed levels as batches, one per level, in one cuStreamBatchMemOp call. `last`: no further
 // publication follows in this flush (only then may the TensorRefs recorded for the flush be reclaimed once
 // its batches are done, and the keep-alive references go).
 uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
+  ScopedNs timed(st_.publish_ns);
   make_current();
   // Generations, before anything is published (a module load must not wait behind a stream that
   // waits for work no worker would run): a pending sub-op that needs a newer generation drains the worker and
@@ -233,8 +243,11 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     heavy = heavy || lv.heavy >= kHeavyBurst;
   }
   bool refs_sent = false;
-  // Many levels: one copy of the flush's descriptors (contiguous in the ring) instead of one per level.
-  const bool one_copy = cfg_.dma_levels && publishing.size() >= cfg_.dma_levels;
+  // Many levels: one copy of the flush's descriptors (contiguous in the ring) instead of one per level; not when
+  // resident levels (replay_image) are among them (those copy nothing; their ring levels go one by one).
+  bool any_res = false;
+  for (const Level& lv : publishing) any_res = any_res || lv.res;
+  const bool one_copy = cfg_.dma_levels && publishing.size() >= cfg_.dma_levels && !any_res;
   // If anything below fails, nothing was published: undo the bookkeeping so the levels stay pending (a later
   // flush publishes them) and no seq is left "published but never ready" for a waiter to time out on.
   size_t pushed = 0;
@@ -247,6 +260,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     levels_ = std::move(publishing);
   };
   try {
+    ScopedNs copies(st_.publish_copy_ns);
     // Programs first recorded since the last publication: copied in stream order before any ready word.
     for (const int32_t id : prog_unsent_)
       GPUOS_CU(d.cuMemcpyHtoDAsync(progs_d_ + (uint64_t)id * sizeof(Program), &progs_h_[id], sizeof(Program), stream));
@@ -255,7 +269,10 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       const uint32_t slot = seq & (kMaxBatches - 1);
       const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
       uint32_t src = 0;
-      if (one_copy || lv.count >= cfg_.dma_min || lv.heavy) {
+      if (lv.res) {  // resident descriptors and TensorRefs: their address, then the ready word (its fence orders)
+        write64(dc_d_ + __builtin_offsetof(DevCtl, bdesc) + 8ull * slot, lv.res, CU_STREAM_WRITE_VALUE_DEFAULT);
+        src = kReadyDevRing | kReadyResident;
+      } else if (one_copy || lv.count >= cfg_.dma_min || lv.heavy || lv.dma) {
         // The live TensorRefs not yet in the device mirror go there first, once per publication, before any
         // DMA-delivered level's ready write. Not just those recorded since the last publication: a flush of many
         // levels publishes in pieces, and its refs were all recorded before the first piece; when that piece
@@ -284,7 +301,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
               ((uint64_t)(lv.count | src) << 32) | seq, CU_STREAM_WRITE_VALUE_DEFAULT);
       const bool final_batch = last && &lv == &publishing.back();
-      inflight_.push_back({seq, lv.start + lv.count, final_batch ? ref_head_ : held_refs});
+      inflight_.push_back({seq, lv.res ? lv.start : lv.start + lv.count, final_batch ? ref_head_ : held_refs});
       ++pushed;
       st_.batches++;
     }
@@ -307,6 +324,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // write (the regression test wedged in seconds).
   CUresult r;
   {
+    ScopedNs memop(st_.publish_memop_ns);
     PhaseMark pm(phase_, "publish step 1: cuStreamBatchMemOp(ready words)");
     r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
   }
@@ -328,24 +346,28 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   //     wedged with a worker waiting for a ready word that never landed while a fresh thread's first cuBLAS
   //     call waited for the device). A resident worker leaves after idle_us once such a standby covers its
   //     batch (HostCtl::standby). host_published is not stored yet: a resident worker may still idle out.
-  bool covered = false;
   {
-    PhaseMark pm(phase_, "publish step 1b: cuStreamQuery(stream)");
-    const CUresult q = d.cuStreamQuery(stream);
-    if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) throw_cuda(q, "cuStreamQuery(stream)", __FILE__, __LINE__);
-    if (q == CUDA_ERROR_NOT_READY) {
-      launch_worker(grid, last_seq_);
-      covered = true;
+    ScopedNs launching(st_.publish_launch_ns);
+    bool covered = false;
+    {
+      PhaseMark pm(phase_, "publish step 1b: cuStreamQuery(stream)");
+      const CUresult q = d.cuStreamQuery(stream);
+      if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) throw_cuda(q, "cuStreamQuery(stream)", __FILE__, __LINE__);
+      if (q == CUDA_ERROR_NOT_READY) {
+        launch_worker(grid, last_seq_);
+        covered = true;
+      }
     }
+    __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!covered) maybe_launch_worker(grid);
   }
-  __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!covered) maybe_launch_worker(grid);
   // The stream waits for the last batch (batches complete in order: for all of them), except after an early
   // publication: the host is still recording, and the flush() that follows adds the wait.
   if (!early) {
     CUstreamBatchMemOpParams wt =
         wait_geq(dc_d_ + __builtin_offsetof(DevCtl, done) + 4ull * (last_seq_ & (kMaxBatches - 1)), last_seq_);
+    ScopedNs memop(st_.publish_memop_ns);
     PhaseMark pm(phase_, "publish step 3: cuStreamBatchMemOp(stream wait)");
     GPUOS_CU(d.cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;

@@ -96,10 +96,7 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
         dev[k] = refs_d_ + (uint64_t)slot * sizeof(TensorRef);
         ++ref_head_;
       }
-      proto.out = dev[0];
-      if (!span)
-        for (uint32_t k = 0; k + 1 < nref; ++k)
-          if (!(proto.flags & (kFlagConst0 << k))) proto.in[k] = dev[k + 1];
+      point_at_refs(proto, nref, dev);
     }
     // The level after any publication above (published work runs before everything recorded later).
     level = hazards_.level_of(w, reads, nr);
@@ -109,13 +106,7 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
       if (stage_.size() < level) stage_.resize(level);
     }
     std::vector<SubOp>& v = stage_[level - 1];
-    for (uint32_t t = 0; t < piece; ++t, ++tile) {
-      SubOp d = proto;
-      const uint64_t base = tile * per_tile;
-      d.n = (uint32_t)std::min<uint64_t>(per_tile, total - base);
-      d.base = (uint32_t)base;
-      v.push_back(d);
-    }
+    for (uint32_t t = 0; t < piece; ++t, ++tile) v.push_back(tile_of(proto, tile, per_tile, total));
     staged_ += piece;
     pending_subops_ += piece;
     st_.subops += piece;

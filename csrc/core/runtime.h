@@ -5,11 +5,13 @@
 // (ring, batches, worker launch, waits), core/generation.cpp (handover, alias table).
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/hazards.h"
@@ -95,7 +97,21 @@ struct Operand {
   X(fused_subops)                                                                                         \
   X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
   X(programs)                                                                                             \
-  X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */
+  X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */            \
+  X(image_replays)      /* ... of them from a TapeImage (Runtime::replay_image) */                         \
+  X(replay_stage_ns)    /* host ns staging replays (Runtime::replay / replay_image) */                     \
+  X(publish_ns)         /* host ns in publications (Runtime::publish), of which: */                       \
+  X(publish_copy_ns)    /*   issuing the descriptor / TensorRef / program copies */                       \
+  X(publish_memop_ns)   /*   the ready-word and stream-wait memop calls */                                \
+  X(publish_launch_ns)  /*   the stream query and worker launches */
+
+// Adds the nanoseconds of its scope to a counter (the host-time stats above).
+struct ScopedNs {
+  uint64_t& acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  explicit ScopedNs(uint64_t& a) : acc(a) {}
+  ~ScopedNs() { acc += (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count(); }
+};
 
 struct RuntimeStats {
 #define GPUOS_STAT_FIELD(name) uint64_t name = 0;
@@ -161,6 +177,13 @@ class Runtime {
   void set_tape(Tape* t) { tape_ = t; }
   bool taping() const { return tape_ != nullptr; }
   void replay(const Tape& tape, size_t b, size_t e, const Reloc& rel);
+  // The same from a TapeImage of the range (stage_image), prepared once by prepare_image with `resident`: device
+  // memory of im.resident_bytes() the caller owns for the image's life (the worker reads the descriptors and
+  // TensorRefs there). replay_image writes the TensorRef pointers `rel` moves into it and commits the image's
+  // levels -- resident, or through the ring where their descriptors hold moved pointers (core/tape.h); the caller
+  // publishes them (flush).
+  void prepare_image(TapeImage& im, uint64_t resident);
+  void replay_image(const TapeImage& im, const Reloc& rel);
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
   int32_t program_id(const Program& p);
   // Publish everything pending on `stream` and make the stream wait for it (and for earlier early
@@ -228,6 +251,11 @@ class Runtime {
     }
   }
   void commit_level(std::vector<SubOp>& descs);     // staged level -> ring, as one unpublished level
+  // n descriptors -> the ring (waiting for room), as one unpublished level (dma: delivered by DMA whatever its
+  // size -- its TensorRefs are resident, read through the device translation).
+  void commit_ring(const SubOp* descs, uint32_t n, bool dma = false);
+  // Another level may join the committed ones before a publication (resident: replay_image's levels).
+  bool can_commit_level(bool resident = false) const;
   uint32_t publish(CUstream stream, bool early, bool last);  // levels_ -> batches (one memop call)
   void retire();
   bool seq_done(uint32_t seq) const;
@@ -304,7 +332,10 @@ class Runtime {
   uint64_t staged_ = 0;                  // descriptors staged
   // heavy: matmul items in the level (they go by DMA: many warps reading the same pinned TensorRefs crawl; and
   // a level of >= kHeavyBurst of them launches on the burst grid).
-  struct Level { uint64_t start; uint32_t count; uint32_t heavy; };
+  // res != 0: a resident level (replay_image): its descriptors at that device address, none in the ring (start:
+  // the ring position when it was committed, so that retiring it frees nothing). dma: a ring level sent by DMA
+  // whatever its size (commit_ring).
+  struct Level { uint64_t start; uint32_t count; uint32_t heavy; uint64_t res; bool dma; };
   std::vector<Level> levels_;       // committed to the ring, not yet published
   bool rec_stream_on_ = false;   // set_record_stream
   CUstream rec_stream_ = nullptr;
@@ -323,6 +354,7 @@ class Runtime {
   };
   std::function<void()> on_publish_;
   Tape* tape_ = nullptr;  // set_tape
+  std::vector<std::pair<uint64_t, uint64_t>> patches_, ref_patches_;  // replay_image's pointer writes (reused)
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
   RuntimeStats st_;
   bool alive_ = false;

@@ -2,17 +2,21 @@
 #include "core/tape.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 #include "core/runtime.h"
+#include "driver/cuda_api.h"
 #include "device_src/functors.h"
 #include "inject/specialize.h"
 
 namespace gpuos {
 
 void Reloc::add(uint64_t lo, uint64_t hi, int64_t delta) {
-  if (hi <= lo || delta == 0) return;
+  if (hi <= lo) return;  // (a range that did not move stays: image replays rewrite its resident pointers)
   r_.push_back({lo, hi, delta});
   sorted_ = r_.size() < 2 || (sorted_ && r_[r_.size() - 2].lo <= lo);
 }
@@ -30,19 +34,30 @@ uint64_t Reloc::operator()(uint64_t p) const {
   return p < it->hi ? (uint64_t)((int64_t)p + it->delta) : p;
 }
 
-void relocate(TapeEntry& e, const Reloc& rel) {
-  if (rel.empty()) return;
-  const bool fused = (e.proto.flags & kFlagFused) != 0;
+namespace {
+
+// Where a data pointer of a tape entry lives: in its descriptor prototype (a sub-op without TensorRefs) or in its
+// TensorRef slots (refs[]: TensorRef::ptr, a FusedArgs' operands, an AttnArgs' out / mask / lse), at byte `offset`.
+struct PointerField {
+  bool in_refs;
+  size_t offset;
+};
+
+// Calls f(u64& value, PointerField) for every data pointer field of `e` -- the one list of them (relocate and
+// stage_image use it); f may change the value.
+template <class F>
+void for_each_pointer(TapeEntry& e, F&& f) {
   if (e.nref == 0) {  // data pointers in the descriptor itself
-    e.proto.out = rel(e.proto.out);
+    f(e.proto.out, PointerField{false, offsetof(SubOp, out)});
     for (uint32_t k = 0; k < 3; ++k)
-      if (!(e.proto.flags & (kFlagConst0 << k))) e.proto.in[k] = rel(e.proto.in[k]);
+      if (!(e.proto.flags & (kFlagConst0 << k))) f(e.proto.in[k], PointerField{false, offsetof(SubOp, in) + 8 * k});
     return;
   }
-  if (fused) {  // refs[0..1] hold one FusedArgs
+  if (e.proto.flags & kFlagFused) {  // refs[0..1] hold one FusedArgs
     FusedArgs fa;
     std::memcpy((void*)&fa, (const void*)e.refs, sizeof(FusedArgs));
-    for (uint32_t k = 0; k < 1 + fa.ninputs && k < kFusedMaxOperands; ++k) fa.opnd[k].ptr = rel(fa.opnd[k].ptr);
+    for (uint32_t k = 0; k < 1 + fa.ninputs && k < kFusedMaxOperands; ++k)
+      f(fa.opnd[k].ptr, PointerField{true, offsetof(FusedArgs, opnd) + k * sizeof(FusedOperand) + offsetof(FusedOperand, ptr)});
     std::memcpy((void*)e.refs, (const void*)&fa, sizeof(FusedArgs));
     return;
   }
@@ -50,13 +65,25 @@ void relocate(TapeEntry& e, const Reloc& rel) {
   if (e.proto.op == kOp_sdpa) {  // refs[0] holds the AttnArgs
     AttnArgs a;
     std::memcpy((void*)&a, (const void*)&e.refs[0], sizeof(AttnArgs));
-    a.out = rel(a.out);
-    a.mask = rel(a.mask);
-    a.lse = rel(a.lse);
+    f(a.out, PointerField{true, offsetof(AttnArgs, out)});
+    f(a.mask, PointerField{true, offsetof(AttnArgs, mask)});
+    f(a.lse, PointerField{true, offsetof(AttnArgs, lse)});
     std::memcpy((void*)&e.refs[0], (const void*)&a, sizeof(AttnArgs));
     k = 1;
   }
-  for (; k < e.nref; ++k) e.refs[k].ptr = rel(e.refs[k].ptr);
+  for (; k < e.nref; ++k) f(e.refs[k].ptr, PointerField{true, k * sizeof(TensorRef) + offsetof(TensorRef, ptr)});
+}
+
+std::atomic<bool> g_tape_images{true};
+
+}  // namespace
+
+void set_tape_images(bool on) { g_tape_images.store(on, std::memory_order_relaxed); }
+bool tape_images() { return g_tape_images.load(std::memory_order_relaxed); }
+
+void relocate(TapeEntry& e, const Reloc& rel) {
+  if (rel.empty()) return;
+  for_each_pointer(e, [&](u64& p, PointerField) { p = rel(p); });
 }
 
 std::vector<uint32_t> Tape::entry_levels(size_t b, size_t e) const {
@@ -81,10 +108,167 @@ uint32_t Tape::levels(size_t b, size_t e) const {
   return top;
 }
 
+TapeImage stage_image(const Tape& tape, size_t b, size_t e) {
+  TapeImage im;
+  const std::vector<uint32_t> lv = tape.entry_levels(b, e);
+  uint32_t nlev = 0;
+  for (uint32_t l : lv) nlev = std::max(nlev, l);
+  auto tiles = [](const TapeEntry& t) { return (t.total + t.per_tile - 1) / t.per_tile; };
+  std::vector<uint64_t> pos(nlev + 1, 0);  // pos[L]: next descriptor of level L + 1 (after the prefix sum)
+  for (size_t i = 0; i < lv.size(); ++i) pos[lv[i]] += tiles(tape.entries[b + i]);
+  for (uint32_t L = 1; L <= nlev; ++L) pos[L] += pos[L - 1];
+  im.descs.resize(pos[nlev]);
+  im.refmask.resize(pos[nlev]);
+  im.level_end.assign(pos.begin() + 1, pos.end());
+  std::set<uint32_t> ops;
+  for (size_t i = 0; i < lv.size(); ++i) {
+    TapeEntry t = tape.entries[b + i];
+    const uint64_t r0 = im.refs.size(), n = tiles(t);
+    uint64_t& p0 = pos[lv[i] - 1];
+    uint64_t addr[4] = {0, 0, 0, 0};
+    for (uint32_t k = 0; k < t.nref && k < 4; ++k) {
+      addr[k] = (r0 + k) * sizeof(TensorRef);
+      im.refs.push_back(t.refs[k]);
+    }
+    SubOp proto = t.proto;
+    const uint8_t mask = point_at_refs(proto, t.nref, addr);
+    for_each_pointer(t, [&](u64& v, PointerField f) {
+      if (v == 0) return;  // no pointer (an AttnArgs without mask): never moved
+      if (f.in_refs) im.sites.push_back({v, r0 * sizeof(TensorRef) + f.offset, true});
+      else
+        for (uint64_t j = 0; j < n; ++j) im.sites.push_back({v, (p0 + j) * sizeof(SubOp) + f.offset, false});
+    });
+    for (uint64_t j = 0; j < n; ++j) {
+      im.descs[p0 + j] = tile_of(proto, j, t.per_tile, t.total);
+      im.refmask[p0 + j] = mask;
+    }
+    p0 += n;
+    if (t.proto.flags & kFlagFused) im.programs.push_back((int32_t)t.proto.in[0]);
+    else ops.insert(t.proto.op);
+  }
+  im.ops.assign(ops.begin(), ops.end());
+  im.entries = lv.size();
+  im.level_heavy.assign(nlev, 0);
+  for (uint32_t L = 0, i = 0; L < nlev; ++L)
+    for (; i < im.level_end[L]; ++i) im.level_heavy[L] += im.descs[i].op == kOp_mm || im.descs[i].op == kOp_sdpa;
+  std::sort(im.sites.begin(), im.sites.end(),
+            [](const TapeImage::Site& x, const TapeImage::Site& y) { return x.value < y.value; });
+  return im;
+}
+
+void image_patches(const TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64_t, uint64_t>>& ref_patches,
+                   std::vector<std::pair<uint64_t, uint64_t>>& desc_patches) {
+  ref_patches.clear();
+  desc_patches.clear();
+  for (const Reloc::R& r : rel.ranges()) {
+    auto it = std::lower_bound(im.sites.begin(), im.sites.end(), r.lo,
+                               [](const TapeImage::Site& s, uint64_t v) { return s.value < v; });
+    for (; it != im.sites.end() && it->value < r.hi; ++it) {
+      const uint64_t v = (uint64_t)((int64_t)it->value + r.delta);
+      (it->in_refs ? ref_patches : desc_patches).emplace_back(it->offset, v);
+    }
+  }
+  std::sort(ref_patches.begin(), ref_patches.end());
+  std::sort(desc_patches.begin(), desc_patches.end());
+}
+
+void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
+  if (refmask & 1) s.out += refaddr;
+  for (uint32_t k = 0; k < 3; ++k)
+    if (refmask & (2u << k)) s.in[k] += refaddr;
+}
+
+void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
+  im.resident_descs = im.resident_refs = 0;
+  if (im.descs.empty()) return;
+  if (!resident) throw std::logic_error("gpuos internal error: a tape image needs resident memory");
+  const uint64_t refs_at = resident + im.descs.size() * sizeof(SubOp);
+  // A DMA-delivered batch's worker reads a ref field f at f + (refs_dev_ - refs_d_) (worker.cu run_claim).
+  const uint64_t aim = refs_at - (refs_dev_ - refs_d_);
+  im.aimed = im.descs;
+  for (size_t i = 0; i < im.aimed.size(); ++i) aim_ref_fields(im.aimed[i], im.refmask[i], aim);
+  make_current();
+  const CUstream s = record_stream();
+  GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)resident, im.aimed.data(), im.aimed.size() * sizeof(SubOp), s));
+  if (!im.refs.empty())
+    GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)refs_at, im.refs.data(), im.refs.size() * sizeof(TensorRef), s));
+  im.resident_descs = resident;
+  im.resident_refs = refs_at;
+}
+
+// cuStreamBatchMemOp takes fewer than 256 operations per call.
+constexpr size_t kMaxMemopsPerCall = 128;
+
+void Runtime::replay_image(const TapeImage& im, const Reloc& rel) {
+  if (tape_) throw std::logic_error("gpuos: a program cannot be replayed while another one is being captured");
+  if (!im.descs.empty() && !im.resident_descs) throw std::logic_error("gpuos internal error: tape image not prepared");
+  ScopedNs timed(st_.replay_stage_ns);
+  if (staged_ > 0 || !levels_.empty()) flush(record_stream());  // the image's levels are its own
+  st_.program_replays++;
+  st_.image_replays++;
+  for (uint32_t op : im.ops) note_op_gen(op);
+  for (int32_t id : im.programs) note_program_use(id);  // replays count toward tier 2 like live runs
+  // The data pointers that move this call. TensorRef sites: stream memory writes into the resident refs, ordered
+  // after the previous replay (whose stream wait precedes them) and before this one's ready words (the fence of a
+  // ready word's write). Every site of a passed range is written, moved or not: it may hold the previous call's
+  // value. (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER was refused in a batch: CUDA_ERROR_INVALID_VALUE, H200.)
+  image_patches(im, rel, ref_patches_, patches_);
+  if (!ref_patches_.empty()) {
+    make_current();
+    std::vector<CUstreamBatchMemOpParams>& ops = memops_;
+    for (size_t k = 0; k < ref_patches_.size();) {
+      ops.clear();
+      for (; k < ref_patches_.size() && ops.size() < kMaxMemopsPerCall; ++k) {
+        CUstreamBatchMemOpParams w{};
+        w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+        w.writeValue.address = (CUdeviceptr)(im.resident_refs + ref_patches_[k].first);
+        w.writeValue.value64 = ref_patches_[k].second;
+        w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        ops.push_back(w);
+      }
+      PhaseMark pm(phase_, "replay: cuStreamBatchMemOp(resident TensorRef patches)");
+      GPUOS_CU(driver().cuStreamBatchMemOp(record_stream(), (unsigned)ops.size(), ops.data(), 0));
+    }
+  }
+  // Levels in groups of publications as flush() does (the caller's flush publishes the last group), in pieces of
+  // at most half the ring (a batch's items index the matmul / attention scratch by position mod the ring size): a
+  // piece without descriptor sites is resident (one ready word); one with them goes through the ring, its aimed
+  // copy patched, by DMA (its TensorRefs are resident).
+  const std::vector<std::pair<uint64_t, uint64_t>>& dp = patches_;
+  const uint32_t piece_max = std::max<uint32_t>(1, cfg_.capacity / 2);
+  size_t L = 0, d = 0, pi = 0;
+  while (L < im.level_end.size()) {
+    while (L < im.level_end.size() && can_commit_level(/*resident=*/true)) {
+      const size_t end = im.level_end[L], piece = std::min<size_t>(end, d + piece_max);
+      if (pi >= dp.size() || dp[pi].first / sizeof(SubOp) >= piece) {
+        levels_.push_back({desc_head_, (uint32_t)(piece - d), im.level_heavy[L],
+                           im.resident_descs + d * sizeof(SubOp), false});
+        d = piece;
+        if (d == end) ++L;
+        continue;
+      }
+      if (!levels_.empty() && desc_head_ - levels_.front().start + (piece - d) > cfg_.capacity) break;
+      const uint64_t start = desc_head_;
+      commit_ring(&im.aimed[d], (uint32_t)(piece - d), /*dma=*/true);
+      for (; pi < dp.size() && dp[pi].first / sizeof(SubOp) < piece; ++pi)
+        std::memcpy((char*)&ring_[(start + dp[pi].first / sizeof(SubOp) - d) % cfg_.capacity] +
+                        dp[pi].first % sizeof(SubOp), &dp[pi].second, 8);
+      d = piece;
+      if (d == end) ++L;
+    }
+    if (L < im.level_end.size()) publish(record_stream(), false, false);
+  }
+  st_.subops += im.descs.size();
+  st_.submitted += im.entries;
+  st_.fused_subops += im.programs.size();
+  if (!im.level_end.empty()) st_.levels_split += im.level_end.size() - 1;
+}
+
 void Runtime::replay(const Tape& tape, size_t b, size_t e, const Reloc& rel) {
   if (b > e || e > tape.entries.size())
     throw std::logic_error("gpuos internal error: replay of entries outside the tape");
   if (tape_) throw std::logic_error("gpuos: a program cannot be replayed while another one is being captured");
+  ScopedNs timed(st_.replay_stage_ns);
   st_.program_replays++;
   Operand out, ins[kProgMaxInputs];
   for (size_t i = b; i < e; ++i) {

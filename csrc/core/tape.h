@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/hazards.h"
@@ -42,18 +43,83 @@ struct Tape {
 // Byte ranges whose pointers move by `delta` at replay. Ranges must not overlap (the caller checks).
 class Reloc {
  public:
+  struct R { uint64_t lo, hi; int64_t delta; };
   void add(uint64_t lo, uint64_t hi, int64_t delta);
   uint64_t operator()(uint64_t p) const;  // p moved if it lies in a range, else p
   bool empty() const { return r_.empty(); }
   void clear() { r_.clear(); sorted_ = true; }
+  const std::vector<R>& ranges() const { return r_; }
 
  private:
-  struct R { uint64_t lo, hi; int64_t delta; };
   mutable std::vector<R> r_;
   mutable bool sorted_ = true;
 };
 
 // The entry's pointer fields moved by `rel` (proto and refs; the footprints are left as captured).
 void relocate(TapeEntry& e, const Reloc& rel);
+
+// The staging rules append_tiles applies to every sub-op, shared with the tape images below.
+// With TensorRefs at device addresses addr[0..nref): proto.out points at the first; the others at the non-constant
+// in[] fields, except for a fused sub-op (its FusedArgs spans two slots; in[0] is its program id). Returns which
+// fields now point at refs (bit 0: out, bit 1 + k: in[k]).
+inline uint8_t point_at_refs(SubOp& proto, uint32_t nref, const uint64_t* addr) {
+  if (nref == 0) return 0;
+  proto.out = addr[0];
+  uint8_t mask = 1;
+  if (!(proto.flags & kFlagFused))
+    for (uint32_t k = 0; k + 1 < nref; ++k)
+      if (!(proto.flags & (kFlagConst0 << k))) proto.in[k] = addr[k + 1], mask |= (uint8_t)(2u << k);
+  return mask;
+}
+// Tile `tile` of a sub-op of `total` units, `per_tile` per descriptor.
+inline SubOp tile_of(const SubOp& proto, uint64_t tile, uint64_t per_tile, uint64_t total) {
+  SubOp d = proto;
+  const uint64_t base = tile * per_tile;
+  d.n = (uint32_t)(per_tile < total - base ? per_tile : total - base);
+  d.base = (uint32_t)base;
+  return d;
+}
+
+// A tape range staged once, as the runtime would stage it alone (Runtime::replay_image): every tile's descriptor
+// in level order and the entries' TensorRefs as one contiguous image. Runtime::prepare_image uploads both to
+// device memory the program owns, the descriptors' ref fields aimed at the resident refs; the worker reads a
+// resident level's descriptors there (kReadyResident: DevCtl::bdesc), not from the ring. A replay finds the data
+// pointers its Reloc moves (sites sorted by captured value: a range finds its sites by binary search), writes the
+// TensorRef ones into the resident refs with stream memory writes, and publishes each level either resident (one
+// ready word) or, when its descriptors hold moved pointers (an elementwise op's tiles reading an input), as a
+// patched copy through the ring. No hazard lookups, no per-entry staging: O(levels + moved pointers + the
+// descriptors of the patched levels) host work per call.
+struct TapeImage {
+  std::vector<SubOp> descs;         // level-major; ref fields hold byte offsets into `refs`
+  std::vector<uint8_t> refmask;     // per descriptor: point_at_refs' mask
+  std::vector<uint32_t> level_end;  // one past each level's last descriptor
+  std::vector<TensorRef> refs;      // every entry's TensorRefs, in entry order (a FusedArgs' two slots adjacent)
+  struct Site {
+    uint64_t value;   // the pointer as captured
+    uint64_t offset;  // byte offset into descs (in_refs false) or refs
+    bool in_refs;
+  };
+  std::vector<Site> sites;          // sorted by value
+  std::vector<uint32_t> ops;        // distinct op ids of the unfused entries (generation needs, note_op_gen)
+  std::vector<int32_t> programs;    // program id of each fused entry (tier-2 use counts, note_program_use)
+  uint64_t entries = 0;
+  std::vector<uint32_t> level_heavy;  // matmul and attention items per level (Runtime's heavy-level rules)
+  // Set by Runtime::prepare_image: device addresses of the resident descriptors and TensorRefs (0: not prepared).
+  uint64_t resident_descs = 0, resident_refs = 0;
+  std::vector<SubOp> aimed;  // host copy of the resident descriptors (a patched level goes through the ring)
+  // Bytes of device memory prepare_image needs (descriptors, then TensorRefs).
+  uint64_t resident_bytes() const { return descs.size() * sizeof(SubOp) + refs.size() * sizeof(TensorRef); }
+};
+TapeImage stage_image(const Tape& tape, size_t b, size_t e);
+// A replay's pointer moves: every site inside one of `rel`'s ranges (a range that did not move included: a
+// resident ref may hold the previous call's value) as (byte offset into refs or descs, new value), sorted.
+void image_patches(const TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64_t, uint64_t>>& ref_patches,
+                   std::vector<std::pair<uint64_t, uint64_t>>& desc_patches);
+// Descriptor fields that point at refs (point_at_refs' mask) aimed at refs placed at `refaddr`.
+void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr);
+// Replays take the image path (default) or stage entry by entry (Runtime::replay); for A/B measurements and
+// tests (gpuos_ext._testing.set_tape_images).
+void set_tape_images(bool on);
+bool tape_images();
 
 }  // namespace gpuos

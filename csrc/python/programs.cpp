@@ -55,6 +55,46 @@ void add_program_bindings(py::module_& m) {
            py::arg("begin"), py::arg("end"), py::arg("reloc"),
            "Stage entries [begin, end) with pointers in [lo, hi) moved by delta ([(lo, hi, delta)]), publish them on "
            "the current stream.");
+  py::class_<ProgramCall, std::shared_ptr<ProgramCall>>(m, "ProgramCall",
+      "A program's call in C++ (gpuos/programs.py builds it from the capture's plan): guards, output buffers, the "
+      "replay of its one segment; returns None when a guard differs.")
+      .def(py::init([](std::shared_ptr<CapturedTape> tape, size_t b, size_t e, const py::list& ins,
+                       const py::list& fresh, const py::list& outs, bool single) {
+             auto dtype = [](const py::handle& o) {
+               if (!THPDtype_Check(o.ptr())) throw std::invalid_argument("ProgramCall: expected a torch.dtype");
+               return reinterpret_cast<THPDtype*>(o.ptr())->scalar_type;
+             };
+             auto pc = std::make_shared<ProgramCall>();
+             pc->tape = std::move(tape), pc->b = b, pc->e = e, pc->single = single;
+             for (const py::handle& h : ins) {  // (sizes, strides, dtype, mod16, lo, hi)
+               const py::tuple t = h.cast<py::tuple>();
+               pc->ins.push_back({t[0].cast<std::vector<int64_t>>(), t[1].cast<std::vector<int64_t>>(), dtype(t[2]),
+                                  t[3].cast<uint64_t>(), t[4].cast<uint64_t>(), t[5].cast<uint64_t>()});
+             }
+             for (const py::handle& h : fresh) {  // (lo, hi, None | (sizes, strides, dtype))
+               const py::tuple t = h.cast<py::tuple>();
+               ProgramCall::Fresh f;
+               f.lo = t[0].cast<uint64_t>(), f.hi = t[1].cast<uint64_t>(), f.direct = !t[2].is_none();
+               if (f.direct) {
+                 const py::tuple d = t[2].cast<py::tuple>();
+                 f.sizes = d[0].cast<std::vector<int64_t>>(), f.strides = d[1].cast<std::vector<int64_t>>();
+                 f.dtype = dtype(d[2]);
+               }
+               pc->fresh.push_back(std::move(f));
+             }
+             for (const py::handle& h : outs) {  // (kind, idx, value, ptr, sizes, strides, dtype)
+               const py::tuple t = h.cast<py::tuple>();
+               ProgramCall::Out o;
+               o.kind = t[0].cast<int>(), o.idx = t[1].cast<int>(), o.value = py::reinterpret_borrow<py::object>(t[2]);
+               o.ptr = t[3].cast<uint64_t>(), o.sizes = t[4].cast<std::vector<int64_t>>();
+               o.strides = t[5].cast<std::vector<int64_t>>(), o.dtype = dtype(t[6]);
+               pc->outs.push_back(std::move(o));
+             }
+             return pc;
+           }),
+           py::arg("tape"), py::arg("begin"), py::arg("end"), py::arg("ins"), py::arg("fresh"), py::arg("outs"),
+           py::arg("single"))
+      .def("__call__", &ProgramCall::call);
   m.def("_capture_begin", &capture_begin, py::arg("device"));
   m.def("_capture_mark", &capture_mark, py::arg("device"));
   m.def("_capture_end", &capture_end, py::arg("device"));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <dirent.h>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "core/runtime.h"
@@ -83,6 +84,90 @@ void add_testing_module(py::module_& m) {
     for (uint64_t p : ptrs) out.push_back(r(p));
     return out;
   }, py::arg("ranges"), py::arg("ptrs"), "Pointers moved by a program's relocation (core/tape.h Reloc).");
+  t.def("set_tape_images", &set_tape_images, py::arg("on"),
+        "Program replays from staged images (default) or entry by entry (core/tape.h; A/B and tests).");
+  t.def("tape_images", &tape_images);
+  t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
+        // A random tape of plain, TensorRef, fused and attention entries over 6 storages, some of which move: the
+        // image path (stage_image, image_patches, aim_ref_fields) against entry-by-entry staging (relocate, then
+        // append_tiles' rules) laid out the same way. Returns (descriptors, mismatching descriptors, refs,
+        // mismatching refs, moved pointer sites).
+        std::mt19937_64 g(seed);
+        auto rp = [&g] { return (uint64_t)(1 + g() % 6) << 32 | ((g() % (1u << 20)) & ~15ull); };
+        Tape tape;
+        for (uint32_t i = 0; i < n; ++i) {
+          TapeEntry& t = tape.entries.emplace_back();
+          const uint32_t kind = (uint32_t)(g() % 4);
+          t.proto.op = kind == 3 ? (uint32_t)kOp_sdpa : kind == 2 ? kOpFused : (uint32_t)kOp_copy;
+          for (uint32_t k = 0; k < 3; ++k)
+            if (kind != 2 && g() % 4 == 0) t.proto.flags |= kFlagConst0 << k;
+          if (kind == 0) {
+            t.proto.out = rp();
+            for (uint32_t k = 0; k < 3; ++k) t.proto.in[k] = (t.proto.flags & (kFlagConst0 << k)) ? 0x3f800000u : rp();
+          } else if (kind == 1) {
+            t.nref = 1 + (uint32_t)(g() % 4);
+            for (uint32_t k = 0; k < t.nref; ++k) t.refs[k].ptr = rp(), t.refs[k].ndim = 1 + k, t.refs[k].sizes[0] = 7;
+          } else if (kind == 2) {
+            t.proto.flags = kFlagFused;
+            t.proto.in[0] = g() % 5;
+            t.nref = 2;
+            FusedArgs fa{};
+            fa.ninputs = (uint32_t)(g() % kProgMaxInputs);
+            for (uint32_t k = 0; k <= fa.ninputs; ++k) fa.opnd[k].ptr = rp(), fa.opnd[k].stride = 1 + k;
+            std::memcpy((void*)t.refs, (const void*)&fa, sizeof(FusedArgs));
+          } else {
+            t.nref = 4;
+            AttnArgs a{};
+            a.out = rp(), a.mask = g() % 2 ? rp() : 0, a.lse = g() % 2 ? rp() : 0, a.Lk = 17;
+            std::memcpy((void*)&t.refs[0], (const void*)&a, sizeof(AttnArgs));
+            for (uint32_t k = 1; k < 4; ++k) t.refs[k].ptr = rp();
+          }
+          t.total = 1 + g() % 3000, t.per_tile = 1 + g() % 700;
+          t.out = Access{(uintptr_t)(1 + g() % 5), 0, 64, {}};
+          t.nin = 1 + (uint32_t)(g() % 2);
+          for (uint32_t k = 0; k < t.nin; ++k) t.ins[k] = Access{(uintptr_t)(1 + g() % 5), 0, 64, {}};
+        }
+        Reloc rel;
+        for (uint64_t s = 1; s <= 6; ++s) {  // a storage stays, moves, or is passed with delta 0
+          const uint64_t how = g() % 3;
+          if (how) rel.add(s << 32, (s << 32) + (1u << 20), how == 1 ? (int64_t)(g() % 4096) * 16 + (1 << 30) : 0);
+        }
+        const uint64_t refaddr = 0x7000000000ull;
+        // Expected: each entry relocated, its refs at the next slots (entry order), its tiles at its level.
+        const std::vector<uint32_t> lv = tape.entry_levels(0, n);
+        std::vector<TensorRef> want_refs;
+        std::vector<std::vector<SubOp>> by_level;
+        for (uint32_t i = 0; i < n; ++i) {
+          TapeEntry t = tape.entries[i];
+          relocate(t, rel);
+          uint64_t addr[4];
+          for (uint32_t k = 0; k < t.nref; ++k) addr[k] = refaddr + (want_refs.size()) * sizeof(TensorRef),
+                                                 want_refs.push_back(t.refs[k]);
+          point_at_refs(t.proto, t.nref, addr);
+          if (by_level.size() < lv[i]) by_level.resize(lv[i]);
+          for (uint64_t j = 0; j * t.per_tile < t.total; ++j) by_level[lv[i] - 1].push_back(tile_of(t.proto, j, t.per_tile, t.total));
+        }
+        std::vector<SubOp> want;
+        for (auto& v : by_level) want.insert(want.end(), v.begin(), v.end());
+        // The image path.
+        const TapeImage im = stage_image(tape, 0, n);
+        std::vector<TensorRef> refs = im.refs;
+        std::vector<SubOp> descs = im.descs;
+        std::vector<std::pair<uint64_t, uint64_t>> ref_p, desc_p;
+        image_patches(im, rel, ref_p, desc_p);
+        for (size_t i = 0; i < descs.size(); ++i) aim_ref_fields(descs[i], im.refmask[i], refaddr);  // prepare_image
+        for (const auto& p : ref_p) std::memcpy((char*)refs.data() + p.first, &p.second, 8);  // the replay's writes
+        for (const auto& p : desc_p) std::memcpy((char*)descs.data() + p.first, &p.second, 8);
+        const size_t moved = ref_p.size() + desc_p.size();
+        size_t bad_d = want.size() == descs.size() ? 0 : (size_t)-1, bad_r = want_refs.size() == refs.size() ? 0 : (size_t)-1;
+        for (size_t i = 0; bad_d != (size_t)-1 && i < descs.size(); ++i)
+          bad_d += std::memcmp(&descs[i], &want[i], sizeof(SubOp)) != 0;
+        for (size_t i = 0; bad_r != (size_t)-1 && i < refs.size(); ++i)
+          bad_r += std::memcmp(&refs[i], &want_refs[i], sizeof(TensorRef)) != 0;
+        return std::make_tuple(descs.size(), bad_d, refs.size(), bad_r, moved);
+      }, py::arg("seed"), py::arg("entries"),
+      "Random tape: image replay (core/tape.h TapeImage) against entry-by-entry staging; (descs, bad, refs, bad, "
+      "moved sites).");
   t.def("hazard_levels", [](const std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>>& units) {
         Hazards h;  // the levels the runtime would give these units (out, reads) recorded in order
         std::vector<uint32_t> lv;

@@ -1,6 +1,7 @@
 // csrc/sched/program.cpp -- see program.h.
 #include "sched/program.h"
 
+#include <algorithm>
 #include <set>
 #include <stdexcept>
 
@@ -94,7 +95,8 @@ std::shared_ptr<CapturedTape> capture_end(int dev) {
   return c;
 }
 
-void tape_replay(CapturedTape& c, size_t b, size_t e, const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& rel) {
+// Stage [b, e) of c's tape with pointers moved by r, publish it (see tape_replay).
+static void replay_range(CapturedTape& c, size_t b, size_t e, const Reloc& r) {
   if (b >= e) return;
   Runtime& rt = device_runtime(c.dev, "Program");
   RtLock lk(rt);
@@ -102,10 +104,91 @@ void tape_replay(CapturedTape& c, size_t b, size_t e, const std::vector<std::tup
     throw std::runtime_error("gpuos: a program was called while another capture runs on cuda:" +
                              std::to_string(c.dev) + ". Fix: call captured programs outside gpuos.capture().");
   if (!deferred_of(c.dev).ops.empty()) sched_publish(c.dev, rt, "program");
+  if (tape_images()) {
+    auto it = c.images.find({b, e});
+    if (it == c.images.end()) {  // first replay of the range: its image, resident on the device
+      CapturedTape::Image img;
+      img.im = stage_image(c.tape, b, e);
+      // On the replay's stream: the caching allocator orders a reuse of the memory after the replays.
+      img.resident = at::empty({(int64_t)img.im.resident_bytes()},
+                               at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)c.dev));
+      rt.prepare_image(img.im, (uint64_t)(uintptr_t)img.resident.data_ptr());
+      it = c.images.emplace(std::make_pair(b, e), std::move(img)).first;
+    }
+    rt.replay_image(it->second.im, r);
+  } else {
+    rt.replay(c.tape, b, e, r);
+  }
+  flush_counted(rt, current_stream(c.dev), "program");
+}
+
+void tape_replay(CapturedTape& c, size_t b, size_t e, const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& rel) {
   Reloc r;
   for (const auto& x : rel) r.add(std::get<0>(x), std::get<1>(x), std::get<2>(x));
-  rt.replay(c.tape, b, e, r);
-  flush_counted(rt, current_stream(c.dev), "program");
+  replay_range(c, b, e, r);
+}
+
+pybind11::object ProgramCall::call(const pybind11::args& args) {
+  namespace py = pybind11;
+  if (args.size() != ins.size()) return py::none();
+  const int dev = tape->dev;
+  at::Tensor xs[16];
+  std::vector<at::Tensor> more;
+  auto arg = [&](size_t i) -> at::Tensor& { return i < 16 ? xs[i] : more[i - 16]; };
+  if (ins.size() > 16) more.resize(ins.size() - 16);
+  Reloc r;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    PyObject* o = args[i].ptr();
+    if (!THPVariable_Check(o)) return py::none();
+    at::Tensor& x = arg(i);
+    x = THPVariable_Unpack(o);
+    const In& g = ins[i];
+    if (!x.is_cuda() || x.get_device() != dev || x.scalar_type() != g.dtype || x.sizes() != at::IntArrayRef(g.sizes) ||
+        x.strides() != at::IntArrayRef(g.strides))
+      return py::none();
+    const uint64_t p = (uint64_t)(uintptr_t)x.data_ptr();
+    if ((p & 15) != g.mod16) return py::none();
+    r.add(g.lo, g.hi, (int64_t)(p - g.lo));
+  }
+  if (ins.size() > 1) {  // the capture's inputs did not overlap (else no fast path): neither may these
+    std::vector<std::pair<uint64_t, uint64_t>> sp;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const uint64_t p = (uint64_t)(uintptr_t)arg(i).data_ptr();
+      if (ins[i].hi > ins[i].lo) sp.emplace_back(p, p + (ins[i].hi - ins[i].lo));
+    }
+    std::sort(sp.begin(), sp.end());
+    for (size_t i = 1; i < sp.size(); ++i)
+      if (sp[i].first < sp[i - 1].second) return py::none();
+  }
+  std::vector<at::Tensor> fb(fresh.size());
+  const at::TensorOptions opt = at::TensorOptions().device(at::Device(at::kCUDA, (c10::DeviceIndex)dev));
+  for (size_t k = 0; k < fresh.size(); ++k) {
+    const Fresh& f = fresh[k];
+    fb[k] = f.direct ? at::empty_strided(f.sizes, f.strides, opt.dtype(f.dtype))
+                     : at::empty({(int64_t)(f.hi - f.lo)}, opt.dtype(at::kByte));
+    r.add(f.lo, f.hi, (int64_t)((uint64_t)(uintptr_t)fb[k].data_ptr() - f.lo));
+  }
+  replay_range(*tape, b, e, r);
+  auto view = [&](const Out& o, const at::Tensor& base, int64_t delta) {
+    const uint64_t p = o.ptr + (uint64_t)delta, st = (uint64_t)(uintptr_t)base.storage().data();
+    const int64_t es = (int64_t)c10::elementSize(o.dtype);
+    return at::empty({0}, opt.dtype(o.dtype)).set_(base.storage(), (int64_t)(p - st) / es, o.sizes, o.strides);
+  };
+  py::tuple res(outs.size());
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const Out& o = outs[k];
+    if (o.kind == 0) res[k] = o.value;
+    else if (o.kind == 2) res[k] = py::cast(fb[(size_t)o.idx]);
+    else if (o.kind == 1) {
+      const at::Tensor& x = arg((size_t)o.idx);
+      res[k] = py::cast(view(o, x, (int64_t)((uint64_t)(uintptr_t)x.data_ptr() - ins[(size_t)o.idx].lo)));
+    } else {
+      const at::Tensor& x = fb[(size_t)o.idx];
+      res[k] = py::cast(view(o, x, (int64_t)((uint64_t)(uintptr_t)x.data_ptr() - fresh[(size_t)o.idx].lo)));
+    }
+  }
+  if (single) return res[0];
+  return std::move(res);
 }
 
 }  // namespace gpuos

@@ -1,0 +1,165 @@
+"""A program's call path (issue #17's host cost): replays from staged tape images (csrc/core/tape.h TapeImage)
+and the C++ call (gpuos_ext.ProgramCall: guards, output buffers, replay).
+
+Each test compares the fast paths against the paths they replace -- replays staged entry by entry, the Python
+call -- bit for bit on the same inputs, and against eager; guards that the C++ call does not decide must still
+reach the Python path's errors."""
+import random
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import gpuos
+import gpuos_ext
+
+from test_gpu_programs import _random_fn, decode_block, worker_tasks_on
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _images(on: bool) -> None:
+    gpuos_ext._testing.set_tape_images(on)
+
+
+@pytest.fixture
+def images_restored(rt):
+    yield rt
+    _images(True)
+
+
+def _both_paths(prog, args):
+    """prog(*args) replayed from its image, then staged entry by entry; (image result, entry result, image
+    replays counted for each)."""
+    out = []
+    for on in (True, False):
+        _images(on)
+        s0 = gpuos.stats()["image_replays"]
+        r = prog(*args)
+        torch.cuda.synchronize()
+        out.append((r, gpuos.stats()["image_replays"] - s0))
+    _images(True)
+    return out
+
+
+@pytest.mark.watchdog(300)
+def test_image_replays_equal_entry_replays_on_random_programs(images_restored):
+    rng = random.Random(77)
+    for case in range(200):
+        nin = rng.randint(1, 3)
+        shape = (rng.randint(1, 8), rng.choice([1, 7, 64, 300, 5000]))
+        fn = _random_fn(rng, nin)
+        prog = gpuos.capture(fn, *[torch.randn(shape, device=DEV) for _ in range(nin)])
+        ys = [torch.randn(shape, device=DEV) for _ in range(nin)]
+        (a, na), (b, nb) = _both_paths(prog, ys)
+        segs = prog.info()["segments"]
+        assert (na, nb) == (segs, 0), f"case {case}: image replays {na} / {nb} for {segs} segment(s)"
+        for g, h, w in zip(a, b, fn(*ys)):
+            assert torch.equal(g, h), f"case {case}: image and entry replays differ"
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"case {case}: {m}")
+
+
+def test_image_replay_of_matmul_and_attention_block(images_restored):
+    with worker_tasks_on():
+        block = decode_block()
+        h = torch.randn(1, 64, device=DEV, dtype=torch.float16)
+        mask = torch.zeros(1, 1, 1, 128, device=DEV, dtype=torch.float16)
+        prog = gpuos.capture(block, h, mask)
+        h2 = torch.randn_like(h)
+        m2 = torch.zeros_like(mask)
+        m2[..., 100:] = float("-inf")  # the new mask (a moved pointer inside the attention's arguments) is read
+        (a, na), (b, nb) = _both_paths(prog, (h2, m2))
+        assert (na, nb) == (prog.info()["segments"], 0) and torch.equal(a, b)
+        torch.testing.assert_close(a, block(h2, m2), rtol=2e-2, atol=2e-2)
+
+
+def _one_image_replay_equals_eager(prog, fn, like):
+    ys = [torch.randn_like(x) for x in like]
+    (a, na), (b, nb) = _both_paths(prog, ys)
+    assert (na, nb) == (1, 0)
+    for g, h, w in zip(a, b, fn(*ys)):
+        assert torch.equal(g, h)
+        torch.testing.assert_close(g, w)
+
+
+def test_programs_larger_than_the_arena_or_the_ring(images_restored):
+    """An image's TensorRefs live in program-owned device memory, so a program with more of them than the runtime's
+    TensorRef arena holds replays from its image too; a level of more descriptors than half the ring goes out in
+    pieces. Both equal the entry-by-entry replay (which stages them in pieces) and eager."""
+    xs = [torch.randn(2048, device=DEV) for _ in range(4)]
+
+    def many_chains(*ts):  # 1,500 fused chains: two TensorRef slots each, ~3,000 against an arena of 2,048
+        return [torch.sigmoid(t * (k * 0.001) + 1.0) for k in range(375) for t in ts]
+    _one_image_replay_equals_eager(gpuos.capture(many_chains, *xs), many_chains, xs)
+
+    big = [torch.randn(1 << 17, device=DEV) for _ in range(3)]
+
+    def wide(a, b, c):  # 24 independent chains of 256 tiles each: one level of ~6,000 descriptors
+        return [a * (k + 1.0) + b - c for k in range(24)]
+    prog = gpuos.capture(wide, *big)
+    assert prog.info()["tiles"] > 4096 and prog.info()["levels"] == [1]
+    _one_image_replay_equals_eager(prog, wide, big)
+
+
+def test_resident_refs_follow_inputs_that_return_to_their_capture_address(images_restored):
+    """A replay rewrites every moved pointer of the resident TensorRefs, also those whose input is back at its
+    captured address (delta 0): the previous call's value must not stay."""
+    x = torch.randn(64, 100, device=DEV)
+    y = torch.randn(64, 100, device=DEV)
+    prog = gpuos.capture(lambda a, b: torch.softmax(a * b, -1), x, y)
+    other = torch.randn_like(x)
+    torch.testing.assert_close(prog(other, y), torch.softmax(other * y, -1))
+    torch.testing.assert_close(prog(x, y), torch.softmax(x * y, -1))  # x at its capture address again
+    torch.testing.assert_close(prog(other, y), torch.softmax(other * y, -1))
+
+
+def test_cpp_call_is_taken_and_equals_the_python_call(rt):
+    def f(x, y):
+        z = x * y + 1.0
+        return x[1:], z, z[:, 1:], torch.tanh(z).sum(-1), 3
+
+    x, y = torch.randn(6, 40, device=DEV), torch.randn(6, 40, device=DEV)
+    prog = gpuos.capture(f, x, y)
+    assert prog.info()["fast_call"]
+    for _ in range(3):
+        x2, y2 = torch.randn_like(x), torch.randn_like(y)
+        r = prog(x2, y2)
+        flat, spec = pytree.tree_flatten(((x2, y2), {}))
+        p = prog._run(flat, spec)
+        e = f(x2, y2)
+        assert type(r) is tuple and len(r) == 5 and r[4] == 3
+        assert r[0].data_ptr() == x2.data_ptr() + 40 * 4  # a view of the input, not a copy
+        assert r[2].data_ptr() == r[1].data_ptr() + 4  # a view of the fresh output
+        for g, h, w in zip(r[:4], p[:4], e[:4]):
+            assert torch.equal(g, h) and g.shape == w.shape and g.stride() == w.stride()
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        assert r[1].data_ptr() != p[1].data_ptr()  # every call its own output
+    assert prog.info()["calls"] == 6
+
+    single = gpuos.capture(lambda t: t * 3.0, x)
+    assert single.info()["fast_call"]
+    out = single(x2)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, x2 * 3.0)
+
+
+def test_cpp_call_leaves_other_cases_to_the_python_path(rt):
+    x, y = torch.randn(8, 16, device=DEV), torch.randn(8, 16, device=DEV)
+    prog = gpuos.capture(lambda a, b: a * b, x, y)
+    with pytest.raises(gpuos.GuardError, match="argument 0"):
+        prog(torch.randn(8, 17, device=DEV), y)
+    with pytest.raises(gpuos.GuardError, match="float16"):
+        prog(x.half(), y)
+    with pytest.raises(gpuos.GuardError, match="overlap"):
+        prog(x, x)
+    with pytest.raises(gpuos.GuardError, match="structure"):
+        prog(x)
+    # the same memory layout with another stride on a size-1 dim: the Python guards accept it
+    row = gpuos.capture(lambda a: a + 1.0, torch.randn(1, 16, device=DEV))
+    odd = torch.randn(16, 1, device=DEV).t()  # shape (1, 16), strides (1, 1)
+    torch.testing.assert_close(row(odd), odd + 1.0)
+    # keyword arguments and non-tensor arguments: no C++ call, same results
+    kw = gpuos.capture(lambda a, s=2.0: a * s, x, s=3.0)
+    assert not kw.info()["fast_call"]
+    torch.testing.assert_close(kw(y, s=3.0), y * 3.0)
