@@ -498,6 +498,7 @@ class Program:
             "levels": [self.tape.levels(s[1], s[2]) for s in segs],
             "fallbacks": list(self.fallbacks),
             "arena_bytes": self.tape.held_bytes,
+            "image_bytes": self.tape.image_bytes,  # resident replay images (made by the first call of a segment)
             "outputs_copied": len(self._copied),
             "capture_s": self.capture_s,
             "calls": self.calls,

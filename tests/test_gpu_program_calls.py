@@ -121,7 +121,7 @@ def test_cpp_call_is_taken_and_equals_the_python_call(rt):
 
     x, y = torch.randn(6, 40, device=DEV), torch.randn(6, 40, device=DEV)
     prog = gpuos.capture(f, x, y)
-    assert prog.info()["fast_call"]
+    assert prog.info()["fast_call"] and prog.info()["image_bytes"] == 0  # made by the first replay
     for _ in range(3):
         x2, y2 = torch.randn_like(x), torch.randn_like(y)
         r = prog(x2, y2)
@@ -136,6 +136,7 @@ def test_cpp_call_is_taken_and_equals_the_python_call(rt):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
         assert r[1].data_ptr() != p[1].data_ptr()  # every call its own output
     assert prog.info()["calls"] == 6
+    assert prog.info()["image_bytes"] >= 64 * prog.info()["tiles"]  # every descriptor resident (64 bytes each)
 
     single = gpuos.capture(lambda t: t * 3.0, x)
     assert single.info()["fast_call"]

@@ -46,6 +46,11 @@ void add_program_bindings(py::module_& m) {
       }, py::arg("begin"), py::arg("end"),
          "Per entry of [begin, end): {'level' (1-based, as levels() counts), 'op', 'program', 'elems', 'per_tile', "
          "'tiles', 'row', 'dtype', 'strided', 'vec'} (tools/worker_trace.py hf).")
+      .def_property_readonly("image_bytes", [](const CapturedTape& c) {
+        uint64_t n = 0;
+        for (const auto& kv : c.images) n += kv.second.im.resident_bytes();
+        return n;
+      }, "Device bytes of the segments' resident images (descriptors and TensorRefs), made by their first replay.")
       .def_property_readonly("held_bytes", &CapturedTape::held_bytes,
                              "Bytes of the distinct storages the program keeps alive (its arena, inputs, weights).")
       .def_property_readonly("fresh", [](const CapturedTape& c) { return c.fresh; },
