@@ -6,8 +6,8 @@
 
 What a capture keeps (``gpuos_ext.Tape``, csrc/core/tape.h): every sub-op the runtime staged while ``fn`` ran --
 descriptor, tensor references, iteration space, dependency footprints -- after the scheduler's lowering and fusion.
-A replay copies the segment's staged image (descriptors in level order; tensor references resident on the GPU)
-with the data pointers that moved patched, and publishes it: one flush per segment, the worker walks the levels on
+A replay publishes the segment's staged image (descriptors in level order and tensor references, resident on the
+GPU since its first replay) with the data pointers that moved rewritten: one flush per segment, the worker walks the levels on
 the device. A call with positional tensors only and one segment is served in C++ (``gpuos_ext.ProgramCall``:
 guards, output buffers, replay), with no Python per tensor. Memory:
 
@@ -391,13 +391,20 @@ class Program:
                              f"{g[2]} strides {g[1]} on {g[3]} (mod 16 = {g[4]}). Fix: capture again "
                              "for these inputs, or use gpuos.wrap.")
 
+    def _call_fast(self, args, kwargs):
+        """The call through gpuos_ext.ProgramCall, or None when the program has none or a guard differs (then
+        ``_run`` explains it, or accepts size-1 dims' strides)."""
+        if self._fast is None or kwargs:
+            return None
+        r = self._fast(*args)
+        if r is not None:
+            self.calls += 1
+        return r
+
     def __call__(self, *args, **kwargs):
-        fast = self._fast
-        if fast is not None and not kwargs:
-            r = fast(*args)  # None: a guard differs; _run explains it (or accepts size-1 dims' strides)
-            if r is not None:
-                self.calls += 1
-                return r
+        r = self._call_fast(args, kwargs)
+        if r is not None:
+            return r
         flat, spec = pytree.tree_flatten((args, kwargs))
         return self._run(flat, spec)
 
@@ -547,12 +554,10 @@ class Wrapped:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        last = self._last
-        if last is not None and last._fast is not None and not kwargs:
-            r = last._fast(*args)  # the C++ call's guards are the signature's tensor fields: a hit is this program
-            if r is not None:
-                last.calls += 1
-                return r
+        # The C++ call's guards are the signature's tensor fields: a hit is the last call's program.
+        r = self._last._call_fast(args, kwargs) if self._last is not None else None
+        if r is not None:
+            return r
         flat, spec = pytree.tree_flatten((args, kwargs))
         key = _signature(flat, spec)
         prog = self.programs.get(key)

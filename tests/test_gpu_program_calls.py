@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 import gpuos
 import gpuos_ext
 
-from test_gpu_programs import _random_fn, decode_block, worker_tasks_on
+from test_gpu_programs import decode_block, random_case, worker_tasks_on
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -47,9 +47,7 @@ def _both_paths(prog, args):
 def test_image_replays_equal_entry_replays_on_random_programs(images_restored):
     rng = random.Random(77)
     for case in range(200):
-        nin = rng.randint(1, 3)
-        shape = (rng.randint(1, 8), rng.choice([1, 7, 64, 300, 5000]))
-        fn = _random_fn(rng, nin)
+        fn, nin, shape = random_case(rng, widths=(1, 7, 64, 300, 5000))
         prog = gpuos.capture(fn, *[torch.randn(shape, device=DEV) for _ in range(nin)])
         ys = [torch.randn(shape, device=DEV) for _ in range(nin)]
         (a, na), (b, nb) = _both_paths(prog, ys)

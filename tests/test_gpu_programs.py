@@ -235,13 +235,18 @@ def _random_fn(rng: random.Random, nin: int):
     return fn
 
 
+def random_case(rng: random.Random, widths=(1, 7, 64, 300)):
+    """(fn, number of inputs, shape): a random program (_random_fn) over 1-3 inputs of a random 2-D shape."""
+    nin = rng.randint(1, 3)
+    shape = (rng.randint(1, 8), rng.choice(list(widths)))
+    return _random_fn(rng, nin), nin, shape
+
+
 @pytest.mark.watchdog(300)
 def test_thousand_random_programs_replayed_with_new_inputs(rt):
     rng = random.Random(1234)
     for case in range(1000):
-        nin = rng.randint(1, 3)
-        shape = (rng.randint(1, 8), rng.choice([1, 7, 64, 300]))
-        fn = _random_fn(rng, nin)
+        fn, nin, shape = random_case(rng)
         xs = [torch.randn(shape, device=DEV) for _ in range(nin)]
         prog = gpuos.capture(fn, *xs)
         for _ in range(2):

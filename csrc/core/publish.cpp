@@ -25,6 +25,21 @@ constexpr size_t kMaxLevelsPerFlush = 200;
 constexpr uint32_t kHeavyBurst = 64;
 
 // A stream memop that waits until the 32-bit word at addr is >= v (wrap-aware).
+CUstreamBatchMemOpParams memop_write64(CUdeviceptr addr, uint64_t v) {
+  CUstreamBatchMemOpParams w{};
+  w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  w.writeValue.address = addr;
+  w.writeValue.value64 = v;
+  w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return w;
+}
+
+uint32_t heavy_items(const SubOp* descs, size_t n) {
+  uint32_t heavy = 0;
+  for (size_t i = 0; i < n; ++i) heavy += descs[i].op == kOp_mm || descs[i].op == kOp_sdpa;
+  return heavy;
+}
+
 static CUstreamBatchMemOpParams wait_geq(CUdeviceptr addr, uint32_t v) {
   CUstreamBatchMemOpParams wt{};
   wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
@@ -181,9 +196,7 @@ void Runtime::commit_ring(const SubOp* descs, uint32_t n, bool dma) {
   std::memcpy((void*)&ring_[a], descs, (size_t)first * sizeof(SubOp));
   if (first < n) std::memcpy((void*)&ring_[0], descs + first, (size_t)(n - first) * sizeof(SubOp));
   desc_head_ += n;
-  uint32_t heavy = 0;
-  for (uint32_t i = 0; i < n; ++i) heavy += descs[i].op == kOp_mm || descs[i].op == kOp_sdpa;
-  levels_.push_back({start, n, heavy, 0, dma});
+  levels_.push_back({start, n, heavy_items(descs, n), 0, dma});
 }
 
 // Publish the committed levels as batches, one per level, in one cuStreamBatchMemOp call. `last`: no further
@@ -217,14 +230,6 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   }
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.clear();
-  auto write64 = [&ops](CUdeviceptr addr, uint64_t v, unsigned flags) {
-    CUstreamBatchMemOpParams w{};
-    w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-    w.writeValue.address = addr;
-    w.writeValue.value64 = v;
-    w.writeValue.flags = flags;
-    ops.push_back(w);
-  };
   retire();
   while (inflight_.size() + levels_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
     st_.room_waits++;
@@ -270,7 +275,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
       uint32_t src = 0;
       if (lv.res) {  // resident descriptors and TensorRefs: their address, then the ready word (its fence orders)
-        write64(dc_d_ + __builtin_offsetof(DevCtl, bdesc) + 8ull * slot, lv.res, CU_STREAM_WRITE_VALUE_DEFAULT);
+        ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, bdesc) + 8ull * slot, lv.res));
         src = kReadyDevRing | kReadyResident;
       } else if (one_copy || lv.count >= cfg_.dma_min || lv.heavy || lv.dma) {
         // The live TensorRefs not yet in the device mirror go there first, once per publication, before any
@@ -298,8 +303,8 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
         src = kReadyDevRing;
         st_.dma_batches++;
       }
-      write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
-              ((uint64_t)(lv.count | src) << 32) | seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+      ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
+                                  ((uint64_t)(lv.count | src) << 32) | seq));
       const bool final_batch = last && &lv == &publishing.back();
       inflight_.push_back({seq, lv.res ? lv.start : lv.start + lv.count, final_batch ? ref_head_ : held_refs});
       ++pushed;

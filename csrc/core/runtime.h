@@ -60,6 +60,10 @@ uint32_t matmul_group(int64_t ntile, uint32_t items);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
 // less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
+// Matmul and attention items among n descriptors (a level of them goes by DMA; many launch on the burst grid).
+uint32_t heavy_items(const SubOp* descs, size_t n);
+// A stream memory operation writing v to addr (default flags: a fence orders the stream's earlier writes before it).
+CUstreamBatchMemOpParams memop_write64(CUdeviceptr addr, uint64_t v);
 // Defaults with the environment's settings applied (config/config.h).
 Config config_from_env();
 

@@ -148,9 +148,10 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e) {
   }
   im.ops.assign(ops.begin(), ops.end());
   im.entries = lv.size();
-  im.level_heavy.assign(nlev, 0);
-  for (uint32_t L = 0, i = 0; L < nlev; ++L)
-    for (; i < im.level_end[L]; ++i) im.level_heavy[L] += im.descs[i].op == kOp_mm || im.descs[i].op == kOp_sdpa;
+  for (uint32_t L = 0; L < nlev; ++L) {
+    const uint32_t b0 = L ? im.level_end[L - 1] : 0;
+    im.level_heavy.push_back(heavy_items(&im.descs[b0], im.level_end[L] - b0));
+  }
   std::sort(im.sites.begin(), im.sites.end(),
             [](const TapeImage::Site& x, const TapeImage::Site& y) { return x.value < y.value; });
   return im;
@@ -185,11 +186,10 @@ void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
   const uint64_t refs_at = resident + im.descs.size() * sizeof(SubOp);
   // A DMA-delivered batch's worker reads a ref field f at f + (refs_dev_ - refs_d_) (worker.cu run_claim).
   const uint64_t aim = refs_at - (refs_dev_ - refs_d_);
-  im.aimed = im.descs;
-  for (size_t i = 0; i < im.aimed.size(); ++i) aim_ref_fields(im.aimed[i], im.refmask[i], aim);
+  for (size_t i = 0; i < im.descs.size(); ++i) aim_ref_fields(im.descs[i], im.refmask[i], aim);
   make_current();
   const CUstream s = record_stream();
-  GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)resident, im.aimed.data(), im.aimed.size() * sizeof(SubOp), s));
+  GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)resident, im.descs.data(), im.descs.size() * sizeof(SubOp), s));
   if (!im.refs.empty())
     GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)refs_at, im.refs.data(), im.refs.size() * sizeof(TensorRef), s));
   im.resident_descs = resident;
@@ -219,12 +219,7 @@ void Runtime::replay_image(const TapeImage& im, const Reloc& rel) {
     for (size_t k = 0; k < ref_patches_.size();) {
       ops.clear();
       for (; k < ref_patches_.size() && ops.size() < kMaxMemopsPerCall; ++k) {
-        CUstreamBatchMemOpParams w{};
-        w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-        w.writeValue.address = (CUdeviceptr)(im.resident_refs + ref_patches_[k].first);
-        w.writeValue.value64 = ref_patches_[k].second;
-        w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-        ops.push_back(w);
+        ops.push_back(memop_write64((CUdeviceptr)(im.resident_refs + ref_patches_[k].first), ref_patches_[k].second));
       }
       PhaseMark pm(phase_, "replay: cuStreamBatchMemOp(resident TensorRef patches)");
       GPUOS_CU(driver().cuStreamBatchMemOp(record_stream(), (unsigned)ops.size(), ops.data(), 0));
@@ -249,7 +244,7 @@ void Runtime::replay_image(const TapeImage& im, const Reloc& rel) {
       }
       if (!levels_.empty() && desc_head_ - levels_.front().start + (piece - d) > cfg_.capacity) break;
       const uint64_t start = desc_head_;
-      commit_ring(&im.aimed[d], (uint32_t)(piece - d), /*dma=*/true);
+      commit_ring(&im.descs[d], (uint32_t)(piece - d), /*dma=*/true);
       for (; pi < dp.size() && dp[pi].first / sizeof(SubOp) < piece; ++pi)
         std::memcpy((char*)&ring_[(start + dp[pi].first / sizeof(SubOp) - d) % cfg_.capacity] +
                         dp[pi].first % sizeof(SubOp), &dp[pi].second, 8);

@@ -90,7 +90,8 @@ inline SubOp tile_of(const SubOp& proto, uint64_t tile, uint64_t per_tile, uint6
 // patched copy through the ring. No hazard lookups, no per-entry staging: O(levels + moved pointers + the
 // descriptors of the patched levels) host work per call.
 struct TapeImage {
-  std::vector<SubOp> descs;         // level-major; ref fields hold byte offsets into `refs`
+  std::vector<SubOp> descs;         // level-major; ref fields hold byte offsets into `refs` until prepare_image
+                                    // aims them at the resident refs (then: the resident descriptors' host copy)
   std::vector<uint8_t> refmask;     // per descriptor: point_at_refs' mask
   std::vector<uint32_t> level_end;  // one past each level's last descriptor
   std::vector<TensorRef> refs;      // every entry's TensorRefs, in entry order (a FusedArgs' two slots adjacent)
@@ -106,7 +107,6 @@ struct TapeImage {
   std::vector<uint32_t> level_heavy;  // matmul and attention items per level (Runtime's heavy-level rules)
   // Set by Runtime::prepare_image: device addresses of the resident descriptors and TensorRefs (0: not prepared).
   uint64_t resident_descs = 0, resident_refs = 0;
-  std::vector<SubOp> aimed;  // host copy of the resident descriptors (a patched level goes through the ring)
   // Bytes of device memory prepare_image needs (descriptors, then TensorRefs).
   uint64_t resident_bytes() const { return descs.size() * sizeof(SubOp) + refs.size() * sizeof(TensorRef); }
 };

@@ -132,15 +132,12 @@ pybind11::object ProgramCall::call(const pybind11::args& args) {
   namespace py = pybind11;
   if (args.size() != ins.size()) return py::none();
   const int dev = tape->dev;
-  at::Tensor xs[16];
-  std::vector<at::Tensor> more;
-  auto arg = [&](size_t i) -> at::Tensor& { return i < 16 ? xs[i] : more[i - 16]; };
-  if (ins.size() > 16) more.resize(ins.size() - 16);
+  std::vector<at::Tensor> xs(ins.size());
   Reloc r;
   for (size_t i = 0; i < ins.size(); ++i) {
     PyObject* o = args[i].ptr();
     if (!THPVariable_Check(o)) return py::none();
-    at::Tensor& x = arg(i);
+    at::Tensor& x = xs[i];
     x = THPVariable_Unpack(o);
     const In& g = ins[i];
     if (!x.is_cuda() || x.get_device() != dev || x.scalar_type() != g.dtype || x.sizes() != at::IntArrayRef(g.sizes) ||
@@ -153,7 +150,7 @@ pybind11::object ProgramCall::call(const pybind11::args& args) {
   if (ins.size() > 1) {  // the capture's inputs did not overlap (else no fast path): neither may these
     std::vector<std::pair<uint64_t, uint64_t>> sp;
     for (size_t i = 0; i < ins.size(); ++i) {
-      const uint64_t p = (uint64_t)(uintptr_t)arg(i).data_ptr();
+      const uint64_t p = (uint64_t)(uintptr_t)xs[i].data_ptr();
       if (ins[i].hi > ins[i].lo) sp.emplace_back(p, p + (ins[i].hi - ins[i].lo));
     }
     std::sort(sp.begin(), sp.end());
@@ -180,7 +177,7 @@ pybind11::object ProgramCall::call(const pybind11::args& args) {
     if (o.kind == 0) res[k] = o.value;
     else if (o.kind == 2) res[k] = py::cast(fb[(size_t)o.idx]);
     else if (o.kind == 1) {
-      const at::Tensor& x = arg((size_t)o.idx);
+      const at::Tensor& x = xs[(size_t)o.idx];
       res[k] = py::cast(view(o, x, (int64_t)((uint64_t)(uintptr_t)x.data_ptr() - ins[(size_t)o.idx].lo)));
     } else {
       const at::Tensor& x = fb[(size_t)o.idx];
