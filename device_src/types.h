@@ -107,6 +107,17 @@ constexpr u32 kReadyDevRing = 0x80000000u;
 // ... | kReadyResident (with kReadyDevRing): the batch's descriptors are not in the ring but at DevCtl::bdesc[slot]
 // (a program's resident image, issue #17), written by the host's stream memop before the ready word.
 constexpr u32 kReadyResident = 0x40000000u;
+// ... | kReadyProgram (with both above): one doorbell for a run of `count` resident levels of a program (issue
+// #17): bdesc[slot] holds the address of their ProgLevel table in device memory; they take the seqs seq ..
+// seq + count - 1, and the poller fills those slots from the table itself (no ready words of their own).
+constexpr u32 kReadyProgram = 0x20000000u;
+constexpr u32 kReadyFlags = kReadyDevRing | kReadyResident | kReadyProgram;
+// One level of a program's resident image (Runtime::prepare_image uploads the table beside the descriptors).
+struct ProgLevel {
+  u64 desc;   // SubOp* of the level's first resident descriptor
+  u32 count;  // descriptors
+  u32 pad;
+};
 
 // Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
 // registered code, 1: an installed alternative). Two versions of the per-op choice: the host rewrites the

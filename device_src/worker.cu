@@ -252,6 +252,8 @@ struct Walk {       // thread 0's state of one block
 };
 struct Poller {     // block 0 thread 0's additional state
   u32 next = 0;     // the next batch to fill
+  u32 prog_left = 0;  // batches of a program run (kReadyProgram) still to fill from its table, the next at prog
+  u64 prog = 0;
   u32 early_for = 0;  // the batch block 0 last filled ahead for while claiming it (claim_next)
   bool filled_any = false, idle = false;
   u32 spins = 0;
@@ -260,11 +262,12 @@ struct Poller {     // block 0 thread 0's additional state
 
 // Fill batch `seq`'s slot (its ready word has landed): the fields the claiming blocks read and its claim word.
 // Its bseq word goes after a fence (poll_step): a block that sees bseq == seq sees the rest.
-__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u64 ready) {
+// `hi`: the ready word's high half; `desc`: a program run's piece (its descriptors; bdesc is written here).
+__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u32 hi, u64 desc = 0) {
   const u32 slot = seq & (kMaxBatches - 1);
-  const u32 hi = (u32)(ready >> 32);
-  const u32 count = hi & ~(kReadyDevRing | kReadyResident);
+  const u32 count = hi & ~kReadyFlags;
   const bool resident = (hi & kReadyResident) != 0;  // descriptors at bdesc[slot]: no ring slots
+  if (desc) dc->bdesc[slot] = desc;
   const u32 start = resident ? 0u : dc->ring_pos;
   if (!resident) dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
   dc->bstart[slot] = start;
@@ -288,26 +291,73 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
 // most batches one poll step fills (their ready words are read at once: one round trip, two fences).
 constexpr u32 kFillAhead = kMaxBatches / 2, kFillBurst = 8;
 
-// One step of the poller: fill the next batches whose ready words have landed; otherwise, once every filled
-// batch has completed, the idle logic (yield, exit). Returns kCmdExit when this launch is over.
+// Batches next .. next + n - 1 may be filled: not more than kFillAhead ahead of the oldest unfinished one.
+__device__ __forceinline__ bool may_fill(const DevCtl* dc, u32 next, u32 n) {
+  const u32 back = next + n - 1 - kFillAhead;
+  return (int)back <= 0 || seq_reached(ld_vol(&dc->done[back & (kMaxBatches - 1)]), back);
+}
+
+// The next pieces of a program run (kReadyProgram): their ProgLevel entries (one round trip), then their slots.
+__device__ __noinline__ void fill_program(const WorkerArgs& args, DevCtl* dc, Poller& p) {
+  const u32 next = p.next, n = p.prog_left < kFillBurst ? p.prog_left : kFillBurst;
+  if (!may_fill(dc, next, n)) return;  // far ahead of the walk: wait for it
+  const ProgLevel* t = (const ProgLevel*)p.prog;
+  u64 d[kFillBurst];
+  u32 c[kFillBurst];
+#pragma unroll
+  for (u32 i = 0; i < kFillBurst; ++i)
+    if (i < n) d[i] = ld_vol64(&t[i].desc), c[i] = ld_vol(&t[i].count);
+#pragma unroll
+  for (u32 i = 0; i < kFillBurst; ++i)
+    if (i < n) fill_batch(args, dc, next + i, c[i] | kReadyDevRing | kReadyResident, d[i]);
+  __threadfence();
+#pragma unroll
+  for (u32 i = 0; i < kFillBurst; ++i)
+    if (i < n) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
+  p.next = next + n;
+  p.prog += (u64)n * sizeof(ProgLevel);
+  p.prog_left -= n;
+  p.filled_any = true;
+  p.idle = false;
+}
+
+// One step of the poller: fill the next batches whose ready words have landed (or the rest of a program run);
+// otherwise, once every filled batch has completed, the idle logic (yield, exit). Returns kCmdExit when this
+// launch is over (never inside a program run: its batches are published, host_published covers them).
 __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p) {
+  if (p.prog_left) {
+    fill_program(args, dc, p);
+    return kCmdRun;
+  }
   const u32 next = p.next;
   u64 ready[kFillBurst];
 #pragma unroll
   for (u32 i = 0; i < kFillBurst; ++i) ready[i] = ld_vol64(&dc->ready[(next + i) & (kMaxBatches - 1)]);
   u32 n = 0;
-  while (n < kFillBurst && (u32)ready[n] == next + n) ++n;
+  bool prog = false;  // ready[n - 1] opens a program run: the batches before it are filled here, the run below
+  while (n < kFillBurst && (u32)ready[n] == next + n && !prog) prog = ((u32)(ready[n++] >> 32) & kReadyProgram) != 0;
   if (n > 0) {
-    const u32 back = next + n - 1 - kFillAhead;
-    if ((int)back > 0 && !seq_reached(ld_vol(&dc->done[back & (kMaxBatches - 1)]), back))
-      return kCmdRun;  // far ahead of the walk: wait for it
+    if (!may_fill(dc, next, n)) return kCmdRun;  // far ahead of the walk: wait for it
     __threadfence();  // the ready words before what they announce
-    for (u32 i = 0; i < n; ++i) fill_batch(args, dc, next + i, ready[i]);
+    const u32 m = prog ? n - 1 : n;
+    for (u32 i = 0; i < m; ++i) fill_batch(args, dc, next + i, (u32)(ready[i] >> 32));
     __threadfence();
-    for (u32 i = 0; i < n; ++i) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
-    p.next = next + n;
+    for (u32 i = 0; i < m; ++i) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
+    p.next = next + m;
     p.filled_any = true;
     p.idle = false;
+    if (prog) {  // its table's address was written before its ready word (ordered by the fence above)
+      p.prog = ld_vol64(&dc->bdesc[(next + m) & (kMaxBatches - 1)]);
+      p.prog_left = (u32)(ready[m] >> 32) & ~kReadyFlags;
+      if (p.prog_left == 0) {  // an empty run (never published; kept so that one could never wedge the walk)
+        fill_batch(args, dc, next + m, kReadyDevRing | kReadyResident);
+        __threadfence();
+        st_vol(&dc->bseq[(next + m) & (kMaxBatches - 1)], next + m);
+        p.next = next + m + 1;
+      } else {
+        fill_program(args, dc, p);
+      }
+    }
     return kCmdRun;
   }
   if (!seq_reached(ld_vol(&dc->done[(next - 1) & (kMaxBatches - 1)]), next - 1)) return kCmdRun;  // work left

@@ -112,6 +112,100 @@ def test_resident_refs_follow_inputs_that_return_to_their_capture_address(images
     torch.testing.assert_close(prog(other, y), torch.softmax(other * y, -1))
 
 
+def _runs(on: bool) -> None:
+    gpuos_ext._testing.set_program_runs(on)
+
+
+@pytest.fixture
+def runs_restored(rt):
+    yield rt
+    _runs(True)
+
+
+def _bells(prog, args, on):
+    """prog(*args) with a doorbell per run of resident pieces (on) or per piece; (result, program bells)."""
+    _runs(on)
+    s0 = gpuos.stats()["program_bells"]
+    r = prog(*args)
+    torch.cuda.synchronize()
+    return r, gpuos.stats()["program_bells"] - s0
+
+
+@pytest.mark.watchdog(300)
+def test_one_doorbell_per_run_equals_a_ready_word_per_level(runs_restored):
+    """A replay whose levels are resident publishes them as one run (one ready word; the worker fills the levels'
+    batches from the image's ProgLevel table, worker.cu fill_program): bit for bit what a ready word per level
+    gives, and eager. Random programs called with their capture inputs (every level resident) and with new ones
+    (levels whose descriptors move go through the ring, between runs)."""
+    rng = random.Random(91)
+    runs_seen = 0
+    for case in range(120):
+        fn, nin, shape = random_case(rng, widths=(1, 7, 64, 300, 5000))
+        xs = [torch.randn(shape, device=DEV) for _ in range(nin)]
+        prog = gpuos.capture(fn, *xs)
+        for args in (xs, [torch.randn(shape, device=DEV) for _ in range(nin)], xs):
+            a, bells_on = _bells(prog, args, True)
+            b, bells_off = _bells(prog, args, False)
+            assert bells_off == 0, f"case {case}: runs published with runs off"
+            runs_seen += bells_on
+            for g, h, w in zip(a, b, fn(*args)):
+                assert torch.equal(g, h), f"case {case}: one doorbell per run and per level differ"
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"case {case}: {m}")
+    assert runs_seen > 0  # some programs of several resident levels
+
+
+def test_runs_of_pieces_and_of_a_decode_block(runs_restored):
+    """Runs longer than the poller's fill burst (a decode block's levels) and runs of pieces of one level larger
+    than half the ring, called with the capture's inputs: one doorbell each, eager's results."""
+    big = [torch.randn(1 << 17, device=DEV) for _ in range(3)]
+
+    def wide(a, b, c):  # one level of ~6,000 descriptors: several pieces
+        return [torch.sigmoid(a * (k + 1.0) + b - c) for k in range(24)]
+    prog = gpuos.capture(wide, *big)
+    r, bells = _bells(prog, big, True)
+    assert bells == 1
+    for g, w in zip(r, wide(*big)):
+        torch.testing.assert_close(g, w)
+    with worker_tasks_on():
+        block = decode_block()
+        h = torch.randn(1, 64, device=DEV, dtype=torch.float16)
+        mask = torch.zeros(1, 1, 1, 128, device=DEV, dtype=torch.float16)
+        prog = gpuos.capture(block, h, mask)
+        assert sum(prog.info()["levels"]) > 8
+        for _ in range(3):
+            r, bells = _bells(prog, (h, mask), True)
+            assert bells >= 1
+            torch.testing.assert_close(r, block(h, mask), rtol=2e-2, atol=2e-2)
+
+
+def test_replays_write_only_the_resident_refs_that_change(rt):
+    """The resident TensorRefs keep the last call's pointers: a call with the previous call's input writes fewer
+    of them than a call with a new input (the output's sites change with its new buffer either way), and every
+    result is right."""
+    x = torch.randn(64, 300, device=DEV)
+    prog = gpuos.capture(lambda a: torch.softmax(a, -1) * a.sum(-1, keepdim=True), x)
+    want = torch.softmax(x, -1) * x.sum(-1, keepdim=True)
+
+    def writes(arg):
+        s0 = gpuos.stats()["ref_site_writes"]
+        r = prog(arg)
+        return r, gpuos.stats()["ref_site_writes"] - s0
+    y = torch.randn_like(x)
+    keep = []
+    for _ in range(3):
+        r1, same = writes(x)  # x was the previous call's input too (the capture's, then the loop's)
+        keep.append(r1)
+        torch.testing.assert_close(r1, want)
+        r2, new = writes(y)
+        keep.append(r2)
+        torch.testing.assert_close(r2, torch.softmax(y, -1) * y.sum(-1, keepdim=True))
+        assert new > 0 and same < new
+        r3, back = writes(x)  # back to x: its sites are rewritten
+        keep.append(r3)
+        torch.testing.assert_close(r3, want)
+        assert back > same
+
+
 def test_cpp_call_is_taken_and_equals_the_python_call(rt):
     def f(x, y):
         z = x * y + 1.0

@@ -237,11 +237,17 @@ def host_probe():
 
     def paths(prog, args, reps):
         flat, spec = pytree.tree_flatten((tuple(args), {}))
-        keys = ("replay_stage_ns", "publish_ns", "publish_copy_ns", "publish_memop_ns", "publish_launch_ns")
+        keys = ("program_call_ns", "replay_stage_ns", "publish_ns", "publish_copy_ns", "publish_memop_ns",
+                "publish_launch_ns")
         s0 = gpuos.stats()
         r = {"cpp_image": host_call_us(lambda: prog(*args), reps)}
         s1 = gpuos.stats()
         r.update({k.replace("_ns", "_us"): (s1[k] - s0[k]) / 1e3 / reps for k in keys})
+        r["program_bells"] = (s1["program_bells"] - s0["program_bells"]) / reps
+        r["ref_site_writes"] = (s1["ref_site_writes"] - s0["ref_site_writes"]) / reps
+        gpuos_ext._testing.set_program_runs(False)  # a ready word per level (before program runs)
+        r["cpp_image_level_bells"] = host_call_us(lambda: prog(*args), reps)
+        gpuos_ext._testing.set_program_runs(True)
         r["py_image"] = host_call_us(lambda: prog._run(flat, spec), reps)
         set_images(False)
         r["py_entries"] = host_call_us(lambda: prog._run(flat, spec), reps)

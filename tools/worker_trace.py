@@ -283,6 +283,7 @@ def calls(n_calls=20):
     from benchmarks import bench_mlp as M
     from benchmarks.harness import suite as H
     gpuos_ext._testing.set_tape_images(os.environ.get("CALLS_IMAGES", "1") != "0")  # 0: entry-by-entry replays
+    gpuos_ext._testing.set_program_runs(os.environ.get("CALLS_RUNS", "1") != "0")  # 0: a ready word per level
     case = M.make_case(os.environ.get("CALLS_SIZE", "1x256"), 10, "cuda")
     d = case.data
     prog, _ = H.capture_program(gpuos, lambda x: M.mlp_block(x, *M._weights(d)), (d.x,), torch.cuda.synchronize)
@@ -292,10 +293,15 @@ def calls(n_calls=20):
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
     gpuos_ext.worker_trace()  # reset
+    s0 = gpuos.stats()
     t0 = time.perf_counter()
     for _ in range(n_calls):
         prog(d.x)
     host_us = (time.perf_counter() - t0) * 1e6 / n_calls
+    s1 = gpuos.stats()
+    per = {k: (s1[k] - s0[k]) / n_calls / (1e3 if k.endswith("_ns") else 1)
+           for k in ("program_call_ns", "replay_stage_ns", "publish_ns", "publish_memop_ns", "publish_launch_ns",
+                     "worker_launches", "gated_launches", "batches", "program_bells", "ref_site_writes", "dma_batches")}
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
     recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
@@ -324,6 +330,8 @@ def calls(n_calls=20):
           f"{med(execs):.1f} us, handoffs inside {med(hands):.1f} us, gap to the next call {med(gaps):.1f} us "
           f"(of which until its first batch was filled {med(waits) if waits else float('nan'):.1f} us); "
           f"wall per call {(span[seqs[-1]][1] - span[seqs[0]][0]) / 1e3 / n_calls:.1f} us", flush=True)
+    print(f"calls {case.size} per call (runs {int(gpuos_ext._testing.program_runs())}): "
+          + ", ".join(f"{k.replace('_ns', '_us')} {v:.1f}" for k, v in per.items()), flush=True)
 
 
 def main():

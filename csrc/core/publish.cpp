@@ -177,7 +177,9 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
 }
 
 bool Runtime::can_commit_level(bool resident) const {
-  // A resident level takes two memory writes of the publication's one cuStreamBatchMemOp call (< 256 operations).
+  // A resident level takes up to two memory writes of the publication's one cuStreamBatchMemOp call (< 256
+  // operations, Runtime::kMaxPreOps of them maybe replay_image's TensorRef writes).
+  static_assert(kMaxLevelsPerFlush + Runtime::kMaxPreOps < 256, "one publication's memory writes in one call");
   const size_t most = resident ? kMaxLevelsPerFlush / 2 : kMaxLevelsPerFlush;
   return levels_.size() < most && (levels_.empty() || levels_.size() + inflight_.size() < kMaxBatches / 2);
 }
@@ -229,7 +231,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     drain_worker("a publication behind unfinished stream work under lazy module loading");
   }
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
-  ops.clear();
+  ops.assign(pre_ops_.begin(), pre_ops_.end());  // replay_image's TensorRef writes, before any ready word
   retire();
   while (inflight_.size() + levels_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
     st_.room_waits++;
@@ -256,6 +258,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // If anything below fails, nothing was published: undo the bookkeeping so the levels stay pending (a later
   // flush publishes them) and no seq is left "published but never ready" for a waiter to time out on.
   size_t pushed = 0;
+  uint32_t bell = 0;  // the last seq given a ready word of its own (a gated launch waits for that word)
   auto undo = [&] {
     for (; pushed > 0; --pushed) {
       inflight_.pop_back();
@@ -273,8 +276,14 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       const uint32_t seq = ++last_seq_;
       const uint32_t slot = seq & (kMaxBatches - 1);
       const uint32_t start = (uint32_t)(lv.start % cfg_.capacity);
-      uint32_t src = 0;
-      if (lv.res) {  // resident descriptors and TensorRefs: their address, then the ready word (its fence orders)
+      uint32_t src = 0, word_count = lv.count;
+      if (lv.run < 0) {  // a later piece of a run: the poller fills its batch from the run's table
+      } else if (lv.run > 1) {  // a run of resident pieces: its table entry, then one ready word for all of them
+        ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, bdesc) + 8ull * slot, lv.table));
+        src = kReadyDevRing | kReadyResident | kReadyProgram;
+        word_count = (uint32_t)lv.run;
+        st_.program_bells++;
+      } else if (lv.res) {  // resident descriptors and TensorRefs: their address, then the ready word (its fence orders)
         ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, bdesc) + 8ull * slot, lv.res));
         src = kReadyDevRing | kReadyResident;
       } else if (one_copy || lv.count >= cfg_.dma_min || lv.heavy || lv.dma) {
@@ -303,8 +312,11 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
         src = kReadyDevRing;
         st_.dma_batches++;
       }
-      ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
-                                  ((uint64_t)(lv.count | src) << 32) | seq));
+      if (lv.run >= 0) {
+        ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,
+                                    ((uint64_t)(word_count | src) << 32) | seq));
+        bell = seq;
+      }
       const bool final_batch = last && &lv == &publishing.back();
       inflight_.push_back({seq, lv.res ? lv.start : lv.start + lv.count, final_batch ? ref_head_ : held_refs});
       ++pushed;
@@ -338,6 +350,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
   prog_unsent_.clear();
+  pre_ops_.clear();
   pending_subops_ = 0;
   if (refs_sent) ref_mirrored_ = ref_head_;
   // Until the stream waits for these batches, a later flush() must add the wait (also if a step below throws:
@@ -358,8 +371,8 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
       PhaseMark pm(phase_, "publish step 1b: cuStreamQuery(stream)");
       const CUresult q = d.cuStreamQuery(stream);
       if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) throw_cuda(q, "cuStreamQuery(stream)", __FILE__, __LINE__);
-      if (q == CUDA_ERROR_NOT_READY) {
-        launch_worker(grid, last_seq_);
+      if (q == CUDA_ERROR_NOT_READY && bell) {
+        launch_worker(grid, bell);
         covered = true;
       }
     }

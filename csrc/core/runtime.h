@@ -104,6 +104,9 @@ struct Operand {
   X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */            \
   X(image_replays)      /* ... of them from a TapeImage (Runtime::replay_image) */                         \
   X(replay_stage_ns)    /* host ns staging replays (Runtime::replay / replay_image) */                     \
+  X(ref_site_writes)    /* resident TensorRef pointers written by image replays (the ones that changed) */  \
+  X(program_bells)      /* ready words that each published a run of >= 2 resident pieces (kReadyProgram) */ \
+  X(program_call_ns)    /* host ns in ProgramCall::call (the C++ call of a program, guards to outputs) */   \
   X(publish_ns)         /* host ns in publications (Runtime::publish), of which: */                       \
   X(publish_copy_ns)    /*   issuing the descriptor / TensorRef / program copies */                       \
   X(publish_memop_ns)   /*   the ready-word and stream-wait memop calls */                                \
@@ -183,11 +186,12 @@ class Runtime {
   void replay(const Tape& tape, size_t b, size_t e, const Reloc& rel);
   // The same from a TapeImage of the range (stage_image), prepared once by prepare_image with `resident`: device
   // memory of im.resident_bytes() the caller owns for the image's life (the worker reads the descriptors and
-  // TensorRefs there). replay_image writes the TensorRef pointers `rel` moves into it and commits the image's
-  // levels -- resident, or through the ring where their descriptors hold moved pointers (core/tape.h); the caller
-  // publishes them (flush).
+  // TensorRefs there). replay_image writes the TensorRef pointers `rel` changes into it and commits the image's
+  // pieces -- resident (runs of them behind one doorbell), or through the ring where their descriptors hold moved
+  // pointers (core/tape.h); the caller publishes them (flush).
   void prepare_image(TapeImage& im, uint64_t resident);
-  void replay_image(const TapeImage& im, const Reloc& rel);
+  void note_call_ns(uint64_t ns) { st_.program_call_ns += ns; }  // sched/program.cpp ProgramCall
+  void replay_image(TapeImage& im, const Reloc& rel);
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
   int32_t program_id(const Program& p);
   // Publish everything pending on `stream` and make the stream wait for it (and for earlier early
@@ -338,8 +342,18 @@ class Runtime {
   // a level of >= kHeavyBurst of them launches on the burst grid).
   // res != 0: a resident level (replay_image): its descriptors at that device address, none in the ring (start:
   // the ring position when it was committed, so that retiring it frees nothing). dma: a ring level sent by DMA
-  // whatever its size (commit_ring).
-  struct Level { uint64_t start; uint32_t count; uint32_t heavy; uint64_t res; bool dma; };
+  // whatever its size (commit_ring). run (resident levels): n >= 1: the first of a run of n resident pieces of
+  // one image, published with one ready word (n >= 2: kReadyProgram, its ProgLevel entry at `table`); -1: a later
+  // piece of a run (no memory writes: the poller fills it from the table).
+  struct Level {
+    uint64_t start;
+    uint32_t count;
+    uint32_t heavy;
+    uint64_t res;
+    bool dma;
+    int32_t run = 0;
+    uint64_t table = 0;
+  };
   std::vector<Level> levels_;       // committed to the ring, not yet published
   bool rec_stream_on_ = false;   // set_record_stream
   CUstream rec_stream_ = nullptr;
@@ -360,6 +374,10 @@ class Runtime {
   Tape* tape_ = nullptr;  // set_tape
   std::vector<std::pair<uint64_t, uint64_t>> patches_, ref_patches_;  // replay_image's pointer writes (reused)
   std::vector<CUstreamBatchMemOpParams> memops_;  // reused by flush()
+  // Memory writes the next publication issues first, in its own memop call (replay_image's TensorRef writes: one
+  // driver call fewer per replay); at most kMaxPreOps (with kMaxLevelsPerFlush's writes: < 256 per call).
+  static constexpr size_t kMaxPreOps = 48;
+  std::vector<CUstreamBatchMemOpParams> pre_ops_;
   RuntimeStats st_;
   bool alive_ = false;
 

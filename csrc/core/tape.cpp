@@ -74,12 +74,14 @@ void for_each_pointer(TapeEntry& e, F&& f) {
   for (; k < e.nref; ++k) f(e.refs[k].ptr, PointerField{true, k * sizeof(TensorRef) + offsetof(TensorRef, ptr)});
 }
 
-std::atomic<bool> g_tape_images{true};
+std::atomic<bool> g_tape_images{true}, g_program_runs{true};
 
 }  // namespace
 
 void set_tape_images(bool on) { g_tape_images.store(on, std::memory_order_relaxed); }
 bool tape_images() { return g_tape_images.load(std::memory_order_relaxed); }
+void set_program_runs(bool on) { g_program_runs.store(on, std::memory_order_relaxed); }
+bool program_runs() { return g_program_runs.load(std::memory_order_relaxed); }
 
 void relocate(TapeEntry& e, const Reloc& rel) {
   if (rel.empty()) return;
@@ -108,7 +110,7 @@ uint32_t Tape::levels(size_t b, size_t e) const {
   return top;
 }
 
-TapeImage stage_image(const Tape& tape, size_t b, size_t e) {
+TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max) {
   TapeImage im;
   const std::vector<uint32_t> lv = tape.entry_levels(b, e);
   uint32_t nlev = 0;
@@ -148,27 +150,59 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e) {
   }
   im.ops.assign(ops.begin(), ops.end());
   im.entries = lv.size();
-  for (uint32_t L = 0; L < nlev; ++L) {
-    const uint32_t b0 = L ? im.level_end[L - 1] : 0;
-    im.level_heavy.push_back(heavy_items(&im.descs[b0], im.level_end[L] - b0));
-  }
+  piece_max = std::max<uint32_t>(1, piece_max);
+  for (uint32_t L = 0, d = 0; L < nlev; ++L)
+    for (; d < im.level_end[L]; d += std::min(piece_max, im.level_end[L] - d)) {
+      const uint32_t n = std::min(piece_max, im.level_end[L] - d);
+      im.pieces.push_back({d, n, heavy_items(&im.descs[d], n)});
+    }
   std::sort(im.sites.begin(), im.sites.end(),
             [](const TapeImage::Site& x, const TapeImage::Site& y) { return x.value < y.value; });
+  im.reset_sites(/*known=*/true);  // prepare_image uploads the refs as captured
   return im;
 }
 
-void image_patches(const TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64_t, uint64_t>>& ref_patches,
+uint64_t TapeImage::resident_bytes() const {
+  return descs.size() * sizeof(SubOp) + refs.size() * sizeof(TensorRef) + pieces.size() * sizeof(ProgLevel);
+}
+
+void TapeImage::reset_sites(bool known) {
+  site_now.resize(sites.size());
+  site_mark.assign(sites.size(), 0);
+  moved_sites.clear();
+  for (size_t i = 0; i < sites.size(); ++i) {
+    site_now[i] = known ? sites[i].value : ~0ull;  // ~0: no pointer value, so every site differs
+    if (!known && sites[i].in_refs) moved_sites.push_back((uint32_t)i);
+  }
+}
+
+void image_patches(TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64_t, uint64_t>>& ref_patches,
                    std::vector<std::pair<uint64_t, uint64_t>>& desc_patches) {
   ref_patches.clear();
   desc_patches.clear();
+  const uint32_t mark = ++im.replays;
+  std::vector<uint32_t> moved;
   for (const Reloc::R& r : rel.ranges()) {
     auto it = std::lower_bound(im.sites.begin(), im.sites.end(), r.lo,
                                [](const TapeImage::Site& s, uint64_t v) { return s.value < v; });
     for (; it != im.sites.end() && it->value < r.hi; ++it) {
+      const size_t i = (size_t)(it - im.sites.begin());
       const uint64_t v = (uint64_t)((int64_t)it->value + r.delta);
-      (it->in_refs ? ref_patches : desc_patches).emplace_back(it->offset, v);
+      if (!it->in_refs) {
+        if (r.delta != 0) desc_patches.emplace_back(it->offset, v);
+        continue;
+      }
+      im.site_mark[i] = mark;
+      if (v != it->value) moved.push_back((uint32_t)i);
+      if (im.site_now[i] != v) ref_patches.emplace_back(it->offset, v), im.site_now[i] = v;
     }
   }
+  for (uint32_t i : im.moved_sites)  // moved by an earlier replay, in no range now: back to the captured value
+    if (im.site_mark[i] != mark && im.site_now[i] != im.sites[i].value) {
+      im.site_now[i] = im.sites[i].value;
+      ref_patches.emplace_back(im.sites[i].offset, im.sites[i].value);
+    }
+  im.moved_sites.swap(moved);
   std::sort(ref_patches.begin(), ref_patches.end());
   std::sort(desc_patches.begin(), desc_patches.end());
 }
@@ -180,26 +214,34 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 }
 
 void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
-  im.resident_descs = im.resident_refs = 0;
+  im.resident_descs = im.resident_refs = im.resident_table = 0;
   if (im.descs.empty()) return;
   if (!resident) throw std::logic_error("gpuos internal error: a tape image needs resident memory");
+  if (im.pieces.empty() || im.pieces.back().begin + im.pieces.back().count != im.descs.size())
+    throw std::logic_error("gpuos internal error: a tape image's pieces do not cover its descriptors");
   const uint64_t refs_at = resident + im.descs.size() * sizeof(SubOp);
+  const uint64_t table_at = refs_at + im.refs.size() * sizeof(TensorRef);
   // A DMA-delivered batch's worker reads a ref field f at f + (refs_dev_ - refs_d_) (worker.cu run_claim).
   const uint64_t aim = refs_at - (refs_dev_ - refs_d_);
   for (size_t i = 0; i < im.descs.size(); ++i) aim_ref_fields(im.descs[i], im.refmask[i], aim);
+  im.table.resize(im.pieces.size());
+  for (size_t i = 0; i < im.pieces.size(); ++i)
+    im.table[i] = ProgLevel{resident + (uint64_t)im.pieces[i].begin * sizeof(SubOp), im.pieces[i].count, 0};
   make_current();
   const CUstream s = record_stream();
   GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)resident, im.descs.data(), im.descs.size() * sizeof(SubOp), s));
   if (!im.refs.empty())
     GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)refs_at, im.refs.data(), im.refs.size() * sizeof(TensorRef), s));
+  GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)table_at, im.table.data(), im.table.size() * sizeof(ProgLevel), s));
   im.resident_descs = resident;
   im.resident_refs = refs_at;
+  im.resident_table = table_at;
 }
 
 // cuStreamBatchMemOp takes fewer than 256 operations per call.
 constexpr size_t kMaxMemopsPerCall = 128;
 
-void Runtime::replay_image(const TapeImage& im, const Reloc& rel) {
+void Runtime::replay_image(TapeImage& im, const Reloc& rel) {
   if (tape_) throw std::logic_error("gpuos: a program cannot be replayed while another one is being captured");
   if (!im.descs.empty() && !im.resident_descs) throw std::logic_error("gpuos internal error: tape image not prepared");
   ScopedNs timed(st_.replay_stage_ns);
@@ -208,50 +250,65 @@ void Runtime::replay_image(const TapeImage& im, const Reloc& rel) {
   st_.image_replays++;
   for (uint32_t op : im.ops) note_op_gen(op);
   for (int32_t id : im.programs) note_program_use(id);  // replays count toward tier 2 like live runs
-  // The data pointers that move this call. TensorRef sites: stream memory writes into the resident refs, ordered
-  // after the previous replay (whose stream wait precedes them) and before this one's ready words (the fence of a
-  // ready word's write). Every site of a passed range is written, moved or not: it may hold the previous call's
-  // value. (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER was refused in a batch: CUDA_ERROR_INVALID_VALUE, H200.)
-  image_patches(im, rel, ref_patches_, patches_);
-  if (!ref_patches_.empty()) {
-    make_current();
-    std::vector<CUstreamBatchMemOpParams>& ops = memops_;
+  try {
+    // The data pointers that move this call. TensorRef sites whose resident value changes: stream memory writes
+    // into the resident refs, ordered after the previous replay (whose stream wait precedes them) and before this
+    // one's ready words. A few go first in the publication's own memop call (pre_ops_), more in calls of their
+    // own. (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER was refused in a batch: CUDA_ERROR_INVALID_VALUE, H200.)
+    image_patches(im, rel, ref_patches_, patches_);
+    pre_ops_.clear();
+    const bool fold = ref_patches_.size() <= kMaxPreOps && !im.pieces.empty();
     for (size_t k = 0; k < ref_patches_.size();) {
-      ops.clear();
-      for (; k < ref_patches_.size() && ops.size() < kMaxMemopsPerCall; ++k) {
+      std::vector<CUstreamBatchMemOpParams>& ops = fold ? pre_ops_ : memops_;
+      if (!fold) ops.clear();
+      for (; k < ref_patches_.size() && ops.size() < kMaxMemopsPerCall; ++k)
         ops.push_back(memop_write64((CUdeviceptr)(im.resident_refs + ref_patches_[k].first), ref_patches_[k].second));
-      }
+      if (fold) continue;
+      make_current();
       PhaseMark pm(phase_, "replay: cuStreamBatchMemOp(resident TensorRef patches)");
       GPUOS_CU(driver().cuStreamBatchMemOp(record_stream(), (unsigned)ops.size(), ops.data(), 0));
     }
+    st_.ref_site_writes += ref_patches_.size();
+  } catch (...) {
+    pre_ops_.clear();
+    im.reset_sites(/*known=*/false);
+    throw;
   }
-  // Levels in groups of publications as flush() does (the caller's flush publishes the last group), in pieces of
-  // at most half the ring (a batch's items index the matmul / attention scratch by position mod the ring size): a
-  // piece without descriptor sites is resident (one ready word); one with them goes through the ring, its aimed
-  // copy patched, by DMA (its TensorRefs are resident).
+  // Pieces in groups of publications as flush() does (the caller's flush publishes the last group): a piece
+  // without descriptor sites to patch is resident; consecutive resident pieces of one publication are one run,
+  // published with one doorbell (kReadyProgram: the poller fills their batches from the image's ProgLevel table);
+  // a piece with them goes through the ring, its aimed copy patched, by DMA (its TensorRefs are resident).
   const std::vector<std::pair<uint64_t, uint64_t>>& dp = patches_;
-  const uint32_t piece_max = std::max<uint32_t>(1, cfg_.capacity / 2);
-  size_t L = 0, d = 0, pi = 0;
-  while (L < im.level_end.size()) {
-    while (L < im.level_end.size() && can_commit_level(/*resident=*/true)) {
-      const size_t end = im.level_end[L], piece = std::min<size_t>(end, d + piece_max);
-      if (pi >= dp.size() || dp[pi].first / sizeof(SubOp) >= piece) {
-        levels_.push_back({desc_head_, (uint32_t)(piece - d), im.level_heavy[L],
-                           im.resident_descs + d * sizeof(SubOp), false});
-        d = piece;
-        if (d == end) ++L;
+  const bool runs = program_runs();
+  size_t P = 0, pi = 0;
+  while (P < im.pieces.size()) {
+    size_t head = SIZE_MAX;  // levels_ index of the open run's first piece
+    while (P < im.pieces.size() && can_commit_level(/*resident=*/true)) {
+      const TapeImage::Piece& pc = im.pieces[P];
+      const size_t end = (size_t)pc.begin + pc.count;
+      if (pi >= dp.size() || dp[pi].first / sizeof(SubOp) >= end) {
+        levels_.push_back({desc_head_, pc.count, pc.heavy, im.resident_descs + (uint64_t)pc.begin * sizeof(SubOp),
+                           false, 0, im.resident_table + P * sizeof(ProgLevel)});
+        if (runs && head != SIZE_MAX) {
+          levels_.back().run = -1;
+          levels_[head].run++;
+        } else {
+          levels_.back().run = 1;
+          head = levels_.size() - 1;
+        }
+        ++P;
         continue;
       }
-      if (!levels_.empty() && desc_head_ - levels_.front().start + (piece - d) > cfg_.capacity) break;
+      if (!levels_.empty() && desc_head_ - levels_.front().start + pc.count > cfg_.capacity) break;
       const uint64_t start = desc_head_;
-      commit_ring(&im.descs[d], (uint32_t)(piece - d), /*dma=*/true);
-      for (; pi < dp.size() && dp[pi].first / sizeof(SubOp) < piece; ++pi)
-        std::memcpy((char*)&ring_[(start + dp[pi].first / sizeof(SubOp) - d) % cfg_.capacity] +
+      commit_ring(&im.descs[pc.begin], pc.count, /*dma=*/true);
+      for (; pi < dp.size() && dp[pi].first / sizeof(SubOp) < end; ++pi)
+        std::memcpy((char*)&ring_[(start + dp[pi].first / sizeof(SubOp) - pc.begin) % cfg_.capacity] +
                         dp[pi].first % sizeof(SubOp), &dp[pi].second, 8);
-      d = piece;
-      if (d == end) ++L;
+      head = SIZE_MAX;
+      ++P;
     }
-    if (L < im.level_end.size()) publish(record_stream(), false, false);
+    if (P < im.pieces.size()) publish(record_stream(), false, false);
   }
   st_.subops += im.descs.size();
   st_.submitted += im.entries;

@@ -82,18 +82,23 @@ inline SubOp tile_of(const SubOp& proto, uint64_t tile, uint64_t per_tile, uint6
 
 // A tape range staged once, as the runtime would stage it alone (Runtime::replay_image): every tile's descriptor
 // in level order and the entries' TensorRefs as one contiguous image. Runtime::prepare_image uploads both to
-// device memory the program owns, the descriptors' ref fields aimed at the resident refs; the worker reads a
-// resident level's descriptors there (kReadyResident: DevCtl::bdesc), not from the ring. A replay finds the data
-// pointers its Reloc moves (sites sorted by captured value: a range finds its sites by binary search), writes the
-// TensorRef ones into the resident refs with stream memory writes, and publishes each level either resident (one
-// ready word) or, when its descriptors hold moved pointers (an elementwise op's tiles reading an input), as a
-// patched copy through the ring. No hazard lookups, no per-entry staging: O(levels + moved pointers + the
-// descriptors of the patched levels) host work per call.
+// device memory the program owns, the descriptors' ref fields aimed at the resident refs, with a ProgLevel table
+// of its pieces (device_src/types.h); the worker reads a resident level's descriptors there, not from the ring. A
+// replay finds the data pointers its Reloc moves (sites sorted by captured value: a range finds its sites by
+// binary search), writes the TensorRef ones whose resident value differs into the resident refs with stream
+// memory writes, and publishes the pieces: a run of resident pieces with one doorbell (kReadyProgram), a piece
+// whose descriptors hold moved pointers (an elementwise op's tiles reading a new input) as a patched copy through
+// the ring. No hazard lookups, no per-entry staging: O(pieces + moved pointers + the descriptors of the patched
+// pieces) host work per call.
 struct TapeImage {
   std::vector<SubOp> descs;         // level-major; ref fields hold byte offsets into `refs` until prepare_image
                                     // aims them at the resident refs (then: the resident descriptors' host copy)
   std::vector<uint8_t> refmask;     // per descriptor: point_at_refs' mask
   std::vector<uint32_t> level_end;  // one past each level's last descriptor
+  // Levels cut into pieces of at most `piece_max` descriptors (a batch's matmul / attention items index their
+  // scratch by position mod the ring: at most half of it per batch): each piece is one batch.
+  struct Piece { uint32_t begin, count, heavy; };  // heavy: matmul and attention items (heavy_items)
+  std::vector<Piece> pieces;
   std::vector<TensorRef> refs;      // every entry's TensorRefs, in entry order (a FusedArgs' two slots adjacent)
   struct Site {
     uint64_t value;   // the pointer as captured
@@ -101,19 +106,32 @@ struct TapeImage {
     bool in_refs;
   };
   std::vector<Site> sites;          // sorted by value
+  // What each TensorRef site holds in the resident refs once the writes already issued have landed (a replay
+  // writes only the sites whose value changes; stream order makes this the value its batches read).
+  std::vector<uint64_t> site_now;
+  std::vector<uint32_t> moved_sites;  // ref sites whose site_now differs from the captured value
+  std::vector<uint32_t> site_mark;    // per site: the replay that last set it (image_patches' bookkeeping)
+  uint32_t replays = 0;
   std::vector<uint32_t> ops;        // distinct op ids of the unfused entries (generation needs, note_op_gen)
   std::vector<int32_t> programs;    // program id of each fused entry (tier-2 use counts, note_program_use)
   uint64_t entries = 0;
-  std::vector<uint32_t> level_heavy;  // matmul and attention items per level (Runtime's heavy-level rules)
-  // Set by Runtime::prepare_image: device addresses of the resident descriptors and TensorRefs (0: not prepared).
-  uint64_t resident_descs = 0, resident_refs = 0;
-  // Bytes of device memory prepare_image needs (descriptors, then TensorRefs).
-  uint64_t resident_bytes() const { return descs.size() * sizeof(SubOp) + refs.size() * sizeof(TensorRef); }
+  // Set by Runtime::prepare_image: device addresses of the resident descriptors, TensorRefs and ProgLevel table
+  // (0: not prepared).
+  uint64_t resident_descs = 0, resident_refs = 0, resident_table = 0;
+  std::vector<ProgLevel> table;  // the piece table as uploaded (host copy)
+  // Bytes of device memory prepare_image needs (descriptors, TensorRefs, then the piece table).
+  uint64_t resident_bytes() const;
+  // What the resident refs hold: as captured (known, prepare_image's upload) or unknown (after a failed replay:
+  // the next replay writes every TensorRef site).
+  void reset_sites(bool known);
 };
-TapeImage stage_image(const Tape& tape, size_t b, size_t e);
-// A replay's pointer moves: every site inside one of `rel`'s ranges (a range that did not move included: a
-// resident ref may hold the previous call's value) as (byte offset into refs or descs, new value), sorted.
-void image_patches(const TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64_t, uint64_t>>& ref_patches,
+// `piece_max`: the most descriptors of one batch (Runtime: half the ring).
+TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max);
+// A replay's pointer moves, as (byte offset into refs or descs, new value), sorted: the TensorRef sites whose
+// value differs from what the resident refs hold (site_now, updated here; a moved site outside every range goes
+// back to its captured value), and the descriptor sites inside a range that moved (delta != 0: a patched copy
+// starts from the captured image).
+void image_patches(TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64_t, uint64_t>>& ref_patches,
                    std::vector<std::pair<uint64_t, uint64_t>>& desc_patches);
 // Descriptor fields that point at refs (point_at_refs' mask) aimed at refs placed at `refaddr`.
 void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr);
@@ -121,5 +139,9 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr);
 // tests (gpuos_ext._testing.set_tape_images).
 void set_tape_images(bool on);
 bool tape_images();
+// An image replay publishes a run of resident pieces with one doorbell (default) or one ready word per piece; for
+// A/B measurements and tests (gpuos_ext._testing.set_program_runs).
+void set_program_runs(bool on);
+bool program_runs();
 
 }  // namespace gpuos

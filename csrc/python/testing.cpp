@@ -87,11 +87,15 @@ void add_testing_module(py::module_& m) {
   t.def("set_tape_images", &set_tape_images, py::arg("on"),
         "Program replays from staged images (default) or entry by entry (core/tape.h; A/B and tests).");
   t.def("tape_images", &tape_images);
+  t.def("set_program_runs", &set_program_runs, py::arg("on"),
+        "Image replays publish a run of resident pieces with one doorbell (default) or one ready word per piece "
+        "(core/tape.h; A/B and tests).");
+  t.def("program_runs", &program_runs);
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused and attention entries over 6 storages, some of which move: the
         // image path (stage_image, image_patches, aim_ref_fields) against entry-by-entry staging (relocate, then
-        // append_tiles' rules) laid out the same way. Returns (descriptors, mismatching descriptors, refs,
-        // mismatching refs, moved pointer sites).
+        // append_tiles' rules) laid out the same way, over four calls. Returns (descriptors, mismatching
+        // descriptors, refs, mismatching refs, pointer sites written).
         std::mt19937_64 g(seed);
         auto rp = [&g] { return (uint64_t)(1 + g() % 6) << 32 | ((g() % (1u << 20)) & ~15ull); };
         Tape tape;
@@ -127,47 +131,59 @@ void add_testing_module(py::module_& m) {
           t.nin = 1 + (uint32_t)(g() % 2);
           for (uint32_t k = 0; k < t.nin; ++k) t.ins[k] = Access{(uintptr_t)(1 + g() % 5), 0, 64, {}};
         }
-        Reloc rel;
-        for (uint64_t s = 1; s <= 6; ++s) {  // a storage stays, moves, or is passed with delta 0
-          const uint64_t how = g() % 3;
-          if (how) rel.add(s << 32, (s << 32) + (1u << 20), how == 1 ? (int64_t)(g() % 4096) * 16 + (1 << 30) : 0);
-        }
+        // Four replays of one image, as calls of a program: the resident refs keep what earlier replays wrote
+        // (only changed sites are written), each call's descriptors start from the captured image.
         const uint64_t refaddr = 0x7000000000ull;
-        // Expected: each entry relocated, its refs at the next slots (entry order), its tiles at its level.
         const std::vector<uint32_t> lv = tape.entry_levels(0, n);
-        std::vector<TensorRef> want_refs;
-        std::vector<std::vector<SubOp>> by_level;
-        for (uint32_t i = 0; i < n; ++i) {
-          TapeEntry t = tape.entries[i];
-          relocate(t, rel);
-          uint64_t addr[4];
-          for (uint32_t k = 0; k < t.nref; ++k) addr[k] = refaddr + (want_refs.size()) * sizeof(TensorRef),
-                                                 want_refs.push_back(t.refs[k]);
-          point_at_refs(t.proto, t.nref, addr);
-          if (by_level.size() < lv[i]) by_level.resize(lv[i]);
-          for (uint64_t j = 0; j * t.per_tile < t.total; ++j) by_level[lv[i] - 1].push_back(tile_of(t.proto, j, t.per_tile, t.total));
+        TapeImage im = stage_image(tape, 0, n, 1 + (uint32_t)(g() % 300));
+        std::vector<TensorRef> refs = im.refs;  // the resident refs (prepare_image's upload)
+        size_t bad_d = 0, bad_r = 0, moved = 0, ndesc = 0;
+        for (uint32_t call = 0; call < 4; ++call) {
+          Reloc rel;
+          for (uint64_t s = 1; s <= 6; ++s) {  // a storage stays, moves, or is passed with delta 0
+            const uint64_t how = g() % 3;
+            if (how) rel.add(s << 32, (s << 32) + (1u << 20), how == 1 ? (int64_t)(g() % 4096) * 16 + (1 << 30) : 0);
+          }
+          // Expected: each entry relocated, its refs at the next slots (entry order), its tiles at its level.
+          std::vector<TensorRef> want_refs;
+          std::vector<std::vector<SubOp>> by_level;
+          for (uint32_t i = 0; i < n; ++i) {
+            TapeEntry t = tape.entries[i];
+            relocate(t, rel);
+            uint64_t addr[4];
+            for (uint32_t k = 0; k < t.nref; ++k) addr[k] = refaddr + (want_refs.size()) * sizeof(TensorRef),
+                                                   want_refs.push_back(t.refs[k]);
+            point_at_refs(t.proto, t.nref, addr);
+            if (by_level.size() < lv[i]) by_level.resize(lv[i]);
+            for (uint64_t j = 0; j * t.per_tile < t.total; ++j)
+              by_level[lv[i] - 1].push_back(tile_of(t.proto, j, t.per_tile, t.total));
+          }
+          std::vector<SubOp> want;
+          for (auto& v : by_level) want.insert(want.end(), v.begin(), v.end());
+          // The image path.
+          std::vector<SubOp> descs = im.descs;
+          std::vector<std::pair<uint64_t, uint64_t>> ref_p, desc_p;
+          image_patches(im, rel, ref_p, desc_p);
+          for (size_t i = 0; i < descs.size(); ++i) aim_ref_fields(descs[i], im.refmask[i], refaddr);  // prepare_image
+          for (const auto& p : ref_p) std::memcpy((char*)refs.data() + p.first, &p.second, 8);  // the replay's writes
+          for (const auto& p : desc_p) std::memcpy((char*)descs.data() + p.first, &p.second, 8);
+          moved += ref_p.size() + desc_p.size();
+          ndesc = descs.size();
+          uint32_t covered = 0;  // the pieces tile the descriptors in order, none larger than asked, none across levels
+          for (const TapeImage::Piece& pc : im.pieces) covered += pc.begin == covered && pc.count > 0 ? pc.count : 1u << 30;
+          if (covered != descs.size()) return std::make_tuple(ndesc, (size_t)-1, refs.size(), (size_t)-1, moved);
+          if (want.size() != descs.size() || want_refs.size() != refs.size())
+            return std::make_tuple(ndesc, (size_t)-1, refs.size(), (size_t)-1, moved);
+          for (size_t i = 0; i < descs.size(); ++i) bad_d += std::memcmp(&descs[i], &want[i], sizeof(SubOp)) != 0;
+          for (size_t i = 0; i < refs.size(); ++i) bad_r += std::memcmp(&refs[i], &want_refs[i], sizeof(TensorRef)) != 0;
         }
-        std::vector<SubOp> want;
-        for (auto& v : by_level) want.insert(want.end(), v.begin(), v.end());
-        // The image path.
-        const TapeImage im = stage_image(tape, 0, n);
-        std::vector<TensorRef> refs = im.refs;
-        std::vector<SubOp> descs = im.descs;
-        std::vector<std::pair<uint64_t, uint64_t>> ref_p, desc_p;
-        image_patches(im, rel, ref_p, desc_p);
-        for (size_t i = 0; i < descs.size(); ++i) aim_ref_fields(descs[i], im.refmask[i], refaddr);  // prepare_image
-        for (const auto& p : ref_p) std::memcpy((char*)refs.data() + p.first, &p.second, 8);  // the replay's writes
-        for (const auto& p : desc_p) std::memcpy((char*)descs.data() + p.first, &p.second, 8);
-        const size_t moved = ref_p.size() + desc_p.size();
-        size_t bad_d = want.size() == descs.size() ? 0 : (size_t)-1, bad_r = want_refs.size() == refs.size() ? 0 : (size_t)-1;
-        for (size_t i = 0; bad_d != (size_t)-1 && i < descs.size(); ++i)
-          bad_d += std::memcmp(&descs[i], &want[i], sizeof(SubOp)) != 0;
-        for (size_t i = 0; bad_r != (size_t)-1 && i < refs.size(); ++i)
-          bad_r += std::memcmp(&refs[i], &want_refs[i], sizeof(TensorRef)) != 0;
-        return std::make_tuple(descs.size(), bad_d, refs.size(), bad_r, moved);
+        for (size_t L = 0, P = 0; L < im.level_end.size(); ++L)  // no piece spans two levels
+          for (; P < im.pieces.size() && im.pieces[P].begin < im.level_end[L]; ++P)
+            if (im.pieces[P].begin + im.pieces[P].count > im.level_end[L]) bad_d++;
+        return std::make_tuple(ndesc, bad_d, refs.size(), bad_r, moved);
       }, py::arg("seed"), py::arg("entries"),
-      "Random tape: image replay (core/tape.h TapeImage) against entry-by-entry staging; (descs, bad, refs, bad, "
-      "moved sites).");
+      "Random tape, four calls: image replays (core/tape.h TapeImage; resident refs kept between calls) against "
+      "entry-by-entry staging; (descs, bad, refs, bad, written sites).");
   t.def("hazard_levels", [](const std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>>& units) {
         Hazards h;  // the levels the runtime would give these units (out, reads) recorded in order
         std::vector<uint32_t> lv;

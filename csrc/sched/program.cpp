@@ -2,6 +2,7 @@
 #include "sched/program.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <stdexcept>
 
@@ -108,7 +109,7 @@ static void replay_range(CapturedTape& c, size_t b, size_t e, const Reloc& r) {
     auto it = c.images.find({b, e});
     if (it == c.images.end()) {  // first replay of the range: its image, resident on the device
       CapturedTape::Image img;
-      img.im = stage_image(c.tape, b, e);
+      img.im = stage_image(c.tape, b, e, std::max<uint32_t>(1, rt.config().capacity / 2));
       // On the replay's stream: the caching allocator orders a reuse of the memory after the replays.
       img.resident = at::empty({(int64_t)img.im.resident_bytes()},
                                at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)c.dev));
@@ -132,6 +133,18 @@ pybind11::object ProgramCall::call(const pybind11::args& args) {
   namespace py = pybind11;
   if (args.size() != ins.size()) return py::none();
   const int dev = tape->dev;
+  struct Timed {  // program_call_ns: the whole C++ call (guards to outputs) of a call that ran
+    int dev;
+    bool ran = false;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timed() {
+      Runtime* rt = ran ? runtime_if(dev) : nullptr;
+      if (!rt) return;
+      const uint64_t ns = (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count();
+      RtLock lk(*rt);
+      rt->note_call_ns(ns);
+    }
+  } timed{dev};
   std::vector<at::Tensor> xs(ins.size());
   Reloc r;
   for (size_t i = 0; i < ins.size(); ++i) {
@@ -166,6 +179,7 @@ pybind11::object ProgramCall::call(const pybind11::args& args) {
     r.add(f.lo, f.hi, (int64_t)((uint64_t)(uintptr_t)fb[k].data_ptr() - f.lo));
   }
   replay_range(*tape, b, e, r);
+  timed.ran = true;
   auto view = [&](const Out& o, const at::Tensor& base, int64_t delta) {
     const uint64_t p = o.ptr + (uint64_t)delta, st = (uint64_t)(uintptr_t)base.storage().data();
     const int64_t es = (int64_t)c10::elementSize(o.dtype);
