@@ -168,6 +168,8 @@ struct WorkerArgs {
   u64 refs;       // TensorRef* arena (device pointer of the pinned block) that descriptors point into
   u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
   u64 scratch;    // float[(capacity + kMmMaxSplit) * kMmScratchPerSlot], zeroed: split-K matmul partials
+  u32 handover;   // standby launches queued behind this one at which it leaves once idle and covered (0: never)
+  u32 pad;
 };
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
@@ -250,7 +252,7 @@ static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill e
 static_assert(sizeof(AttnArgs) == sizeof(TensorRef), "AttnArgs fills exactly one TensorRef arena slot");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 96, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 104, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

@@ -372,7 +372,17 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
   if (p.spins == 32) st_vol(&hc->polling_seq, next);
   const bool want_yield = ld_vol(&hc->yield_request) != 0;
   // A standby that finds nothing published (a resident worker ran its batch) leaves at once.
-  const u64 idle = args.standby && !p.filled_any ? 0 : args.idle_ns;
+  u64 idle = args.standby && !p.filled_any ? 0 : args.idle_ns;
+  if (!want_yield && idle != 0 && args.handover != 0) {
+    // Every publication behind busy stream work (each call of a program loop: the previous call's stream wait)
+    // queues a standby launch behind this resident worker, gated on its last ready word; they cannot start while
+    // it runs. With args.handover (Config::handover_queue) of them queued and the newest covering the batch this worker waits for, leave
+    // now instead of after idle_ns: otherwise the side stream's queue fills, the host blocks in cuLaunchKernel
+    // and every call waits out the idle timeout (W5's loop: ~240 us per call, fifteenth session). Leaving
+    // covered is always allowed (the exit path below re-checks it after the Dekker handshake).
+    const u64 sb = ld_vol64(&hc->standby);
+    if ((int)((u32)(sb >> 32) - args.gen) >= (int)args.handover && (int)((u32)sb - next) >= 0) idle = 0;
+  }
   if (!want_yield && globaltimer() - p.t_idle < idle) return kCmdRun;
   // Dekker handshake: announce exit, then re-read what the host has published. The host stores
   // host_published, fences, then reads worker_state: at least one side sees the other's store, so a

@@ -39,6 +39,7 @@ EnvConfig read_env() {
   read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   read_u32("GPUOS_MM_ITEMS", c.mm_items);
   read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);
+  read_u32("GPUOS_HANDOVER_QUEUE", c.handover_queue);
   if (c.attn_min_rows == 0) c.attn_min_rows = 1;
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
@@ -94,6 +95,7 @@ std::string describe_env_config() {
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
          "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) +
          "\nGPUOS_ATTN_MIN_ROWS=" + std::to_string(c.attn_min_rows) +
+         "\nGPUOS_HANDOVER_QUEUE=" + std::to_string(c.handover_queue) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +
          "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +

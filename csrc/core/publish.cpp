@@ -436,6 +436,7 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.refs_dev = refs_dev_;
   args.scratch = scratch_d_;
   args.standby = gate != 0;
+  args.handover = cfg_.handover_queue;
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);

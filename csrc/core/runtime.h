@@ -48,6 +48,7 @@ struct Config {
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
   uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
+  uint32_t handover_queue = 8;  // queued standby launches at which a covered idle worker leaves (GPUOS_HANDOVER_QUEUE)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions (core/record.cpp; gpuos_ext._testing.attention_split).
