@@ -23,10 +23,16 @@ def _images(on: bool) -> None:
     gpuos_ext._testing.set_tape_images(on)
 
 
+def _runs(on: bool) -> None:
+    gpuos_ext._testing.set_program_runs(on)
+
+
 @pytest.fixture
 def images_restored(rt):
+    """The replay paths the tests switch go back to their defaults: images, one doorbell per run."""
     yield rt
     _images(True)
+    _runs(True)
 
 
 def _both_paths(prog, args):
@@ -112,16 +118,6 @@ def test_resident_refs_follow_inputs_that_return_to_their_capture_address(images
     torch.testing.assert_close(prog(other, y), torch.softmax(other * y, -1))
 
 
-def _runs(on: bool) -> None:
-    gpuos_ext._testing.set_program_runs(on)
-
-
-@pytest.fixture
-def runs_restored(rt):
-    yield rt
-    _runs(True)
-
-
 def _bells(prog, args, on):
     """prog(*args) with a doorbell per run of resident pieces (on) or per piece; (result, program bells)."""
     _runs(on)
@@ -132,7 +128,7 @@ def _bells(prog, args, on):
 
 
 @pytest.mark.watchdog(300)
-def test_one_doorbell_per_run_equals_a_ready_word_per_level(runs_restored):
+def test_one_doorbell_per_run_equals_a_ready_word_per_level(images_restored):
     """A replay whose levels are resident publishes them as one run (one ready word; the worker fills the levels'
     batches from the image's ProgLevel table, worker.cu fill_program): bit for bit what a ready word per level
     gives, and eager. Random programs called with their capture inputs (every level resident) and with new ones
@@ -156,7 +152,7 @@ def test_one_doorbell_per_run_equals_a_ready_word_per_level(runs_restored):
     assert runs_seen > 0  # some programs of several resident levels
 
 
-def test_runs_of_pieces_and_of_a_decode_block(runs_restored):
+def test_runs_of_pieces_and_of_a_decode_block(images_restored):
     """Runs longer than the poller's fill burst (a decode block's levels) and runs of pieces of one level larger
     than half the ring, called with the capture's inputs: one doorbell each, eager's results."""
     big = [torch.randn(1 << 17, device=DEV) for _ in range(3)]
