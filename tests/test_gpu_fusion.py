@@ -445,3 +445,24 @@ def test_reordering_keeps_every_dependency(rt, seed, fusion):
         gpuos_ext.set_fusion(True)
     for g, e in zip(got_bufs + got_temps, exp_bufs + exp_temps):
         assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_full_program_table_leaves_chains_unfused_and_counts_them():
+    """The process's fused-program table holds 1,024 programs (device_src/interp.h kMaxPrograms) and evicts none:
+    past it, new chains run unfused -- still right -- and stats()["fusion_table_full"] counts them. In a child
+    process: a full table would leave every later test's chains unfused."""
+    from _helpers import describe, run_python
+    proc = run_python("""
+        import torch, gpuos
+        x = torch.randn(4096, device="cuda")
+        cs = [1.0 + k / 4096 for k in range(1100)]  # distinct constants: a new program per chain
+        with gpuos.scheduler_context(size_threshold=1 << 20):
+            ys = [torch.sigmoid(x * c + 0.5) - x for c in cs]
+        bad = sum(not torch.allclose(y, torch.sigmoid(x * c + 0.5) - x, atol=1e-5) for y, c in zip(ys, cs))
+        s = gpuos.stats()
+        print("RESULT", bad, s["fusion_table_full"], s["programs"])
+    """, timeout=240)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert proc.returncode == 0 and line, describe(proc)
+    bad, full, programs = (int(v) for v in line[0].split()[1:])
+    assert bad == 0 and full > 0 and programs <= 1024, line[0]

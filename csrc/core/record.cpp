@@ -390,7 +390,10 @@ void Runtime::record_data(SubOp proto, const TensorRef* refs, uint32_t nref, con
 
 int32_t Runtime::program_id(const Program& p) {
   const int32_t id = intern_program(p);  // process-wide ids: a generation's tier-2 code names them
-  if (id < 0) return -1;
+  if (id < 0) {  // the table is full (nothing is evicted: ids are named by generated code): the chain runs unfused
+    st_.fusion_table_full++;
+    return -1;
+  }
   if (prog_uploaded_.size() <= (size_t)id) prog_uploaded_.resize((size_t)id + 1, 0);
   if (prog_uploaded_[(size_t)id]) return id;
   // Uploaded by the next publication, on its stream before its first ready word (publish.cpp): the worker opens

@@ -105,6 +105,7 @@ struct Operand {
   X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */            \
   X(image_replays)      /* ... of them from a TapeImage (Runtime::replay_image) */                         \
   X(replay_stage_ns)    /* host ns staging replays (Runtime::replay / replay_image) */                     \
+  X(fusion_table_full)  /* chains left unfused: the process's fused-program table (kMaxPrograms) was full */ \
   X(ref_site_writes)    /* resident TensorRef pointers written by image replays (the ones that changed) */  \
   X(program_bells)      /* ready words that each published a run of >= 2 resident pieces (kReadyProgram) */ \
   X(program_call_ns)    /* host ns in ProgramCall::call (the C++ call of a program, guards to outputs) */   \
