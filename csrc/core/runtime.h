@@ -192,8 +192,8 @@ class Runtime {
   // pieces -- resident (runs of them behind one doorbell), or through the ring where their descriptors hold moved
   // pointers (core/tape.h); the caller publishes them (flush).
   void prepare_image(TapeImage& im, uint64_t resident);
-  void note_call_ns(uint64_t ns) { st_.program_call_ns += ns; }  // sched/program.cpp ProgramCall
   void replay_image(TapeImage& im, const Reloc& rel);
+  void note_call_ns(uint64_t ns) { st_.program_call_ns += ns; }  // sched/program.cpp ProgramCall (under mu)
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
   int32_t program_id(const Program& p);
   // Publish everything pending on `stream` and make the stream wait for it (and for earlier early

@@ -181,7 +181,8 @@ void image_patches(TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64
   ref_patches.clear();
   desc_patches.clear();
   const uint32_t mark = ++im.replays;
-  std::vector<uint32_t> moved;
+  std::vector<uint32_t>& moved = im.moved_next;  // this replay's moved sites (reused storage)
+  moved.clear();
   for (const Reloc::R& r : rel.ranges()) {
     auto it = std::lower_bound(im.sites.begin(), im.sites.end(), r.lo,
                                [](const TapeImage::Site& s, uint64_t v) { return s.value < v; });
@@ -257,16 +258,19 @@ void Runtime::replay_image(TapeImage& im, const Reloc& rel) {
     // own. (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER was refused in a batch: CUDA_ERROR_INVALID_VALUE, H200.)
     image_patches(im, rel, ref_patches_, patches_);
     pre_ops_.clear();
-    const bool fold = ref_patches_.size() <= kMaxPreOps && !im.pieces.empty();
-    for (size_t k = 0; k < ref_patches_.size();) {
-      std::vector<CUstreamBatchMemOpParams>& ops = fold ? pre_ops_ : memops_;
-      if (!fold) ops.clear();
-      for (; k < ref_patches_.size() && ops.size() < kMaxMemopsPerCall; ++k)
-        ops.push_back(memop_write64((CUdeviceptr)(im.resident_refs + ref_patches_[k].first), ref_patches_[k].second));
-      if (fold) continue;
-      make_current();
-      PhaseMark pm(phase_, "replay: cuStreamBatchMemOp(resident TensorRef patches)");
-      GPUOS_CU(driver().cuStreamBatchMemOp(record_stream(), (unsigned)ops.size(), ops.data(), 0));
+    auto write = [&](size_t k) {
+      return memop_write64((CUdeviceptr)(im.resident_refs + ref_patches_[k].first), ref_patches_[k].second);
+    };
+    if (ref_patches_.size() <= kMaxPreOps && !im.pieces.empty()) {
+      for (size_t k = 0; k < ref_patches_.size(); ++k) pre_ops_.push_back(write(k));
+    } else {
+      for (size_t k = 0; k < ref_patches_.size();) {
+        memops_.clear();
+        for (; k < ref_patches_.size() && memops_.size() < kMaxMemopsPerCall; ++k) memops_.push_back(write(k));
+        make_current();
+        PhaseMark pm(phase_, "replay: cuStreamBatchMemOp(resident TensorRef patches)");
+        GPUOS_CU(driver().cuStreamBatchMemOp(record_stream(), (unsigned)memops_.size(), memops_.data(), 0));
+      }
     }
     st_.ref_site_writes += ref_patches_.size();
   } catch (...) {

@@ -110,6 +110,7 @@ struct TapeImage {
   // writes only the sites whose value changes; stream order makes this the value its batches read).
   std::vector<uint64_t> site_now;
   std::vector<uint32_t> moved_sites;  // ref sites whose site_now differs from the captured value
+  std::vector<uint32_t> moved_next;   // image_patches' scratch (swapped with moved_sites)
   std::vector<uint32_t> site_mark;    // per site: the replay that last set it (image_patches' bookkeeping)
   uint32_t replays = 0;
   std::vector<uint32_t> ops;        // distinct op ids of the unfused entries (generation needs, note_op_gen)
