@@ -164,13 +164,21 @@ struct WorkerArgs {
   u64 progs;      // Program* device program table (interp.h; fused sub-ops)
   u64 trace;      // TraceBuf* (device pointer of a mapped pinned block), 0: tracing off
   u32 keep_blocks;  // blocks that stay when the grid shrinks (the bounded grid; DevCtl::shrink)
-  u32 standby;      // 1: launched gated on a ready word (HostCtl::standby): leave at once if nothing is published
+  u32 standby;      // kStandby* flags: launched gated on a ready word (HostCtl::standby); leave at once if nothing
+                    // is published
   u64 refs;       // TensorRef* arena (device pointer of the pinned block) that descriptors point into
   u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
   u64 scratch;    // float[(capacity + kMmMaxSplit) * kMmScratchPerSlot], zeroed: split-K matmul partials
   u32 handover;   // standby launches queued behind this one at which it leaves once idle and covered (0: never)
   u32 pad;
 };
+
+// WorkerArgs::standby. kStandbyGated: the launch waited on the side stream for a ready word (HostCtl::standby):
+// if it finds nothing to run (the resident worker ran that batch) it leaves. kStandbyFirstLook: it decides so at
+// its first idle poll, not after the 32 polls an idle worker spends between exit checks (~1 us each): a back-to-back
+// program loop runs one such launch per call on the side stream (Runtime::publish, step 1b), and each cost ~40-60
+// us of device time before (gpuos_ext._testing.set_standby_first_look is the A/B switch).
+constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
 // per claim it ran to its own region (no atomics on host memory), then bumps count[b]; the poller's batch

@@ -368,7 +368,9 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
   }
   // Every 32 polls: the yield word (pinned, ~1 us to read) and the idle clock. Every 1024 polls kept the
   // worker resident up to ~0.4 ms after a yield request, while foreign GEMMs that need its SMs wait (F7).
-  if ((++p.spins & 31u) != 0) return kCmdRun;
+  // A standby's first idle poll decides at once (kStandbyFirstLook).
+  const bool first_look = (args.standby & kStandbyFirstLook) && !p.filled_any && p.spins == 0;
+  if ((++p.spins & 31u) != 0 && !first_look) return kCmdRun;
   if (p.spins == 32) st_vol(&hc->polling_seq, next);
   const bool want_yield = ld_vol(&hc->yield_request) != 0;
   // A standby that finds nothing published (a resident worker ran its batch) leaves at once.

@@ -289,7 +289,8 @@ def host_probe():
 def loop_probe():
     """W5's MLP block (fp16, worker matmul) captured and called back to back as bench_mlp's gpuos_program loop
     does: us per call until a device sync, until the stream's last event, and the host's; per call stats.
-    Variants: outputs kept (the bench keeps every step's output) or dropped; one doorbell per run or per level."""
+    Variants: outputs kept (the bench keeps every step's output) or dropped; one doorbell per run or per level;
+    gated standby launches deciding at their first idle poll or after 32 polls (the behaviour before)."""
     from benchmarks import bench_mlp as M
     from benchmarks.harness import suite as H
     keys = ("worker_launches", "gated_launches", "batches", "dma_batches", "program_bells", "ref_site_writes")
@@ -297,36 +298,38 @@ def loop_probe():
         case = M.make_case(size, 1000, "cuda")
         d = case.data
         prog, _ = H.capture_program(gpuos, lambda x: M.mlp_block(x, *M._weights(d)), (d.x,), torch.cuda.synchronize)
-        for keep in (True, False):
-            for runs in (True, False):
-                gpuos_ext._testing.set_program_runs(runs)
-                n = 1000
-                for _ in range(20):
-                    prog(d.x)
-                torch.cuda.synchronize()
-                s0 = gpuos.stats()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                kept = []
-                t0 = time.perf_counter()
-                e0.record()
-                for _ in range(n):
-                    y = prog(d.x)
-                    if keep:
-                        kept.append(y)
-                e1.record()
-                th = time.perf_counter()
-                e1.synchronize()
-                ts = time.perf_counter()
-                torch.cuda.synchronize()
-                td = time.perf_counter()
-                s1 = gpuos.stats()
-                out({"probe": "loop", "size": size, "keep_outputs": keep, "runs": runs,
-                     "us_per_call_device_sync": round((td - t0) * 1e6 / n, 1),
-                     "us_per_call_stream": round((ts - t0) * 1e6 / n, 1),
-                     "us_per_call_events": round(e0.elapsed_time(e1) * 1e3 / n, 1),
-                     "host_us_per_call": round((th - t0) * 1e6 / n, 1),
-                     **{k: round((s1[k] - s0[k]) / n, 2) for k in keys}})
+        variants = [(True, True, True), (True, True, False), (False, True, True), (True, False, True)]
+        for keep, runs, look in variants:  # outputs kept, one doorbell per run, standbys' first look
+            gpuos_ext._testing.set_program_runs(runs)
+            gpuos_ext._testing.set_standby_first_look(look)
+            n = 1000
+            for _ in range(20):
+                prog(d.x)
+            torch.cuda.synchronize()
+            s0 = gpuos.stats()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            kept = []
+            t0 = time.perf_counter()
+            e0.record()
+            for _ in range(n):
+                y = prog(d.x)
+                if keep:
+                    kept.append(y)
+            e1.record()
+            th = time.perf_counter()
+            e1.synchronize()
+            ts = time.perf_counter()
+            torch.cuda.synchronize()
+            td = time.perf_counter()
+            s1 = gpuos.stats()
+            out({"probe": "loop", "size": size, "keep_outputs": keep, "runs": runs, "standby_first_look": look,
+                 "us_per_call_device_sync": round((td - t0) * 1e6 / n, 1),
+                 "us_per_call_stream": round((ts - t0) * 1e6 / n, 1),
+                 "us_per_call_events": round(e0.elapsed_time(e1) * 1e3 / n, 1),
+                 "host_us_per_call": round((th - t0) * 1e6 / n, 1),
+                 **{k: round((s1[k] - s0[k]) / n, 2) for k in keys}})
         gpuos_ext._testing.set_program_runs(True)
+        gpuos_ext._testing.set_standby_first_look(True)
         from benchmarks import harness as HH
         g, _, _ = HH.capture_cuda_graph(lambda: M.mlp_block(d.x, *M._weights(d)), lambda: M.mlp_block(d.x, *M._weights(d)))
         out({"probe": "loop", "size": size, "cudagraph_us_per_call": round(gpu_us(g.replay, reps=1000), 1)})

@@ -397,6 +397,10 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   return last_seq_;
 }
 
+static std::atomic<bool> g_standby_first_look{true};
+void set_standby_first_look(bool on) { g_standby_first_look.store(on, std::memory_order_relaxed); }
+bool standby_first_look() { return g_standby_first_look.load(std::memory_order_relaxed); }
+
 void Runtime::maybe_launch_worker(uint32_t grid) {
   if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
   launch_worker(grid, 0);
@@ -435,7 +439,7 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.refs = refs_d_;
   args.refs_dev = refs_dev_;
   args.scratch = scratch_d_;
-  args.standby = gate != 0;
+  args.standby = !gate ? 0u : standby_first_look() ? kStandbyGated | kStandbyFirstLook : kStandbyGated;
   args.handover = cfg_.handover_queue;
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");

@@ -24,6 +24,10 @@ namespace gpuos {
 
 // Fault injection for tests: the next n generation module loads fail as an invalid image would.
 void fail_next_module_loads(int n);
+// Gated standby launches decide at their first idle poll (device_src/types.h kStandbyFirstLook; default on).
+// A/B measurements (gpuos_ext._testing.set_standby_first_look).
+void set_standby_first_look(bool on);
+bool standby_first_look();
 
 struct Config {
   uint32_t capacity = 4096;        // descriptor ring slots

@@ -91,6 +91,10 @@ void add_testing_module(py::module_& m) {
         "Image replays publish a run of resident pieces with one doorbell (default) or one ready word per piece "
         "(core/tape.h; A/B and tests).");
   t.def("program_runs", &program_runs);
+  t.def("set_standby_first_look", &set_standby_first_look, py::arg("on"),
+        "Gated standby launches leave at their first idle poll when nothing is left to run (default) or after the "
+        "32 polls between an idle worker's exit checks (the behaviour before; A/B measurements).");
+  t.def("standby_first_look", &standby_first_look);
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused and attention entries over 6 storages, some of which move: the
         // image path (stage_image, image_patches, aim_ref_fields) against entry-by-entry staging (relocate, then
