@@ -298,11 +298,15 @@ def loop_probe():
         case = M.make_case(size, 1000, "cuda")
         d = case.data
         prog, _ = H.capture_program(gpuos, lambda x: M.mlp_block(x, *M._weights(d)), (d.x,), torch.cuda.synchronize)
-        variants = [(True, True, True), (True, True, False), (False, True, True), (True, False, True)]
-        for keep, runs, look in variants:  # outputs kept, one doorbell per run, standbys' first look
+        # outputs kept, one doorbell per run, standbys' first look; the first variant again last (order effects)
+        variants = [(True, True, True), (True, True, False), (False, True, True), (True, False, True), (True, True, True)]
+        n = 1000
+        warm = [prog(d.x) for _ in range(n)]  # the caching allocator holds n outputs before any timed loop
+        torch.cuda.synchronize()
+        del warm
+        for keep, runs, look in variants:
             gpuos_ext._testing.set_program_runs(runs)
             gpuos_ext._testing.set_standby_first_look(look)
-            n = 1000
             for _ in range(20):
                 prog(d.x)
             torch.cuda.synchronize()
