@@ -87,6 +87,42 @@ def _one_image_replay_equals_eager(prog, fn, like):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.watchdog(200)
+@pytest.mark.parametrize("first_look", [True, False])
+def test_long_back_to_back_loop_publishes_each_call_once(images_restored, first_look):
+    """400 back-to-back calls run far ahead of the device: each call still goes out as one publication (the replay
+    waits for old batches rather than cutting the call into several, each a gated standby launch), the standbys
+    that find nothing to run leave, and every call's result is right -- with the standbys' first look (default) and
+    without it (the behaviour before)."""
+    gpuos_ext._testing.set_standby_first_look(first_look)
+    try:
+        with worker_tasks_on():
+            block = decode_block()
+            hs = [torch.randn(1, 64, device=DEV, dtype=torch.float16) for _ in range(8)]
+            prog = gpuos.capture(block, hs[0])
+            want = [block(h) for h in hs]
+            torch.cuda.synchronize()
+            s0 = gpuos.stats()
+            prog(hs[0])
+            torch.cuda.synchronize()
+            s1 = gpuos.stats()
+            n = 400
+            outs = [prog(hs[i % 8]) for i in range(n)]
+            torch.cuda.synchronize()
+            s2 = gpuos.stats()
+    finally:
+        gpuos_ext._testing.set_standby_first_look(True)
+    per_call = s1["batches"] - s0["batches"]
+    assert per_call >= 2 and s2["batches"] - s1["batches"] == n * per_call
+    launches = s2["worker_launches"] - s1["worker_launches"]
+    assert launches <= n + 2, f"{launches} worker launches for {n} calls: calls were cut into several publications"
+    assert s2["gated_launches"] - s1["gated_launches"] > n // 2  # the loop ran ahead (standbys were queued)
+    for i, o in enumerate(outs):
+        assert torch.equal(o, outs[i % 8]), f"call {i} differs from call {i % 8} (same input)"
+    for o, w in zip(outs[:8], want):
+        torch.testing.assert_close(o, w, rtol=2e-2, atol=2e-2)
+
+
 def test_programs_larger_than_the_arena_or_the_ring(images_restored):
     """An image's TensorRefs live in program-owned device memory, so a program with more of them than the runtime's
     TensorRef arena holds replays from its image too; a level of more descriptors than half the ring goes out in

@@ -143,6 +143,15 @@ void Runtime::wait_ring_room(uint32_t ndesc) {
   }
 }
 
+void Runtime::wait_batch_room(size_t n) {
+  retire();
+  while (!inflight_.empty() && levels_.size() + inflight_.size() + n >= kMaxBatches / 2) {
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, "room for a whole publication (batches in flight)");
+    retire();
+  }
+}
+
 // How a level's descriptors reach the worker (in stream order, before the level's ready word):
 //   >= Config::dma_min descriptors: one async copy-engine transfer into the device ring (PCIe at full rate);
 //   fewer: the worker reads them from the pinned ring with coalesced 16-byte loads (one PCIe round trip).

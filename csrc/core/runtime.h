@@ -258,6 +258,9 @@ class Runtime {
   void ensure_ref_room(uint32_t nref);
   // Room for ndesc descriptors in the ring, waiting for published batches only (never publishes).
   void wait_ring_room(uint32_t ndesc);
+  // Until n more levels can join one publication (can_commit_level's bound on batches in flight), waiting for the
+  // oldest batches.
+  void wait_batch_room(size_t n);
   void maybe_publish_early() {
     if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
       st_.early_publishes++;

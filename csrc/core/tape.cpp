@@ -247,6 +247,10 @@ void Runtime::replay_image(TapeImage& im, const Reloc& rel) {
   if (!im.descs.empty() && !im.resident_descs) throw std::logic_error("gpuos internal error: tape image not prepared");
   ScopedNs timed(st_.replay_stage_ns);
   if (staged_ > 0 || !levels_.empty()) flush(record_stream());  // the image's levels are its own
+  // Far ahead of the device (a loop of back-to-back calls), wait for the oldest batches so that this call's pieces
+  // go out in one publication: can_commit_level cuts a publication at kMaxBatches / 2 batches in flight, and each
+  // extra publication is a memop call and a gated standby launch the device runs (W5's loop: 1.29 launches per call).
+  wait_batch_room(std::min<size_t>(im.pieces.size(), kMaxBatches / 4));
   st_.program_replays++;
   st_.image_replays++;
   for (uint32_t op : im.ops) note_op_gen(op);
