@@ -358,6 +358,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
     undo();
     throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
+  st_.publications++;
   prog_unsent_.clear();
   pre_ops_.clear();
   pending_subops_ = 0;

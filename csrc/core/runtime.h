@@ -92,6 +92,7 @@ struct Operand {
   X(subops)                                                                                               \
   X(batches)                                                                                              \
   X(flushes)                                                                                              \
+  X(publications)       /* Runtime::publish calls that published (a flush of many levels may take several) */ \
   X(worker_launches)                                                                                      \
   X(handovers)                                                                                            \
   X(idle_adoptions)     /* handovers done by the compile thread while no worker was resident */           \
