@@ -293,7 +293,8 @@ def loop_probe():
     gated standby launches deciding at their first idle poll or after 32 polls (the behaviour before)."""
     from benchmarks import bench_mlp as M
     from benchmarks.harness import suite as H
-    keys = ("worker_launches", "gated_launches", "batches", "dma_batches", "program_bells", "ref_site_writes")
+    keys = ("publications", "worker_launches", "gated_launches", "batches", "dma_batches", "program_bells",
+            "ref_site_writes", "room_waits")
     for size in ("1x256", "1x1024"):
         case = M.make_case(size, 1000, "cuda")
         d = case.data
