@@ -17,7 +17,8 @@ levels, the handoffs inside it and the gap before the next call; env CALLS_SIZE 
 needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
 where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
-ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops).
+ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops). `attn` (one Llama-shape
+decode attention per flush at KV 2,048 and 8,192): where a batch of attention items goes (claims, items, combines).
 """
 import os
 import statistics
@@ -275,6 +276,26 @@ def hf_levels(label, top=12):
               f"{starts[len(cl) // 2] / 1e3:.2f} / {starts[-1] / 1e3:.2f}")
 
 
+def attention(kvs=(2048, 8192)):
+    """`attn`: one decode attention of bench_attention's Llama shape (32 / 8 heads, D 128, fp16, query length 1) per
+    flush, traced: the batch's claims (one item per warp; a tile's last item also combines the KV splits), so that
+    the exec p90 / max against the median tells the combine from the items, and the batch-filled / first-claim
+    offsets tell the publication's share (its descriptors go by DMA)."""
+    for kv in kvs:
+        q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+        k = torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.float16)
+        v = torch.randn_like(k)
+        o = torch.empty_like(q)
+        recs, dropped, t_flush_ns, host_ms, flush_ms = traced(lambda: gpuos.submit_attention(q, k, v, o))
+        summarise(f"attn 32/8 heads D 128 KV {kv}", recs, t_flush_ns, 2 * k.numel() * k.element_size(), host_ms,
+                  flush_ms)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float().repeat_interleave(4, 1), v.float().repeat_interleave(4, 1))
+        torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)
+        if dropped:
+            print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
+
+
 def calls(n_calls=20):
     """W5's MLP block (1x256 fp16, worker matmul) captured as a program and called n_calls times back to back,
     one trace: per call, the device span of its levels, the handoffs inside it, and the gap before the next call
@@ -372,6 +393,8 @@ def main():
         print(f"  torch.sum of the same 128000x1024: {ms:.3f} ms ({buf.numel() * 4 / (ms * 1e-3) / 1e9:.0f} GB/s)")
     if on("levels"):
         levels()
+    if on("attn"):
+        attention()
     if on("rows"):
         for hidden in (256, 4096):
             for rf in (True, False):
