@@ -75,7 +75,8 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
             gpuos.flush()
 
     def counters(fn):
-        keys = ("batches", "worker_launches", "burst_launches", "room_waits", "early_publishes", "flushes")
+        keys = ("batches", "publications", "worker_launches", "gated_launches", "burst_launches", "room_waits",
+                "early_publishes", "flushes")
         before = gpuos.stats()
         fn()
         torch.cuda.synchronize()
