@@ -132,3 +132,16 @@ def test_tape_image_equals_entry_by_entry_staging(seed):
     descs, bad_descs, refs, bad_refs, moved = gpuos_ext._testing.tape_image_check(seed, 80)
     assert descs > 80 and refs > 0 and moved > 0  # the case moves pointers in descriptors and in refs
     assert (bad_descs, bad_refs) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["program_runs", "tape_images", "standby_first_look"])
+def test_replay_switches_round_trip_and_default_on(name):
+    """The A/B switches of the replay and standby paths (gpuos_ext._testing) read back what was set; on by default."""
+    get, put = getattr(gpuos_ext._testing, name), getattr(gpuos_ext._testing, "set_" + name)
+    assert get() is True
+    try:
+        put(False)
+        assert get() is False
+    finally:
+        put(True)
+    assert get() is True
