@@ -21,6 +21,9 @@ constexpr u32 R = kAttnRowsPerItem;  // query rows an item holds in registers
 // and T of V before the first use (a warp: T * 32 / (D / 8) kv rows of each). 2 (the first version) kept few
 // bytes in flight per warp (~120 GB/s on an H100 at KV 4096). The masked variant keeps 2: with 3 it spilled.
 constexpr u32 kAttnStepsInFlight = 3, kAttnStepsInFlightMasked = 2;
+// Splits of a tile whose partials one combining lane loads at once (attn_combine).
+constexpr u32 kAttnCombineBatch = 16;
+static_assert(kAttnMaxSplit % kAttnCombineBatch == 0, "whole batches of splits");
 constexpr float kAttnLog2e = 1.4426950408889634f, kAttnLn2 = 0.6931471805599453f;
 
 // Per-slot partial layout (floats): [0, 4) head (counter), [4, 8) row maxima, [8, 12) row sums, [12, ...) rows x D.
@@ -112,29 +115,51 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
   const char* vp = (const char*)rv.ptr + ((i64)b * rv.strides[0] + (i64)kh * rv.strides[1] + c * 8) * 2;
   const i64 ks = rk.strides[2] * 2, vs = rv.strides[2] * 2;  // bytes per kv row
   const float ninf = attn_ninf();
-  for (int jb = jlo; jb < jend; jb += (int)(T * RP)) {  // warp-uniform trip count: the shuffles need every lane
-    uint4 kq[T], vq[T];  // every load of the step is issued before the first use: T of K and T of V in flight
+  const int step = (int)(T * RP);
+  // Software pipeline: a step's K registers are refilled with the next step's rows as soon as its logits are
+  // computed, its V registers as soon as they are accumulated, so the next step's loads are in flight while this
+  // step's softmax and accumulation run (no registers beyond the T + T loads of one step).
+  uint4 kq[T], vq[T];
 #pragma unroll
-    for (u32 t = 0; t < T; ++t) {
-      const int j = jb + (int)(t * RP + sub);
-      kq[t] = j < jend ? *(const uint4*)(kp + j * ks) : make_uint4(0u, 0u, 0u, 0u);
-      vq[t] = j < jend ? *(const uint4*)(vp + j * vs) : make_uint4(0u, 0u, 0u, 0u);
-    }
+  for (u32 t = 0; t < T; ++t) {
+    const int j = jlo + (int)(t * RP + sub);
+    kq[t] = j < jend ? *(const uint4*)(kp + j * ks) : make_uint4(0u, 0u, 0u, 0u);
+    vq[t] = j < jend ? *(const uint4*)(vp + j * vs) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  for (int jb = jlo; jb < jend; jb += step) {  // warp-uniform trip count: the shuffles need every lane
     float s[T][R];  // logits, then weights
 #pragma unroll
     for (u32 t = 0; t < T; ++t) {
-      const int j = jb + (int)(t * RP + sub);
       float kf[8];
       Vec16::unpack(kq[t], kf, dt);
 #pragma unroll
-      for (u32 r = 0; r < R; ++r) {
-        s[t][r] = ninf;
-        if (r >= nr) continue;  // warp-uniform
+      for (u32 r = 0; r < R; ++r) {  // rows r >= nr hold q = 0: their logits are dropped below
         float x = 0.0f;
 #pragma unroll
         for (u32 e = 0; e < 8; ++e) x = fmaf(q[r][e], kf[e], x);
-        for (u32 o = L >> 1; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-        const bool live = j < jend && j <= lim[r];
+        s[t][r] = x;
+      }
+    }
+#pragma unroll
+    for (u32 t = 0; t < T; ++t) {  // the next step's K rows
+      const int j = jb + step + (int)(t * RP + sub);
+      kq[t] = j < jend ? *(const uint4*)(kp + j * ks) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    // The D / 8 lanes of a kv row sum their partial dot products: the T x R sums go through each shuffle round
+    // together (independent shuffles in flight instead of one dependent chain per logit).
+    for (u32 o = L >> 1; o > 0; o >>= 1) {
+#pragma unroll
+      for (u32 t = 0; t < T; ++t)
+#pragma unroll
+        for (u32 r = 0; r < R; ++r) s[t][r] += __shfl_xor_sync(0xffffffffu, s[t][r], o);
+    }
+#pragma unroll
+    for (u32 t = 0; t < T; ++t) {
+      const int j = jb + (int)(t * RP + sub);
+#pragma unroll
+      for (u32 r = 0; r < R; ++r) {
+        const bool live = r < nr && j < jend && j <= lim[r];
+        float x = s[t][r];
         if (MASK && live) {
           const i64 mo = moff[MASK ? r : 0] + (i64)j * a.ms[3];
           x += mbool ? (((const u8*)a.mask)[mo] ? 0.0f : ninf) : load_f32((const void*)a.mask, mdt, mo) * kAttnLog2e;
@@ -170,6 +195,8 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
 #pragma unroll
         for (u32 e = 0; e < 8; ++e) acc[r][e] = fmaf(s[t][r], vf[e], t == 0 ? acc[r][e] * corr[r] : acc[r][e]);
       }
+      const int j = jb + step + (int)(t * RP + sub);  // the next step's V rows
+      vq[t] = j < jend ? *(const uint4*)(vp + j * vs) : make_uint4(0u, 0u, 0u, 0u);
     }
   }
   // Merge the lane groups (each holds other kv rows): afterwards every group holds the item's totals.
@@ -247,18 +274,27 @@ __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 fi
       const u32 e = e0 + lane * 4;
       const bool mine = e < a.D;
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      u32 slot = first;
-#pragma unroll 8
-      for (u32 s = 0; s < a.nsplit; ++s) {
-        const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
-        if (mine && ws != 0.0f) {  // an empty split (a slice the mask hides: a long static cache) adds nothing
-          const float4 pv =
-              __ldcg((const float4*)(attn + (u64)slot * kAttnScratchPerSlot + kAttnPartAcc + r * a.D + e));
-          v[0] = fmaf(ws, pv.x, v[0]), v[1] = fmaf(ws, pv.y, v[1]), v[2] = fmaf(ws, pv.z, v[2]);
-          v[3] = fmaf(ws, pv.w, v[3]);
+      // kAttnCombineBatch splits' loads in flight per lane, issued unconditionally: every item of the tile wrote
+      // its partial (an empty split: m = -inf, l = 0, zero accumulators; its weight is 0), so a load never waits
+      // for the shuffle of its weight (a load behind each weight's test made the combine ~64 dependent round
+      // trips per row: 45-90 us at 64 splits, worker_trace attn).
+      for (u32 s0 = 0; s0 < a.nsplit; s0 += kAttnCombineBatch) {
+        float4 pv[kAttnCombineBatch];
+#pragma unroll
+        for (u32 u = 0; u < kAttnCombineBatch; ++u) {
+          const u32 s = s0 + u;
+          const u32 slot = (first + s * step) % capacity;
+          pv[u] = mine && s < a.nsplit
+                      ? __ldcg((const float4*)(attn + (u64)slot * kAttnScratchPerSlot + kAttnPartAcc + r * a.D + e))
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        slot += step;
-        if (slot >= capacity) slot -= capacity;
+#pragma unroll
+        for (u32 u = 0; u < kAttnCombineBatch; ++u) {
+          const u32 s = s0 + u;  // < kAttnMaxSplit = 64: held by lane s % 32 in w[s / 32]
+          const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
+          v[0] = fmaf(ws, pv[u].x, v[0]), v[1] = fmaf(ws, pv[u].y, v[1]), v[2] = fmaf(ws, pv[u].z, v[2]);
+          v[3] = fmaf(ws, pv[u].w, v[3]);
+        }
       }
 #pragma unroll
       for (u32 k = 0; k < 4; ++k) v[k] *= inv;
