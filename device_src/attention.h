@@ -235,15 +235,16 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
 
 // After this item's partial: the tile's last item (the counter in the first slot) combines the nsplit partials of
 // slots first, first + step, ... (mod capacity), writes the rows and resets the counter.
-__device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 first, u32 step, u32 capacity, u32 dto, u32 b,
-                                          u32 kh, u32 r0, u32 nr, u32 lane) {
+// Returns whether this item combined.
+__device__ __noinline__ bool attn_combine(const AttnArgs& a, float* attn, u32 first, u32 step, u32 capacity, u32 dto,
+                                          u32 b, u32 kh, u32 r0, u32 nr, u32 lane) {
   float* head = attn + (u64)first * kAttnScratchPerSlot;
   fence_acq_rel();  // this item's partials before the counter (release)
   __syncwarp();
   u32 old = 0;
   if (lane == 0) old = atomicAdd((unsigned*)head, 1u);
   old = __shfl_sync(0xffffffffu, old, 0);
-  if (old != a.nsplit - 1) return;
+  if (old != a.nsplit - 1) return false;
   fence_acq_rel();  // acquire: every item's partials before they are read
   const u32 G = a.Hq / a.Hkv;
   const float ninf = attn_ninf();
@@ -302,12 +303,14 @@ __device__ __noinline__ void attn_combine(const AttnArgs& a, float* attn, u32 fi
     }
   }
   if (lane == 0) atomicExch((unsigned*)head, 0u);
+  return true;
 }
 
 // refs: [0] the AttnArgs, [1] q, [2] k, [3] v (B x H x L x D TensorRefs). ri: the sub-op's ring index; scratch,
-// capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch).
+// capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch); tb: the trace
+// (nullptr: off), where each item records its own and its combine's duration.
 __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
-                                          u32 capacity) {
+                                          u32 capacity, TraceBuf* tb) {
   const AttnArgs& a = *(const AttnArgs*)&refs[0];
   const u32 rows = R, G = a.Hq / a.Hkv, nrows = G * a.Lq, nrg = (nrows + rows - 1) / rows;
   // item = ((b * Hkv + kh) * nsplit + s) * nrg + rg: the row groups of one KV slice are neighbours (claimed
@@ -320,11 +323,15 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
   float* part = ns > 1 ? attn + (u64)ri * kAttnScratchPerSlot : nullptr;
   const u32 dto = d.dtype & 0xffu, dt = (d.dtype >> 8) & 0xffu;
   const float qscale = d.scalar[0] * kAttnLog2e;
+  const u64 t0 = tb ? globaltimer() : 0;
   if (a.mode & (kAttnMaskFloat | kAttnMaskBool))
     attn_item<true, kAttnStepsInFlightMasked>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
   else
     attn_item<false, kAttnStepsInFlight>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
-  if (part) attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane);
+  const u64 t1 = tb ? globaltimer() : 0;
+  const bool combined =
+      part && attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane);
+  if (tb && lane == 0) trace_item(tb, ri, t0, t1, globaltimer(), combined ? 1u : 0u);
 }
 
 }  // namespace gpuos

@@ -182,9 +182,16 @@ constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
 // per claim it ran to its own region (no atomics on host memory), then bumps count[b]; the poller's batch
-// slot fills go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy.
+// slot fills go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy. Region kTraceItems
+// holds one record per traced item (decode attention, split matmul: lane 0 of the warp that ran it), at its ring index modulo
+// per_block (each ring slot's warp writes its own record: no index word; the host takes the records whose t0 is
+// set and clears them).
 constexpr u32 kTraceBlocks = 256;    // blocks traced (block index >= this: not traced)
+constexpr u32 kTraceItems = kTraceBlocks + 1, kTraceRegions = kTraceBlocks + 2;
 constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-filling record
+constexpr u32 kTraceItem = 0xfffffffeu;  // TraceRec::block of an item record (decode attention, mma / ncol
+                                         // matmul): seq = the SM, idx = the ring index, k = 1 if the item also
+                                         // combined its tile's splits; load_ns = the item, exec_ns = the combine
 struct TraceRec {
   u64 t0;         // %globaltimer (ns) at the claim (fill record: when the poller filled the batch's slot)
   u32 load_ns;    // claim -> its descriptors in shared memory and the previous batch complete
@@ -197,9 +204,9 @@ struct TraceRec {
 struct TraceBuf {
   u32 per_block;  // records per region
   u32 reserved[15];
-  u32 count[kTraceBlocks + 1];  // records written per region (may exceed per_block: the rest were dropped)
-  u32 pad[15];
-  // TraceRec rec[(kTraceBlocks + 1) * per_block] follows (region r starts at rec + r * per_block)
+  u32 count[kTraceRegions];  // records written per region (may exceed per_block: the rest were dropped)
+  u32 pad[14];
+  // TraceRec rec[kTraceRegions * per_block] follows (region r starts at rec + r * per_block)
 };
 
 // Element offsets (in elements) of the linear indices e0, e0 + step, ... (U of them) of r's shape: the one address

@@ -139,6 +139,21 @@ __device__ __forceinline__ void prefetch_refs(const SubOp& d, TensorRef* refs, u
   else if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
 }
 
+// One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own).
+__device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
+  u32 sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  TraceRec* rec = (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + ri % tb->per_block;
+  rec->load_ns = (u32)(t1 - t0);
+  rec->exec_ns = (u32)(t2 - t1);
+  rec->block = kTraceItem;
+  rec->seq = sm;
+  rec->idx = ri;
+  rec->k = k;
+  __threadfence_system();
+  rec->t0 = t0;  // last: the host takes records whose t0 is set
+}
+
 }  // namespace gpuos
 #include "device_src/matmul.h"
 #include "device_src/attention.h"
@@ -157,9 +172,9 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
+    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
-    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity); \
+    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP

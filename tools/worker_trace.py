@@ -18,7 +18,9 @@ needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABE
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
 where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
 ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops). `attn` (one Llama-shape
-decode attention per flush at KV 2,048 and 8,192): where a batch of attention items goes (claims, items, combines).
+decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
+at 1,024^2): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
+and the tile's combine / split finish.
 """
 import os
 import statistics
@@ -276,6 +278,32 @@ def hf_levels(label, top=12):
               f"{starts[len(cl) // 2] / 1e3:.2f} / {starts[-1] / 1e3:.2f}")
 
 
+def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):
+    """Item records (block -2: decode attention and split-matmul items, one per warp): durations, the combines /
+    split finishes of the tiles' last items, and item duration by how many items an SM ran."""
+    items = [r for r in recs if r[0] == -2]  # (-2, sm, ring index, combined, t0, item ns, combine ns)
+    if items:
+        t_first = min(r[4] for r in items)
+        dur = sorted(r[5] / 1e3 for r in items)
+        comb = sorted(r[6] / 1e3 for r in items if r[3])
+        print(f"  {len(items)} items: duration " + ", ".join(f"p{int(q * 100)} {pct(dur, q):.1f}" for q in qs)
+              + f"; start offsets p50 {pct([(r[4] - t_first) / 1e3 for r in items], .5):.1f} / max "
+              f"{max((r[4] - t_first) / 1e3 for r in items):.1f} us")
+        if comb:
+            print(f"  {len(comb)} combines / finishes (us): " + ", ".join(f"p{int(q * 100)} {pct(comb, q):.1f}" for q in qs)
+                  + "; their items end at " + ", ".join(
+                      f"{(r[4] + r[5] - t_first) / 1e3:.1f}" for r in sorted(items, key=lambda r: r[4] + r[5])
+                      if r[3])[:200])
+        per_sm = {}
+        for r in items:
+            per_sm.setdefault(r[1], []).append(r[5] / 1e3)
+        by_n = {}
+        for v in per_sm.values():
+            by_n.setdefault(len(v), []).extend(v)
+        print(f"  {len(per_sm)} SMs ran items; item duration by items per SM: " + ", ".join(
+            f"{n}: median {statistics.median(v):.1f} ({len(v) // n} SMs)" for n, v in sorted(by_n.items())))
+
+
 def attention(kvs=(2048, 8192), caches=8):
     """`attn`: one decode attention of bench_attention's Llama shape (32 / 8 heads, D 128, fp16, query length 1) per
     flush, traced: the batch's claims (one item per warp; a tile's last item also combines the KV splits), so that
@@ -299,13 +327,36 @@ def attention(kvs=(2048, 8192), caches=8):
         summarise(f"attn 32/8 heads D 128 KV {kv}{' (L2-hot)' if hot else ''}", recs, t_flush_ns,
                   2 * k.numel() * k.element_size(), host_ms, flush_ms)
         claims = [r for r in recs if r[0] >= 0]
+        qs = (0.1, 0.5, 0.8, 0.9, 0.95, 1.0)
         if claims:  # the exec distribution: items alone vs items that also combined their tile
             exe = sorted(r[6] / 1e3 for r in claims)
-            print("  exec percentiles (us): " + ", ".join(f"p{int(q * 100)} {pct(exe, q):.1f}"
-                                                         for q in (0.1, 0.5, 0.8, 0.9, 0.95, 1.0)))
+            print("  claim exec percentiles (us): " + ", ".join(f"p{int(q * 100)} {pct(exe, q):.1f}" for q in qs))
+        item_summary(recs, qs)
         ref = torch.nn.functional.scaled_dot_product_attention(
             q.float(), k.float().repeat_interleave(4, 1), v.float().repeat_interleave(4, 1))
         torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)
+        if dropped:
+            print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
+
+
+def matmul_items(sizes=((1, 4096), (16, 4096), (1, 1024)), weights=8):
+    """`mm`: one worker matmul per flush (fp16, x @ w.t() -- the tensor-core path), M x K=N, each rep reading
+    another of `weights` weights (cold, as bench_matmul's rows): claims and items (one per warp; a tile's last K
+    slice also finishes the split)."""
+    for m, nk in sizes:
+        ws = [torch.randn(nk, nk, device="cuda", dtype=torch.float16) / nk ** 0.5 for _ in range(weights)]
+        x = torch.randn(m, nk, device="cuda", dtype=torch.float16)
+        o = torch.empty(m, nk, device="cuda", dtype=torch.float16)
+        it = [0]
+
+        def record():
+            it[0] += 1
+            gpuos.submit_matmul(x, ws[it[0] % weights].t(), o)
+        recs, dropped, t_flush_ns, host_ms, flush_ms = traced(record, reps=2 * weights)
+        w = ws[it[0] % weights]
+        summarise(f"mm M {m} N = K {nk} fp16", recs, t_flush_ns, w.numel() * 2, host_ms, flush_ms)
+        item_summary(recs)
+        torch.testing.assert_close(o.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
         if dropped:
             print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
@@ -407,6 +458,8 @@ def main():
         print(f"  torch.sum of the same 128000x1024: {ms:.3f} ms ({buf.numel() * 4 / (ms * 1e-3) / 1e9:.0f} GB/s)")
     if on("levels"):
         levels()
+    if on("mm"):
+        matmul_items()
     if on("attn"):
         attention()
     if on("rows"):

@@ -90,7 +90,7 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   refs_ = (TensorRef*)p;
   GPUOS_CU(d.cuMemHostGetDevicePointer(&refs_d_, p, 0));
   if (cfg_.trace_records) {
-    const size_t bytes = sizeof(TraceBuf) + sizeof(TraceRec) * (size_t)(kTraceBlocks + 1) * cfg_.trace_records;
+    const size_t bytes = sizeof(TraceBuf) + sizeof(TraceRec) * (size_t)kTraceRegions * cfg_.trace_records;
     GPUOS_CU(d.cuMemHostAlloc(&p, bytes, hflags));
     trace_ = (TraceBuf*)p;
     std::memset(p, 0, bytes);
@@ -188,6 +188,9 @@ std::vector<TraceRec> Runtime::take_trace(uint64_t* dropped) {
     *dropped += n - kept;
     __atomic_store_n(&trace_->count[r], 0u, __ATOMIC_RELEASE);
   }
+  TraceRec* items = (TraceRec*)(trace_ + 1) + (size_t)kTraceItems * trace_->per_block;
+  for (uint32_t i = 0; i < trace_->per_block; ++i)
+    if (items[i].t0 != 0) out.push_back(items[i]), items[i] = TraceRec{};
   return out;
 }
 
