@@ -237,16 +237,15 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
 // slots first, first + step, ... (mod capacity), writes the rows and resets the counter.
 // Returns whether this item combined.
 __device__ __noinline__ bool attn_combine(const AttnArgs& a, float* attn, u32 first, u32 step, u32 capacity, u32 dto,
-                                          u32 b, u32 kh, u32 r0, u32 nr, u32 lane, u32 exp) {
+                                          u32 b, u32 kh, u32 r0, u32 nr, u32 lane) {
   float* head = attn + (u64)first * kAttnScratchPerSlot;
-  if (!(exp & 1)) fence_acq_rel();  // this item's partials before the counter (release)
+  fence_acq_rel();  // this item's partials before the counter (release)
   __syncwarp();
   u32 old = 0;
   if (lane == 0) old = atomicAdd((unsigned*)head, 1u);
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != a.nsplit - 1) return false;
-  if (!(exp & 2)) fence_acq_rel();  // acquire: every item's partials before they are read
-  if (exp & 4) { if (lane == 0) atomicExch((unsigned*)head, 0u); return true; }
+  fence_acq_rel();  // acquire: every item's partials before they are read
   const u32 G = a.Hq / a.Hkv;
   const float ninf = attn_ninf();
   // Split s's weight and sum are held by lane s % 32 (w[s / 32], nsplit <= kAttnMaxSplit = 64); the D accumulators
@@ -311,7 +310,7 @@ __device__ __noinline__ bool attn_combine(const AttnArgs& a, float* attn, u32 fi
 // capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch); tb: the trace
 // (nullptr: off), where each item records its own and its combine's duration.
 __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
-                                          u32 capacity, TraceBuf* tb, u32 exp) {
+                                          u32 capacity, TraceBuf* tb) {
   const AttnArgs& a = *(const AttnArgs*)&refs[0];
   const u32 rows = R, G = a.Hq / a.Hkv, nrows = G * a.Lq, nrg = (nrows + rows - 1) / rows;
   // item = ((b * Hkv + kh) * nsplit + s) * nrg + rg: the row groups of one KV slice are neighbours (claimed
@@ -331,7 +330,7 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
     attn_item<false, kAttnStepsInFlight>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
   const u64 t1 = tb ? globaltimer() : 0;
   const bool combined =
-      part && attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane, exp);
+      part && attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane);
   if (tb && lane == 0) trace_item(tb, ri, t0, t1, globaltimer(), combined ? 1u : 0u);
 }
 

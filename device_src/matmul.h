@@ -132,15 +132,14 @@ __device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, u32 tw, i6
 
 // After this item's partials: the tile's last item (the counter) writes the outputs and zeroes the scratch.
 // Returns whether this item finished the tile.
-__device__ __noinline__ bool mm_finish(const MmArgs& g, float* part, u32 tw, u32 ksplit, i64 n0, u32 lane, u32 exp) {
-  if (!(exp & 1)) fence_acq_rel();  // this item's partials before the counter (release)
+__device__ __noinline__ bool mm_finish(const MmArgs& g, float* part, u32 tw, u32 ksplit, i64 n0, u32 lane) {
+  fence_acq_rel();  // this item's partials before the counter (release)
   __syncwarp();
   u32 old = 0;
   if (lane == 0) old = atomicAdd((unsigned*)part, 1u);
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != ksplit - 1) return false;
-  if (!(exp & 2)) fence_acq_rel();  // acquire: every item's partials before they are read
-  if (exp & 4) { if (lane == 0) atomicExch((unsigned*)part, 0u); return true; }
+  fence_acq_rel();  // acquire: every item's partials before they are read
   // 8 outputs per lane at once: their partials and bias values are all loaded before any is used (one memory
   // round trip per 8, not two per output). The scratch holds M x tw < 2^32 floats (kMmMaxSplit slots).
   const u32 total = (u32)(g.M * tw);
@@ -314,7 +313,7 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
 // ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch / capacity; tb: the trace
 // (nullptr: off), where each mma / ncol item records its own and its split finish's duration.
 __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
-                                       u32 capacity, TraceBuf* tb, u32 exp) {
+                                       u32 capacity, TraceBuf* tb) {
   MmArgs g;
   const TensorRef &ro = refs[0], &ra = refs[1], &rb = refs[2];
   g.out = (char*)ro.ptr;
@@ -357,7 +356,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
       mm_ncol(g, n0, k0, k1, part, lane);
     }
     const u64 t1 = tb ? globaltimer() : 0;
-    const bool finished = part && mm_finish(g, part, tw, ksplit, n0, lane, exp);
+    const bool finished = part && mm_finish(g, part, tw, ksplit, n0, lane);
     if (tb && lane == 0) trace_item(tb, ri, t0, t1, globaltimer(), finished ? 1u : 0u);
     return;
   }

@@ -172,9 +172,9 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (args.pad & 16) ? (TraceBuf*)args.trace : nullptr, args.pad); \
+    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
-    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (args.pad & 16) ? (TraceBuf*)args.trace : nullptr, args.pad); \
+    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP

@@ -8,7 +8,6 @@
 // after idle_us with nothing published.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -452,7 +451,6 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.scratch = scratch_d_;
   args.standby = !gate ? 0u : standby_first_look() ? kStandbyGated | kStandbyFirstLook : kStandbyGated;
   args.handover = cfg_.handover_queue;
-  if (const char* e = std::getenv("GPUOS_EXP")) args.pad = (uint32_t)std::atoi(e);  // TEMPORARY diagnostic
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
