@@ -252,18 +252,15 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
   }
 }
 
-// Chunks in flight per lane (mm_mma's U): one m8 tile per pass keeps 3 (12 weight loads of 16 bytes), two keep 2
-// (their second activation tile's registers): 4 spilled 76 bytes at 128 registers (nvcc 13.0, sm_90).
-constexpr u32 kMmChunksInFlight = 3, kMmChunksInFlightTwo = 2;
-
-// One mma tile: the instance for the dtype and the rows (two m8 tiles per pass above 8 rows).
+// One mma tile: the instance for the dtype and the rows (two m8 tiles per pass above 8 rows). U = 2 chunks in
+// flight: 3 for one m8 tile changed nothing measurable (H200, 4,096^2 at M = 1: items 13.7 us either way,
+// `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers.
 __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
-  constexpr u32 U1 = kMmChunksInFlight, U2 = kMmChunksInFlightTwo;
   const bool two = g.M > 8;
   if (g.dta == kBF16)
-    two ? mm_mma<true, true, U2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, U1>(g, n0, k0, k1, part, lane);
+    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
   else
-    two ? mm_mma<false, true, U2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, U1>(g, n0, k0, k1, part, lane);
+    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
