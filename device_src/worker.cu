@@ -139,7 +139,9 @@ __device__ __forceinline__ void prefetch_refs(const SubOp& d, TensorRef* refs, u
   else if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
 }
 
-// One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own).
+// One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
+// its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
+// after the batch's done word, which the claim's release and the last block's system fence order after them.
 __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
   u32 sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -150,8 +152,7 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u6
   rec->seq = sm;
   rec->idx = ri;
   rec->k = k;
-  __threadfence_system();
-  rec->t0 = t0;  // last: the host takes records whose t0 is set
+  rec->t0 = t0;  // the host takes records whose t0 is set
 }
 
 }  // namespace gpuos

@@ -37,3 +37,18 @@ def test_level_gaps_skips_untraced_neighbours(wt):
     recs = [rec(0, 5, 0, 10, 10), rec(0, 7, 100, 10, 10)]  # batch 6 not traced: no pair
     assert wt.level_gaps(recs) == ([], [])
     assert wt.level_gaps([]) == ([], [])
+
+
+def test_item_summary_reports_items_combines_and_sms(wt, capsys):
+    # item records: (-2, sm, ring index, combined, t0, item ns, combine ns); claims and fills are not items
+    recs = [rec(0, 1, 0, 100, 50000), rec(-1, 1, 0, 0, 0)]
+    recs += [(-2, sm, i, 0, 1000 + 100 * i, 10000, 500) for i, sm in enumerate((3, 3, 3, 7))]
+    recs += [(-2, 7, 9, 1, 1000, 20000, 30000)]  # the tile's last item: its combine took 30 us
+    wt.item_summary(recs)
+    out = capsys.readouterr().out
+    assert "5 items: duration" in out and "p100 20.0" in out
+    assert "1 combines / finishes (us): p10 30.0" in out
+    assert "their items end at 20.0" in out            # t0 + 20 us, from the first item's start (the same t0)
+    assert "2 SMs ran items" in out and "3: median 10.0 (1 SMs)" in out and "2: median 15.0 (1 SMs)" in out
+    wt.item_summary([rec(0, 1, 0, 1, 1)])               # no item records: nothing printed, no error
+    assert capsys.readouterr().out == ""

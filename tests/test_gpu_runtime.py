@@ -572,6 +572,55 @@ def test_worker_trace_accounts_for_every_sub_op():
     assert after == 0, line  # worker_trace() resets
 
 
+_ITEM_TRACE_SCRIPT = """
+import torch, gpuos
+gpuos.init(capacity=65536)
+q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+k = torch.randn(1, 8, 2048, 128, device="cuda", dtype=torch.float16)
+v = torch.randn_like(k)
+o = torch.empty_like(q)
+w = torch.randn(4096, 4096, device="cuda", dtype=torch.float16) / 64
+x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+y = torch.empty(1, 4096, device="cuda", dtype=torch.float16)
+gpuos.worker_trace()
+gpuos.submit_attention(q, k, v, o)
+gpuos.flush(sync=True)
+att = [r for r in gpuos.worker_trace()[torch.cuda.current_device()]["records"] if r[0] == -2]
+gpuos.submit_matmul(x, w.t(), y)
+gpuos.flush(sync=True)
+mm = [r for r in gpuos.worker_trace()[torch.cuda.current_device()]["records"] if r[0] == -2]
+ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(4, 1),
+                                                       v.float().repeat_interleave(4, 1))
+ok = torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2) and torch.allclose(
+    y.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
+nsm = torch.cuda.get_device_properties(0).multi_processor_count
+for name, recs in (("ATT", att), ("MM", mm)):
+    print(name, ok, len(recs), len({r[2] for r in recs}), sum(r[3] for r in recs),
+          all(0 <= r[1] < nsm and r[4] > 0 and r[5] > 0 for r in recs),
+          all(r[6] > 0 for r in recs if r[3]), len(gpuos.worker_trace()[0]["records"]))
+"""
+
+
+def test_worker_trace_item_records():
+    """GPUOS_TRACE's item records: one per decode-attention item and per split-matmul item (its SM, start,
+    duration), and exactly one combine / split finish per tile (32 / 8 heads, D 128, KV 2,048: 8 KV heads x 2 row
+    groups = 16 tiles; 4,096^2 at M = 1: 256 column tiles of 16) -- and the results still right."""
+    env = {"GPUOS_TRACE": "65536"}
+    if os.environ.get("GPUOS_CACHE_DIR"):
+        env["GPUOS_CACHE_DIR"] = os.environ["GPUOS_CACHE_DIR"]
+    r = run_python(_ITEM_TRACE_SCRIPT, env, timeout=150)
+    assert r.returncode == 0, describe(r)
+    for name, tiles in (("ATT", 16), ("MM", 256)):
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith(name + " ")][-1].split()
+        ok, n, distinct, combined, valid, timed, after = line[1], *map(int, line[2:4]), int(line[4]), line[5], \
+            line[6], int(line[7])
+        assert ok == "True", line
+        assert n == distinct and n > tiles, line  # one record per item (its ring slot), more items than tiles
+        assert combined == tiles, line            # one combine / finish per tile
+        assert valid == "True" and timed == "True", line
+        assert after == 0, line                   # worker_trace() takes the item records too
+
+
 def test_gemm_on_side_stream_completes_while_batches_flow(rt):
     A, B = ga((GEMM_N, GEMM_N), torch.bfloat16), ga((GEMM_N, GEMM_N), torch.bfloat16)
     eC = A @ B

@@ -114,6 +114,19 @@ void Runtime::wait_seq(uint32_t seq, const char* what) {
       });
 }
 
+template <class Full>
+void Runtime::wait_oldest_while(Full full, const char* what, const char* broken) {
+  while (full()) {
+    if (inflight_.empty()) {
+      if (broken) throw std::logic_error(std::string("gpuos internal error: ") + broken);
+      return;
+    }
+    st_.room_waits++;
+    wait_seq(inflight_.front().seq, what);
+    retire();
+  }
+}
+
 void Runtime::ensure_ref_room(uint32_t nref) {
   retire();
   auto fits = [&] { return ref_head_ + nref - ref_tail_ <= ref_capacity_; };
@@ -123,33 +136,20 @@ void Runtime::ensure_ref_room(uint32_t nref) {
     st_.full_queue_flushes++;
     flush(record_stream());
   }
-  while (!fits()) {
-    if (inflight_.empty())
-      throw std::logic_error("gpuos internal error: TensorRef arena accounting broken (nothing in flight, no room)");
-    st_.room_waits++;
-    wait_seq(inflight_.front().seq, "room in the TensorRef arena");
-    retire();
-  }
+  wait_oldest_while([&] { return !fits(); }, "room in the TensorRef arena",
+                    "TensorRef arena accounting broken (nothing in flight, no room)");
 }
 
 void Runtime::wait_ring_room(uint32_t ndesc) {
   retire();
-  while (desc_head_ + ndesc - desc_tail_ > cfg_.capacity) {
-    if (inflight_.empty())
-      throw std::logic_error("gpuos internal error: ring accounting broken (nothing in flight, no room)");
-    st_.room_waits++;
-    wait_seq(inflight_.front().seq, "room in the descriptor ring");
-    retire();
-  }
+  wait_oldest_while([&] { return desc_head_ + ndesc - desc_tail_ > cfg_.capacity; }, "room in the descriptor ring",
+                    "ring accounting broken (nothing in flight, no room)");
 }
 
 void Runtime::wait_batch_room(size_t n) {
   retire();
-  while (!inflight_.empty() && levels_.size() + inflight_.size() + n >= kMaxBatches / 2) {
-    st_.room_waits++;
-    wait_seq(inflight_.front().seq, "room for a whole publication (batches in flight)");
-    retire();
-  }
+  wait_oldest_while([&] { return levels_.size() + inflight_.size() + n >= kMaxBatches / 2; },
+                    "room for a whole publication (batches in flight)", nullptr);
 }
 
 // How a level's descriptors reach the worker (in stream order, before the level's ready word):
@@ -242,11 +242,8 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.assign(pre_ops_.begin(), pre_ops_.end());  // replay_image's TensorRef writes, before any ready word
   retire();
-  while (inflight_.size() + levels_.size() >= kMaxBatches - 1) {  // slot reuse needs the old batch done
-    st_.room_waits++;
-    wait_seq(inflight_.front().seq, "a free batch slot");
-    retire();
-  }
+  wait_oldest_while([&] { return inflight_.size() + levels_.size() >= kMaxBatches - 1; },  // slot reuse: old done
+                    "a free batch slot", "batch slot accounting broken (nothing in flight, no free slot)");
   std::vector<Level> publishing;
   publishing.swap(levels_);
   // TensorRefs are reclaimed batch by batch (retire): only the flush's last batch may release the refs recorded

@@ -262,6 +262,11 @@ class Runtime {
   // Until n more levels can join one publication (can_commit_level's bound on batches in flight), waiting for the
   // oldest batches.
   void wait_batch_room(size_t n);
+  // The one "wait for the oldest batch" loop of the room checks above and of flush's free batch slot: while
+  // full(), wait for the oldest batch in flight (`what` names the wait in a timeout), retire it, count a room
+  // wait. Nothing in flight while still full: `broken` (accounting that cannot recover) throws, nullptr returns.
+  template <class Full>
+  void wait_oldest_while(Full full, const char* what, const char* broken);
   void maybe_publish_early() {
     if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
       st_.early_publishes++;
