@@ -276,9 +276,9 @@ __device__ __noinline__ bool attn_combine(const AttnArgs& a, float* attn, u32 fi
       const bool mine = e < a.D;
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       // kAttnCombineBatch splits' loads in flight per lane, issued unconditionally: every item of the tile wrote
-      // its partial (an empty split: m = -inf, l = 0, zero accumulators; its weight is 0), so a load never waits
-      // for the shuffle of its weight (a load behind each weight's test made the combine ~64 dependent round
-      // trips per row: 45-90 us at 64 splits, worker_trace attn).
+      // its partial (an empty split: m = -inf, l = 0, zero accumulators; its weight is 0), so no load waits for
+      // the shuffle of its weight. One warp still makes ~10 dependent round trips here (maxima, then 2 rows x 4
+      // batches at 64 splits): 30-62 us on an H200 (worker_trace.py attn), the next thing to spread over warps.
       for (u32 s0 = 0; s0 < a.nsplit; s0 += kAttnCombineBatch) {
         float4 pv[kAttnCombineBatch];
 #pragma unroll
