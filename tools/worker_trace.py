@@ -306,8 +306,8 @@ def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):
 
 def attention(kvs=(2048, 8192), caches=8):
     """`attn`: one decode attention of bench_attention's Llama shape (32 / 8 heads, D 128, fp16, query length 1) per
-    flush, traced: the batch's claims (one item per warp; a tile's last item also combines the KV splits), so that
-    the exec p90 / max against the median tells the combine from the items, and the batch-filled / first-claim
+    flush, traced: the batch's claims (one item per warp; a tile's last item also combines the KV splits) and the
+    item records (item_summary: each item's duration, the combines apart), and the batch-filled / first-claim
     offsets tell the publication's share (its descriptors go by DMA). Each rep reads another of `caches` KV caches
     (together larger than the L2 cache at KV 8,192), as bench_attention's rows do; env ATTN_HOT=1 reads one."""
     hot = os.environ.get("ATTN_HOT") == "1"

@@ -213,13 +213,13 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
       }
       py::list l;
       for (const TraceRec& r : recs)
-        l.append(py::make_tuple(r.block == kTraceOpen ? -1 : r.block == kTraceItem ? -2 : (int64_t)r.block, r.seq, r.idx, r.k, r.t0, r.load_ns,
-                                r.exec_ns));
+        l.append(py::make_tuple(r.block == kTraceOpen ? -1 : r.block == kTraceItem ? -2 : (int64_t)r.block, r.seq,
+                                r.idx, r.k, r.t0, r.load_ns, r.exec_ns));
       d[py::int_(dev)] = py::dict(py::arg("records") = l, py::arg("dropped") = dropped);
     }
     return d;
   }, "Claim trace since the last call, per device: {'records': [(block, seq, idx, k, t0_ns, load_ns, exec_ns)], "
-     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch; block -2 = one decode-attention item (seq = its SM, idx = its ring index, k = 1 if it combined its tile, load_ns = the item, exec_ns = the combine). Needs GPUOS_TRACE=<records "
+     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch; block -2 = one decode-attention or split-matmul item (seq = its SM, idx = its ring index, k = 1 if it also combined / finished its tile, load_ns = the item, exec_ns = the combine / finish). Needs GPUOS_TRACE=<records "
      "per block> before init; call after flush(sync=True). See tools/worker_trace.py.");
   m.def("runtime_info", [] {
     py::dict d;
