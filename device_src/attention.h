@@ -10,8 +10,9 @@
 // in flight (kAttnStepsInFlight); each group of lanes keeps its own online softmax (max and sum in the log2 domain: q is pre-scaled by
 // scale * log2(e), mask values by log2(e), exp2f), and the groups are merged by shuffles at the end.
 // nsplit > 1: each item writes its partial (max, sum, D accumulators per row, fp32) into the attention scratch of
-// its ring slot; the last item of a tile (counter word in the first item's slot) combines them, writes the output
-// and resets the counter (a ring slot is reused only after its batch is done).
+// its ring slot and leaves its tile's counter (a word in the first item's slot) in a FinishNote; run_claim counts
+// the block's items after its barrier, and the block that completes a tile combines it with all its warps
+// (attn_finish), writes the output and resets the counter (a ring slot is reused only after its batch is done).
 #pragma once
 
 namespace gpuos {
@@ -21,9 +22,8 @@ constexpr u32 R = kAttnRowsPerItem;  // query rows an item holds in registers
 // and T of V before the first use (a warp: T * 32 / (D / 8) kv rows of each). 2 (the first version) kept few
 // bytes in flight per warp (~120 GB/s on an H100 at KV 4096). The masked variant keeps 2: with 3 it spilled.
 constexpr u32 kAttnStepsInFlight = 3, kAttnStepsInFlightMasked = 2;
-// Splits of a tile whose partials one combining lane loads at once (attn_combine).
-constexpr u32 kAttnCombineBatch = 16;
-static_assert(kAttnMaxSplit % kAttnCombineBatch == 0, "whole batches of splits");
+// Splits whose partials (every row of the tile) one warp of attn_finish loads at once, per lane.
+constexpr u32 kAttnFinishBatch = 8;
 constexpr float kAttnLog2e = 1.4426950408889634f, kAttnLn2 = 0.6931471805599453f;
 
 // Per-slot partial layout (floats): [0, 4) head (counter), [4, 8) row maxima, [8, 12) row sums, [12, ...) rows x D.
@@ -233,105 +233,147 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
   }
 }
 
-// After this item's partial: the tile's last item (the counter in the first slot) combines the nsplit partials of
-// slots first, first + step, ... (mod capacity), writes the rows and resets the counter.
-// Returns whether this item combined.
-__device__ __noinline__ bool attn_combine(const AttnArgs& a, float* attn, u32 first, u32 step, u32 capacity, u32 dto,
-                                          u32 b, u32 kh, u32 r0, u32 nr, u32 lane) {
-  float* head = attn + (u64)first * kAttnScratchPerSlot;
-  fence_acq_rel();  // this item's partials before the counter (release)
-  __syncwarp();
-  u32 old = 0;
-  if (lane == 0) old = atomicAdd((unsigned*)head, 1u);
-  old = __shfl_sync(0xffffffffu, old, 0);
-  if (old != a.nsplit - 1) return false;
-  fence_acq_rel();  // acquire: every item's partials before they are read
-  const u32 G = a.Hq / a.Hkv;
+// An item's place (attention_op's numbering): item = ((b * Hkv + kh) * nsplit + s) * nrg + rg -- the row groups of
+// one KV slice are neighbours (claimed together, they read the same K / V rows, mostly from cache); a tile's
+// items are nrg ring slots apart, its first (split 0) at ring index `first`, whose scratch holds the counter.
+struct AttnTile {
+  u32 G, nrg, s, b, kh, r0, nr, first;
+};
+__device__ __forceinline__ AttnTile attn_tile(const AttnArgs& a, u32 base, u32 ri, u32 capacity) {
+  AttnTile t;
+  t.G = a.Hq / a.Hkv;
+  const u32 nrows = t.G * a.Lq;
+  t.nrg = (nrows + R - 1) / R;
+  const u32 rg = base % t.nrg, bk = base / t.nrg / a.nsplit;
+  t.s = (base / t.nrg) % a.nsplit;
+  t.kh = bk % a.Hkv, t.b = bk / a.Hkv;
+  t.r0 = rg * R, t.nr = nrows - t.r0 < R ? nrows - t.r0 : R;
+  t.first = (ri + capacity - t.s * t.nrg) % capacity;
+  return t;
+}
+
+__device__ __forceinline__ float* attn_scratch(float* scratch, u32 capacity) {
+  return scratch + (u64)(capacity + kMmMaxSplit) * kMmScratchPerSlot;  // after the matmul scratch
+}
+
+// The combine of a split tile, by the whole block that counted its last item (run_claim's finish phase: the
+// counter is already complete and acquired). Every warp loads the splits' maxima and sums (lane s % 32 holds
+// split s) and derives the weights; warp w sums the accumulators of splits w, w + nw, ... (kAttnFinishBatch
+// splits' loads in flight per lane for every row); the warps' sums meet in `red` (shared memory, kMaxWarps x R
+// x 128 floats) and the block's threads store one output each. About 4 dependent round trips, where one warp
+// alone needed ~10 (maxima, then 2 rows x 4 batches of 16 splits at 64 splits: 30-62 us on an H200).
+__device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* cached, u32 lane, u32 warp, u32 nw,
+                                         i64 rd, u32 ri, float* scratch, u32 capacity, float* red) {
+  fetch_refs(d, refs, cached, lane, rd);  // the sub-op's TensorRefs into this warp's own slots
+  const AttnArgs& a = *(const AttnArgs*)&refs[0];
+  const AttnTile t = attn_tile(a, d.base, ri, capacity);
+  float* attn = attn_scratch(scratch, capacity);
+  const u32 dto = d.dtype & 0xffu, ns = a.nsplit;
   const float ninf = attn_ninf();
-  // Split s's weight and sum are held by lane s % 32 (w[s / 32], nsplit <= kAttnMaxSplit = 64); the D accumulators
-  // then go over the splits with several loads in flight (the slots advance by step, wrapping at capacity).
   static_assert(kAttnMaxSplit <= 64, "two splits per lane");
-  for (u32 r = 0; r < nr; ++r) {
-    float ms[2], ls[2], w[2];
+  float w[R][2], mx[R], sum[R], inv[R];
+  {
+    float ms[R][2], ls[R][2];
 #pragma unroll
-    for (u32 h = 0; h < 2; ++h) {
-      const u32 s = lane + 32 * h;
-      const float* p = attn + (u64)((first + s * step) % capacity) * kAttnScratchPerSlot;
-      ms[h] = s < a.nsplit ? __ldcg(p + kAttnPartM + r) : ninf;
-      ls[h] = s < a.nsplit ? __ldcg(p + kAttnPartL + r) : 0.0f;
-    }
-    float mx = fmaxf(ms[0], ms[1]);
-    for (u32 o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
+    for (u32 r = 0; r < R; ++r)
 #pragma unroll
-    for (u32 h = 0; h < 2; ++h) {
-      w[h] = ms[h] == ninf ? 0.0f : exp2f(ms[h] - mx);  // -inf - -inf would be NaN: an empty split weighs 0
-      sum = fmaf(w[h], ls[h], sum);
-    }
-    for (u32 o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const u32 row = r0 + r, g = row / a.Lq, i = row - g * a.Lq;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
-    for (u32 e0 = 0; e0 < a.D; e0 += 128) {  // warp-uniform: the shuffles below need every lane
-      const u32 e = e0 + lane * 4;
-      const bool mine = e < a.D;
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      // kAttnCombineBatch splits' loads in flight per lane, issued unconditionally: every item of the tile wrote
-      // its partial (an empty split: m = -inf, l = 0, zero accumulators; its weight is 0), so no load waits for
-      // the shuffle of its weight. One warp still makes ~10 dependent round trips here (maxima, then 2 rows x 4
-      // batches at 64 splits): 30-62 us on an H200 (worker_trace.py attn), the next thing to spread over warps.
-      for (u32 s0 = 0; s0 < a.nsplit; s0 += kAttnCombineBatch) {
-        float4 pv[kAttnCombineBatch];
-#pragma unroll
-        for (u32 u = 0; u < kAttnCombineBatch; ++u) {
-          const u32 s = s0 + u;
-          const u32 slot = (first + s * step) % capacity;
-          pv[u] = mine && s < a.nsplit
-                      ? __ldcg((const float4*)(attn + (u64)slot * kAttnScratchPerSlot + kAttnPartAcc + r * a.D + e))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (u32 u = 0; u < kAttnCombineBatch; ++u) {
-          const u32 s = s0 + u;  // < kAttnMaxSplit = 64: held by lane s % 32 in w[s / 32]
-          const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s & 31u);
-          v[0] = fmaf(ws, pv[u].x, v[0]), v[1] = fmaf(ws, pv[u].y, v[1]), v[2] = fmaf(ws, pv[u].z, v[2]);
-          v[3] = fmaf(ws, pv[u].w, v[3]);
-        }
+      for (u32 h = 0; h < 2; ++h) {
+        const u32 sp = lane + 32 * h;
+        const float* p = attn + (u64)((t.first + sp * t.nrg) % capacity) * kAttnScratchPerSlot;
+        const bool ok = sp < ns && r < t.nr;
+        ms[r][h] = ok ? __ldcg(p + kAttnPartM + r) : ninf;
+        ls[r][h] = ok ? __ldcg(p + kAttnPartL + r) : 0.0f;
       }
 #pragma unroll
-      for (u32 k = 0; k < 4; ++k) v[k] *= inv;
-      if (mine) attn_store(a, dto, b, kh * G + g, i, e, v, 4, mx, sum, e == 0);
+    for (u32 r = 0; r < R; ++r) {
+      float m = fmaxf(ms[r][0], ms[r][1]);
+      for (u32 o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      float l = 0.0f;
+#pragma unroll
+      for (u32 h = 0; h < 2; ++h) {
+        w[r][h] = ms[r][h] == ninf ? 0.0f : exp2f(ms[r][h] - m);  // -inf - -inf would be NaN: an empty split weighs 0
+        l = fmaf(w[r][h], ls[r][h], l);
+      }
+      for (u32 o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+      mx[r] = m, sum[r] = l;
+      inv[r] = l > 0.0f ? 1.0f / l : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
     }
   }
-  if (lane == 0) atomicExch((unsigned*)head, 0u);
-  return true;
+  for (u32 e0 = 0; e0 < a.D; e0 += 128) {  // block-uniform: the barriers below need every thread
+    const u32 e = e0 + lane * 4;
+    const bool mine = e < a.D;
+    float v[R][4];
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) v[r][0] = v[r][1] = v[r][2] = v[r][3] = 0.0f;
+    for (u32 s0 = warp; s0 < ns; s0 += nw * kAttnFinishBatch) {  // warp-uniform
+      float4 pv[kAttnFinishBatch][R];
+#pragma unroll
+      for (u32 u = 0; u < kAttnFinishBatch; ++u) {
+        const u32 sp = s0 + u * nw;
+        const float* p = attn + (u64)((t.first + sp * t.nrg) % capacity) * kAttnScratchPerSlot + kAttnPartAcc + e;
+#pragma unroll
+        for (u32 r = 0; r < R; ++r)  // every item wrote its partial (an empty split: zeros, weight 0)
+          pv[u][r] = mine && sp < ns && r < t.nr ? __ldcg((const float4*)(p + r * a.D))
+                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (u32 u = 0; u < kAttnFinishBatch; ++u) {
+        const u32 sp = s0 + u * nw;  // split sp's weight: lane sp % 32, w[.][sp / 32] (0 past the last split)
+#pragma unroll
+        for (u32 r = 0; r < R; ++r) {
+          const float ws = __shfl_sync(0xffffffffu, sp < 32 ? w[r][0] : w[r][1], sp & 31u);
+          v[r][0] = fmaf(ws, pv[u][r].x, v[r][0]), v[r][1] = fmaf(ws, pv[u][r].y, v[r][1]);
+          v[r][2] = fmaf(ws, pv[u][r].z, v[r][2]), v[r][3] = fmaf(ws, pv[u][r].w, v[r][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (u32 r = 0; r < R; ++r)
+      *(float4*)&red[(warp * R + r) * 128 + lane * 4] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
+    __syncthreads();
+    for (u32 x = threadIdx.x; x < t.nr * 128; x += blockDim.x) {
+      const u32 r = x / 128, ee = e0 + x % 128;
+      if (ee >= a.D) continue;
+      float o = 0.0f;
+      for (u32 k = 0; k < nw; ++k) o += red[(k * R + r) * 128 + x % 128];
+      o *= inv[r];
+      float m = mx[0], l = sum[0];
+#pragma unroll
+      for (u32 q = 1; q < R; ++q)
+        if (r == q) m = mx[q], l = sum[q];
+      const u32 row = t.r0 + r, g = row / a.Lq, i = row - g * a.Lq;
+      attn_store(a, dto, t.b, t.kh * t.G + g, i, ee, &o, 1, m, l, ee == 0);
+    }
+    __syncthreads();  // red is rewritten by the next pass
+  }
+  if (threadIdx.x == 0) atomicExch((unsigned*)(attn + (u64)t.first * kAttnScratchPerSlot), 0u);  // counter reset
 }
 
 // refs: [0] the AttnArgs, [1] q, [2] k, [3] v (B x H x L x D TensorRefs). ri: the sub-op's ring index; scratch,
-// capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch); tb: the trace
-// (nullptr: off), where each item records its own and its combine's duration.
+// capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch); note: where a
+// split item leaves its tile's counter for run_claim's finish phase (which counts the block's items after its
+// barrier and runs attn_finish for the tiles it completes); tb: the trace (nullptr: off), the item's duration.
 __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
-                                          u32 capacity, TraceBuf* tb) {
+                                          u32 capacity, FinishNote* note, TraceBuf* tb) {
   const AttnArgs& a = *(const AttnArgs*)&refs[0];
-  const u32 rows = R, G = a.Hq / a.Hkv, nrows = G * a.Lq, nrg = (nrows + rows - 1) / rows;
-  // item = ((b * Hkv + kh) * nsplit + s) * nrg + rg: the row groups of one KV slice are neighbours (claimed
-  // together, they read the same K / V rows, mostly from cache); a tile's items are nrg ring slots apart.
-  const u32 ns = a.nsplit, rg = d.base % nrg, s = (d.base / nrg) % ns, bk = d.base / nrg / ns;
-  const u32 kh = bk % a.Hkv, b = bk / a.Hkv;
-  const u32 r0 = rg * rows, nr = nrows - r0 < rows ? nrows - r0 : rows;
-  const i64 span = ((i64)a.Lk + ns - 1) / ns, j0 = (i64)s * span, j1 = j0 + span < (i64)a.Lk ? j0 + span : (i64)a.Lk;
-  float* attn = scratch + (u64)(capacity + kMmMaxSplit) * kMmScratchPerSlot;
+  const AttnTile t = attn_tile(a, d.base, ri, capacity);
+  const u32 ns = a.nsplit;
+  const i64 span = ((i64)a.Lk + ns - 1) / ns, j0 = (i64)t.s * span,
+            j1 = j0 + span < (i64)a.Lk ? j0 + span : (i64)a.Lk;
+  float* attn = attn_scratch(scratch, capacity);
   float* part = ns > 1 ? attn + (u64)ri * kAttnScratchPerSlot : nullptr;
   const u32 dto = d.dtype & 0xffu, dt = (d.dtype >> 8) & 0xffu;
   const float qscale = d.scalar[0] * kAttnLog2e;
   const u64 t0 = tb ? globaltimer() : 0;
   if (a.mode & (kAttnMaskFloat | kAttnMaskBool))
-    attn_item<true, kAttnStepsInFlightMasked>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
+    attn_item<true, kAttnStepsInFlightMasked>(a, refs, dt, dto, qscale, t.b, t.kh, t.r0, t.nr, j0, j1, part, lane);
   else
-    attn_item<false, kAttnStepsInFlight>(a, refs, dt, dto, qscale, b, kh, r0, nr, j0, j1, part, lane);
-  const u64 t1 = tb ? globaltimer() : 0;
-  const bool combined =
-      part && attn_combine(a, attn, (ri + capacity - s * nrg) % capacity, nrg, capacity, dto, b, kh, r0, nr, lane);
-  if (tb && lane == 0) trace_item(tb, ri, t0, t1, globaltimer(), combined ? 1u : 0u);
+    attn_item<false, kAttnStepsInFlight>(a, refs, dt, dto, qscale, t.b, t.kh, t.r0, t.nr, j0, j1, part, lane);
+  if (part && lane == 0) note->counter = (u64)(attn + (u64)t.first * kAttnScratchPerSlot), note->expected = ns;
+  if (tb && lane == 0) {
+    const u64 t1 = globaltimer();
+    trace_item(tb, ri, t0, t1, t1, 0u);
+  }
 }
 
 }  // namespace gpuos

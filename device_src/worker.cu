@@ -139,6 +139,22 @@ __device__ __forceinline__ void prefetch_refs(const SubOp& d, TensorRef* refs, u
   else if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
 }
 
+// A split item's tile counter for run_claim's finish phase (shared memory, one per descriptor of the claim):
+// counter 0 = nothing to count.
+struct FinishNote {
+  u64 counter;    // device address of the tile's u32 counter
+  u32 expected;   // the tile's items
+  u32 pad;
+};
+// What the finish phase needs in shared memory: the notes, the tiles this block completed, the warps' sums.
+struct BlockFinish {
+  FinishNote note[kMaxWarps * kClaimPerWarp];
+  u32 todo;  // bit di: this block completed sub-op di's tile
+  u32 pad[3];
+  float red[kMaxWarps * kAttnRowsPerItem * 128];
+};
+static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed descriptor");
+
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
@@ -154,6 +170,12 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u6
   rec->k = k;
   rec->t0 = t0;  // the host takes records whose t0 is set
 }
+// The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
+__device__ __noinline__ void trace_finish(TraceBuf* tb, u32 ri, u64 t0, u64 t1) {
+  TraceRec* rec = (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + ri % tb->per_block;
+  rec->exec_ns = (u32)(t1 - t0);
+  rec->k = 1;
+}
 
 }  // namespace gpuos
 #include "device_src/matmul.h"
@@ -162,7 +184,8 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u6
 namespace gpuos {
 
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                           const Program* progs, i64 rd, u32 ri, const WorkerArgs& args) {
+                                           const Program* progs, i64 rd, u32 ri, const WorkerArgs& args,
+                                           FinishNote* note) {
   if (d.op == kOpFused) {
     exec_fused(d, refs, cached, lane, progs, rd);
     return;
@@ -175,7 +198,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
     else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
-    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
+    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP
@@ -208,7 +231,7 @@ __device__ __forceinline__ bool user_exec(const SubOp& d, const TensorRef* refs,
 // fused chains) go through exec_subop. The host publishes a sub-op only to a generation that has its code.
 __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
                                             const Program* progs, const u8* alias, i64 rd, u32 ri,
-                                            const WorkerArgs& args) {
+                                            const WorkerArgs& args, FinishNote* note) {
   const u32 op = d.op;
   const u32 slot = (alias != nullptr && op < kMaxOps) ? (u32)alias[op] : 0u;
   const bool user = op >= kFirstUserOp && op < kMaxOps;
@@ -220,7 +243,7 @@ __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64
       return;
     }
   }
-  exec_subop(d, refs, cached, lane, progs, rd, ri, args);
+  exec_subop(d, refs, cached, lane, progs, rd, ri, args, note);
 }
 
 // ---------------------------------------------------------------- claiming
@@ -512,7 +535,8 @@ __device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, Ho
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
 // level, execute one sub-op per warp, then count the chunk off; the block that finishes the batch signals.
 __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, SubOp* sdesc,
-                          TensorRef* wrefs, u64* cached, const u64* s_claim, const u32* s_batch, u32* s_alias) {
+                          TensorRef* wrefs, u64* cached, const u64* s_claim, const u32* s_batch, u32* s_alias,
+                          BlockFinish* fin) {
   const SubOp* ring = (const SubOp*)args.ring;
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -528,6 +552,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
       s_alias[j] = __ldcg((const unsigned int*)&dc->alias.slot[bver & 1u][0] + j);
   const u32 k = count - idx < per_claim ? count - idx : per_claim;
   cached[0] = cached[1] = cached[2] = cached[3] = 0;  // TensorRef slots are reused: refetch per claim
+  for (u32 j = threadIdx.x; j < k; j += blockDim.x) fin->note[j].counter = 0;
   for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
     const u32 di = j >> 2, part = j & 3;
     const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
@@ -546,10 +571,31 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
   for (u32 di = warp; di < k; di += nwarps)
     exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
-                (u32)(((u64)start + idx + di) % args.capacity), args);
-  // Release: every warp's writes (ordered before thread 0's fence by the barrier: fences are cumulative) before
-  // the count. One fence per block, not one per warp.
+                (u32)(((u64)start + idx + di) % args.capacity), args, &fin->note[di]);
   __syncthreads();
+  // Finish phase: split items (decode attention) left their tiles' counters in notes. Lane di of warp 0 counts
+  // item di off -- its fence releases the block's partials, ordered before it by the barrier (fences are
+  // cumulative) -- and the block combines every tile whose count it completed, with all its warps.
+  if (warp == 0) {
+    bool last = false;
+    if (lane < k && fin->note[lane].counter != 0) {
+      fence_acq_rel();  // release
+      const u32 old = atomicAdd((unsigned*)fin->note[lane].counter, 1u);
+      last = old + 1 == fin->note[lane].expected;
+      if (last) fence_acq_rel();  // acquire: every item's partials before the block reads them (barrier below)
+    }
+    const u32 todo = __ballot_sync(0xffffffffu, last);
+    if (lane == 0) fin->todo = todo;
+  }
+  __syncthreads();
+  for (u32 m = fin->todo; m != 0; m &= m - 1) {  // block-uniform: attn_finish has barriers
+    const u32 di = (u32)__ffs((int)m) - 1, ri = (u32)(((u64)start + idx + di) % args.capacity);
+    const u64 tf = tb ? globaltimer() : 0;
+    attn_finish(sdesc[di], wrefs, cached, lane, warp, nwarps, rd, ri, (float*)args.scratch, args.capacity, fin->red);
+    if (tb && threadIdx.x == 0) trace_finish(tb, ri, tf, globaltimer());
+  }
+  // Release: every warp's writes (ordered before thread 0's fence by the barrier: fences are cumulative) before
+  // the count. One fence per block, not one per warp. (attn_finish ends with a barrier.)
   if (threadIdx.x == 0) {
     if (tb && blockIdx.x < kTraceBlocks) trace_claim(tb, blockIdx.x, t_claim, t_loaded, globaltimer(), seq, idx, k);
     fence_acq_rel();
@@ -573,6 +619,7 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
   __shared__ unsigned long long s_claim;
   __shared__ u32 s_cmd, s_batch[7], s_alias[64];  // the claim's batch: count, start, source, alias version, size,
                                                   // bdesc (low, high)
+  __shared__ __align__(16) BlockFinish s_fin;
   HostCtl* hc = (HostCtl*)args.host_ctl;
   DevCtl* dc = (DevCtl*)args.dev_ctl;
   const u32 warp = threadIdx.x / 32;
@@ -592,6 +639,6 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
     if (threadIdx.x == 0) s_cmd = claim_next(args, dc, hc, w, p, blockDim.x / 32, &s_claim, s_batch);
     __syncthreads();
     if (s_cmd == kCmdExit) return;
-    run_claim(args, dc, hc, p, sdesc, srefs[warp], cached, &s_claim, s_batch, s_alias);
+    run_claim(args, dc, hc, p, sdesc, srefs[warp], cached, &s_claim, s_batch, s_alias, &s_fin);
   }
 }

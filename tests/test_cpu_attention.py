@@ -14,7 +14,7 @@ def test_worker_with_attention_compiles(requires_nvrtc, arch):
     cubin = gpuos_ext.jit_compile(arch)
     assert cubin[:4] == b"\x7fELF"
     # the attention paths are noinline functions of the worker module: their symbols are in the image
-    for name in (b"attention_op", b"attn_item", b"attn_combine"):
+    for name in (b"attention_op", b"attn_item", b"attn_finish"):
         assert name in cubin, f"{name!r} missing from the {arch} worker image"
 
 
