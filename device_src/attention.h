@@ -256,14 +256,16 @@ __device__ __forceinline__ float* attn_scratch(float* scratch, u32 capacity) {
   return scratch + (u64)(capacity + kMmMaxSplit) * kMmScratchPerSlot;  // after the matmul scratch
 }
 
-// The combine of a split tile, by the whole block that counted its last item (run_claim's finish phase: the
-// counter is already complete and acquired). Every warp loads the splits' maxima and sums (lane s % 32 holds
-// split s) and derives the weights; warp w sums the accumulators of splits w, w + nw, ... (kAttnFinishBatch
-// splits' loads in flight per lane for every row); the warps' sums meet in `red` (shared memory, kMaxWarps x R
-// x 128 floats) and the block's threads store one output each. About 4 dependent round trips, where one warp
-// alone needed ~10 (maxima, then 2 rows x 4 batches of 16 splits at 64 splits: 30-62 us on an H200).
-__device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* cached, u32 lane, u32 warp, u32 nw,
-                                         i64 rd, u32 ri, float* scratch, u32 capacity, float* red) {
+// The combine of a split tile, by a group of gs warps of the block that counted its last item (run_claim's finish
+// phase: the counter is already complete and acquired; the group is the whole block when it completed one tile,
+// a share of it when it completed several, so that those combine side by side). Every warp loads the splits'
+// maxima and sums (lane s % 32 holds split s) and derives the weights; the group's warp gw sums the accumulators
+// of splits gw, gw + gs, ... (kAttnFinishBatch splits' loads in flight per lane for every row); the warps' sums
+// meet in `red` (shared memory, kMaxWarps x R x 128 floats, a slice per warp) and the group's threads store one
+// output each. bar: the group's named barrier (gs warps). About 4 dependent round trips, where one warp alone
+// needed ~10 (maxima, then 2 rows x 4 batches of 16 splits at 64 splits: 30-62 us on an H200).
+__device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* cached, u32 lane, u32 warp, u32 gw,
+                                         u32 gs, u32 bar, i64 rd, u32 ri, float* scratch, u32 capacity, float* red) {
   fetch_refs(d, refs, cached, lane, rd);  // the sub-op's TensorRefs into this warp's own slots
   const AttnArgs& a = *(const AttnArgs*)&refs[0];
   const AttnTile t = attn_tile(a, d.base, ri, capacity);
@@ -299,17 +301,17 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
       inv[r] = l > 0.0f ? 1.0f / l : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
     }
   }
-  for (u32 e0 = 0; e0 < a.D; e0 += 128) {  // block-uniform: the barriers below need every thread
+  for (u32 e0 = 0; e0 < a.D; e0 += 128) {  // group-uniform: the barriers below need every thread of the group
     const u32 e = e0 + lane * 4;
     const bool mine = e < a.D;
     float v[R][4];
 #pragma unroll
     for (u32 r = 0; r < R; ++r) v[r][0] = v[r][1] = v[r][2] = v[r][3] = 0.0f;
-    for (u32 s0 = warp; s0 < ns; s0 += nw * kAttnFinishBatch) {  // warp-uniform
+    for (u32 s0 = gw; s0 < ns; s0 += gs * kAttnFinishBatch) {  // warp-uniform
       float4 pv[kAttnFinishBatch][R];
 #pragma unroll
       for (u32 u = 0; u < kAttnFinishBatch; ++u) {
-        const u32 sp = s0 + u * nw;
+        const u32 sp = s0 + u * gs;
         const float* p = attn + (u64)((t.first + sp * t.nrg) % capacity) * kAttnScratchPerSlot + kAttnPartAcc + e;
 #pragma unroll
         for (u32 r = 0; r < R; ++r)  // every item wrote its partial (an empty split: zeros, weight 0)
@@ -318,7 +320,7 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
       }
 #pragma unroll
       for (u32 u = 0; u < kAttnFinishBatch; ++u) {
-        const u32 sp = s0 + u * nw;  // split sp's weight: lane sp % 32, w[.][sp / 32] (0 past the last split)
+        const u32 sp = s0 + u * gs;  // split sp's weight: lane sp % 32, w[.][sp / 32] (0 past the last split)
 #pragma unroll
         for (u32 r = 0; r < R; ++r) {
           const float ws = __shfl_sync(0xffffffffu, sp < 32 ? w[r][0] : w[r][1], sp & 31u);
@@ -330,12 +332,13 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
 #pragma unroll
     for (u32 r = 0; r < R; ++r)
       *(float4*)&red[(warp * R + r) * 128 + lane * 4] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
-    __syncthreads();
-    for (u32 x = threadIdx.x; x < t.nr * 128; x += blockDim.x) {
+    bar_sync(bar, gs * 32);
+    const u32 w0 = warp - gw;  // the group's first warp
+    for (u32 x = gw * 32 + lane; x < t.nr * 128; x += gs * 32) {
       const u32 r = x / 128, ee = e0 + x % 128;
       if (ee >= a.D) continue;
       float o = 0.0f;
-      for (u32 k = 0; k < nw; ++k) o += red[(k * R + r) * 128 + x % 128];
+      for (u32 k = w0; k < w0 + gs; ++k) o += red[(k * R + r) * 128 + x % 128];
       o *= inv[r];
       float m = mx[0], l = sum[0];
 #pragma unroll
@@ -344,9 +347,9 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
       const u32 row = t.r0 + r, g = row / a.Lq, i = row - g * a.Lq;
       attn_store(a, dto, t.b, t.kh * t.G + g, i, ee, &o, 1, m, l, ee == 0);
     }
-    __syncthreads();  // red is rewritten by the next pass
+    bar_sync(bar, gs * 32);  // red is rewritten by the next pass
   }
-  if (threadIdx.x == 0) atomicExch((unsigned*)(attn + (u64)t.first * kAttnScratchPerSlot), 0u);  // counter reset
+  if (gw == 0 && lane == 0) atomicExch((unsigned*)(attn + (u64)t.first * kAttnScratchPerSlot), 0u);  // counter reset
 }
 
 // refs: [0] the AttnArgs, [1] q, [2] k, [3] v (B x H x L x D TensorRefs). ri: the sub-op's ring index; scratch,
