@@ -111,7 +111,11 @@ constexpr u32 kReadyResident = 0x40000000u;
 // #17): bdesc[slot] holds the address of their ProgLevel table in device memory; they take the seqs seq ..
 // seq + count - 1, and the poller fills those slots from the table itself (no ready words of their own).
 constexpr u32 kReadyProgram = 0x20000000u;
-constexpr u32 kReadyFlags = kReadyDevRing | kReadyResident | kReadyProgram;
+// ... | kReadyJoin: the batch runs beside the one before it (the host's hazard model found nothing between them:
+// an early publication's next piece of the same level, Runtime::append_tiles): it waits only for what that batch
+// waited for (DevCtl::bdep), and its done word still lands after that batch's (done words stay in seq order).
+constexpr u32 kReadyJoin = 0x10000000u;
+constexpr u32 kReadyFlags = kReadyDevRing | kReadyResident | kReadyProgram | kReadyJoin;
 // One level of a program's resident image (Runtime::prepare_image uploads the table beside the descriptors).
 struct ProgLevel {
   u64 desc;   // SubOp* of the level's first resident descriptor
@@ -144,6 +148,8 @@ struct DevCtl {
   u32 bseq[kMaxBatches];       // = seq once the poller has filled the slot (the fields above, claim, bver)
   u32 done[kMaxBatches];       // = seq once the batch completed: what the next batch's blocks and stream waits
                                // poll (device memory is polled faster than the pinned HostCtl::done the host reads)
+  u32 bdep[kMaxBatches];       // the batch's claims wait until every batch up to this one has completed: seq - 1,
+                               // or for a kReadyJoin batch the bdep of the batch before it (set when filled)
   u32 next_seq;                // next batch the poller fills (stored when a launch exits; read when one starts)
   u32 exit_flag;               // grid-wide: poller decided to exit
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)

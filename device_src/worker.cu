@@ -288,7 +288,7 @@ __device__ __forceinline__ bool seq_reached(u32 v, u32 seq) { return (int)(v - s
 struct Walk {       // thread 0's state of one block
   u32 cur = 0;      // the batch this block works on next
   u32 f_seq = 0;    // the batch whose fields f[] holds (0: none)
-  u32 f[4] = {0, 0, 0, 0};  // count, start, source, alias version
+  u32 f[5] = {0, 0, 0, 0, 0};  // count, start, source, alias version, bdep
   u64 fd = 0;               // bdesc (source 2)
 };
 struct Poller {     // block 0 thread 0's additional state
@@ -315,6 +315,7 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   dc->bcount[slot] = count;
   dc->bsrc[slot] = resident ? 2u : (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
+  dc->bdep[slot] = (hi & kReadyJoin) ? dc->bdep[(seq - 1) & (kMaxBatches - 1)] : seq - 1;  // seq - 1: filled before
   dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
   // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
   // either lands before it (and finds that batch exhausted) or after (and holds a real claim on this one).
@@ -461,12 +462,13 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
 // s_claim (seq << 32 | index) and the batch's fields in s_batch, or kCmdExit.
 __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk& w, Poller& p, u32 nwarps,
                           u64* s_claim, u32* s_batch) {
-  auto fields = [&](u32 seq) {  // five independent loads: one round trip
+  auto fields = [&](u32 seq) {  // six independent loads: one round trip
     const u32 sl = seq & (kMaxBatches - 1);
     w.f[0] = ld_vol(&dc->bcount[sl]);
     w.f[1] = ld_vol(&dc->bstart[sl]);
     w.f[2] = ld_vol(&dc->bsrc[sl]);
     w.f[3] = ld_vol(&dc->alias.bver[sl]);
+    w.f[4] = ld_vol(&dc->bdep[sl]);
     w.fd = ld_vol64(&dc->bdesc[sl]);
     w.f_seq = seq;
   };
@@ -514,22 +516,25 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     }
     *s_claim = c;
     s_batch[0] = w.f[0], s_batch[1] = w.f[1], s_batch[2] = w.f[2], s_batch[3] = w.f[3], s_batch[4] = per_claim;
-    s_batch[5] = (u32)w.fd, s_batch[6] = (u32)(w.fd >> 32);
+    s_batch[5] = (u32)w.fd, s_batch[6] = (u32)(w.fd >> 32), s_batch[7] = w.f[4];
     return kCmdRun;
   }
 }
 
-// Thread 0: wait until batch seq - 1 has completed (this block holds a claim on batch seq). It polls the batch's
-// `remaining` word, which reaches zero with the last block's atomicSub (one hop earlier than the done word that
-// block then stores), and its done word (the slot may have been refilled since: then it completed long ago).
-// Block 0 keeps filling meanwhile; no exit is possible while a claim is held (the poller leaves only when all
-// is done).
-__device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, u32 seq) {
-  const u32 prev = seq - 1, ps = prev & (kMaxBatches - 1);
-  // bseq before remaining: a remaining word read after seeing bseq == prev is prev's (or a later refill's).
-  for (u32 b = ld_acq(&dc->bseq[ps]); b != prev; b = ld_acq(&dc->bseq[ps]))
-    if ((int)(b - prev) > 0) return;  // refilled: prev completed long ago (the poller fills behind done words)
-  while (ld_vol(&dc->remaining[ps]) != 0 && !seq_reached(ld_vol(&dc->done[ps]), prev))
+// Thread 0: wait until every batch up to `dep` has completed (this block holds a claim on a batch whose bdep is
+// dep: seq - 1, or further back for a kReadyJoin batch). It polls dep's `remaining` word, which reaches zero with
+// the last block's atomicSub (one hop earlier than the done word that block then stores) -- enough only when dep
+// is not itself a join batch: a plain batch's claims all waited for every batch before it, a join batch's did
+// not -- and its done word (done words land in seq order; the slot may have been refilled since: then it
+// completed long ago). Block 0 keeps filling meanwhile; no exit is possible while a claim is held (the poller
+// leaves only when all is done).
+__device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, u32 dep) {
+  const u32 ps = dep & (kMaxBatches - 1);
+  // bseq before remaining: a remaining word read after seeing bseq == dep is dep's (or a later refill's).
+  for (u32 b = ld_acq(&dc->bseq[ps]); b != dep; b = ld_acq(&dc->bseq[ps]))
+    if ((int)(b - dep) > 0) return;  // refilled: dep completed long ago (the poller fills behind done words)
+  const bool plain = ld_vol(&dc->bdep[ps]) == dep - 1;
+  while (!(plain && ld_vol(&dc->remaining[ps]) == 0) && !seq_reached(ld_vol(&dc->done[ps]), dep))
     if (blockIdx.x == 0) poll_step(args, dc, hc, p);
   fence_acq_rel();  // acquire: the previous level's writes before this level's loads
 }
@@ -567,7 +572,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
   __syncthreads();
   if (warp < k) prefetch_refs(sdesc[warp], wrefs, cached, lane, rd);
-  if (threadIdx.x == 0) wait_prev(args, dc, hc, p, seq);
+  if (threadIdx.x == 0) wait_prev(args, dc, hc, p, s_batch[7]);
   __syncthreads();
   const u64 t_loaded = tb && threadIdx.x == 0 ? globaltimer() : 0;
   const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
@@ -617,6 +622,12 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     fence_acq_rel();
     const u32 old = atomicSub(&dc->remaining[slot], k);
     if (old == k) {  // this block finished the batch: signal once, the next level's blocks first
+      // Done words land in seq order: a join batch may finish before the batch it runs beside.
+      if (s_batch[7] != seq - 1) {
+        const u32 ps = (seq - 1) & (kMaxBatches - 1);
+        while (!seq_reached(ld_vol(&dc->done[ps]), seq - 1))
+          if (blockIdx.x == 0) poll_step(args, dc, hc, p);
+      }
       __threadfence();
       st_vol(&dc->done[slot], seq);
       __threadfence_system();
@@ -633,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
   __shared__ __align__(16) SubOp sdesc[kMaxWarps * kClaimPerWarp];  // written as uint4
   __shared__ __align__(16) TensorRef srefs[kMaxWarps][kWarpSlots];
   __shared__ unsigned long long s_claim;
-  __shared__ u32 s_cmd, s_batch[7], s_alias[64];  // the claim's batch: count, start, source, alias version, size,
+  __shared__ u32 s_cmd, s_batch[8], s_alias[64];  // the claim's batch: count, start, source, alias version, size,
                                                   // bdesc (low, high)
   __shared__ __align__(16) BlockFinish s_fin;
   HostCtl* hc = (HostCtl*)args.host_ctl;

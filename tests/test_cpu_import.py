@@ -16,7 +16,8 @@ API_FUNCS = [
     "shutdown", "stats", "jit_compile", "submit_matmul", "nvrtc_version", "device_sources", "is_initialized",
 ]
 STATS_KEYS = ["submitted", "batches", "flushes", "worker_launches", "handovers", "jit_compiles",
-              "cache_hits", "idle_adoptions", "burst_launches", "early_publishes", "publications", "gated_launches"]
+              "cache_hits", "idle_adoptions", "burst_launches", "early_publishes", "publications", "gated_launches",
+              "joined_batches"]
 
 
 def _cpu(shape=(4, 4), dtype=torch.float32):

@@ -537,6 +537,85 @@ def test_recording_publishes_early_and_the_flush_still_orders_the_stream(rt):
     assert_close(got, a + b)
 
 
+def test_an_early_pieces_next_level_joins_it_and_waits_for_its_dependencies(rt):
+    """After an early publication (publish_min = 1,024 sub-ops), what the flush records with no hazard against
+    the last published level runs beside it (kReadyJoin, stats()["joined_batches"]) but still after that level's
+    own dependencies: z = x + a joins y = x * b's batch and must wait for x = a + b, which is slow (transposed
+    inputs: the strided loop); w = y + a depends on the joined level and runs after both."""
+    n = 512  # 512 + 512 one-tile sub-ops: exactly one early publication, after the second level
+    a = [ga((64, 64)).t() for _ in range(n)]
+    b = [ga((64, 64)).t() for _ in range(n)]
+    x, y, z, w = ([nan((64, 64)) for _ in range(n)] for _ in range(4))
+    rt.flush(sync=True)
+    torch.cuda.synchronize()
+    s0 = rt.stats()
+    rt.submit_many("add", a, b, x)   # level 1 (slow)
+    rt.submit_many("mul", x, b, y)   # level 2; published early with level 1
+    s1 = rt.stats()
+    assert s1["early_publishes"] == s0["early_publishes"] + 1, (s0, s1)
+    rt.submit_many("add", x, a, z)   # no hazard against level 2: joins it, waits for level 1
+    rt.submit_many("add", y, a, w)   # reads level 2: a level after the joined one
+    rt.flush()
+    got = [v.clone() for lst in (x, y, z, w) for v in lst]  # stream-ordered after the flush
+    torch.cuda.synchronize()
+    s2 = rt.stats()
+    assert s2["joined_batches"] == s1["joined_batches"] + 1, (s1, s2)
+    for i in range(n):
+        ex = a[i] + b[i]
+        assert_close(got[i], ex)
+        assert_close(got[n + i], ex * b[i])
+        assert_close(got[2 * n + i], ex + a[i])
+        assert_close(got[3 * n + i], ex * b[i] + a[i])
+
+
+def test_a_joined_batch_that_finishes_first_still_signals_after_the_one_it_joined(rt):
+    """Done words land in seq order: a small batch joined to a slow early-published one (1,024 strided adds)
+    finishes first, but the flush's stream wait (on the last batch) must still cover the slow one -- a copy
+    issued right after the flush sees every result."""
+    n = 1024
+    a = [ga((64, 64)).t() for _ in range(n)]
+    b = [ga((64, 64)).t() for _ in range(n)]
+    out = [nan((64, 64)) for _ in range(n)]
+    c, d, e = ga(256), ga(256), nan(256)
+    rt.flush(sync=True)
+    torch.cuda.synchronize()
+    s0 = rt.stats()
+    rt.submit_many("add", a, b, out)  # published early (1,024 sub-ops), slow
+    rt.submit_add(c, d, e)            # tiny, joins it
+    rt.flush()
+    got = torch.stack([t.clone() for t in out])
+    got_e = e.clone()
+    torch.cuda.synchronize()
+    s1 = rt.stats()
+    assert s1["early_publishes"] == s0["early_publishes"] + 1, (s0, s1)
+    assert s1["joined_batches"] == s0["joined_batches"] + 1, (s0, s1)
+    assert_close(got, torch.stack([p + q for p, q in zip(a, b)]))
+    assert_close(got_e, c + d)
+
+
+def test_join_levels_off_gives_the_same_results_without_joins():
+    """GPUOS_JOIN_LEVELS=0 (the A/B switch): the same early-published flush, no joined batch, same results."""
+    code = """
+import torch, gpuos_ext
+gpuos_ext.init()
+a = [torch.randn(4096, device="cuda") for _ in range(1024)]
+o = [torch.full((4096,), float("nan"), device="cuda") for _ in a]
+c = torch.randn(256, device="cuda"); e = torch.full((256,), float("nan"), device="cuda")
+gpuos_ext.submit_many("add", a, a, o)
+gpuos_ext.submit_add(c, c, e)
+gpuos_ext.flush(sync=True)
+s = gpuos_ext.stats()
+ok = all(torch.equal(x, y + y) for x, y in zip(o, a)) and torch.equal(e, c + c)
+print("JOIN", ok, s["early_publishes"], s["joined_batches"])
+"""
+    env = {"GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"]} if os.environ.get("GPUOS_CACHE_DIR") else {}
+    for flag, joined in (("0", 0), ("1", 1)):
+        r = run_python(code, dict(env, GPUOS_JOIN_LEVELS=flag), timeout=150)
+        assert r.returncode == 0, describe(r)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("JOIN")][-1].split()
+        assert line[1:] == ["True", "1", str(joined)], (flag, line)
+
+
 _TRACE_SCRIPT = """
 import torch, gpuos
 gpuos.init(capacity=65536)

@@ -56,6 +56,7 @@ EnvConfig read_env() {
   if (const char* p = get("GPUOS_NVRTC_PATH")) c.nvrtc_path = p;
   if (const char* p = get("GPUOS_NVJITLINK_PATH")) c.nvjitlink_path = p;
   if (const char* l = get("GPUOS_LINK")) c.link = std::string(l) != "0";
+  if (const char* j = get("GPUOS_JOIN_LEVELS")) c.join_levels = std::string(j) != "0";
   if (const char* h = get("CUDA_HOME")) c.cuda_home = h;
   else if (const char* h2 = get("CUDA_PATH")) c.cuda_home = h2;
   return c;
@@ -91,6 +92,7 @@ std::string describe_env_config() {
          (c.idle_us < 0 ? std::string("(init argument)") : num(c.idle_us)) +
          "\nGPUOS_BURST_MIN=" + std::to_string(c.burst_min) + "\nGPUOS_BURST_BLOCKS=" +
          std::to_string(c.burst_blocks) + "\nGPUOS_PUBLISH_MIN=" + std::to_string(c.publish_min) +
+         "\nGPUOS_JOIN_LEVELS=" + (c.join_levels ? "1" : "0") +
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
          "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) +

@@ -14,6 +14,8 @@ struct EnvConfig {
   uint32_t burst_min = 2048;      // GPUOS_BURST_MIN: flushes of >= this many sub-ops launch on the burst grid
   uint32_t burst_blocks = 0;      // GPUOS_BURST_BLOCKS (0: every SM)
   uint32_t publish_min = 1024;    // GPUOS_PUBLISH_MIN: publish during recording after this many sub-ops
+  bool join_levels = true;        // GPUOS_JOIN_LEVELS=0: an early publication's next piece of the same level waits
+                                  // for it like a new level (the A/B of Runtime::append_tiles' join)
   double timeout_s = 60.0;        // GPUOS_TIMEOUT_S: bound of every GPU wait
   uint32_t trace_records = 0;     // GPUOS_TRACE: claim-trace records per block (0: off)
   uint32_t dma_min = 128;         // GPUOS_DMA_MIN: levels of >= this many descriptors go by copy engine

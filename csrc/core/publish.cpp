@@ -167,6 +167,8 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     PhaseMark pm(phase_, "flush: cuStreamBatchMemOp(stream wait for an early publication)");
     GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
+    hazards_.clear();  // the flush is whole: nothing recorded later joins its levels
+    join_base_ = 0;
     st_.flushes++;
     if (on_publish_) on_publish_();
     return last_seq_;
@@ -175,13 +177,27 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
   // levels (one memop call each; batch slots are finite too).
   uint32_t seq = 0;
   size_t li = 0;
+  if (!join_stage_.empty()) {
+    // What joins the last published level goes first, so that its batch follows that level's (otherwise,
+    // with committed levels already ahead of it, it waits for them like any level: later, never wrong).
+    const bool beside = levels_.empty();
+    commit_level(join_stage_);
+    levels_.back().join = beside;
+  }
   do {
     while (li < stage_levels_ && can_commit_level()) commit_level(stage_[li++]);
     seq = publish(stream, early, li == stage_levels_);
   } while (li < stage_levels_);
   stage_levels_ = 0;
   staged_ = 0;
-  hazards_.clear();
+  // An early publication keeps the flush's hazard state: what the rest of the flush records with no hazard
+  // against the last published level joins it (append_tiles). A whole flush forgets it.
+  if (early && cfg_.join_levels) {
+    join_base_ = hazards_.max_level();
+  } else {
+    hazards_.clear();
+    join_base_ = 0;
+  }
   return seq;
 }
 
@@ -317,6 +333,10 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
           GPUOS_CU(d.cuMemcpyHtoDAsync(ring_dev_, &ring_[0], (size_t)(count - first) * sizeof(SubOp), stream));
         src = kReadyDevRing;
         st_.dma_batches++;
+      }
+      if (lv.join) {
+        src |= kReadyJoin;
+        st_.joined_batches++;
       }
       if (lv.run >= 0) {
         ops.push_back(memop_write64(dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * slot,

@@ -98,14 +98,18 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
       }
       point_at_refs(proto, nref, dev);
     }
-    // The level after any publication above (published work runs before everything recorded later).
+    // The level after any publication above (published work runs before everything recorded later, except what
+    // joins the last published level: see join_base_).
     level = hazards_.level_of(w, reads, nr);
     if (level > hazards_.max_level() && hazards_.max_level() > 0) st_.levels_split++;
-    if (level > stage_levels_) {
-      stage_levels_ = level;
-      if (stage_.size() < level) stage_.resize(level);
+    const bool join = level <= join_base_;
+    if (join) level = join_base_;
+    const uint32_t sl = join ? 0 : level - join_base_;  // stage level (0: join_stage_)
+    if (sl > stage_levels_) {
+      stage_levels_ = sl;
+      if (stage_.size() < sl) stage_.resize(sl);
     }
-    std::vector<SubOp>& v = stage_[level - 1];
+    std::vector<SubOp>& v = join ? join_stage_ : stage_[sl - 1];
     for (uint32_t t = 0; t < piece; ++t, ++tile) v.push_back(tile_of(proto, tile, per_tile, total));
     staged_ += piece;
     pending_subops_ += piece;

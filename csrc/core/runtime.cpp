@@ -18,6 +18,7 @@ Config config_from_env() {
   c.burst_min = e.burst_min;
   c.burst_blocks = e.burst_blocks;
   c.publish_min = e.publish_min;
+  c.join_levels = e.join_levels;
   c.timeout_s = e.timeout_s;
   c.trace_records = e.trace_records;
   c.dma_min = e.dma_min;

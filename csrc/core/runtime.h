@@ -42,6 +42,10 @@ struct Config {
   // (on the burst grid, without a stream wait): the GPU runs while the host records the rest, and the next
   // flush() orders the stream after everything. 0 disables. (Env GPUOS_PUBLISH_MIN.)
   uint32_t publish_min = 1024;
+  // An early publication's hazard state is kept for the rest of the flush: what the next pieces record with no
+  // hazard against its last level runs beside that level (kReadyJoin) instead of after it. (Env
+  // GPUOS_JOIN_LEVELS=0: off.)
+  bool join_levels = true;
   double idle_us = 200.0;          // worker exits after this long with nothing published
   double timeout_s = 60.0;         // every GPU wait
   uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
@@ -98,6 +102,7 @@ struct Operand {
   X(idle_adoptions)     /* handovers done by the compile thread while no worker was resident */           \
   X(burst_launches)     /* worker launches on the burst grid (Config::burst_min) */                       \
   X(early_publishes)    /* publications made during recording (Config::publish_min) */                    \
+  X(joined_batches)     /* batches that ran beside the one before them (kReadyJoin: Config::join_levels) */  \
   X(full_queue_flushes)                                                                                   \
   X(room_waits)                                                                                           \
   X(levels_split)       /* sub-ops that opened a new dependency level (levels beyond the first) */        \
@@ -352,6 +357,12 @@ class Runtime {
   Hazards hazards_;                      // levels of the staged (unpublished) work
   std::vector<std::vector<SubOp>> stage_;  // stage_[L-1]: descriptors of level L (vectors reused)
   size_t stage_levels_ = 0;              // levels in use in stage_
+  // After an early publication (Config::join_levels): hazards_ keeps the flush's levels, join_base_ is the hazard
+  // level of the last published batch, and join_stage_ holds what was recorded since with no hazard against it
+  // (its hazard level <= join_base_): published first, as a batch beside that one (kReadyJoin). Stage level L then
+  // holds hazard level join_base_ + L.
+  uint32_t join_base_ = 0;
+  std::vector<SubOp> join_stage_;
   uint64_t staged_ = 0;                  // descriptors staged
   // heavy: matmul items in the level (they go by DMA: many warps reading the same pinned TensorRefs crawl; and
   // a level of >= kHeavyBurst of them launches on the burst grid).
@@ -368,6 +379,7 @@ class Runtime {
     bool dma;
     int32_t run = 0;
     uint64_t table = 0;
+    bool join = false;  // published with kReadyJoin: beside the batch before it (Config::join_levels)
   };
   std::vector<Level> levels_;       // committed to the ring, not yet published
   bool rec_stream_on_ = false;   // set_record_stream
