@@ -76,7 +76,7 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
 
     def counters(fn):
         keys = ("batches", "publications", "worker_launches", "gated_launches", "burst_launches", "room_waits",
-                "early_publishes", "flushes")
+                "early_publishes", "joined_batches", "flushes")
         before = gpuos.stats()
         fn()
         torch.cuda.synchronize()

@@ -540,16 +540,17 @@ def test_recording_publishes_early_and_the_flush_still_orders_the_stream(rt):
 def test_an_early_pieces_next_level_joins_it_and_waits_for_its_dependencies(rt):
     """After an early publication (publish_min = 1,024 sub-ops), what the flush records with no hazard against
     the last published level runs beside it (kReadyJoin, stats()["joined_batches"]) but still after that level's
-    own dependencies: z = x + a joins y = x * b's batch and must wait for x = a + b, which is slow (transposed
-    inputs: the strided loop); w = y + a depends on the joined level and runs after both."""
-    n = 512  # 512 + 512 one-tile sub-ops: exactly one early publication, after the second level
-    a = [ga((64, 64)).t() for _ in range(n)]
-    b = [ga((64, 64)).t() for _ in range(n)]
-    x, y, z, w = ([nan((64, 64)) for _ in range(n)] for _ in range(4))
+    own dependencies: z = x + a joins y = x * b's batch and must wait for x = a + b; w = y + a depends on the
+    joined level and runs after both. A spin kernel ahead on the stream holds every ready word back, so all
+    four levels become ready together and a join that skipped its wait would read x before it is written."""
+    n = 512  # 512 + 512 one-tile sub-ops (contiguous rows: no TensorRefs): one early publication after level 2
+    a, b = [ga(4096) for _ in range(n)], [ga(4096) for _ in range(n)]
+    x, y, z, w = ([nan(4096) for _ in range(n)] for _ in range(4))
     rt.flush(sync=True)
     torch.cuda.synchronize()
     s0 = rt.stats()
-    rt.submit_many("add", a, b, x)   # level 1 (slow)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    rt.submit_many("add", a, b, x)   # level 1
     rt.submit_many("mul", x, b, y)   # level 2; published early with level 1
     s1 = rt.stats()
     assert s1["early_publishes"] == s0["early_publishes"] + 1, (s0, s1)
@@ -569,27 +570,25 @@ def test_an_early_pieces_next_level_joins_it_and_waits_for_its_dependencies(rt):
 
 
 def test_a_joined_batch_that_finishes_first_still_signals_after_the_one_it_joined(rt):
-    """Done words land in seq order: a small batch joined to a slow early-published one (1,024 strided adds)
-    finishes first, but the flush's stream wait (on the last batch) must still cover the slow one -- a copy
-    issued right after the flush sees every result."""
+    """Done words land in seq order: a tiny batch joined to a large early-published one (1,024 adds of 4,096
+    floats), both made ready together behind a spin kernel, finishes first; the flush's stream wait (on the
+    last batch) must still cover the large one -- a copy issued right after the flush sees every result."""
     n = 1024
-    a = [ga((64, 64)).t() for _ in range(n)]
-    b = [ga((64, 64)).t() for _ in range(n)]
-    out = [nan((64, 64)) for _ in range(n)]
+    a, b, out = ga((n, 4096)), ga((n, 4096)), nan((n, 4096))
     c, d, e = ga(256), ga(256), nan(256)
     rt.flush(sync=True)
     torch.cuda.synchronize()
     s0 = rt.stats()
-    rt.submit_many("add", a, b, out)  # published early (1,024 sub-ops), slow
+    torch.cuda._sleep(SLEEP_CYCLES)
+    rt.submit_many("add", list(a.unbind(0)), list(b.unbind(0)), list(out.unbind(0)))  # published early
     rt.submit_add(c, d, e)            # tiny, joins it
     rt.flush()
-    got = torch.stack([t.clone() for t in out])
-    got_e = e.clone()
+    got, got_e = out.clone(), e.clone()
     torch.cuda.synchronize()
     s1 = rt.stats()
     assert s1["early_publishes"] == s0["early_publishes"] + 1, (s0, s1)
     assert s1["joined_batches"] == s0["joined_batches"] + 1, (s0, s1)
-    assert_close(got, torch.stack([p + q for p, q in zip(a, b)]))
+    assert_close(got, a + b)
     assert_close(got_e, c + d)
 
 
