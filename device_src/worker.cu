@@ -582,7 +582,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   __syncthreads();
   // Finish phase: split items (decode attention) left their tiles' counters in notes. Lane di of warp 0 counts
   // item di off -- its fence releases the block's partials, ordered before it by the barrier (fences are
-  // cumulative) -- and the block combines every tile whose count it completed, with all its warps.
+  // cumulative) -- and the block combines every tile whose count it completed (below: groups of its warps).
   if (warp == 0) {
     bool last = false;
     if (lane < k && fin->note[lane].counter != 0) {
