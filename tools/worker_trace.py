@@ -20,7 +20,9 @@ where a replayed step's time goes, per level -- its execution span (first claim 
 ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops). `attn` (one Llama-shape
 decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
 at 1,024^2): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
-and the tile's combine / split finish.
+and the tile's combine / split finish. `attnL` (ATTN_KV, ATTN_L: 4,096, 16): bench_attention's one flush of L
+attentions -- its early publications, joined batches and items (this tool's ring has 65,536 slots, the bench's
+the default 4,096).
 """
 import os
 import statistics
@@ -339,6 +341,35 @@ def attention(kvs=(2048, 8192), caches=8):
             print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
+def attention_many(kv=4096, L=16):
+    """`attnL`: bench_attention's gpuos_worker row at one KV length -- L decode attentions (Llama shape, fp16, one
+    KV cache each) submitted and flushed once -- traced: how the flush's early publications (one per attention at
+    KV 4,096), their batches and the items of consecutive attentions overlap (joined batches run beside the one
+    before them: stats()["joined_batches"]), and the item records."""
+    q = [torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16) for _ in range(L)]
+    ks = [torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.float16) for _ in range(L)]
+    vs = [torch.randn_like(k) for k in ks]
+    o = [torch.empty_like(x) for x in q]
+    s0 = gpuos.stats()
+
+    def record():
+        for i in range(L):
+            gpuos.submit_attention(q[i], ks[i], vs[i], o[i])
+    recs, dropped, t_flush_ns, host_ms, flush_ms = traced(record, reps=2)
+    s1 = gpuos.stats()
+    summarise(f"attnL {L} attentions 32/8 heads D 128 KV {kv}", recs, t_flush_ns,
+              L * 2 * ks[0].numel() * ks[0].element_size(), host_ms, flush_ms)
+    print("  per flush: " + ", ".join(f"{k} {(s1[k] - s0[k]) / 2:g}" for k in
+                                      ("batches", "early_publishes", "joined_batches", "worker_launches", "room_waits")))
+    item_summary(recs)
+    for i in (0, L - 1):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[i].float(), ks[i].float().repeat_interleave(4, 1), vs[i].float().repeat_interleave(4, 1))
+        torch.testing.assert_close(o[i].float(), ref, rtol=2e-2, atol=2e-2)
+    if dropped:
+        print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
+
+
 def matmul_items(sizes=((1, 4096), (16, 4096), (1, 1024)), weights=8):
     """`mm`: one worker matmul per flush (fp16, x @ w.t() -- the tensor-core path), M x K=N, each rep reading
     another of `weights` weights (cold, as bench_matmul's rows): claims and items (one per warp; a tile's last K
@@ -462,6 +493,8 @@ def main():
         matmul_items()
     if on("attn"):
         attention()
+    if on("attnL"):
+        attention_many(int(os.environ.get("ATTN_KV", "4096")), int(os.environ.get("ATTN_L", "16")))
     if on("rows"):
         for hidden in (256, 4096):
             for rf in (True, False):
