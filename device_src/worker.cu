@@ -160,10 +160,13 @@ static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed d
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
+__device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 ri) {
+  return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + ri % tb->per_block;
+}
 __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
   u32 sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  TraceRec* rec = (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + ri % tb->per_block;
+  TraceRec* rec = item_rec(tb, ri);
   rec->load_ns = (u32)(t1 - t0);
   rec->exec_ns = (u32)(t2 - t1);
   rec->block = kTraceItem;
@@ -174,7 +177,7 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u6
 }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 ri, u64 t0, u64 t1) {
-  TraceRec* rec = (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + ri % tb->per_block;
+  TraceRec* rec = item_rec(tb, ri);
   rec->exec_ns = (u32)(t1 - t0);
   rec->k = 1;
 }
@@ -267,277 +270,9 @@ __device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u6
   st_vol(&tb->count[r], n + 1);
 }
 
-// ---------------------------------------------------------------- the level walk
-// Batches are dependency levels: batch `seq` runs after batch seq - 1 has completed. There is no grid-wide
-// "open" step. The poller (block 0, thread 0, between its own claims) fills a batch's slot as soon as its
-// ready word has landed -- fields, a fresh claim word, then bseq[slot] = seq -- as far ahead as ready words
-// have landed. Every block walks the batches itself: it claims a chunk of the next filled batch, loads the
-// chunk's descriptors and its warps' first TensorRefs, and only then waits for the previous batch's `remaining`
-// word to reach zero; so between two levels the critical path is the last block's fence + atomicSub -> the
-// other blocks' next poll of that word, and the claim and the loads of the next level are off it. (Before, the
-// poller saw `remaining` reach zero, then announced the next batch through a claim word and an epoch that every
-// block re-read: four more dependent round trips through L2 per level.) A block may skip batches (a slow block
-// finds their claims exhausted); seq comparisons are modular.
-__device__ __forceinline__ u32 ld_acq(const u32* p) {  // later loads (the level's data) are ordered after it
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ bool seq_reached(u32 v, u32 seq) { return (int)(v - seq) >= 0; }
-
-struct Walk {       // thread 0's state of one block
-  u32 cur = 0;      // the batch this block works on next
-  u32 f_seq = 0;    // the batch whose fields f[] holds (0: none)
-  u32 f[5] = {0, 0, 0, 0, 0};  // count, start, source, alias version, bdep
-  u64 fd = 0;               // bdesc (source 2)
-};
-struct Poller {     // block 0 thread 0's additional state
-  u32 next = 0;     // the next batch to fill
-  u32 prog_left = 0;  // batches of a program run (kReadyProgram) still to fill from its table, the next at prog
-  u64 prog = 0;
-  u32 early_for = 0;  // the batch block 0 last filled ahead for while claiming it (claim_next)
-  bool filled_any = false, idle = false;
-  u32 spins = 0;
-  u64 t_idle = 0;
-};
-
-// Fill batch `seq`'s slot (its ready word has landed): the fields the claiming blocks read and its claim word.
-// Its bseq word goes after a fence (poll_step): a block that sees bseq == seq sees the rest.
-// `hi`: the ready word's high half; `desc`: a program run's piece (its descriptors; bdesc is written here).
-__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u32 hi, u64 desc = 0) {
-  const u32 slot = seq & (kMaxBatches - 1);
-  const u32 count = hi & ~kReadyFlags;
-  const bool resident = (hi & kReadyResident) != 0;  // descriptors at bdesc[slot]: no ring slots
-  if (desc) dc->bdesc[slot] = desc;
-  const u32 start = resident ? 0u : dc->ring_pos;
-  if (!resident) dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
-  dc->bstart[slot] = start;
-  dc->bcount[slot] = count;
-  dc->bsrc[slot] = resident ? 2u : (hi & kReadyDevRing) ? 1u : 0u;
-  dc->remaining[slot] = count;
-  dc->bdep[slot] = (hi & kReadyJoin) ? dc->bdep[(seq - 1) & (kMaxBatches - 1)] : seq - 1;  // seq - 1: filled before
-  dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
-  // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
-  // either lands before it (and finds that batch exhausted) or after (and holds a real claim on this one).
-  *(volatile u64*)&dc->claim[slot] = (u64)seq << 32;
-  // Nothing to run (Runtime::commit_level publishes no empty level; kept so that one could never wedge the walk:
-  // no claim would ever count it off).
-  if (count == 0) dc->done[slot] = seq, st_vol(&((HostCtl*)args.host_ctl)->done[slot], seq);
-  if (args.trace) {
-    const u64 t = globaltimer();
-    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, seq, start, count);
-  }
-}
-
-// How far ahead of the oldest unfinished batch the poller fills (slots are reused every kMaxBatches), and the
-// most batches one poll step fills (their ready words are read at once: one round trip, two fences).
-constexpr u32 kFillAhead = kMaxBatches / 2, kFillBurst = 8;
-
-// Batches next .. next + n - 1 may be filled: not more than kFillAhead ahead of the oldest unfinished one.
-__device__ __forceinline__ bool may_fill(const DevCtl* dc, u32 next, u32 n) {
-  const u32 back = next + n - 1 - kFillAhead;
-  return (int)back <= 0 || seq_reached(ld_vol(&dc->done[back & (kMaxBatches - 1)]), back);
-}
-
-// The next pieces of a program run (kReadyProgram): their ProgLevel entries (one round trip), then their slots.
-__device__ __noinline__ void fill_program(const WorkerArgs& args, DevCtl* dc, Poller& p) {
-  const u32 next = p.next, n = p.prog_left < kFillBurst ? p.prog_left : kFillBurst;
-  if (!may_fill(dc, next, n)) return;  // far ahead of the walk: wait for it
-  const ProgLevel* t = (const ProgLevel*)p.prog;
-  u64 d[kFillBurst];
-  u32 c[kFillBurst];
-#pragma unroll
-  for (u32 i = 0; i < kFillBurst; ++i)
-    if (i < n) d[i] = ld_vol64(&t[i].desc), c[i] = ld_vol(&t[i].count);
-#pragma unroll
-  for (u32 i = 0; i < kFillBurst; ++i)
-    if (i < n) fill_batch(args, dc, next + i, c[i] | kReadyDevRing | kReadyResident, d[i]);
-  __threadfence();
-#pragma unroll
-  for (u32 i = 0; i < kFillBurst; ++i)
-    if (i < n) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
-  p.next = next + n;
-  p.prog += (u64)n * sizeof(ProgLevel);
-  p.prog_left -= n;
-  p.filled_any = true;
-  p.idle = false;
-}
-
-// One step of the poller: fill the next batches whose ready words have landed (or the rest of a program run);
-// otherwise, once every filled batch has completed, the idle logic (yield, exit). Returns kCmdExit when this
-// launch is over (never inside a program run: its batches are published, host_published covers them).
-__device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p) {
-  if (p.prog_left) {
-    fill_program(args, dc, p);
-    return kCmdRun;
-  }
-  const u32 next = p.next;
-  u64 ready[kFillBurst];
-#pragma unroll
-  for (u32 i = 0; i < kFillBurst; ++i) ready[i] = ld_vol64(&dc->ready[(next + i) & (kMaxBatches - 1)]);
-  u32 n = 0;
-  bool prog = false;  // ready[n - 1] opens a program run: the batches before it are filled here, the run below
-  while (n < kFillBurst && (u32)ready[n] == next + n && !prog) prog = ((u32)(ready[n++] >> 32) & kReadyProgram) != 0;
-  if (n > 0) {
-    if (!may_fill(dc, next, n)) return kCmdRun;  // far ahead of the walk: wait for it
-    __threadfence();  // the ready words before what they announce
-    const u32 m = prog ? n - 1 : n;
-    for (u32 i = 0; i < m; ++i) fill_batch(args, dc, next + i, (u32)(ready[i] >> 32));
-    __threadfence();
-    for (u32 i = 0; i < m; ++i) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
-    p.next = next + m;
-    p.filled_any = true;
-    p.idle = false;
-    if (prog) {  // its table's address was written before its ready word (ordered by the fence above)
-      p.prog = ld_vol64(&dc->bdesc[(next + m) & (kMaxBatches - 1)]);
-      p.prog_left = (u32)(ready[m] >> 32) & ~kReadyFlags;
-      if (p.prog_left == 0) {  // an empty run (never published; kept so that one could never wedge the walk)
-        fill_batch(args, dc, next + m, kReadyDevRing | kReadyResident);
-        __threadfence();
-        st_vol(&dc->bseq[(next + m) & (kMaxBatches - 1)], next + m);
-        p.next = next + m + 1;
-      } else {
-        fill_program(args, dc, p);
-      }
-    }
-    return kCmdRun;
-  }
-  if (!seq_reached(ld_vol(&dc->done[(next - 1) & (kMaxBatches - 1)]), next - 1)) return kCmdRun;  // work left
-  if (!p.idle) {
-    p.idle = true;
-    p.spins = 0;
-    p.t_idle = globaltimer();
-  }
-  // Every 32 polls: the yield word (pinned, ~1 us to read) and the idle clock. Every 1024 polls kept the
-  // worker resident up to ~0.4 ms after a yield request, while foreign GEMMs that need its SMs wait (F7).
-  // A standby's first idle poll decides at once (kStandbyFirstLook).
-  const bool first_look = (args.standby & kStandbyFirstLook) && !p.filled_any && p.spins == 0;
-  if ((++p.spins & 31u) != 0 && !first_look) return kCmdRun;
-  if (p.spins == 32) st_vol(&hc->polling_seq, next);
-  const bool want_yield = ld_vol(&hc->yield_request) != 0;
-  // A standby that finds nothing published (a resident worker ran its batch) leaves at once.
-  u64 idle = args.standby && !p.filled_any ? 0 : args.idle_ns;
-  if (!want_yield && idle != 0 && args.handover != 0) {
-    // Every publication behind busy stream work (each call of a program loop: the previous call's stream wait)
-    // queues a standby launch behind this resident worker, gated on its last ready word; they cannot start while
-    // it runs. With args.handover (Config::handover_queue) of them queued and the newest covering the batch this worker waits for, leave
-    // now instead of after idle_ns: otherwise the side stream's queue fills, the host blocks in cuLaunchKernel
-    // and every call waits out the idle timeout (W5's loop: ~240 us per call, fifteenth session). Leaving
-    // covered is always allowed (the exit path below re-checks it after the Dekker handshake).
-    const u64 sb = ld_vol64(&hc->standby);
-    if ((int)((u32)(sb >> 32) - args.gen) >= (int)args.handover && (int)((u32)sb - next) >= 0) idle = 0;
-  }
-  if (!want_yield && globaltimer() - p.t_idle < idle) return kCmdRun;
-  // Dekker handshake: announce exit, then re-read what the host has published. The host stores
-  // host_published, fences, then reads worker_state: at least one side sees the other's store, so a
-  // published batch is either seen here (stay) or seen as "worker exiting" by the host (it relaunches).
-  st_vol(&hc->worker_state, kWorkerExiting);
-  __threadfence_system();
-  // Published but not ready, for idle_ns: leave if a later launch is gated on this batch or a later one
-  // (HostCtl::standby): it starts once the ready word lands, and the stream work holding it back may need
-  // the device free of resident kernels (a device-wide blocking call, a module load).
-  const u64 sb = ld_vol64(&hc->standby);
-  const bool covered = (u32)(sb >> 32) > args.gen && (int)((u32)sb - next) >= 0;
-  // (host_published may lag: a publication stores it after checking its stream, and a resident worker can
-  // run the batch first -- not ahead of what ran is "nothing published".)
-  if ((int)(ld_vol(&hc->host_published) - (next - 1)) <= 0 || covered) {
-    dc->next_seq = next;
-    st_vol(&dc->exit_flag, args.gen);
-    st_vol(&hc->worker_exited, args.gen);
-    __threadfence();
-    return kCmdExit;
-  }
-  // Published but not ready, and no later standby covers it: stream work before the flush is still running.
-  // Stay; check again later. A burst grid gives back the SMs beyond the bounded grid: that stream work may be
-  // a kernel that cannot fit beside a worker block, and the batch's ready write waits for it (a deadlock if
-  // every SM held a block).
-  st_vol(&hc->worker_state, kWorkerRunning);
-  __threadfence_system();
-  if (gridDim.x > args.keep_blocks) st_vol(&dc->shrink, args.gen);
-  p.t_idle = globaltimer();
-  return kCmdRun;
-}
-
-// Thread 0: claim the next chunk of work, walking forward from w.cur. Returns kCmdRun with the claim in
-// s_claim (seq << 32 | index) and the batch's fields in s_batch, or kCmdExit.
-__device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk& w, Poller& p, u32 nwarps,
-                          u64* s_claim, u32* s_batch) {
-  auto fields = [&](u32 seq) {  // six independent loads: one round trip
-    const u32 sl = seq & (kMaxBatches - 1);
-    w.f[0] = ld_vol(&dc->bcount[sl]);
-    w.f[1] = ld_vol(&dc->bstart[sl]);
-    w.f[2] = ld_vol(&dc->bsrc[sl]);
-    w.f[3] = ld_vol(&dc->alias.bver[sl]);
-    w.f[4] = ld_vol(&dc->bdep[sl]);
-    w.fd = ld_vol64(&dc->bdesc[sl]);
-    w.f_seq = seq;
-  };
-  for (;;) {
-    if (w.f_seq != w.cur) {  // is batch cur filled?
-      const u32 bs = ld_acq(&dc->bseq[w.cur & (kMaxBatches - 1)]);
-      if (bs != w.cur) {
-        if ((int)(bs - w.cur) > 0) {  // the slot holds a later batch: this block fell behind; skip ahead
-          w.cur = bs;
-          continue;
-        }
-        if (blockIdx.x == 0) {
-          if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
-        } else {
-          if (ld_vol(&dc->exit_flag) == args.gen) return kCmdExit;
-          if (blockIdx.x >= args.keep_blocks && ld_vol(&dc->shrink) == args.gen) return kCmdExit;
-        }
-        continue;
-      }
-      fields(w.cur);
-    }
-    // The poller fills the batch after this one while this one is still being claimed, so that blocks
-    // finishing their share early find it filled (otherwise they wait until block 0 is between claims): once
-    // per batch. An exit decision there (every filled batch done, idle_us without a fill) ends the launch.
-    if (blockIdx.x == 0 && p.early_for != w.cur && (int)(p.next - w.cur) < 2) {
-      p.early_for = w.cur;
-      if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
-    }
-    // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but
-    // a batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132)
-    // and ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is
-    // correct: the executing block uses the size it claimed.)
-    const u32 cpw = w.f[0] / (gridDim.x * nwarps * 4);
-    const u32 per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
-    const u64 c = atomicAdd((unsigned long long*)&dc->claim[w.cur & (kMaxBatches - 1)], (unsigned long long)per_claim);
-    const u32 seq = (u32)(c >> 32), idx = (u32)c;
-    if (seq != w.cur) {  // the slot was refilled with a later batch: this claim is on that one (it is filled)
-      w.cur = seq;
-      while (ld_acq(&dc->bseq[seq & (kMaxBatches - 1)]) != seq) {}  // its fields before they are read
-      fields(seq);
-    }
-    if (idx >= w.f[0]) {  // batch exhausted: on to the next
-      ++w.cur;
-      continue;
-    }
-    *s_claim = c;
-    s_batch[0] = w.f[0], s_batch[1] = w.f[1], s_batch[2] = w.f[2], s_batch[3] = w.f[3], s_batch[4] = per_claim;
-    s_batch[5] = (u32)w.fd, s_batch[6] = (u32)(w.fd >> 32), s_batch[7] = w.f[4];
-    return kCmdRun;
-  }
-}
-
-// Thread 0: wait until every batch up to `dep` has completed (this block holds a claim on a batch whose bdep is
-// dep: seq - 1, or further back for a kReadyJoin batch). It polls dep's `remaining` word, which reaches zero with
-// the last block's atomicSub (one hop earlier than the done word that block then stores) -- enough only when dep
-// is not itself a join batch: a plain batch's claims all waited for every batch before it, a join batch's did
-// not -- and its done word (done words land in seq order; the slot may have been refilled since: then it
-// completed long ago). Block 0 keeps filling meanwhile; no exit is possible while a claim is held (the poller
-// leaves only when all is done).
-__device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, u32 dep) {
-  const u32 ps = dep & (kMaxBatches - 1);
-  // bseq before remaining: a remaining word read after seeing bseq == dep is dep's (or a later refill's).
-  for (u32 b = ld_acq(&dc->bseq[ps]); b != dep; b = ld_acq(&dc->bseq[ps]))
-    if ((int)(b - dep) > 0) return;  // refilled: dep completed long ago (the poller fills behind done words)
-  const bool plain = ld_vol(&dc->bdep[ps]) == dep - 1;
-  while (!(plain && ld_vol(&dc->remaining[ps]) == 0) && !seq_reached(ld_vol(&dc->done[ps]), dep))
-    if (blockIdx.x == 0) poll_step(args, dc, hc, p);
-  fence_acq_rel();  // acquire: the previous level's writes before this level's loads
-}
+}  // namespace gpuos
+#include "device_src/walk.h"
+namespace gpuos {
 
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
 // level, execute one sub-op per warp, then count the chunk off; the block that finishes the batch signals.

@@ -167,7 +167,7 @@ def _bells(prog, args, on):
 @pytest.mark.watchdog(300)
 def test_one_doorbell_per_run_equals_a_ready_word_per_level(images_restored):
     """A replay whose levels are resident publishes them as one run (one ready word; the worker fills the levels'
-    batches from the image's ProgLevel table, worker.cu fill_program): bit for bit what a ready word per level
+    batches from the image's ProgLevel table, walk.h fill_program): bit for bit what a ready word per level
     gives, and eager. Random programs called with their capture inputs (every level resident) and with new ones
     (levels whose descriptors move go through the ring, between runs)."""
     # The random programs of the image test above (same seed): no new fused programs -- the process's table of

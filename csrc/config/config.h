@@ -23,7 +23,7 @@ struct EnvConfig {
   uint32_t mm_items = 1024;       // GPUOS_MM_ITEMS: about this many items per worker matmul (K slices; <= 1: none)
   uint32_t attn_min_rows = 64;    // GPUOS_ATTN_MIN_ROWS: fewest kv positions per KV split of decode attention
   uint32_t handover_queue = 8;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind a covered idle worker at
-                                  // which it leaves at once (worker.cu poll_step; 0: only after idle_us)
+                                  // which it leaves at once (walk.h poll_step; 0: only after idle_us)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)
   uint32_t ptxas_opt = 1;        // GPUOS_PTXAS_OPT: ptxas -O level of every NVRTC compile (0..3; compile time vs code)
   bool worker_matmul = false;     // GPUOS_WORKER_MATMUL=1: the scheduler records skinny matmuls as worker tasks
