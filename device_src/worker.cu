@@ -151,8 +151,9 @@ struct FinishNote {
 // What the finish phase needs in shared memory: the notes, the tiles this block completed, the warps' sums.
 struct BlockFinish {
   FinishNote note[kMaxWarps * kClaimPerWarp];
-  u32 todo;  // bit di: this block completed sub-op di's tile
-  u32 pad[3];
+  u32 todo;   // bit di: this block completed sub-op di's tile
+  u32 split;  // bit di: sub-op di may leave a note (decode attention): no bit, no finish phase
+  u32 pad[2];
   float red[kMaxWarps * kAttnRowsPerItem * 128];
 };
 static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed descriptor");
@@ -174,6 +175,18 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u6
   rec->idx = ri;
   rec->k = k;
   rec->t0 = t0;  // the host takes records whose t0 is set
+}
+// Whether a sub-op of this op id may leave a FinishNote (a decode attention split over kv ranges). Fused chains,
+// injected ops and unknown ids never do.
+__device__ __forceinline__ bool may_split(u32 op) {
+  switch (op) {
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
+  case id:                                                              \
+    return kind == kKindAttention;
+#include "device_src/ops.def"
+#undef GPUOS_OP
+    default: return false;
+  }
 }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 ri, u64 t0, u64 t1) {
@@ -274,6 +287,48 @@ __device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u6
 #include "device_src/walk.h"
 namespace gpuos {
 
+// run_claim's finish phase. Split items (decode attention) left their tiles' counters in notes. Lane di of warp 0
+// counts item di off -- its fence releases the block's partials, ordered before it by the claim's barrier (fences
+// are cumulative) -- and the block combines every tile whose count it completed (below: groups of its warps).
+// first: the ring position of the claim's first descriptor (start + idx, before the modulo).
+__device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp* sdesc, TensorRef* wrefs, u64* cached,
+                                            u32 lane, u32 warp, u32 nwarps, u32 k, u64 first, i64 rd,
+                                            BlockFinish* fin) {
+  TraceBuf* tb = (TraceBuf*)args.trace;
+  if (warp == 0) {
+    bool last = false;
+    if (lane < k && fin->note[lane].counter != 0) {
+      fence_acq_rel();  // release
+      const u32 old = atomicAdd((unsigned*)fin->note[lane].counter, 1u);
+      last = old + 1 == fin->note[lane].expected;
+      if (last) fence_acq_rel();  // acquire: every item's partials before the block reads them (barrier below)
+    }
+    const u32 todo = __ballot_sync(0xffffffffu, last);
+    if (lane == 0) fin->todo = todo;
+  }
+  __syncthreads();
+  // The completed tiles are shared out to groups of gs warps (the block's warps halved until every tile has a
+  // group, or one warp each: the whole block for one tile), which combine side by side; group g takes the tiles
+  // g, g + ng, ... in bit order. One tile per warp is what the combine was before (16-22 us at KV 2,048).
+  const u32 todo = fin->todo;
+  if (todo != 0) {  // block-uniform
+    const u32 nt = (u32)__popc(todo);
+    u32 gs = nwarps;
+    while (gs > 1 && gs * nt > nwarps) gs >>= 1;
+    const u32 ng = nwarps / gs, g = warp / gs, gw = warp % gs;
+    u32 j = 0;
+    for (u32 m = todo; m != 0; m &= m - 1, ++j) {  // group-uniform: attn_finish has the group's barriers
+      if (j % ng != g || g >= ng) continue;
+      const u32 di = (u32)__ffs((int)m) - 1, ri = (u32)(((u64)first + di) % args.capacity);
+      const u64 tf = tb ? globaltimer() : 0;
+      attn_finish(sdesc[di], wrefs, cached, lane, warp, gw, gs, 1 + g, rd, ri, (float*)args.scratch, args.capacity,
+                  fin->red);
+      if (tb && gw == 0 && lane == 0) trace_finish(tb, ri, tf, globaltimer());
+    }
+    __syncthreads();
+  }
+}
+
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
 // level, execute one sub-op per warp, then count the chunk off; the block that finishes the batch signals.
 __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, SubOp* sdesc,
@@ -306,6 +361,10 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   // memory cost ~1 us each, DESIGN F5; many warps reading the same pinned TensorRef at once were far slower).
   const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
   __syncthreads();
+  if (warp == 0) {  // which descriptors may leave a note: read after the next barrier (block-uniform)
+    const u32 split = __ballot_sync(0xffffffffu, lane < k && may_split(sdesc[lane].op));
+    if (lane == 0) fin->split = split;
+  }
   if (warp < k) prefetch_refs(sdesc[warp], wrefs, cached, lane, rd);
   if (threadIdx.x == 0) wait_prev(args, dc, hc, p, s_batch[7]);
   __syncthreads();
@@ -315,41 +374,9 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     exec_routed(sdesc[di], wrefs, cached, lane, (const Program*)args.progs, alias, rd,
                 (u32)(((u64)start + idx + di) % args.capacity), args, &fin->note[di]);
   __syncthreads();
-  // Finish phase: split items (decode attention) left their tiles' counters in notes. Lane di of warp 0 counts
-  // item di off -- its fence releases the block's partials, ordered before it by the barrier (fences are
-  // cumulative) -- and the block combines every tile whose count it completed (below: groups of its warps).
-  if (warp == 0) {
-    bool last = false;
-    if (lane < k && fin->note[lane].counter != 0) {
-      fence_acq_rel();  // release
-      const u32 old = atomicAdd((unsigned*)fin->note[lane].counter, 1u);
-      last = old + 1 == fin->note[lane].expected;
-      if (last) fence_acq_rel();  // acquire: every item's partials before the block reads them (barrier below)
-    }
-    const u32 todo = __ballot_sync(0xffffffffu, last);
-    if (lane == 0) fin->todo = todo;
-  }
-  __syncthreads();
-  // The completed tiles are shared out to groups of gs warps (the block's warps halved until every tile has a
-  // group, or one warp each: the whole block for one tile), which combine side by side; group g takes the tiles
-  // g, g + ng, ... in bit order. One tile per warp is what the combine was before (16-22 us at KV 2,048).
-  const u32 todo = fin->todo;
-  if (todo != 0) {  // block-uniform
-    const u32 nt = (u32)__popc(todo);
-    u32 gs = nwarps;
-    while (gs > 1 && gs * nt > nwarps) gs >>= 1;
-    const u32 ng = nwarps / gs, g = warp / gs, gw = warp % gs;
-    u32 j = 0;
-    for (u32 m = todo; m != 0; m &= m - 1, ++j) {  // group-uniform: attn_finish has the group's barriers
-      if (j % ng != g || g >= ng) continue;
-      const u32 di = (u32)__ffs((int)m) - 1, ri = (u32)(((u64)start + idx + di) % args.capacity);
-      const u64 tf = tb ? globaltimer() : 0;
-      attn_finish(sdesc[di], wrefs, cached, lane, warp, gw, gs, 1 + g, rd, ri, (float*)args.scratch, args.capacity,
-                  fin->red);
-      if (tb && gw == 0 && lane == 0) trace_finish(tb, ri, tf, globaltimer());
-    }
-    __syncthreads();
-  }
+  // Finish phase, only for claims with a descriptor that may split (block-uniform; every other claim goes on to
+  // its release: no extra barrier on the levels of elementwise ops, rows, matmuls and data movement).
+  if (fin->split != 0) finish_phase(args, sdesc, wrefs, cached, lane, warp, nwarps, k, (u64)start + idx, rd, fin);
   // Release: every warp's writes (ordered before thread 0's fence by the barrier: fences are cumulative) before
   // the count. One fence per block, not one per warp.
   if (threadIdx.x == 0) {
