@@ -16,6 +16,12 @@ attention ("value", us). Rows ("config"):
                    attention run concurrently) -- includes the host's L submits.
   gpuos_worker_1   one attention per flush, L times in sequence (the decode case: one attention per layer, each
                    layer's flush) -- includes a flush's host cost and the worker's launch / wake-up per attention.
+  gpuos_program    the L torch calls (F.scaled_dot_product_attention, enable_gqa, worker attention on) captured
+                   once as a program (gpuos.capture) and replayed: GPU time without Python per attention, as the
+                   torch_*_graph rows; the L attentions are independent (one level: they run side by side).
+  gpuos_program_chain  the same, but attention i + 1's query is attention i's output (one level per attention,
+                   run one after another as a decode step's layers are; a CUDA graph runs its L kernels one
+                   after another either way): the row to hold against torch_best for a decode step.
 A backend torch refuses (or a graph capture that fails) gets a row with its error. torch_best (row) is the fastest
 torch_*_graph row (its "backend" field); "of_best" on the worker rows = worker time / torch_best time (the issue's
 goal: <= 1.2); "of_best_host" = worker time / the fastest host-inclusive torch row. Worker rows also carry
@@ -74,6 +80,23 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
             gpuos.submit_attention(q, k, v, o)
             gpuos.flush()
 
+    def program_fns():  # (independent, chain) replays of programs captured with the worker's attention on
+        def independent():
+            return [F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for q, k, v in zip(qs, ks, vs)]
+
+        def chain():
+            x = qs[0]
+            for k, v in zip(ks, vs):
+                x = F.scaled_dot_product_attention(x, k, v, enable_gqa=True)
+            return x
+        was = gpuos.worker_attention_enabled()
+        gpuos.set_worker_attention(True)
+        try:
+            progs = gpuos.capture(independent), gpuos.capture(chain)
+        finally:
+            gpuos.set_worker_attention(was)
+        return progs
+
     def counters(fn):
         keys = ("batches", "publications", "worker_launches", "gated_launches", "burst_launches", "room_waits",
                 "early_publishes", "joined_batches", "flushes")
@@ -94,6 +117,16 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
         fn()
         torch.cuda.synchronize()
         correct[name] = all(torch.allclose(o.float(), r, rtol=2e-2, atol=2e-2) for o, r in zip(outs, ref))
+    prog_ind, prog_chain = program_fns()
+    correct["gpuos_program"] = all(torch.allclose(o.float(), r, rtol=2e-2, atol=2e-2)
+                                   for o, r in zip(prog_ind(), ref))
+    x = qs[0].float()
+    for k, v in zip(ks, vs):  # the chain in fp32, rounded to the dtype between attentions as the worker's output is
+        x = F.scaled_dot_product_attention(x, k.float().repeat_interleave(G, 1),
+                                           v.float().repeat_interleave(G, 1)).to(dtype).float()
+    correct["gpuos_program_chain"] = torch.allclose(prog_chain().float(), x, rtol=2e-2, atol=2e-2)
+    levels = {c: {"levels": sum(i["levels"]), "segments": i["segments"], "eager_ops": len(i["fallbacks"])}
+              for c, i in (("gpuos_program", prog_ind.info()), ("gpuos_program_chain", prog_chain.info()))}
     results, stats = {}, {}
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                           ("math", SDPBackend.MATH), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -102,9 +135,11 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
                 results[config] = H.events_ms(make(backend), reps)
             except Exception as e:  # noqa: BLE001 -- a backend that refuses the shape: a row that says why
                 rows.append({"workload": WORKLOAD, "size": size, "config": config, "error": H.format_exc(e)})
-    for config, fn in (("gpuos_worker", worker), ("gpuos_worker_1", worker_1)):
+    for config, fn in (("gpuos_worker", worker), ("gpuos_worker_1", worker_1), ("gpuos_program", prog_ind),
+                       ("gpuos_program_chain", prog_chain)):
         results[config] = H.events_ms(fn, reps)
         stats[config] = counters(fn)
+        stats[config] |= levels.get(config, {})
     best = min((c for c in results if c.endswith("_graph")), key=lambda c: results[c], default=None)
     best_host = min((c for c in results if c.startswith("torch_") and not c.endswith("_graph")),
                     key=lambda c: results[c], default=None)
