@@ -615,6 +615,27 @@ print("JOIN", ok, s["early_publishes"], s["joined_batches"])
         assert line[1:] == ["True", "1", str(joined)], (flag, line)
 
 
+def test_runtime_created_on_first_use_takes_the_environments_settings():
+    """Without gpuos.init(), the runtime that the first submit creates reads the GPUOS_* variables as init() does
+    (it used to take the bare defaults: GPUOS_PUBLISH_MIN, GPUOS_BURST_*, GPUOS_ATTN_MIN_ROWS ... were ignored)."""
+    code = """
+import torch, gpuos
+x = torch.randn(4096, device="cuda"); o = torch.full_like(x, float("nan"))
+xs = [torch.randn(256, device="cuda") for _ in range(64)]; os_ = [torch.full_like(t, float("nan")) for t in xs]
+gpuos.submit_add(x, x, o)  # no init: the runtime is created here
+gpuos.submit_many("add", xs, xs, os_)
+gpuos.flush(sync=True)
+s = gpuos.stats()
+ok = torch.equal(o, x + x) and all(torch.equal(b, a + a) for a, b in zip(xs, os_))
+print("ENV", ok, s["early_publishes"], "for flushes of >= 4096 sub-ops" in str(gpuos.runtime_info()))
+"""
+    env = {"GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"]} if os.environ.get("GPUOS_CACHE_DIR") else {}
+    r = run_python(code, dict(env, GPUOS_PUBLISH_MIN="16", GPUOS_BURST_MIN="4096"), timeout=150)
+    assert r.returncode == 0, describe(r)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("ENV")][-1].split()
+    assert line[1] == "True" and int(line[2]) >= 1 and line[3] == "True", line
+
+
 _TRACE_SCRIPT = """
 import torch, gpuos
 gpuos.init(capacity=65536)

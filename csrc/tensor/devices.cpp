@@ -1,6 +1,8 @@
 // csrc/tensor/devices.cpp -- see devices.h.
 #include "tensor/devices.h"
 
+#include "config/config.h"
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 namespace py = pybind11;
@@ -11,6 +13,7 @@ namespace {
 DeviceState g_dev[kMaxDevices];  // runtimes leaked at exit on purpose: atexit shutdown() releases them
 std::mutex g_life;  // g_dev[].rt changes (create / delete) under it: the compile thread's ready hook reads them
 Config g_cfg;       // configuration of runtimes created from now on
+bool g_cfg_set = false;  // set_runtime_config (gpuos.init) was called: g_cfg holds its arguments
 std::function<void(int, Runtime&)> g_before_record;
 
 void move_keep_to_release(int dev) {
@@ -32,7 +35,10 @@ void move_keep_to_release(int dev) {
 
 DeviceState& device_state(int dev) { return g_dev[dev]; }
 Runtime* runtime_if(int dev) { return dev >= 0 && dev < kMaxDevices ? g_dev[dev].rt : nullptr; }
-void set_runtime_config(const Config& cfg) { g_cfg = cfg; }
+void set_runtime_config(const Config& cfg) {
+  g_cfg = cfg;
+  g_cfg_set = true;
+}
 const Config& runtime_config() { return g_cfg; }
 
 Runtime& runtime_for(int dev) {
@@ -43,6 +49,12 @@ Runtime& runtime_for(int dev) {
                     " Its worker may still occupy the GPU, and module loads and allocations in this CUDA context "
                     "can wait for it without bound. Restart the process.");
   if (!g_dev[dev].rt) {
+    // Created on first use (an op or submit without gpuos.init()): the environment's settings, read afresh when
+    // no runtime runs, as init() reads them -- not the bare defaults, which ignored every GPUOS_* variable.
+    if (!g_cfg_set) {
+      if (runtimes().empty()) reload_env_config();
+      g_cfg = config_from_env();
+    }
     auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
     rt->set_publish_hook([dev] { move_keep_to_release(dev); });
     std::lock_guard<std::mutex> life(g_life);
