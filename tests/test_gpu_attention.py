@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import gpuos
+import gpuos_ext
 from _helpers import tiny_hf_llama
 
 pytestmark = pytest.mark.gpu
@@ -287,6 +288,24 @@ def test_sdpa_under_the_scheduler_runs_in_the_worker(rt, worker_attention, dtype
     new_ops = _new(ops0, ops1)
     assert not any("scaled_dot_product" in o for o in new_ops), (new_ops, _new(fb0, fb1))
     _check(y, q, k, v, m, kind == "causal")
+
+
+@pytest.mark.parametrize("kv", [128, 200, 1000])
+def test_captured_attention_splits_the_kv_range_finer_and_replays_right(rt, worker_attention, kv):
+    """A program's decode attention cuts the kv range into splits of at most 16 positions (record_attention's
+    kCaptureAttnMinRows; a live flush: GPUOS_ATTN_MIN_ROWS, 64), and the replay with new q / k / v values equals
+    torch."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    q, k, v = _qkv(1, 8, 2, 1, kv, 128, torch.float16, g)
+    prog = gpuos.capture(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    tiles = 2 * 2  # KV heads x row groups of 2 of the 4 query heads per KV head
+    info = prog.info()
+    assert info["tiles"] == tiles * gpuos_ext._testing.attention_split(tiles, kv, 4096, min_rows=16), info
+    assert info["tiles"] > tiles * gpuos_ext._testing.attention_split(tiles, kv, 4096), info  # live: 64 rows
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=g, device=DEV).to(t.dtype))
+        _check(prog(), q, k, v)
 
 
 def test_sdpa_fallbacks_have_reasons(rt, worker_attention):

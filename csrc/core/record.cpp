@@ -357,6 +357,14 @@ uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t 
   return (uint32_t)((Lk + span - 1) / span);  // no empty slice
 }
 
+// While a program is captured, KV splits are at most this many kv positions long (fewer when GPUOS_ATTN_MIN_ROWS
+// says so): a replayed decode step runs one attention per level, latency-bound -- a warp walks its split one
+// round trip per step of a few kv rows -- and the host's cost per item is paid once, at the capture. H200,
+// bench_attention gpuos_program_chain (Llama shape, KV 128): 30.5 us per attention with 64-row splits, 18.6 with
+// 16 (nineteenth session). A live flush keeps Config::attn_min_rows: there each item costs host time (~30 ns) and
+// many attentions of one flush fill the grid anyway (64 of them: 3.2 us per attention at 64 rows, 5.0 at 16).
+constexpr uint32_t kCaptureAttnMinRows = 16;
+
 void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand& q, const TensorRef& q_ref,
                                const Operand& k, const TensorRef& k_ref, const Operand& v, const TensorRef& v_ref,
                                const Operand* mask, float scale) {
@@ -365,7 +373,8 @@ void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand&
   if (tiles == 0 || args.D == 0) return;
   if (args.Lk == 0 || args.Lq > kAttnMaxQuery || args.Hkv == 0 || args.Hq % args.Hkv != 0)
     throw std::logic_error("gpuos internal error: record_attention got a shape the checks refuse");
-  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity, cfg_.attn_min_rows);
+  const uint32_t min_rows = tape_ ? std::min(cfg_.attn_min_rows, kCaptureAttnMinRows) : cfg_.attn_min_rows;
+  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity, min_rows);
   SubOp proto{};
   proto.op = kOp_sdpa;
   proto.flags = kFlagStrided;
