@@ -39,7 +39,6 @@ void set_runtime_config(const Config& cfg) {
   g_cfg = cfg;
   g_cfg_set = true;
 }
-const Config& runtime_config() { return g_cfg; }
 
 Runtime& runtime_for(int dev) {
   if (dev < 0 || dev >= kMaxDevices)

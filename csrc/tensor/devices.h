@@ -36,10 +36,9 @@ struct DeviceState {
 // The device's state (0 <= dev < kMaxDevices).
 DeviceState& device_state(int dev);
 Runtime* runtime_if(int dev);     // the device's runtime, or null
-Runtime& runtime_for(int dev);    // created on first use with the configuration set by set_runtime_config
+Runtime& runtime_for(int dev);    // created on first use: set_runtime_config's configuration, else the environment's
 std::vector<Runtime*> runtimes();  // every live runtime
 void set_runtime_config(const Config& cfg);
-const Config& runtime_config();
 // Delete the device's runtime (after Runtime::shutdown); its keep-alive references are released.
 void delete_runtime(int dev);
 // Unregister a runtime whose shutdown failed (a worker that did not finish in time may still read its memory
