@@ -22,7 +22,8 @@ decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul pe
 at 1,024^2): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
 and the tile's combine / split finish. `attnL` (ATTN_KV, ATTN_L: 4,096, 16): bench_attention's one flush of L
 attentions -- its early publications, joined batches and items (this tool's ring has 65,536 slots, the bench's
-the default 4,096).
+the default 4,096). `attnC` (ATTN_KVS: 128,4096; ATTN_L): bench_attention's gpuos_program_chain row -- L attentions
+each reading the previous one's output, captured as a program, one replay traced (one attention per level).
 """
 import os
 import statistics
@@ -392,6 +393,43 @@ def matmul_items(sizes=((1, 4096), (16, 4096), (1, 1024)), weights=8):
             print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
+def attention_chain(kv=128, L=16):
+    """`attnC`: bench_attention's gpuos_program_chain row traced -- L Llama-shape decode attentions (fp16), each
+    reading the previous one's output, captured as a program (the worker's attention on) and replayed: one
+    attention per level, as in a decode step. Where a level's time goes: the handoff before it (level_gaps), the
+    claims, and per item its duration and the tile's combine (item_summary)."""
+    import torch.nn.functional as F
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    ks = [torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.float16) for _ in range(L)]
+    vs = [torch.randn_like(k) for k in ks]
+
+    def chain():
+        x = q
+        for k, v in zip(ks, vs):
+            x = F.scaled_dot_product_attention(x, k, v, enable_gqa=True)
+        return x
+    was = gpuos.worker_attention_enabled()
+    gpuos.set_worker_attention(True)
+    try:
+        prog = gpuos.capture(chain)
+    finally:
+        gpuos.set_worker_attention(was)
+    out = []
+    recs, dropped, t_flush_ns, host_ms, flush_ms = traced(lambda: out.__setitem__(slice(None), [prog()]), reps=3)
+    info = prog.info()
+    summarise(f"attnC {L} chained attentions 32/8 heads D 128 KV {kv} ({sum(info['levels'])} levels, "
+              f"{info['tiles']} items)", recs, t_flush_ns, L * 2 * ks[0].numel() * ks[0].element_size(), host_ms,
+              flush_ms)
+    item_summary(recs)
+    x = q.float()
+    for k, v in zip(ks, vs):
+        x = F.scaled_dot_product_attention(x, k.float().repeat_interleave(4, 1),
+                                           v.float().repeat_interleave(4, 1)).half().float()
+    torch.testing.assert_close(out[0].float(), x, rtol=2e-2, atol=2e-2)
+    if dropped:
+        print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
+
+
 def calls(n_calls=20):
     """W5's MLP block (1x256 fp16, worker matmul) captured as a program and called n_calls times back to back,
     one trace: per call, the device span of its levels, the handoffs inside it, and the gap before the next call
@@ -495,6 +533,9 @@ def main():
         attention()
     if on("attnL"):
         attention_many(int(os.environ.get("ATTN_KV", "4096")), int(os.environ.get("ATTN_L", "16")))
+    if on("attnC"):
+        for kv in (int(x) for x in os.environ.get("ATTN_KVS", "128,4096").split(",")):
+            attention_chain(kv, int(os.environ.get("ATTN_L", "16")))
     if on("rows"):
         for hidden in (256, 4096):
             for rf in (True, False):
