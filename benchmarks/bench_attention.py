@@ -42,6 +42,30 @@ WORKLOAD = "ATTN"
 SHAPES = {"llama": (32, 8, 128), "small": (4, 2, 64)}  # query heads, KV heads, head_dim
 
 
+def capture_with_worker_attention(fn):
+    """gpuos.capture(fn) with the worker's decode attention on (restored after): the program's SDPA calls are
+    worker tasks."""
+    import gpuos
+    was = gpuos.worker_attention_enabled()
+    gpuos.set_worker_attention(True)
+    try:
+        return gpuos.capture(fn)
+    finally:
+        gpuos.set_worker_attention(was)
+
+
+def chain_of_attentions(q, ks, vs):
+    """fn() -> attention L's output, where attention i + 1's query is attention i's output (one level each)."""
+    import torch.nn.functional as F
+
+    def chain():
+        x = q
+        for k, v in zip(ks, vs):
+            x = F.scaled_dot_product_attention(x, k, v, enable_gqa=True)
+        return x
+    return chain
+
+
 def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
     import torch
     import torch.nn.functional as F
@@ -83,19 +107,8 @@ def run_size(shape: str, kv: int, dtype, reps: int, rows: list) -> None:
     def program_fns():  # (independent, chain) replays of programs captured with the worker's attention on
         def independent():
             return [F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for q, k, v in zip(qs, ks, vs)]
-
-        def chain():
-            x = qs[0]
-            for k, v in zip(ks, vs):
-                x = F.scaled_dot_product_attention(x, k, v, enable_gqa=True)
-            return x
-        was = gpuos.worker_attention_enabled()
-        gpuos.set_worker_attention(True)
-        try:
-            progs = gpuos.capture(independent), gpuos.capture(chain)
-        finally:
-            gpuos.set_worker_attention(was)
-        return progs
+        return (capture_with_worker_attention(independent),
+                capture_with_worker_attention(chain_of_attentions(qs[0], ks, vs)))
 
     def counters(fn):
         keys = ("batches", "publications", "worker_launches", "gated_launches", "burst_launches", "room_waits",

@@ -399,21 +399,11 @@ def attention_chain(kv=128, L=16):
     attention per level, as in a decode step. Where a level's time goes: the handoff before it (level_gaps), the
     claims, and per item its duration and the tile's combine (item_summary)."""
     import torch.nn.functional as F
+    from benchmarks import bench_attention as BA
     q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
     ks = [torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.float16) for _ in range(L)]
     vs = [torch.randn_like(k) for k in ks]
-
-    def chain():
-        x = q
-        for k, v in zip(ks, vs):
-            x = F.scaled_dot_product_attention(x, k, v, enable_gqa=True)
-        return x
-    was = gpuos.worker_attention_enabled()
-    gpuos.set_worker_attention(True)
-    try:
-        prog = gpuos.capture(chain)
-    finally:
-        gpuos.set_worker_attention(was)
+    prog = BA.capture_with_worker_attention(BA.chain_of_attentions(q, ks, vs))
     out = []
     recs, dropped, t_flush_ns, host_ms, flush_ms = traced(lambda: out.__setitem__(slice(None), [prog()]), reps=3)
     info = prog.info()
