@@ -28,8 +28,7 @@ void init(uint32_t capacity, uint32_t threads_per_block, uint32_t worker_blocks,
           std::to_string(c.threads_per_block) + ". Fix: call gpuos.shutdown() first, or pass the same values.");
     return;
   }
-  if (runtimes().empty()) reload_env_config();
-  Config cfg = config_from_env();  // the environment's settings (config/config.h); arguments below win
+  Config cfg = env_runtime_config();  // the environment's settings (config/config.h); arguments below win
   cfg.capacity = capacity ? capacity : 4096;
   cfg.threads_per_block = threads_per_block ? threads_per_block : 256;
   if (worker_blocks) cfg.worker_blocks = worker_blocks;

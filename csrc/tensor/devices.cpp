@@ -35,6 +35,11 @@ void move_keep_to_release(int dev) {
 
 DeviceState& device_state(int dev) { return g_dev[dev]; }
 Runtime* runtime_if(int dev) { return dev >= 0 && dev < kMaxDevices ? g_dev[dev].rt : nullptr; }
+Config env_runtime_config() {
+  if (runtimes().empty()) reload_env_config();  // read afresh while no runtime runs
+  return config_from_env();
+}
+
 void set_runtime_config(const Config& cfg) {
   g_cfg = cfg;
   g_cfg_set = true;
@@ -48,12 +53,9 @@ Runtime& runtime_for(int dev) {
                     " Its worker may still occupy the GPU, and module loads and allocations in this CUDA context "
                     "can wait for it without bound. Restart the process.");
   if (!g_dev[dev].rt) {
-    // Created on first use (an op or submit without gpuos.init()): the environment's settings, read afresh when
-    // no runtime runs, as init() reads them -- not the bare defaults, which ignored every GPUOS_* variable.
-    if (!g_cfg_set) {
-      if (runtimes().empty()) reload_env_config();
-      g_cfg = config_from_env();
-    }
+    // Created on first use (an op or submit without gpuos.init()): the environment's settings, as init() reads
+    // them -- not the bare defaults, which ignored every GPUOS_* variable.
+    if (!g_cfg_set) g_cfg = env_runtime_config();
     auto* rt = new Runtime(dev, g_cfg, [dev] { return current_stream(dev); });
     rt->set_publish_hook([dev] { move_keep_to_release(dev); });
     std::lock_guard<std::mutex> life(g_life);

@@ -39,6 +39,9 @@ Runtime* runtime_if(int dev);     // the device's runtime, or null
 Runtime& runtime_for(int dev);    // created on first use: set_runtime_config's configuration, else the environment's
 std::vector<Runtime*> runtimes();  // every live runtime
 void set_runtime_config(const Config& cfg);
+// Defaults with the environment's GPUOS_* settings, the environment read afresh while no runtime runs (init() and
+// a runtime created on first use).
+Config env_runtime_config();
 // Delete the device's runtime (after Runtime::shutdown); its keep-alive references are released.
 void delete_runtime(int dev);
 // Unregister a runtime whose shutdown failed (a worker that did not finish in time may still read its memory
