@@ -30,6 +30,7 @@ constexpr float kAttnLog2e = 1.4426950408889634f, kAttnLn2 = 0.6931471805599453f
 constexpr u32 kAttnPartM = kAttnScratchHead, kAttnPartL = kAttnScratchHead + 4, kAttnPartAcc = kAttnScratchHead + 8;
 static_assert(R <= 4 && kAttnPartAcc + R * kAttnMaxHeadDim <= kAttnScratchPerSlot,
               "attention partials fit one ring slot's scratch");
+static_assert(kAttnPartAcc + R * 128 == kLocalSlot, "a shared-memory partial has the scratch slot's layout");
 
 __device__ __forceinline__ float attn_ninf() { return -__int_as_float(0x7f800000); }
 
@@ -234,21 +235,27 @@ __device__ __noinline__ void attn_item(const AttnArgs& a, const TensorRef* refs,
 }
 
 // An item's place (attention_op's numbering): item = ((b * Hkv + kh) * nsplit + s) * nrg + rg -- the row groups of
-// one KV slice are neighbours (claimed together, they read the same K / V rows, mostly from cache); a tile's
-// items are nrg ring slots apart, its first (split 0) at ring index `first`, whose scratch holds the counter.
+// one KV slice are neighbours (claimed together, they read the same K / V rows, mostly from cache) -- or, with
+// kAttnTileMajor, item = ((b * Hkv + kh) * nrg + rg) * nsplit + s (a tile's splits are neighbours). A tile's items
+// are `stride` ring slots apart (nrg, or 1), its first (split 0) at ring index `first`, whose scratch holds the
+// counter.
 struct AttnTile {
-  u32 G, nrg, s, b, kh, r0, nr, first;
+  u32 G, nrg, s, b, kh, r0, nr, first, stride;
 };
 __device__ __forceinline__ AttnTile attn_tile(const AttnArgs& a, u32 base, u32 ri, u32 capacity) {
   AttnTile t;
   t.G = a.Hq / a.Hkv;
   const u32 nrows = t.G * a.Lq;
   t.nrg = (nrows + R - 1) / R;
-  const u32 rg = base % t.nrg, bk = base / t.nrg / a.nsplit;
-  t.s = (base / t.nrg) % a.nsplit;
+  u32 rg, bk;
+  if (a.mode & kAttnTileMajor) {
+    t.s = base % a.nsplit, rg = (base / a.nsplit) % t.nrg, bk = base / a.nsplit / t.nrg, t.stride = 1;
+  } else {
+    rg = base % t.nrg, t.s = (base / t.nrg) % a.nsplit, bk = base / t.nrg / a.nsplit, t.stride = t.nrg;
+  }
   t.kh = bk % a.Hkv, t.b = bk / a.Hkv;
   t.r0 = rg * R, t.nr = nrows - t.r0 < R ? nrows - t.r0 : R;
-  t.first = (ri + capacity - t.s * t.nrg) % capacity;
+  t.first = (ri + capacity - t.s * t.stride) % capacity;
   return t;
 }
 
@@ -281,7 +288,7 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
 #pragma unroll
       for (u32 h = 0; h < 2; ++h) {
         const u32 sp = lane + 32 * h;
-        const float* p = attn + (u64)((t.first + sp * t.nrg) % capacity) * kAttnScratchPerSlot;
+        const float* p = attn + (u64)((t.first + sp * t.stride) % capacity) * kAttnScratchPerSlot;
         const bool ok = sp < ns && r < t.nr;
         ms[r][h] = ok ? __ldcg(p + kAttnPartM + r) : ninf;
         ls[r][h] = ok ? __ldcg(p + kAttnPartL + r) : 0.0f;
@@ -312,7 +319,7 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
 #pragma unroll
       for (u32 u = 0; u < kAttnFinishBatch; ++u) {
         const u32 sp = s0 + u * gs;
-        const float* p = attn + (u64)((t.first + sp * t.nrg) % capacity) * kAttnScratchPerSlot + kAttnPartAcc + e;
+        const float* p = attn + (u64)((t.first + sp * t.stride) % capacity) * kAttnScratchPerSlot + kAttnPartAcc + e;
 #pragma unroll
         for (u32 r = 0; r < R; ++r)  // every item wrote its partial (an empty split: zeros, weight 0)
           pv[u][r] = mine && sp < ns && r < t.nr ? __ldcg((const float4*)(p + r * a.D))
@@ -352,6 +359,39 @@ __device__ __noinline__ void attn_finish(const SubOp& d, TensorRef* refs, u64* c
   if (gw == 0 && lane == 0) atomicExch((unsigned*)(attn + (u64)t.first * kAttnScratchPerSlot), 0u);  // counter reset
 }
 
+// The local path's combine (run_claim's finish phase): one warp -- the one that ran the tile's split 0, its
+// TensorRefs still in its slots -- merges the tile's nsplit partials, which the claim's consecutive descriptors
+// left in shared memory (`part`: split 0's slot, split s at part + s * kLocalSlot), and writes the output.
+// Lane l holds dims 4l .. 4l + 3 (head dim <= 128).
+__device__ __noinline__ void attn_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, u32 capacity,
+                                                const float* part) {
+  const AttnArgs& a = *(const AttnArgs*)&refs[0];
+  const AttnTile t = attn_tile(a, d.base, ri, capacity);
+  const u32 dto = d.dtype & 0xffu, ns = a.nsplit, e = lane * 4;
+  const float ninf = attn_ninf();
+  for (u32 r = 0; r < t.nr; ++r) {  // warp-uniform
+    float m = ninf;
+    for (u32 s = 0; s < ns; ++s) m = fmaxf(m, part[s * kLocalSlot + kAttnPartM + r]);
+    float l = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (u32 s = 0; s < ns; ++s) {
+      const float* p = part + s * kLocalSlot;
+      const float ms = p[kAttnPartM + r];
+      const float w = ms == ninf ? 0.0f : exp2f(ms - m);  // an empty split weighs 0 (-inf - -inf would be NaN)
+      l = fmaf(w, p[kAttnPartL + r], l);
+      if (e < a.D) {
+        const float4 x = *(const float4*)(p + kAttnPartAcc + r * a.D + e);
+        v[0] = fmaf(w, x.x, v[0]), v[1] = fmaf(w, x.y, v[1]), v[2] = fmaf(w, x.z, v[2]), v[3] = fmaf(w, x.w, v[3]);
+      }
+    }
+    if (e >= a.D) continue;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a row that sees nothing: 0 (torch's safe softmax)
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) v[j] *= inv;
+    const u32 row = t.r0 + r, g = row / a.Lq, i = row - g * a.Lq;
+    attn_store(a, dto, t.b, t.kh * t.G + g, i, e, v, 4, m, l, e == 0);
+  }
+}
+
 // refs: [0] the AttnArgs, [1] q, [2] k, [3] v (B x H x L x D TensorRefs). ri: the sub-op's ring index; scratch,
 // capacity: WorkerArgs::scratch / capacity (the attention scratch follows the matmul scratch); note: where a
 // split item leaves its tile's counter for run_claim's finish phase (which counts the block's items after its
@@ -364,7 +404,11 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
   const i64 span = ((i64)a.Lk + ns - 1) / ns, j0 = (i64)t.s * span,
             j1 = j0 + span < (i64)a.Lk ? j0 + span : (i64)a.Lk;
   float* attn = attn_scratch(scratch, capacity);
-  float* part = ns > 1 ? attn + (u64)ri * kAttnScratchPerSlot : nullptr;
+  // The local path: the claim holds the whole tile (tile-major order, its split 0 at claim place o) and has one
+  // descriptor per warp (note->local set): the partial goes to shared memory, the finish phase combines it.
+  const u32 o = (t.first + capacity - note->c0) % capacity;
+  const bool local = ns > 1 && (a.mode & kAttnTileMajor) && note->local != nullptr && a.D <= 128 && o + ns <= note->ck;
+  float* part = ns <= 1 ? nullptr : local ? note->local : attn + (u64)ri * kAttnScratchPerSlot;
   const u32 dto = d.dtype & 0xffu, dt = (d.dtype >> 8) & 0xffu;
   const float qscale = d.scalar[0] * kAttnLog2e;
   const u64 t0 = tb ? globaltimer() : 0;
@@ -372,7 +416,8 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
     attn_item<true, kAttnStepsInFlightMasked>(a, refs, dt, dto, qscale, t.b, t.kh, t.r0, t.nr, j0, j1, part, lane);
   else
     attn_item<false, kAttnStepsInFlight>(a, refs, dt, dto, qscale, t.b, t.kh, t.r0, t.nr, j0, j1, part, lane);
-  if (part && lane == 0) note->counter = (u64)(attn + (u64)t.first * kAttnScratchPerSlot), note->expected = ns;
+  if (local && lane == 0) note->head = t.s == 0;
+  else if (part && lane == 0) note->counter = (u64)(attn + (u64)t.first * kAttnScratchPerSlot), note->expected = ns;
   if (tb && lane == 0) {
     const u64 t1 = globaltimer();
     trace_item(tb, ri, t0, t1, t1, 0u);

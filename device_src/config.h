@@ -54,10 +54,14 @@ constexpr u32 kMmMaxSplit = 64;        // most K slices (the scratch array has t
 constexpr u32 kMmMaxGroup = 16;        // most column tiles of one unsplit mma item
 constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 steps)
 constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256;
-// SubOp::reserved of an mm sub-op: variant | ksplit << 8 | tiles << 16 (variant 0: a column tile of the per-warp
+// SubOp::reserved of an mm sub-op: variant | ksplit << 8 | tiles << 16 (15 bits) (variant 0: a column tile of the per-warp
 // paths; tiles: column tiles per item of an unsplit mma product, 0 = 1 -- an LM head of 2,000-3,142 tiles of 16
 // columns was that many items, each paying a claim's round trips for 8 KB of weights).
 constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2;
+// ... and bit kMmLocal: a split product whose partial fits kLocalSlot: a tile whose K slices one claim holds whole
+// (one descriptor per warp) is summed in shared memory by the warp that ran slice 0 (matmul.h mm_local_combine),
+// the other tiles meet in the scratch as above.
+constexpr u32 kMmLocal = 1u << 31;
 // K per item: ceil(K / ksplit) rounded up to whole slice units (host and device agree through this function): a
 // tensor-core chunk (mma), or one step of the ncol loop (kMmNcolRows rows of b: a slice of one step is one round
 // trip of loads -- GPT-2-small's 256 x 768 product in 64-row slices was 12 items of 8 steps, ~30 us a level).
@@ -82,6 +86,14 @@ constexpr u32 kAttnCausal = 1u;           // top-left causal (torch): query i se
 constexpr u32 kAttnMaskFloat = 2u;        // additive float mask (its DType in mode >> kAttnMaskDtypeShift)
 constexpr u32 kAttnMaskBool = 4u;         // boolean mask (1 byte per element; false = masked out)
 constexpr u32 kAttnLse = 8u;              // write the log-sum-exp of each row (natural log, fp32)
+// Items in tile-major order, item = ((b * Hkv + kh) * row groups + rg) * nsplit + s: a tile's splits are neighbours,
+// so a claim may hold a whole tile and combine it in shared memory (attention.h attn_local_*). Without it the row
+// groups of one KV slice are neighbours (they read the same K / V rows, mostly from cache).
+constexpr u32 kAttnTileMajor = 16u;
+// Floats of one item's partial in shared memory (worker.cu BlockFinish::local_part, one slot per warp): a split of
+// an attention tile (kAttnTileMajor, head dim <= 128; the scratch slot's layout) or a K slice of a matmul tile
+// (kMmLocal: M x tile columns <= kLocalSlot).
+constexpr u32 kLocalSlot = kAttnScratchHead + 8 + kAttnRowsPerItem * 128;
 constexpr u32 kAttnMaskDtypeShift = 8u;
 // Worker state words (HostCtl::worker_state).
 constexpr u32 kWorkerExiting = 0;  // not running, or about to exit: the host must launch one

@@ -123,10 +123,13 @@ __device__ __noinline__ void mm_scalar(const MmArgs& g, i64 n0, i64 n1, u32 lane
 
 // ---------------------------------------------------------------- items (mma, ncol) and split-K
 // Output (m, n0 + nl) of this item: stored, or added to the tile's partials (part: its scratch, nullptr when the
-// product is not split over K).
-__device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, u32 tw, i64 m, i64 n0, u32 nl, float v) {
+// product is not split over K), or -- `local` -- written to this item's own partial in shared memory (part: its
+// kLocalSlot floats, M x tw).
+__device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, bool local, u32 tw, i64 m, i64 n0, u32 nl,
+                                        float v) {
   if (m >= g.M || n0 + nl >= g.N) return;
-  if (part) atomicAdd(part + kMmScratchHead + m * tw + nl, v);
+  if (local) part[m * tw + nl] = v;
+  else if (part) atomicAdd(part + kMmScratchHead + m * tw + nl, v);
   else mm_store(g, m, n0 + nl, v);
 }
 
@@ -196,7 +199,7 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // 16 bytes in flight per lane, 4 U + 4 U with TWO).
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
 template <bool BF16, bool TWO, u32 U>
-__device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
+__device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane) {
   const u32 q = lane >> 2, t = lane & 3u;
   const bool w0 = n0 + q < g.N, w1 = n0 + q + 8 < g.N;
   const char* wp0 = g.b + (u64)((w0 ? n0 + q : 0) * g.bs1) * 2 + 32 * t;
@@ -244,10 +247,10 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 #pragma unroll
     for (u32 j = 0; j < (TWO ? 2u : 1u); ++j) {
       const i64 m = m0 + 8 * j + 2 * t;
-      mm_emit(g, part, kMmMmaCols, m, n0, q, acc[j][0]);
-      mm_emit(g, part, kMmMmaCols, m + 1, n0, q, acc[j][1]);
-      mm_emit(g, part, kMmMmaCols, m, n0, q + 8, acc[j][2]);
-      mm_emit(g, part, kMmMmaCols, m + 1, n0, q + 8, acc[j][3]);
+      mm_emit(g, part, local, kMmMmaCols, m, n0, q, acc[j][0]);
+      mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q, acc[j][1]);
+      mm_emit(g, part, local, kMmMmaCols, m, n0, q + 8, acc[j][2]);
+      mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q + 8, acc[j][3]);
     }
   }
 }
@@ -255,19 +258,22 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 // One mma tile: the instance for the dtype and the rows (two m8 tiles per pass above 8 rows). U = 2 chunks in
 // flight: 3 for one m8 tile changed nothing measurable (H200, 4,096^2 at M = 1: items 13.7 us either way,
 // `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers.
-__device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
+__device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
+                                            u32 lane) {
   const bool two = g.M > 8;
   if (g.dta == kBF16)
-    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, lane);
+    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, local, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, local, lane);
   else
-    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, lane) : mm_mma<false, false, 2>(g, n0, k0, k1, part, lane);
+    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, local, lane)
+        : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane);
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
 // of b (kMmNcolRows), rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
 // 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
 // (or past the last whole 8 of K) a's values are read one by one.
-__device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, u32 lane) {
+__device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
+                                     u32 lane) {
   const i64 n = n0 + 8 * (i64)lane;
   const bool live = n < g.N;
   const bool avec = g.as1 == 1 && g.dta == g.dtb && (((u64)g.a | (u64)(g.as0 * 2)) & 15u) == 0;
@@ -302,15 +308,13 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
     }
     for (u32 r = 0; r < rm; ++r)
 #pragma unroll
-      for (u32 i = 0; i < 8; ++i) mm_emit(g, part, kMmNcolCols, m0 + r, n0, 8 * lane + i, acc[r][i]);
+      for (u32 i = 0; i < 8; ++i) mm_emit(g, part, local, kMmNcolCols, m0 + r, n0, 8 * lane + i, acc[r][i]);
   }
 }
 
-// refs: [0] out (M x N), [1] a (M x K), [2] b (K x N), [3] bias (M x N view; absent when in[2] is a constant).
-// ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch / capacity; tb: the trace
-// (nullptr: off), where each mma / ncol item records its own and its split finish's duration.
-__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
-                                       u32 capacity, TraceBuf* tb) {
+// The product's arguments from its descriptor and TensorRefs: [0] out (M x N), [1] a (M x K), [2] b (K x N),
+// [3] bias (M x N view; absent when in[2] is a constant).
+__device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs) {
   MmArgs g;
   const TensorRef &ro = refs[0], &ra = refs[1], &rb = refs[2];
   g.out = (char*)ro.ptr;
@@ -328,13 +332,55 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
   g.dto = d.dtype & 0xffu, g.dta = (d.dtype >> 8) & 0xffu, g.dtb = (d.dtype >> 16) & 0xffu;
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
-  const u32 variant = d.reserved & 0xffu, ksplit = (d.reserved >> 8) & 0xffu ? (d.reserved >> 8) & 0xffu : 1u;
-  const u32 group = d.reserved >> 16 ? d.reserved >> 16 : 1u;
+  return g;
+}
+__device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
+  const u32 ks = (d.reserved >> 8) & 0xffu;
+  return ks ? ks : 1u;
+}
+
+// The local path's sum (run_claim's finish phase): the warp that ran slice 0 of a tile -- its TensorRefs still in
+// its slots -- adds the tile's ksplit partials, which the claim's consecutive descriptors left in shared memory
+// (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs (8 per lane
+// at once: their bias values loaded before any is used, as mm_finish does).
+__device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, const float* part) {
+  const MmArgs g = mm_args(d, refs);
+  const u32 ksplit = mm_ksplit(d), tw = (d.reserved & 0xffu) == kMmMma ? kMmMmaCols : kMmNcolCols;
+  const i64 n0 = (i64)(d.base / ksplit) * tw;
+  const u32 total = (u32)(g.M * tw);
+  for (u32 e0 = lane; e0 < total; e0 += 32 * 8) {
+    float v[8];
+    u32 braw[8];
+#pragma unroll
+    for (u32 u = 0; u < 8; ++u) {
+      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
+      const bool ok = e < total && n0 + nl < g.N;
+      v[u] = 0.0f;
+      for (u32 s = 0; ok && s < ksplit; ++s) v[u] += part[s * kLocalSlot + e];
+      braw[u] = ok && g.bias ? load_bits(g.bias, g.dtc, (i64)m * g.cs0 + (n0 + nl) * g.cs1) : 0u;
+    }
+#pragma unroll
+    for (u32 u = 0; u < 8; ++u) {
+      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
+      if (e < total && n0 + nl < g.N) mm_put(g, m, n0 + nl, v[u], bits_value(braw[u], g.dtc));
+    }
+  }
+}
+
+// refs: as mm_args. ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch / capacity;
+// note: the claim's place and this descriptor's shared-memory slot (the local path leaves head = 1 on slice 0 of
+// a tile the claim holds whole); tb: the trace (nullptr: off), where each mma / ncol item records its own and its
+// split finish's duration.
+__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
+                                       u32 capacity, FinishNote* note, TraceBuf* tb) {
+  const MmArgs g = mm_args(d, refs);
+  const u32 variant = d.reserved & 0xffu, ksplit = mm_ksplit(d);
+  const u32 group = (d.reserved >> 16) & 0x7fffu ? (d.reserved >> 16) & 0x7fffu : 1u;
   if (variant == kMmMma && group > 1) {  // an unsplit item of `group` column tiles: tiles d.base * group, ...
     for (u32 t = 0; t < group; ++t) {
       const i64 n0 = ((i64)d.base * group + t) * kMmMmaCols;
       if (n0 >= g.N) break;
-      mm_mma_tile(g, n0, 0, g.K, nullptr, lane);
+      mm_mma_tile(g, n0, 0, g.K, nullptr, false, lane);
     }
     return;
   }
@@ -342,18 +388,22 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
     const i64 tile = d.base / ksplit, kp = d.base % ksplit,
               kspan = mm_kspan(g.K, ksplit, mm_unit(variant));
     const i64 k0 = kp * kspan, k1 = k0 + kspan < g.K ? k0 + kspan : g.K;
-    // The tile's items are consecutive in the ring: its scratch is that of the first one's slot.
-    float* part = ksplit > 1 ? scratch + (u64)((ri + capacity - (u32)kp) % capacity) * kMmScratchPerSlot : nullptr;
+    // The tile's items are consecutive in the ring: its scratch is that of the first one's slot -- unless the
+    // claim holds all of them with one descriptor per warp (kMmLocal: the host saw the partial fit a slot).
+    const u32 first = (ri + capacity - (u32)kp) % capacity, o = (first + capacity - note->c0) % capacity;
+    const bool local = ksplit > 1 && (d.reserved & kMmLocal) && note->local != nullptr && o + ksplit <= note->ck;
+    float* part = ksplit <= 1 ? nullptr : local ? note->local : scratch + (u64)first * kMmScratchPerSlot;
     const u32 tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
     const i64 n0 = tile * tw;
     const u64 t0 = tb ? globaltimer() : 0;
     if (variant == kMmMma) {
-      mm_mma_tile(g, n0, k0, k1, part, lane);
+      mm_mma_tile(g, n0, k0, k1, part, local, lane);
     } else {
-      mm_ncol(g, n0, k0, k1, part, lane);
+      mm_ncol(g, n0, k0, k1, part, local, lane);
     }
     const u64 t1 = tb ? globaltimer() : 0;
-    const bool finished = part && mm_finish(g, part, tw, ksplit, n0, lane);
+    if (local && lane == 0) note->head = kp == 0;
+    const bool finished = part && !local && mm_finish(g, part, tw, ksplit, n0, lane);
     if (tb && lane == 0) trace_item(tb, ri, t0, t1, globaltimer(), finished ? 1u : 0u);
     return;
   }

@@ -141,20 +141,28 @@ __device__ __forceinline__ void prefetch_refs(const SubOp& d, TensorRef* refs, u
   else if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
 }
 
-// A split item's tile counter for run_claim's finish phase (shared memory, one per descriptor of the claim):
-// counter 0 = nothing to count.
+// A split item's note for run_claim's finish phase (shared memory, one per descriptor of the claim). run_claim
+// sets local / c0 / ck before the items run; an item leaves either its tile's counter (global path) or, when the
+// claim holds its whole tile (attention in kAttnTileMajor order, a kMmLocal matmul's K slices), head = 1 on the
+// tile's split 0 (local path: partials in shared memory, combined by that warp after the claim's barrier -- no
+// counter, fence or L2 round trip).
 struct FinishNote {
-  u64 counter;    // device address of the tile's u32 counter
-  u32 expected;   // the tile's items
-  u32 pad;
+  u64 counter;    // global path: device address of the tile's u32 counter (0: nothing to count)
+  float* local;   // this descriptor's partial slot in BlockFinish::local_part, or nullptr (no local path here)
+  u32 expected;   // global path: the tile's items
+  u32 head;       // local path: 1 on the split 0 of a tile this claim combines
+  u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
 };
-// What the finish phase needs in shared memory: the notes, the tiles this block completed, the warps' sums.
+// What the finish phase needs in shared memory: the notes, the tiles this block completed, the warps' sums, the
+// local path's partials (one slot per warp: the local path needs one descriptor per warp).
 struct BlockFinish {
   FinishNote note[kMaxWarps * kClaimPerWarp];
-  u32 todo;   // bit di: this block completed sub-op di's tile
-  u32 split;  // bit di: sub-op di may leave a note (decode attention): no bit, no finish phase
-  u32 pad[2];
+  u32 todo;   // bit di: this block completed sub-op di's tile (global path)
+  u32 split;  // bit di: sub-op di may leave a note (may_split): no bit, no finish phase
+  u32 ltodo;  // bit di: sub-op di is split 0 of a tile combined locally
+  u32 pad;
   float red[kMaxWarps * kAttnRowsPerItem * 128];
+  __align__(16) float local_part[kMaxWarps][kLocalSlot];
 };
 static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed descriptor");
 
@@ -176,17 +184,22 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u6
   rec->k = k;
   rec->t0 = t0;  // the host takes records whose t0 is set
 }
-// Whether a sub-op of this op id may leave a FinishNote (a decode attention split over kv ranges). Fused chains,
-// injected ops and unknown ids never do.
-__device__ __forceinline__ bool may_split(u32 op) {
+// The kind (ops.def) of a built-in op id; fused chains, injected ops and unknown ids: kKindEw.
+__device__ __forceinline__ u32 op_kind(u32 op) {
   switch (op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
-    return kind == kKindAttention;
+    return kind;
 #include "device_src/ops.def"
 #undef GPUOS_OP
-    default: return false;
+    default: return kKindEw;
   }
+}
+// Whether a sub-op may leave a FinishNote: a decode attention split over kv ranges, or a split-K matmul item that
+// may take the local path (kMmLocal; its global path finishes inside the item).
+__device__ __forceinline__ bool may_split(const SubOp& d) {
+  const u32 kind = op_kind(d.op);
+  return kind == kKindAttention || (kind == kKindMatmul && (d.reserved & kMmLocal) != 0);
 }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 ri, u64 t0, u64 t1) {
@@ -214,7 +227,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, (TraceBuf*)args.trace); \
+    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
     else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     break;
@@ -304,9 +317,24 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
       if (last) fence_acq_rel();  // acquire: every item's partials before the block reads them (barrier below)
     }
     const u32 todo = __ballot_sync(0xffffffffu, last);
-    if (lane == 0) fin->todo = todo;
+    const u32 ltodo = __ballot_sync(0xffffffffu, lane < k && fin->note[lane].head != 0);
+    if (lane == 0) fin->todo = todo, fin->ltodo = ltodo;
   }
   __syncthreads();
+  // Local path: the warp that ran a tile's split 0 (attention) or K slice 0 (matmul) combines it from shared
+  // memory (its TensorRefs are still in its slots: one descriptor per warp), then a barrier orders the outputs
+  // before the claim's release.
+  const u32 ltodo = fin->ltodo;
+  if (ltodo != 0) {  // block-uniform
+    if (ltodo & (1u << warp)) {
+      const u32 ri = (u32)((first + warp) % args.capacity);
+      const u64 tf = tb ? globaltimer() : 0;
+      if (op_kind(sdesc[warp].op) == kKindMatmul) mm_local_combine(sdesc[warp], wrefs, lane, &fin->local_part[warp][0]);
+      else attn_local_combine(sdesc[warp], wrefs, lane, ri, args.capacity, &fin->local_part[warp][0]);
+      if (tb && lane == 0) trace_finish(tb, ri, tf, globaltimer());
+    }
+    __syncthreads();
+  }
   // The completed tiles are shared out to groups of gs warps (the block's warps halved until every tile has a
   // group, or one warp each: the whole block for one tile), which combine side by side; group g takes the tiles
   // g, g + ng, ... in bit order. One tile per warp is what the combine was before (16-22 us at KV 2,048).
@@ -349,7 +377,14 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
       s_alias[j] = __ldcg((const unsigned int*)&dc->alias.slot[bver & 1u][0] + j);
   const u32 k = count - idx < per_claim ? count - idx : per_claim;
   cached[0] = cached[1] = cached[2] = cached[3] = 0;  // TensorRef slots are reused: refetch per claim
-  for (u32 j = threadIdx.x; j < k; j += blockDim.x) fin->note[j].counter = 0;
+  {  // the notes: empty, with the claim's place (the local path needs one descriptor per warp)
+    const u32 c0 = (u32)(((u64)start + idx) % args.capacity);
+    for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
+      FinishNote& n = fin->note[j];
+      n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
+      n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
+    }
+  }
   for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
     const u32 di = j >> 2, part = j & 3;
     const u32 ri = (u32)(((u64)start + idx + di) % args.capacity);
@@ -362,7 +397,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   const i64 rd = dev_src ? (i64)(args.refs_dev - args.refs) : 0;
   __syncthreads();
   if (warp == 0) {  // which descriptors may leave a note: read after the next barrier (block-uniform)
-    const u32 split = __ballot_sync(0xffffffffu, lane < k && may_split(sdesc[lane].op));
+    const u32 split = __ballot_sync(0xffffffffu, lane < k && may_split(sdesc[lane]));
     if (lane == 0) fin->split = split;
   }
   if (warp < k) prefetch_refs(sdesc[warp], wrefs, cached, lane, rd);

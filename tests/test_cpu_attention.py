@@ -59,6 +59,15 @@ def test_attention_split_min_rows():
     assert gpuos_ext._testing.attention_split(4, 256, 4096, min_rows=1) == 64   # kAttnMaxSplit
 
 
+def test_attention_split_max_split():
+    # a captured attention whose kv range 8 warps cover in <= 32-position splits takes <= 8 (one per warp): a claim
+    # of one descriptor per warp then holds whole tiles (the shared-memory combine)
+    assert gpuos_ext._testing.attention_split(4, 256, 4096, min_rows=16, max_split=8) == 8
+    assert gpuos_ext._testing.attention_split(4, 200, 4096, min_rows=16, max_split=8) == 8   # 25 positions each
+    assert gpuos_ext._testing.attention_split(4, 40, 4096, min_rows=16, max_split=8) == 2
+    assert gpuos_ext._testing.attention_split(4, 256, 4096, min_rows=1, max_split=500) == 64  # kAttnMaxSplit
+
+
 def test_attention_split_respects_the_ring():
     # 600 tiles x 2 slices would exceed half a 1,024-slot ring: no split
     assert gpuos_ext._testing.attention_split(600, 8192, 1024) == 1

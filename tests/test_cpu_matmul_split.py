@@ -60,3 +60,21 @@ def test_matmul_split_items_and_ring_bound_the_split():
 ])
 def test_matmul_group(ntile, items, want):
     assert gpuos_ext._testing.matmul_group(ntile, items) == want
+
+
+@pytest.mark.parametrize("ksplit,M,variant,warps,want", [
+    (4, 1, MMA, 8, True),      # 4,096 x 4,096 at M = 1: 4 slices of a 16-column tile, 16 floats each
+    (4, 16, MMA, 8, True),     # 16 rows: 256 floats, within a 268-float slot
+    (4, 17, MMA, 8, False),    # 272 floats: the scratch as before
+    (8, 1, MMA, 8, True),      # one slice per warp
+    (16, 1, MMA, 8, False),    # more slices than a block's warps
+    (16, 1, MMA, 16, True),    # ... of a 512-thread block
+    (8, 1, NCOL, 8, True),     # a 256-column tile at one row
+    (8, 2, NCOL, 8, False),    # 512 floats
+    (1, 1, MMA, 8, False),     # not split
+    (4, 1, 0, 8, False),       # the per-warp tiles never split
+])
+def test_matmul_local_path_rule(ksplit, M, variant, warps, want):
+    """Which split products sum a tile's K slices in shared memory (kMmLocal; core/record.cpp matmul_local): the
+    partial (M x tile columns) fits a kLocalSlot of 268 floats and a block's warps hold every slice."""
+    assert gpuos_ext._testing.matmul_local(ksplit, M, variant, warps) is want

@@ -293,19 +293,39 @@ def test_sdpa_under_the_scheduler_runs_in_the_worker(rt, worker_attention, dtype
 @pytest.mark.parametrize("kv", [128, 200, 1000])
 def test_captured_attention_splits_the_kv_range_finer_and_replays_right(rt, worker_attention, kv):
     """A program's decode attention cuts the kv range into splits of at most 16 positions (record_attention's
-    kCaptureAttnMinRows; a live flush: GPUOS_ATTN_MIN_ROWS, 64), and the replay with new q / k / v values equals
-    torch."""
+    kCaptureAttnMinRows; a live flush: GPUOS_ATTN_MIN_ROWS, 64) -- at most one per warp where those cover it in
+    splits of <= 32 positions (kCaptureLocalRows: a claim then holds whole tiles, combined in shared memory) --
+    and the replay with new q / k / v values equals torch."""
     g = torch.Generator(device=DEV).manual_seed(11)
     q, k, v = _qkv(1, 8, 2, 1, kv, 128, torch.float16, g)
     prog = gpuos.capture(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
     tiles = 2 * 2  # KV heads x row groups of 2 of the 4 query heads per KV head
     info = prog.info()
-    assert info["tiles"] == tiles * gpuos_ext._testing.attention_split(tiles, kv, 4096, min_rows=16), info
+    most = 8 if kv <= 8 * 32 else 64  # one split per warp of the default 256-thread block
+    assert info["tiles"] == tiles * gpuos_ext._testing.attention_split(tiles, kv, 4096, min_rows=16,
+                                                                      max_split=most), info
     assert info["tiles"] > tiles * gpuos_ext._testing.attention_split(tiles, kv, 4096), info  # live: 64 rows
     for _ in range(2):
         for t in (q, k, v):
             t.copy_(torch.randn(t.shape, generator=g, device=DEV).to(t.dtype))
         _check(prog(), q, k, v)
+
+
+@pytest.mark.parametrize("kind", ["float_mask", "causal", "g8"])
+def test_captured_attention_local_combine_with_masks_and_query_rows(rt, worker_attention, kind):
+    """The shared-memory combine of a captured attention's tiles (kAttnTileMajor) with a float mask, a causal
+    query of 4 rows, and 8 query heads per KV head (4 row groups per KV head: tiles of one head in one claim);
+    replays with new values equal torch."""
+    g = torch.Generator(device=DEV).manual_seed(12)
+    hq, hkv, lq = (16, 2, 1) if kind == "g8" else (8, 2, 4 if kind == "causal" else 1)
+    q, k, v = _qkv(1, hq, hkv, lq, 160, 64, torch.float16, g)
+    m = _mask("float", 1, hq, lq, 160, torch.float16, g) if kind == "float_mask" else None
+    kw = {"attn_mask": m, "is_causal": kind == "causal", "enable_gqa": True}
+    prog = gpuos.capture(lambda: F.scaled_dot_product_attention(q, k, v, **kw))
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=g, device=DEV).to(t.dtype))
+        _check(prog(), q, k, v, m, kind == "causal")
 
 
 def test_sdpa_fallbacks_have_reasons(rt, worker_attention):

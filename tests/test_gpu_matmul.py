@@ -107,6 +107,34 @@ def test_split_k_products_share_a_level_and_leave_the_scratch_clean(rt, dtype, l
         assert items > tiles, f"{items} items for {tiles} column tiles: the product was not split over K"
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("case", ["mma_m1", "mma_m16", "ncol_m1"])
+def test_split_k_tiles_one_claim_holds_are_summed_in_shared_memory(rt, dtype, case):
+    """K slices <= a block's warps and a partial that fits a shared-memory slot (kMmLocal): a tile whose slices one
+    claim holds whole is summed by the warp that ran slice 0 (mm_local_combine), with the bias; a product placed
+    after an odd number of sub-ops has tiles across two claims, which meet in the scratch as before. Both, with
+    the same weight, equal torch; every output column is written (NaN start)."""
+    layout, M = {"mma_m1": ("linear", 1), "mma_m16": ("linear", 16), "ncol_m1": ("rowmajor", 1)}[case]
+    N, K = (2048, 4096) if layout == "linear" else (512, 64)
+    tw = 16 if layout == "linear" else 256
+    variant = 1 if layout == "linear" else 2
+    ks = gpuos_ext._testing.matmul_split(-(-N // tw), K, M, variant, 4096)
+    assert ks > 1 and gpuos_ext._testing.matmul_local(ks, M, variant), ks
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(M + K)
+    a = torch.randn(M, K, generator=g, device=DEV).to(dt)
+    b = _b(layout, K, N, dt, g) / 8
+    bias = torch.randn(N, generator=g, device=DEV).to(dt)
+    for shift in (0, 1, 3):
+        if shift:  # shift the product's items off the claims' 8-descriptor grid
+            x = torch.randn(shift, 4096, generator=g, device=DEV)
+            gpuos.submit_many("add", list(x), list(x), [torch.empty_like(r) for r in x])
+        out = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
+        gpuos.submit_matmul(a, b, out, bias=bias)
+        gpuos.flush()
+        _check(out, a, b, bias)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("bias_shape", ["n", "1n", "mn", "m1"])
 def test_matmul_bias_alpha_beta(rt, dtype, bias_shape):

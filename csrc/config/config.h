@@ -22,6 +22,8 @@ struct EnvConfig {
   uint32_t dma_levels = 4;        // GPUOS_DMA_LEVELS: flushes of >= this many levels go by one copy (0: never)
   uint32_t mm_items = 1024;       // GPUOS_MM_ITEMS: about this many items per worker matmul (K slices; <= 1: none)
   uint32_t attn_min_rows = 64;    // GPUOS_ATTN_MIN_ROWS: fewest kv positions per KV split of decode attention
+  bool local_combine = true;      // GPUOS_LOCAL_COMBINE=0: a split tile (captured attention, split-K matmul) that one
+                                  // claim holds whole is still combined through global partials and a counter (A/B)
   uint32_t handover_queue = 8;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind a covered idle worker at
                                   // which it leaves at once (walk.h poll_step; 0: only after idle_us)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)

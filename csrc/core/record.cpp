@@ -292,6 +292,13 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
   return ks > 1 && ks * kMmScratchPerSlot >= kMmScratchHead + tw * M ? (uint32_t)ks : 1u;
 }
 
+// Whether a split product takes the local path (kMmLocal: the K slices of a tile that one claim holds are summed
+// in shared memory): its partial (M x tile columns) fits a slot and a block of `warps` warps holds every slice.
+bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps) {
+  const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
+  return variant != kMmWarp && ksplit > 1 && ksplit <= warps && M * tw <= (int64_t)kLocalSlot;
+}
+
 // Column tiles per item of an unsplit tensor-core product: about `items` items (more tiles than that: an LM
 // head), at most kMmMaxGroup tiles each.
 uint32_t matmul_group(int64_t ntile, uint32_t items) {
@@ -336,7 +343,8 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const int64_t ntile = (N + tw - 1) / tw;
     const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items);
     const uint32_t group = ksplit == 1 && variant == kMmMma ? matmul_group(ntile, cfg_.mm_items) : 1u;
-    proto.reserved = variant | ksplit << 8 | group << 16;
+    const bool local = cfg_.local_combine && matmul_local(ksplit, M, variant, cfg_.threads_per_block / 32);
+    proto.reserved = variant | ksplit << 8 | group << 16 | (local ? kMmLocal : 0u);
     append_tiles(proto, (uint64_t)((ntile + group - 1) / group * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);
   }
   st_.submitted++;
@@ -347,11 +355,11 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
 // the tiles), each split at least min_rows kv positions (Config::attn_min_rows: below that the combine costs more
 // than it saves), at most kAttnMaxSplit; the items of a split tile stay in one piece of append_tiles (consecutive
 // in the ring).
-uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows) {
+uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows, uint32_t max_split) {
   constexpr int64_t kAttnItems = 1024;
   int64_t ns = std::min<int64_t>({(kAttnItems + tiles - 1) / std::max<int64_t>(tiles, 1),
                                   Lk / std::max<int64_t>(min_rows, 1),
-                                  (int64_t)kAttnMaxSplit});
+                                  (int64_t)std::min<uint32_t>(max_split, kAttnMaxSplit)});
   if (ns <= 1 || tiles * ns > (int64_t)capacity / 2) return 1;
   const int64_t span = (Lk + ns - 1) / ns;
   return (uint32_t)((Lk + span - 1) / span);  // no empty slice
@@ -364,6 +372,11 @@ uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t 
 // 16 (nineteenth session). A live flush keeps Config::attn_min_rows: there each item costs host time (~30 ns) and
 // many attentions of one flush fill the grid anyway (64 of them: 3.2 us per attention at 64 rows, 5.0 at 16).
 constexpr uint32_t kCaptureAttnMinRows = 16;
+// ... and a captured attention whose kv range a block's warps cover in splits of at most this many positions
+// takes one split per warp at most, in tile-major order (Config::local_combine): a claim of one descriptor per warp
+// then holds whole tiles, combined in the block's shared memory (attention.h attn_local_combine) instead of
+// through global partials, a counter and fences. Longer ranges keep more, shorter splits (global combine).
+constexpr uint32_t kCaptureLocalRows = 32;
 
 void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand& q, const TensorRef& q_ref,
                                const Operand& k, const TensorRef& k_ref, const Operand& v, const TensorRef& v_ref,
@@ -374,7 +387,10 @@ void Runtime::record_attention(const Operand& out, AttnArgs args, const Operand&
   if (args.Lk == 0 || args.Lq > kAttnMaxQuery || args.Hkv == 0 || args.Hq % args.Hkv != 0)
     throw std::logic_error("gpuos internal error: record_attention got a shape the checks refuse");
   const uint32_t min_rows = tape_ ? std::min(cfg_.attn_min_rows, kCaptureAttnMinRows) : cfg_.attn_min_rows;
-  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity, min_rows);
+  const uint32_t nwarps = cfg_.threads_per_block / 32;
+  const bool local = tape_ && cfg_.local_combine && (int64_t)nwarps * kCaptureLocalRows >= (int64_t)args.Lk;
+  args.nsplit = attention_split(tiles, args.Lk, cfg_.capacity, min_rows, local ? nwarps : kAttnMaxSplit);
+  if (local && args.nsplit > 1) args.mode |= kAttnTileMajor;
   SubOp proto{};
   proto.op = kOp_sdpa;
   proto.flags = kFlagStrided;

@@ -25,6 +25,7 @@ Config config_from_env() {
   c.dma_levels = e.dma_levels;
   c.mm_items = e.mm_items;
   c.attn_min_rows = e.attn_min_rows;
+  c.local_combine = e.local_combine;
   c.handover_queue = e.handover_queue;
   return c;
 }

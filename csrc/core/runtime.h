@@ -56,14 +56,23 @@ struct Config {
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
   uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
+  // A split tile that one claim holds whole is combined in shared memory, without global partials, counter or
+  // fences: a captured attention's items in tile-major order (kAttnTileMajor), a split-K matmul's small partials
+  // (kMmLocal) (env GPUOS_LOCAL_COMBINE=0: off).
+  bool local_combine = true;
   uint32_t handover_queue = 8;  // queued standby launches at which a covered idle worker leaves (GPUOS_HANDOVER_QUEUE)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
-// slots, each split at least `min_rows` positions (core/record.cpp; gpuos_ext._testing.attention_split).
-uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows);
+// slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
+// gpuos_ext._testing.attention_split).
+uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows,
+                         uint32_t max_split = kAttnMaxSplit);
 // K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol) with M rows, aiming
 // at about `items` items, for a ring of `capacity` slots (core/record.cpp; gpuos_ext._testing.matmul_split).
 uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items);
+// Whether such a product's tiles may be summed in shared memory (kMmLocal) by a block of `warps` warps
+// (core/record.cpp; gpuos_ext._testing.matmul_local).
+bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps);
 // Column tiles per item of an unsplit tensor-core product of `ntile` tiles (gpuos_ext._testing.matmul_group).
 uint32_t matmul_group(int64_t ntile, uint32_t items);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or

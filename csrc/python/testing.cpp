@@ -54,11 +54,13 @@ void add_testing_module(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "Test-only entry points (CPU evaluators, probes); not a stable API.");
   t.def("probe_host_memory", &probe_host_memory, py::arg("n") = 1 << 20);
   t.def("attention_split", &attention_split, py::arg("tiles"), py::arg("kv_len"), py::arg("capacity"),
-        py::arg("min_rows") = Config{}.attn_min_rows,
+        py::arg("min_rows") = Config{}.attn_min_rows, py::arg("max_split") = kAttnMaxSplit,
         "KV splits Runtime::record_attention gives a decode attention of `tiles` row-group tiles.");
   t.def("matmul_split", &matmul_split, py::arg("ntile"), py::arg("K"), py::arg("M"), py::arg("variant"),
         py::arg("capacity"), py::arg("items") = Config{}.mm_items,
         "K slices Runtime::record_matmul gives a worker matmul (variant 1: mma, 2: ncol).");
+  t.def("matmul_local", &matmul_local, py::arg("ksplit"), py::arg("M"), py::arg("variant"), py::arg("warps") = 8,
+        "Whether Runtime::record_matmul lets a split worker matmul's tiles be summed in shared memory.");
   t.def("matmul_group", &matmul_group, py::arg("ntile"), py::arg("items") = Config{}.mm_items,
         "Column tiles per item of an unsplit tensor-core worker matmul.");
   t.def("ref_offsets", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t e0) {
