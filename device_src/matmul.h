@@ -133,6 +133,32 @@ __device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, bool local
   else mm_store(g, m, n0 + nl, v);
 }
 
+// A split tile's epilogue, 8 outputs per lane at once: sum(e) is output e's (m * tw + nl) fp32 total, clear(e) runs
+// once it is read; the outputs' bias values are all loaded before any is used (one memory round trip per 8, not
+// two per output).
+template <class Sum, class Clear>
+__device__ __forceinline__ void mm_epilogue(const MmArgs& g, u32 tw, i64 n0, u32 lane, Sum sum, Clear clear) {
+  const u32 total = (u32)(g.M * tw);
+  for (u32 e0 = lane; e0 < total; e0 += 32 * 8) {
+    float v[8];
+    u32 braw[8];
+#pragma unroll
+    for (u32 u = 0; u < 8; ++u) {
+      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
+      const bool live = e < total, ok = live && n0 + nl < g.N;
+      v[u] = live ? sum(e) : 0.0f;
+      braw[u] = ok && g.bias ? load_bits(g.bias, g.dtc, (i64)m * g.cs0 + (n0 + nl) * g.cs1) : 0u;
+    }
+#pragma unroll
+    for (u32 u = 0; u < 8; ++u) {
+      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
+      if (e >= total) break;
+      clear(e);
+      if (n0 + nl < g.N) mm_put(g, m, n0 + nl, v[u], bits_value(braw[u], g.dtc));
+    }
+  }
+}
+
 // After this item's partials: the tile's last item (the counter) writes the outputs and zeroes the scratch.
 // Returns whether this item finished the tile.
 __device__ __noinline__ bool mm_finish(const MmArgs& g, float* part, u32 tw, u32 ksplit, i64 n0, u32 lane) {
@@ -143,27 +169,9 @@ __device__ __noinline__ bool mm_finish(const MmArgs& g, float* part, u32 tw, u32
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != ksplit - 1) return false;
   fence_acq_rel();  // acquire: every item's partials before they are read
-  // 8 outputs per lane at once: their partials and bias values are all loaded before any is used (one memory
-  // round trip per 8, not two per output). The scratch holds M x tw < 2^32 floats (kMmMaxSplit slots).
-  const u32 total = (u32)(g.M * tw);
-  for (u32 e0 = lane; e0 < total; e0 += 32 * 8) {
-    float v[8];
-    u32 braw[8];
-#pragma unroll
-    for (u32 u = 0; u < 8; ++u) {
-      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
-      const bool live = e < total, ok = live && n0 + nl < g.N;
-      v[u] = live ? __ldcg(part + kMmScratchHead + e) : 0.0f;
-      braw[u] = ok && g.bias ? load_bits(g.bias, g.dtc, (i64)m * g.cs0 + (n0 + nl) * g.cs1) : 0u;
-    }
-#pragma unroll
-    for (u32 u = 0; u < 8; ++u) {
-      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
-      if (e >= total) break;
-      __stcg(part + kMmScratchHead + e, 0.0f);
-      if (n0 + nl < g.N) mm_put(g, m, n0 + nl, v[u], bits_value(braw[u], g.dtc));
-    }
-  }
+  // The scratch holds M x tw < 2^32 floats (kMmMaxSplit slots); each is zeroed once read.
+  mm_epilogue(g, tw, n0, lane, [&](u32 e) { return __ldcg(part + kMmScratchHead + e); },
+              [&](u32 e) { __stcg(part + kMmScratchHead + e, 0.0f); });
   if (lane == 0) atomicExch((unsigned*)part, 0u);
   return true;
 }
@@ -341,30 +349,16 @@ __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
 
 // The local path's sum (run_claim's finish phase): the warp that ran slice 0 of a tile -- its TensorRefs still in
 // its slots -- adds the tile's ksplit partials, which the claim's consecutive descriptors left in shared memory
-// (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs (8 per lane
-// at once: their bias values loaded before any is used, as mm_finish does).
+// (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs.
 __device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, const float* part) {
   const MmArgs g = mm_args(d, refs);
   const u32 ksplit = mm_ksplit(d), tw = (d.reserved & 0xffu) == kMmMma ? kMmMmaCols : kMmNcolCols;
   const i64 n0 = (i64)(d.base / ksplit) * tw;
-  const u32 total = (u32)(g.M * tw);
-  for (u32 e0 = lane; e0 < total; e0 += 32 * 8) {
-    float v[8];
-    u32 braw[8];
-#pragma unroll
-    for (u32 u = 0; u < 8; ++u) {
-      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
-      const bool ok = e < total && n0 + nl < g.N;
-      v[u] = 0.0f;
-      for (u32 s = 0; ok && s < ksplit; ++s) v[u] += part[s * kLocalSlot + e];
-      braw[u] = ok && g.bias ? load_bits(g.bias, g.dtc, (i64)m * g.cs0 + (n0 + nl) * g.cs1) : 0u;
-    }
-#pragma unroll
-    for (u32 u = 0; u < 8; ++u) {
-      const u32 e = e0 + 32 * u, m = e / tw, nl = e - m * tw;
-      if (e < total && n0 + nl < g.N) mm_put(g, m, n0 + nl, v[u], bits_value(braw[u], g.dtc));
-    }
-  }
+  mm_epilogue(g, tw, n0, lane, [&](u32 e) {
+    float v = 0.0f;
+    for (u32 s = 0; s < ksplit; ++s) v += part[s * kLocalSlot + e];
+    return v;
+  }, [](u32) {});
 }
 
 // refs: as mm_args. ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch / capacity;
