@@ -67,6 +67,8 @@ constexpr u32 kMmLocal = 1u << 31;
 // trip of loads -- GPT-2-small's 256 x 768 product in 64-row slices was 12 items of 8 steps, ~30 us a level).
 constexpr u32 kMmNcolRows = 8;
 GPUOS_HD u32 mm_unit(u32 variant) { return variant == kMmMma ? kMmChunk : kMmNcolRows; }
+// Output columns of an item's tile (mma / ncol).
+GPUOS_HD u32 mm_cols(u32 variant) { return variant == kMmMma ? kMmMmaCols : kMmNcolCols; }
 GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit, u32 unit) { return ((K + ksplit - 1) / ksplit + unit - 1) / unit * unit; }
 // Decode attention (device_src/attention.h). An item is one (batch, KV head, KV split, group of query rows): the
 // group is up to kAttnRowsPerItem of the G x Lq query rows of the KV head's query heads (G = Hq / Hkv). With nsplit > 1

@@ -352,7 +352,7 @@ __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
 // (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs.
 __device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, const float* part) {
   const MmArgs g = mm_args(d, refs);
-  const u32 ksplit = mm_ksplit(d), tw = (d.reserved & 0xffu) == kMmMma ? kMmMmaCols : kMmNcolCols;
+  const u32 ksplit = mm_ksplit(d), tw = mm_cols(d.reserved & 0xffu);
   const i64 n0 = (i64)(d.base / ksplit) * tw;
   mm_epilogue(g, tw, n0, lane, [&](u32 e) {
     float v = 0.0f;
@@ -387,7 +387,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
     const u32 first = (ri + capacity - (u32)kp) % capacity, o = (first + capacity - note->c0) % capacity;
     const bool local = ksplit > 1 && (d.reserved & kMmLocal) && note->local != nullptr && o + ksplit <= note->ck;
     float* part = ksplit <= 1 ? nullptr : local ? note->local : scratch + (u64)first * kMmScratchPerSlot;
-    const u32 tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
+    const u32 tw = mm_cols(variant);
     const i64 n0 = tile * tw;
     const u64 t0 = tb ? globaltimer() : 0;
     if (variant == kMmMma) {

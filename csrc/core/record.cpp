@@ -271,7 +271,7 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
 // cannot. The items of a split product must also stay in one piece of append_tiles (capacity / 2): consecutive
 // in the ring.
 uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items) {
-  const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols, unit = mm_unit(variant);
+  const int64_t tw = mm_cols(variant), unit = mm_unit(variant);
   const int64_t units = (K + unit - 1) / unit;
   const int64_t min_units = variant == kMmMma ? 2 : 1;
   // A tensor-core item keeps at least kMmMmaItemBytes of weight (twelfth session, H200, bench_matmul --quick: a
@@ -295,7 +295,7 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
 // Whether a split product takes the local path (kMmLocal: the K slices of a tile that one claim holds are summed
 // in shared memory): its partial (M x tile columns) fits a slot and a block of `warps` warps holds every slice.
 bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps) {
-  const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
+  const int64_t tw = mm_cols(variant);
   return variant != kMmWarp && ksplit > 1 && ksplit <= warps && M * tw <= (int64_t)kLocalSlot;
 }
 
@@ -339,7 +339,7 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const int64_t cols = std::min<int64_t>(256, std::max<int64_t>(4, (16384 / std::max<int64_t>(K, 1) + 3) / 4 * 4));
     append_tiles(proto, (uint64_t)N, (uint64_t)cols, refs, bias ? 4 : 3, out, ins, 3);
   } else {
-    const int64_t tw = variant == kMmMma ? kMmMmaCols : kMmNcolCols;
+    const int64_t tw = mm_cols(variant);
     const int64_t ntile = (N + tw - 1) / tw;
     const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items);
     const uint32_t group = ksplit == 1 && variant == kMmMma ? matmul_group(ntile, cfg_.mm_items) : 1u;
