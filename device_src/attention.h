@@ -420,7 +420,7 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
   else if (part && lane == 0) note->counter = (u64)(attn + (u64)t.first * kAttnScratchPerSlot), note->expected = ns;
   if (tb && lane == 0) {
     const u64 t1 = globaltimer();
-    trace_item(tb, ri, t0, t1, t1, 0u);
+    trace_item(tb, note->tslot, ri, t0, t1, t1, 0u);
   }
 }
 

@@ -398,7 +398,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
     const u64 t1 = tb ? globaltimer() : 0;
     if (local && lane == 0) note->head = kp == 0;
     const bool finished = part && !local && mm_finish(g, part, tw, ksplit, n0, lane);
-    if (tb && lane == 0) trace_item(tb, ri, t0, t1, globaltimer(), finished ? 1u : 0u);
+    if (tb && lane == 0) trace_item(tb, note->tslot, ri, t0, t1, globaltimer(), finished ? 1u : 0u);
     return;
   }
   const i64 n0 = d.base, n1 = (i64)d.base + d.n;

@@ -191,13 +191,16 @@ constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
 // slot fills go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy. Region kTraceItems
 // holds one record per traced item (decode attention, split matmul: lane 0 of the warp that ran it), at its ring index modulo
 // per_block (each ring slot's warp writes its own record: no index word; the host takes the records whose t0 is
-// set and clears them).
+// set and clears them) -- since the 21st session every sub-op leaves one, at its FinishNote::tslot (the level's seq
+// and its index in the level: a replayed program's levels keep apart).
 constexpr u32 kTraceBlocks = 256;    // blocks traced (block index >= this: not traced)
 constexpr u32 kTraceItems = kTraceBlocks + 1, kTraceRegions = kTraceBlocks + 2;
 constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-filling record
-constexpr u32 kTraceItem = 0xfffffffeu;  // TraceRec::block of an item record (decode attention, mma / ncol
-                                         // matmul): seq = the SM, idx = the ring index, k = 1 if the item also
-                                         // combined its tile's splits; load_ns = the item, exec_ns = the combine
+constexpr u32 kTraceItem = 0xfffffffeu;  // TraceRec::block of a sub-op record: seq = the SM, idx = the ring
+                                         // index; decode attention / mma / ncol matmul items: k = 1 if the item
+                                         // also combined its tile's splits, load_ns = the item, exec_ns = the
+                                         // combine; fused chains k = 2 (tier 2) / 3 (interpreter), other kinds
+                                         // k = 4 + kind: load_ns = arguments fetched, exec_ns = the rest
 struct TraceRec {
   u64 t0;         // %globaltimer (ns) at the claim (fill record: when the poller filled the batch's slot)
   u32 load_ns;    // claim -> its descriptors in shared memory and the previous batch complete

@@ -100,13 +100,16 @@ __device__ __forceinline__ void fetch_fused_args(const SubOp& d, TensorRef* refs
   __syncwarp();
 }
 
-__device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                           const Program* progs, i64 rd) {
+// Returns 2 when tier 2 ran it, 3 for the interpreter (the trace's k); t1 (trace on): when its arguments (and the
+// interpreter's Program) were in shared memory.
+__device__ __forceinline__ u32 exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
+                                          const Program* progs, i64 rd, u64* t1) {
   const u32 prog = (u32)d.in[0];
   fetch_fused_args(d, refs, cached, lane, rd);
+  if (t1) *t1 = globaltimer();
   if (exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {
     __syncwarp();
-    return;
+    return 2;
   }
   Program* sp = (Program*)&refs[2];
   if (cached[2] != (kProgTag | prog)) {
@@ -115,8 +118,10 @@ __device__ __forceinline__ void exec_fused(const SubOp& d, TensorRef* refs, u64*
     cached[2] = cached[3] = kProgTag | prog;
   }
   __syncwarp();
+  if (t1) *t1 = globaltimer();
   fused_prog_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
   __syncwarp();  // the next sub-op of this warp may overwrite the slots
+  return 3;
 }
 
 // Copy the TensorRefs a strided sub-op points at into this warp's shared slots (skipped when unchanged).
@@ -152,6 +157,7 @@ struct FinishNote {
   u32 expected;   // global path: the tile's items
   u32 head;       // local path: 1 on the split 0 of a tile this claim combines
   u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
+  u32 tslot;      // the trace's record slot of this sub-op (trace_item)
 };
 // What the finish phase needs in shared memory: the notes, the tiles this block completed, the warps' sums, the
 // local path's partials (one slot per warp: the local path needs one descriptor per warp).
@@ -169,13 +175,16 @@ static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed d
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
-__device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 ri) {
-  return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + ri % tb->per_block;
+// `slot`: FinishNote::tslot (the level's seq and the sub-op's index in it, so that a replayed program's levels --
+// whose resident descriptors all count from 0 -- keep apart); a slot already holding a record keeps it.
+__device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 slot) {
+  return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + slot % tb->per_block;
 }
-__device__ __noinline__ void trace_item(TraceBuf* tb, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
+__device__ __noinline__ void trace_item(TraceBuf* tb, u32 slot, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
   u32 sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  TraceRec* rec = item_rec(tb, ri);
+  TraceRec* rec = item_rec(tb, slot);
+  if (rec->t0 != 0) return;
   rec->load_ns = (u32)(t1 - t0);
   rec->exec_ns = (u32)(t2 - t1);
   rec->block = kTraceItem;
@@ -202,8 +211,8 @@ __device__ __forceinline__ bool may_split(const SubOp& d) {
   return kind == kKindAttention || (kind == kKindMatmul && (d.reserved & kMmLocal) != 0);
 }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
-__device__ __noinline__ void trace_finish(TraceBuf* tb, u32 ri, u64 t0, u64 t1) {
-  TraceRec* rec = item_rec(tb, ri);
+__device__ __noinline__ void trace_finish(TraceBuf* tb, u32 slot, u64 t0, u64 t1) {
+  TraceRec* rec = item_rec(tb, slot);
   rec->exec_ns = (u32)(t1 - t0);
   rec->k = 1;
 }
@@ -217,11 +226,16 @@ namespace gpuos {
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
                                            const Program* progs, i64 rd, u32 ri, const WorkerArgs& args,
                                            FinishNote* note) {
+  TraceBuf* tb = (TraceBuf*)args.trace;
+  const u64 t0 = tb ? globaltimer() : 0;
+  u64 t1 = t0;
   if (d.op == kOpFused) {
-    exec_fused(d, refs, cached, lane, progs, rd);
+    const u32 how = exec_fused(d, refs, cached, lane, progs, rd, tb ? &t1 : nullptr);
+    if (tb && lane == 0) trace_item(tb, note->tslot, ri, t0, t1, globaltimer(), how);
     return;
   }
   if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
+  if (tb) t1 = globaltimer();
   switch (d.op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
@@ -235,6 +249,9 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
 #undef GPUOS_OP
     default: break;  // the host validates op ids; an unknown id is never published
   }
+  // Every other kind's sub-op (matmul and attention items record themselves): k = 4 + its kind.
+  if (tb && lane == 0 && op_kind(d.op) != kKindMatmul && op_kind(d.op) != kKindAttention)
+    trace_item(tb, note->tslot, ri, t0, t1, globaltimer(), 4u + op_kind(d.op));
 }
 
 // ---------------------------------------------------------------- injected ops and the dual-slot alias
@@ -331,7 +348,7 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
       const u64 tf = tb ? globaltimer() : 0;
       if (op_kind(sdesc[warp].op) == kKindMatmul) mm_local_combine(sdesc[warp], wrefs, lane, &fin->local_part[warp][0]);
       else attn_local_combine(sdesc[warp], wrefs, lane, ri, args.capacity, &fin->local_part[warp][0]);
-      if (tb && lane == 0) trace_finish(tb, ri, tf, globaltimer());
+      if (tb && lane == 0) trace_finish(tb, fin->note[warp].tslot, tf, globaltimer());
     }
     __syncthreads();
   }
@@ -351,7 +368,7 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
       const u64 tf = tb ? globaltimer() : 0;
       attn_finish(sdesc[di], wrefs, cached, lane, warp, gw, gs, 1 + g, rd, ri, (float*)args.scratch, args.capacity,
                   fin->red);
-      if (tb && gw == 0 && lane == 0) trace_finish(tb, ri, tf, globaltimer());
+      if (tb && gw == 0 && lane == 0) trace_finish(tb, fin->note[di].tslot, tf, globaltimer());
     }
     __syncthreads();
   }
@@ -381,7 +398,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     const u32 c0 = (u32)(((u64)start + idx) % args.capacity);
     for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
       FinishNote& n = fin->note[j];
-      n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
+      n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k, n.tslot = seq * 61u + idx + j;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
     }
   }

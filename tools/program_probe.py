@@ -10,6 +10,9 @@
 * norm: programs of 16 dependent RMSNorms (HF's hand-written form) / LayerNorms at hidden 256 / 768 / 4096 (fp16),
   replayed gated as in walk: GPU us per norm and the levels they take (row programs: one level per norm).
 * matmul: 12 dependent M=1 products N=K (fp16, the worker's matmul in the program) vs their CUDA graph (cuBLAS).
+* mix: whether a level pays for the op class before it (cold code): gated programs at hidden H (env MIX_HIDDEN,
+  256) of 16 RMSNorms, of 16 linears, and of 16 (RMSNorm, linear) pairs: us per level of each; the pairs' level
+  against the mean of the two uniform chains' levels.
 * hf: W7's llama-small / gpt2-small static decode replayed as a program, with the capture's size threshold at
   the scheduler's default and at 2**18 (fewer eager steps), ms per step.
 * host: host us of one call by path (the C++ call + image replay, the Python call + image replay, the Python
@@ -189,6 +192,47 @@ def matmul_probe():
     gpuos.set_worker_matmul(False)
 
 
+def mix_probe():
+    gpuos.set_worker_matmul(True)
+    h = int(os.environ.get("MIX_HIDDEN", "256"))
+    ws = [torch.randn(h, h, device="cuda", dtype=torch.float16) * (1.0 / h ** 0.5) for _ in range(16)]
+    g = torch.rand(h, device="cuda", dtype=torch.float16) + 0.5
+    x = torch.randn(1, 1, h, device="cuda", dtype=torch.float16)
+
+    def norm(x):
+        t = x.to(torch.float32)
+        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return g * t.to(x.dtype)
+
+    def norms(x):
+        for _ in range(16):
+            x = norm(x)
+        return x
+
+    def linears(x):
+        for w in ws:
+            x = torch.nn.functional.linear(x, w)
+        return x
+
+    def pairs(x):
+        for w in ws:
+            x = torch.nn.functional.linear(norm(x), w)
+        return x
+    per = {}
+    for name, f in (("norms", norms), ("linears", linears), ("pairs", pairs)):
+        prog = gpuos.capture(f, x)
+        lv = sum(prog.info()["levels"])
+        reps = max(1, 600 // max(lv, 1))
+        t = [gpu_us(lambda: prog(x), reps, warmup=2, gated=True) for _ in range(3)]
+        ok = bool(torch.allclose(prog(x).float(), f(x).float(), rtol=3e-2, atol=3e-2))
+        per[name] = min(t) / max(lv, 1)
+        out({"probe": "mix", "hidden": h, "program": name, "levels": lv, "gated_us_per_call": round(min(t), 1),
+             "us_per_level": round(per[name], 2), "equal_eager": ok})
+    out({"probe": "mix", "hidden": h, "pairs_level_over_mean_uniform": round(
+        per["pairs"] / ((per["norms"] + per["linears"]) / 2), 2)})
+    gpuos.set_worker_matmul(False)
+
+
 def hf_probe():
     try:
         import transformers  # noqa: F401  (bench_models needs it)
@@ -340,7 +384,7 @@ def loop_probe():
         out({"probe": "loop", "size": size, "cudagraph_us_per_call": round(gpu_us(g.replay, reps=1000), 1)})
 
 
-PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
+PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe, "mix": mix_probe,
           "hf": hf_probe, "host": host_probe, "loop": loop_probe}
 
 

@@ -225,7 +225,8 @@ def hf_levels(label, top=12):
     prog(tok, pos)
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
-    recs = [r for r in gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"] if r[0] >= 0]
+    all_recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
+    recs = [r for r in all_recs if r[0] >= 0]
     segs = [s for s in prog.steps if s[0] == "seg"]
     lmap = []  # per level (in publication order): [entry dicts]
     for sg in segs:
@@ -256,6 +257,32 @@ def hf_levels(label, top=12):
         g = by[key]
         g[0] += 1; g[1] += ex; g[2] += hand  # noqa: E702
         rows.append((ex, lv + 1, hand, ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
+    # Sub-op records (block -2; every kind since the 21st session: k 0/1 attention / matmul items, 2 / 3 fused
+    # tier 2 / interpreter, 4 + kind the rest) by the level whose span holds their start: per op group, the
+    # level's lead-in (its first claim executing -> its first sub-op starting), the sub-ops' durations (load_ns:
+    # arguments / program fetched, exec_ns: the rest; a matmul / attention item's own time is load_ns) and its
+    # tail (the last sub-op's end -> the level's last claim done).
+    items = [r for r in all_recs if r[0] == -2]
+    parts = collections.defaultdict(lambda: [[], [], [], [], []])
+    for lv, sq in enumerate(seqs):
+        a, b = span[sq]
+        its = [r for r in items if a - 500 <= r[4] <= b]
+        if not its:
+            continue
+        ops = lmap[lv]
+        key = "+".join(sorted({e["op"] + ("@" + str(e["row"]) if e["row"] else "") for e in ops}))
+        g = parts[key]
+        g[0].append((min(r[4] for r in its) - a) / 1e3)
+        g[1].extend(r[5] / 1e3 for r in its)
+        g[2].extend(r[6] / 1e3 for r in its)
+        g[3].append((b - max(r[4] + r[5] + r[6] for r in its)) / 1e3)
+        g[4].extend(r[3] for r in its)
+    if parts:
+        print("  sub-op records by level group: lead-in, sub-op load / exec (us, medians), tail, record kinds:")
+        for key, (lead, ld, ex, tail, ks) in sorted(parts.items(), key=lambda kv: -len(kv[1][0])):
+            print(f"    {key[:40]:40s} lead {statistics.median(lead):5.2f}  load {statistics.median(ld):5.2f} "
+                  f"(max {max(ld):5.2f})  exec {statistics.median(ex):5.2f} (max {max(ex):5.2f})  tail "
+                  f"{statistics.median(tail):5.2f}  kinds {sorted(set(ks))}")
     tot_ex, tot_h = sum(r[0] for r in rows), sum(r[2] for r in rows)
     first, last = min(span[s][0] for s in seqs), max(span[s][1] for s in seqs)
     print(f"hf {label}: {len(seqs)} levels ({seq0}..), span {(last - first) / 1e3:.1f} us = exec {tot_ex:.1f} + "
@@ -284,7 +311,7 @@ def hf_levels(label, top=12):
 def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):
     """Item records (block -2: decode attention and split-matmul items, one per warp): durations, the combines /
     split finishes of the tiles' last items, and item duration by how many items an SM ran."""
-    items = [r for r in recs if r[0] == -2]  # (-2, sm, ring index, combined, t0, item ns, combine ns)
+    items = [r for r in recs if r[0] == -2 and r[3] in (0, 1)]  # (-2, sm, ring index, combined, t0, item, combine ns)
     if items:
         t_first = min(r[4] for r in items)
         dur = sorted(r[5] / 1e3 for r in items)

@@ -219,7 +219,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
     }
     return d;
   }, "Claim trace since the last call, per device: {'records': [(block, seq, idx, k, t0_ns, load_ns, exec_ns)], "
-     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch; block -2 = one decode-attention or split-matmul item (seq = its SM, idx = its ring index, k = 1 if it also combined / finished its tile, load_ns = the item, exec_ns = the combine / finish). Needs GPUOS_TRACE=<records "
+     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch; block -2 = one sub-op (seq = its SM, idx = its ring index; a decode-attention or split-matmul item: k = 1 if it also combined / finished its tile, load_ns = the item, exec_ns = the combine / finish; a fused chain: k = 2 tier 2 / 3 interpreter, any other: k = 4 + its kind; load_ns = its arguments fetched, exec_ns = the rest). Needs GPUOS_TRACE=<records "
      "per block> before init; call after flush(sync=True). See tools/worker_trace.py.");
   m.def("runtime_info", [] {
     py::dict d;
