@@ -175,16 +175,16 @@ static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed d
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
-// `slot`: FinishNote::tslot (the level's seq and the sub-op's index in it, so that a replayed program's levels --
-// whose resident descriptors all count from 0 -- keep apart); a slot already holding a record keeps it.
+// `slot`: FinishNote::tslot -- the ring index, or for resident descriptors (a replayed program's levels, which all
+// count from 0) the level's seq and the sub-op's index in it (~0u: not recorded, past the 61st of its level).
 __device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 slot) {
   return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + slot % tb->per_block;
 }
 __device__ __noinline__ void trace_item(TraceBuf* tb, u32 slot, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
   u32 sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  if (slot == ~0u) return;
   TraceRec* rec = item_rec(tb, slot);
-  if (rec->t0 != 0) return;
   rec->load_ns = (u32)(t1 - t0);
   rec->exec_ns = (u32)(t2 - t1);
   rec->block = kTraceItem;
@@ -212,6 +212,7 @@ __device__ __forceinline__ bool may_split(const SubOp& d) {
 }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 slot, u64 t0, u64 t1) {
+  if (slot == ~0u) return;
   TraceRec* rec = item_rec(tb, slot);
   rec->exec_ns = (u32)(t1 - t0);
   rec->k = 1;
@@ -398,7 +399,8 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     const u32 c0 = (u32)(((u64)start + idx) % args.capacity);
     for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
       FinishNote& n = fin->note[j];
-      n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k, n.tslot = seq * 61u + idx + j;
+      n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
+      n.tslot = !resident ? (c0 + j) % args.capacity : idx + j < 61 ? seq * 61u + idx + j : ~0u;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
     }
   }
