@@ -1,6 +1,7 @@
 // tools/warp_bench.cu -- what one warp's memory-bound work costs outside the worker (GPU machine, ~10 s).
 //
-//   nvcc -std=c++17 -arch=sm_90 -O3 -I . tools/warp_bench.cu -o /tmp/warp_bench && /tmp/warp_bench
+//   nvcc -std=c++17 -arch=sm_90 -O3 -lineinfo -I . tools/warp_bench.cu -o /tmp/warp_bench && /tmp/warp_bench
+//   (WB_ONLY=<kind> runs one case: ncu --set full --import-source yes -k bench ... for its SASS hot spots)
 //
 // One warp of block 0 runs the worker's own device functions (device_src/: ew_op, reduce_op, fused_rows through
 // the interpreter) on one descriptor, `reps` times in a row (each rep reads what the previous one wrote: L2-warm
@@ -14,14 +15,7 @@
 #include <vector>
 #include <algorithm>
 
-#include "device_src/config.h"
-#include "device_src/types.h"
-#include "device_src/numeric.h"
-#include "device_src/functors.h"
-#include "device_src/interp.h"
-#include "device_src/elementwise.h"
-#include "device_src/reduce.h"
-#include "device_src/matmul.h"
+#include "device_src/worker.cu"  // the worker's device functions (and its kernel, unused here)
 
 using namespace gpuos;
 
@@ -141,10 +135,10 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
         g.as0 = kBenchMmK, g.as1 = 1, g.os0 = kBenchMmN, g.os1 = 1;
         if (kind == kMmNcolItem) {  // b: K x N row-major
           g.bs0 = kBenchMmN, g.bs1 = 1;
-          mm_ncol(g, 0, 0, 64, nullptr, lane);
+          mm_ncol(g, 0, 0, 64, nullptr, false, lane);
         } else {  // b: the transposed weight (N x K row-major)
           g.bs0 = 1, g.bs1 = kBenchMmK;
-          mm_mma<false, false, 2>(g, 0, 0, kBenchMmK, nullptr, lane);
+          mm_mma<false, false, 2>(g, 0, 0, kBenchMmK, nullptr, false, lane);
         }
         break;
       }
@@ -206,10 +200,14 @@ int main() {
                          "interpreted chain of 16 adds (fused_rows)", "mm ncol item 256 cols x 64 K (fp16, M=1)",
                          "mm mma item 16 cols x 256 K (fp16, M=1)", "LayerNorm row of 256 fp16 (tier-2 form, V=4)",
                          "LayerNorm row of 256 fp16 (tier-2 form, V=8)"};
+  // WB_ONLY=<kind index>: that kind alone, n = 4,096, no pollers (one kernel launch: for ncu -k bench).
+  const int only = getenv("WB_ONLY") ? atoi(getenv("WB_ONLY")) : -1;
   for (u32 n : {1024u, 4096u}) {
     for (int kind = 0; kind < kKinds; ++kind) {
       if ((kind == kMmNcolItem || kind == kMmMmaItem || kind == kRowLn4 || kind == kRowLn8) && n != 4096) continue;
+      if (only >= 0 && (kind != only || n != 4096)) continue;
       for (int pollmode : {0, 1, 2}) {
+        if (only >= 0 && pollmode != 0) continue;
         SubOp d{};
         TensorRef refs[4] = {};
         d.n = n, d.base = 0, d.scalar[0] = 1.0f, d.dtype = kF32 | (kF32 << 8) | (kF32 << 16);
