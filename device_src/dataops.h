@@ -180,6 +180,51 @@ __device__ __noinline__ void argmax_rows(const SubOp& d, const TensorRef* refs, 
   }
 }
 
+// Whether a gather / scatter moves 16-byte vectors: the linear side's and the indexed side's last dims contiguous,
+// both tensors 16-byte aligned with every other stride (and the indexed dim's) a multiple of a vector's elements,
+// the per-index element count and the tile's base and size too -- so that a lane's ve consecutive elements share
+// one index and are consecutive (and aligned) in both tensors. Returns the elements per vector, or 0.
+__device__ __forceinline__ u32 data_vec_elems(const SubOp& d, const TensorRef* refs) {
+  if (d.op != kOp_gather && d.op != kOp_scatter) return 0;
+  const u32 sz = dtype_size(refs[0].dtype), ve = 16 / sz;
+  const TensorRef& dim = refs[3];
+  const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
+  if (sz < 2 || inner % ve != 0 || d.base % ve != 0 || d.n % ve != 0 || dim.strides[0] % ve != 0) return 0;
+  for (u32 k = 0; k < 2; ++k) {
+    const TensorRef& r = refs[k];
+    if (r.ndim == 0 || (r.ptr & 15) != 0 || r.strides[r.ndim - 1] != 1 || r.sizes[r.ndim - 1] % ve != 0) return 0;
+    for (u32 j = 0; j + 1 < r.ndim; ++j)
+      if (r.sizes[j] > 1 && r.strides[j] % ve != 0) return 0;
+  }
+  return ve;
+}
+// The vector form of data_elem's gather / scatter: ve elements (one 16-byte vector) from linear index e.
+__device__ __forceinline__ u32 data_gs_vec(const SubOp& d, const TensorRef* refs, i64 e) {
+  const TensorRef& o = refs[0];
+  const TensorRef& dim = refs[3];
+  const u32 sz = dtype_size(o.dtype);
+  const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
+  const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
+  const i64 r = e - i0 * inner;
+  i64 iv = raw_to_int(ld_raw(data_addr(refs[2], i0), dtype_size(refs[2].dtype)), refs[2].dtype);
+  if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
+  const bool gather = d.op == kOp_gather;
+  uint4* lin = (uint4*)(gather ? data_addr(o, e) : data_addr(refs[1], e));
+  if (iv < 0 || iv >= dim.sizes[0]) {
+    if (gather) {
+      const u64 pb = poison_bits(o.dtype);
+      const u32 w = sz == 2 ? (u32)(pb | (pb << 16)) : (u32)pb;
+      *lin = make_uint4(w, w, w, w);  // poison_bits is 0 for the 8-byte (integer) dtypes
+    }
+    return 1;
+  }
+  const TensorRef& side = gather ? refs[1] : o;
+  uint4* at = (uint4*)(side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)sz));
+  if (gather) *lin = *at;
+  else *at = *lin;
+  return 0;
+}
+
 // A data-movement sub-op: argmax's rows, or the elements [base, base + n) of the others (one warp).
 __device__ __noinline__ void data_op(const SubOp& d, const TensorRef* refs, u32 lane, HostCtl* hc) {
   if (d.op == kOp_argmax) {
@@ -187,7 +232,11 @@ __device__ __noinline__ void data_op(const SubOp& d, const TensorRef* refs, u32 
     return;
   }
   u32 bad = 0;
-  for (u32 i = lane; i < d.n; i += 32) bad |= data_elem(d, refs, (i64)d.base + i);
+  const u32 ve = data_vec_elems(d, refs);  // warp-uniform
+  if (ve != 0)
+    for (u32 i = lane * ve; i < d.n; i += 32 * ve) bad |= data_gs_vec(d, refs, (i64)d.base + i);
+  else
+    for (u32 i = lane; i < d.n; i += 32) bad |= data_elem(d, refs, (i64)d.base + i);
   if (__any_sync(0xffffffffu, bad != 0) && lane == 0) *(volatile u32*)&hc->index_fault = 1u;
 }
 #endif

@@ -206,6 +206,92 @@ __device__ __forceinline__ i64 fused_off(const FusedReg& o, i64 e) {
   return (i64)q * o.stride;
 }
 
+// The vector path of fused_rows (V = 4 evaluations): when the tile's rows are 8-aligned and every operand is either
+// contiguous in aligned runs of 8 (one 16-byte vector, two for fp32; the output must be) or constant over each
+// aligned 8 (one scalar load: a broadcast, a per-row value), a lane takes 8 consecutive elements of a row per
+// 256-column chunk: one offset and one or two loads per operand, instead of the element path's per-element
+// offset divisions and dtype branches (ncu on tools/warp_bench.cu, H200, 21st session: a LayerNorm row of 256
+// fp16 took ~2,600 dependent warp instructions, 8.4 us, in the element path). A row that fits one chunk keeps its
+// inputs in registers across the passes. Returns false (nothing done) when the tile does not qualify.
+template <u32 R, u32 RI, class Ev>
+__device__ __forceinline__ bool fused_rows_vec(const FusedReg* o, u32 n, u32 cols, i64 base, u32 nin, u32 nred,
+                                               const u32* rop, const float* rscale, u32 lane, float (*r)[4],
+                                               float* red, Ev& ev) {
+  if (cols % 8 != 0 || (base & 7) != 0 || n % cols != 0) return false;
+  u32 vmask = 0;  // bit k: operand k loads vectors (else one scalar per aligned 8)
+#pragma unroll
+  for (u32 k = 0; k <= RI; ++k) {
+    if (k > nin) break;
+    const FusedReg& x = o[k];
+    const bool vec = x.div <= 1 && x.stride == 1 && x.mod % 8 == 0 && (x.ptr & 15) == 0;
+    const bool uni = x.stride == 0 || (x.div >= 8 && x.div % 8 == 0);
+    if (k == 0 ? !vec : !(vec || uni)) return false;
+    if (vec) vmask |= 1u << k;
+  }
+  const bool one = cols <= 256;  // the row is one chunk: its inputs are loaded once for every pass
+  const u32 c0 = 8 * lane;
+  uint4 raw[RI][2];
+  auto load = [&](i64 e) {
+#pragma unroll
+    for (u32 k = 0; k < RI; ++k) {
+      if (k >= nin) break;
+      const FusedReg& x = o[1 + k];
+      if (vmask & (2u << k)) {
+        const uint4* p = (const uint4*)((const char*)x.ptr + fused_off(x, e) * (x.dt == kF32 ? 4 : 2));
+        raw[k][0] = p[0];
+        raw[k][1] = x.dt == kF32 ? p[1] : make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        raw[k][0].x = load_bits((const void*)x.ptr, x.dt, fused_off(x, e));
+      }
+    }
+  };
+  for (u32 r0 = 0; r0 < n; r0 += cols) {
+    const i64 row = base + r0;
+    if (one && c0 < cols) load(row + c0);
+    for (u32 q = 0; q <= nred; ++q) {
+      const bool out = q == nred;
+      const u32 op = out ? 0u : rop[q];
+      float acc = row_init(op);
+      for (u32 c = c0; c < cols; c += 256) {
+        if (!one) load(row + c);
+        uint4 res[2] = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
+#pragma unroll
+        for (u32 h = 0; h < 2; ++h) {
+#pragma unroll
+          for (u32 k = 0; k < RI; ++k) {
+            if (k >= nin) break;
+            const u32 dt = o[1 + k].dt;
+            if (vmask & (2u << k)) {
+              unpack4(raw[k][dt == kF32 ? h : 0], dt, h, r[k]);
+            } else {
+              const float v = bits_value(raw[k][0].x, dt);
+              r[k][0] = r[k][1] = r[k][2] = r[k][3] = v;
+            }
+          }
+          float val[4];
+          ev(r, val, red, out ? ~0u : q);
+          if (out) {
+            pack4(res[o[0].dt == kF32 ? h : 0], o[0].dt, h, val);
+          } else {
+#pragma unroll
+            for (u32 i = 0; i < 4; ++i) acc = row_combine(op, acc, val[i]);
+          }
+        }
+        if (out) {
+          uint4* p = (uint4*)((char*)o[0].ptr + fused_off(o[0], row + c) * (o[0].dt == kF32 ? 4 : 2));
+          p[0] = res[0];
+          if (o[0].dt == kF32) p[1] = res[1];
+        }
+      }
+      if (out) break;
+#pragma unroll
+      for (int o2 = 16; o2 > 0; o2 >>= 1) acc = row_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, o2));
+      red[q] = acc * rscale[q];
+    }
+  }
+  return true;
+}
+
 // A fused program's tile. A row program (SubOp::reserved = the row length, cols; the tile holds whole rows): for
 // each row, one pass per reduction (`ev` stopped at the q-th kOpRowRed gives the values it folds; folded over the
 // lane's elements, then over the warp by shuffles), then the output pass. A chain (no reduction) is one row of
@@ -233,6 +319,9 @@ __device__ __forceinline__ void fused_rows(const SubOp& d, const FusedArgs& fa, 
   }
   float red[kRowMaxRed];
   float r[R][V];
+  if constexpr (V == 4) {
+    if (fused_rows_vec<R, RI>(o, n, cols, base, nin, nred, rop, rscale, lane, r, red, ev)) return;
+  }
   for (u32 r0 = 0; r0 < n; r0 += cols) {
     const i64 row = base + r0;
     for (u32 q = 0; q <= nred; ++q) {
