@@ -280,11 +280,56 @@ __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64
 // of b (kMmNcolRows), rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
 // 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
 // (or past the last whole 8 of K) a's values are read one by one.
+// One activation row (M = 1, batch-1 decode): two steps (16 rows of b) per iteration, all 16 loads of b and a's two
+// vectors issued before any is used -- one round trip per 16 rows instead of per 8 (GPT-2-small's Conv1D items are
+// 16-row slices: one round trip each). The dtype is a template parameter (static conversions: fewer registers).
+template <bool BF16>
+__device__ __noinline__ void mm_ncol1(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane,
+                                      bool avec) {
+  const i64 n = n0 + 8 * (i64)lane;
+  const bool live = n < g.N;
+  const u32 dt = BF16 ? kBF16 : kF16;
+  const u64 rowb = (u64)g.bs0 * 2;  // bytes between rows of b
+  float acc[8];
+#pragma unroll
+  for (u32 i = 0; i < 8; ++i) acc[i] = 0.0f;
+  for (i64 k = k0; k < k1; k += 2 * kMmNcolRows) {
+    const char* bp = g.b + (u64)(k * g.bs0 + n) * 2;
+    const u32 rows = (u32)(k1 - k < 16 ? k1 - k : 16);
+    uint4 bq[16], aq[2];
+#pragma unroll
+    for (u32 j = 0; j < 16; ++j) bq[j] = mm_ld16(bp + j * rowb, live && j < rows);
+    bool full[2];
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      full[h] = avec && 8 * h + 8 <= rows;
+      aq[h] = mm_ld16(g.a + (u64)(k + 8 * h) * 2, full[h]);
+    }
+#pragma unroll
+    for (u32 j = 0; j < 16; ++j) {
+      float bf[8];
+      Vec16::unpack(bq[j], bf, dt);
+      const u32 w = mm_word(&aq[j >> 3], (j & 7u) >> 1);
+      const float av = full[j >> 3] ? Vec16::cvt((u16)((j & 1u) ? w >> 16 : w & 0xffffu), dt)
+                       : j < rows ? load_f32(g.a, g.dta, (k + j) * g.as1) : 0.0f;
+#pragma unroll
+      for (u32 i = 0; i < 8; ++i) acc[i] = fmaf(av, bf[i], acc[i]);
+    }
+  }
+#pragma unroll
+  for (u32 i = 0; i < 8; ++i) mm_emit(g, part, local, kMmNcolCols, 0, n0, 8 * lane + i, acc[i]);
+}
+
 __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
                                      u32 lane) {
   const i64 n = n0 + 8 * (i64)lane;
   const bool live = n < g.N;
   const bool avec = g.as1 == 1 && g.dta == g.dtb && (((u64)g.a | (u64)(g.as0 * 2)) & 15u) == 0;
+  if (g.M == 1 && g.dtb != kF32) {  // (avec: a's dtype is b's; otherwise a's values are read one by one)
+    if (g.dtb == kBF16) mm_ncol1<true>(g, n0, k0, k1, part, local, lane, avec);
+    else mm_ncol1<false>(g, n0, k0, k1, part, local, lane, avec);
+    return;
+  }
   for (i64 m0 = 0; m0 < g.M; m0 += 4) {
     const u32 rm = (u32)(g.M - m0 < 4 ? g.M - m0 : 4);
     float acc[4][8];
