@@ -86,6 +86,21 @@ GPUOS_HD bool cmp_apply(u32 rule, T a, T b) {
   }
 }
 
+// Gather / scatter: the address in the indexed tensor (gather: refs[1], scatter: refs[0], each without the indexed
+// dim) that linear index e moves from / to -- its index value read (index_put_'s negative rule applied) -- or 0 when
+// that index is out of range. refs[3] describes the indexed dim (see data_elem).
+GPUOS_HD u64 gs_addr(const SubOp& d, const TensorRef* refs, i64 e) {
+  const TensorRef& dim = refs[3];
+  const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
+  const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
+  const i64 r = e - i0 * inner;
+  i64 iv = raw_to_int(ld_raw(data_addr(refs[2], i0), dtype_size(refs[2].dtype)), refs[2].dtype);
+  if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
+  if (iv < 0 || iv >= dim.sizes[0]) return 0;
+  const TensorRef& side = d.op == kOp_gather ? refs[1] : refs[0];
+  return side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)dtype_size(refs[0].dtype));
+}
+
 // One element (linear index e of the sub-op's iteration space) of a data-movement op other than argmax.
 // Returns 1 when an index was out of range (nothing was read or written outside a tensor), else 0.
 //   gather / scatter: refs[3] describes the indexed dim: sizes[0] its extent, strides[0] its stride, sizes[1] the
@@ -98,20 +113,13 @@ GPUOS_HD u32 data_elem(const SubOp& d, const TensorRef* refs, i64 e) {
   switch (d.op) {
     case kOp_gather:
     case kOp_scatter: {
-      const TensorRef& dim = refs[3];
-      const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
-      const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
-      const i64 r = e - i0 * inner;
-      i64 iv = raw_to_int(ld_raw(data_addr(refs[2], i0), dtype_size(refs[2].dtype)), refs[2].dtype);
-      if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
       const bool gather = d.op == kOp_gather;
       const u64 lin = gather ? data_addr(o, e) : data_addr(refs[1], e);
-      if (iv < 0 || iv >= dim.sizes[0]) {
+      const u64 at = gs_addr(d, refs, e);
+      if (at == 0) {
         if (gather) st_raw(lin, sz, poison_bits(o.dtype));
         return 1;
       }
-      const TensorRef& side = gather ? refs[1] : o;  // the indexed tensor without its indexed dim
-      const u64 at = side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)sz);
       if (gather) st_raw(lin, sz, ld_raw(at, sz));
       else st_raw(at, sz, ld_raw(lin, sz));
       return 0;
@@ -201,25 +209,17 @@ __device__ __forceinline__ u32 data_vec_elems(const SubOp& d, const TensorRef* r
 // The vector form of data_elem's gather / scatter: ve elements (one 16-byte vector) from linear index e.
 __device__ __forceinline__ u32 data_gs_vec(const SubOp& d, const TensorRef* refs, i64 e) {
   const TensorRef& o = refs[0];
-  const TensorRef& dim = refs[3];
-  const u32 sz = dtype_size(o.dtype);
-  const i64 inner = dim.sizes[1] > 0 ? dim.sizes[1] : 1;
-  const i64 i0 = ((u64)e >> 32) == 0 && ((u64)inner >> 32) == 0 ? (i64)((u32)e / (u32)inner) : e / inner;
-  const i64 r = e - i0 * inner;
-  i64 iv = raw_to_int(ld_raw(data_addr(refs[2], i0), dtype_size(refs[2].dtype)), refs[2].dtype);
-  if (iv < 0 && d.op == kOp_scatter && data_scalar_bits(d) == 1) iv += dim.sizes[0];
   const bool gather = d.op == kOp_gather;
   uint4* lin = (uint4*)(gather ? data_addr(o, e) : data_addr(refs[1], e));
-  if (iv < 0 || iv >= dim.sizes[0]) {
+  uint4* at = (uint4*)gs_addr(d, refs, e);
+  if (at == nullptr) {
     if (gather) {
       const u64 pb = poison_bits(o.dtype);
-      const u32 w = sz == 2 ? (u32)(pb | (pb << 16)) : (u32)pb;
+      const u32 w = dtype_size(o.dtype) == 2 ? (u32)(pb | (pb << 16)) : (u32)pb;
       *lin = make_uint4(w, w, w, w);  // poison_bits is 0 for the 8-byte (integer) dtypes
     }
     return 1;
   }
-  const TensorRef& side = gather ? refs[1] : o;
-  uint4* at = (uint4*)(side.ptr + (u64)((ref_offset(side, r) + iv * dim.strides[0]) * (i64)sz));
   if (gather) *lin = *at;
   else *at = *lin;
   return 0;

@@ -126,10 +126,12 @@ def test_index_copy_functional_and_strided(rt):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_index_put_cache_write_with_negative_index(rt, dtype):
-    """cache[:, :, pos] = k (aten::index_put_ with one index tensor), negative indices count from the end."""
-    cache = torch.zeros(1, 2, 8, 4, device=DEV, dtype=dtype)
-    k = torch.randn(1, 2, 2, 4, device=DEV).to(dtype)
+@pytest.mark.parametrize("width", [4, 16], ids=["elements", "vectors"])
+def test_index_put_cache_write_with_negative_index(rt, dtype, width):
+    """cache[:, :, pos] = k (aten::index_put_ with one index tensor), negative indices count from the end; 16 elements
+    per position move as 16-byte vectors (dataops.h data_vec_elems), 4 one by one."""
+    cache = torch.zeros(1, 2, 8, width, device=DEV, dtype=dtype)
+    k = torch.randn(1, 2, 2, width, device=DEV).to(dtype)
     pos = torch.tensor([-1, 2], device=DEV)
     ref = cache.clone()
     ref[:, :, pos] = k

@@ -2,7 +2,8 @@
 and row programs (device_src/elementwise.h fused_rows_vec: operands contiguous in aligned runs of 8, or constant
 over each aligned 8 -- a broadcast, a per-row value -- else the element path) and gathers / scatters
 (device_src/dataops.h data_vec_elems: both sides' last dims contiguous and aligned, else the element path).
-Each case runs once on a layout that takes the vector path and once on one that must fall back."""
+Each case runs once on a layout that takes the vector path and once on one that must fall back (the cache write
+with a negative index: tests/test_gpu_index_ops.py, at widths of 4 and 16)."""
 
 import zlib
 
@@ -94,19 +95,3 @@ def test_vector_gather_out_of_range_writes_nan_and_flags(rt):
     assert gpuos.stats()["index_faults"] == 1
     assert torch.equal(y[0], w[2]) and torch.equal(y[2], w[5]) and y[1].isnan().all()
     gpuos_ext.clear_index_faults()
-
-
-@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
-def test_vector_cache_write_negative_index(rt, dt):
-    """cache[:, :, pos] = k with a negative index (index_put_ counts it from the end), 16 elements per position."""
-    cache = torch.zeros(1, 2, 8, 16, device=DEV, dtype=dt)
-    k = torch.randn(1, 2, 2, 16, device=DEV).to(dt)
-    pos = torch.tensor([-1, 2], device=DEV)
-    ref = cache.clone()
-    ref[:, :, pos] = k
-
-    def write():
-        cache[:, :, pos] = k
-        return cache.amax(-1)
-    m = _run(write)
-    assert torch.equal(cache, ref) and torch.equal(m, ref.amax(-1))
