@@ -191,8 +191,9 @@ constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
 // slot fills go to region kTraceBlocks. Pinned and mapped: the host reads it without a copy. Region kTraceItems
 // holds one record per traced item (decode attention, split matmul: lane 0 of the warp that ran it), at its ring index modulo
 // per_block (each ring slot's warp writes its own record: no index word; the host takes the records whose t0 is
-// set and clears them) -- since the 21st session every sub-op leaves one, at its FinishNote::tslot (the level's seq
-// and its index in the level: a replayed program's levels keep apart).
+// set and clears them) -- since the 21st session every sub-op leaves one in the worker built for GPUOS_TRACE, at its
+// FinishNote::tslot (worker.cu item_rec: a resident level's first 61 by the level's seq, so that a replayed
+// program's levels keep apart).
 constexpr u32 kTraceBlocks = 256;    // blocks traced (block index >= this: not traced)
 constexpr u32 kTraceItems = kTraceBlocks + 1, kTraceRegions = kTraceBlocks + 2;
 constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-filling record

@@ -19,6 +19,12 @@
 namespace gpuos {
 
 constexpr u32 kMaxWarps = kMaxThreads / 32;
+// Every sub-op leaves a trace record (exec_subop) only in the worker built for GPUOS_TRACE (csrc/jit/jit.cpp
+// compile_options); decode attention and split matmul items record themselves in every build.
+#ifndef GPUOS_TRACE_SUBOPS
+#define GPUOS_TRACE_SUBOPS 0
+#endif
+constexpr bool kTraceSubops = GPUOS_TRACE_SUBOPS != 0;
 constexpr u32 kWarpSlots = 5;  // per-warp TensorRef slots in shared memory: 4 operand refs, or FusedArgs + Program
 static_assert(sizeof(FusedArgs) + sizeof(Program) <= kWarpSlots * sizeof(TensorRef), "fused scratch fits");
 constexpr u32 kCmdRun = 1, kCmdExit = 2;
@@ -103,10 +109,10 @@ __device__ __forceinline__ void fetch_fused_args(const SubOp& d, TensorRef* refs
 // Returns 2 when tier 2 ran it, 3 for the interpreter (the trace's k); t1 (trace on): when its arguments (and the
 // interpreter's Program) were in shared memory.
 __device__ __forceinline__ u32 exec_fused(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
-                                          const Program* progs, i64 rd, u64* t1) {
+                                          const Program* progs, i64 rd, u64* t1) {  // t1: in the FinishNote
   const u32 prog = (u32)d.in[0];
   fetch_fused_args(d, refs, cached, lane, rd);
-  if (t1) *t1 = globaltimer();
+  if (t1 && lane == 0) *t1 = globaltimer();
   if (exec_fused_spec(d, *(const FusedArgs*)&refs[0], prog, lane)) {
     __syncwarp();
     return 2;
@@ -118,7 +124,7 @@ __device__ __forceinline__ u32 exec_fused(const SubOp& d, TensorRef* refs, u64* 
     cached[2] = cached[3] = kProgTag | prog;
   }
   __syncwarp();
-  if (t1) *t1 = globaltimer();
+  if (t1 && lane == 0) *t1 = globaltimer();
   fused_prog_op(d, *(const FusedArgs*)&refs[0], *sp, lane);
   __syncwarp();  // the next sub-op of this warp may overwrite the slots
   return 3;
@@ -158,6 +164,8 @@ struct FinishNote {
   u32 head;       // local path: 1 on the split 0 of a tile this claim combines
   u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
   u32 tslot;      // the trace's record slot of this sub-op (trace_item)
+  u64 t0, t1;     // trace on: the sub-op's start and when its arguments were in shared memory (kept here, not in
+                  // registers live across the dispatch: the untraced worker's spills stay as they were)
 };
 // What the finish phase needs in shared memory: the notes, the tiles this block completed, the warps' sums, the
 // local path's partials (one slot per warp: the local path needs one descriptor per warp).
@@ -175,15 +183,15 @@ static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed d
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
-// `slot`: FinishNote::tslot -- the ring index, or for resident descriptors (a replayed program's levels, which all
-// count from 0) the level's seq and the sub-op's index in it (~0u: not recorded, past the 61st of its level).
+// `slot`: FinishNote::tslot -- the ring index, or for the first 61 resident descriptors of a level (a replayed
+// program's levels all count from 0) the level's seq x 61 + the index, so that small levels keep apart; the
+// rest of a large resident level keep their ring index (later levels overwrite them, as before).
 __device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 slot) {
   return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + slot % tb->per_block;
 }
 __device__ __noinline__ void trace_item(TraceBuf* tb, u32 slot, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
   u32 sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  if (slot == ~0u) return;
   TraceRec* rec = item_rec(tb, slot);
   rec->load_ns = (u32)(t1 - t0);
   rec->exec_ns = (u32)(t2 - t1);
@@ -212,7 +220,6 @@ __device__ __forceinline__ bool may_split(const SubOp& d) {
 }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 slot, u64 t0, u64 t1) {
-  if (slot == ~0u) return;
   TraceRec* rec = item_rec(tb, slot);
   rec->exec_ns = (u32)(t1 - t0);
   rec->k = 1;
@@ -227,16 +234,15 @@ namespace gpuos {
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
                                            const Program* progs, i64 rd, u32 ri, const WorkerArgs& args,
                                            FinishNote* note) {
-  TraceBuf* tb = (TraceBuf*)args.trace;
-  const u64 t0 = tb ? globaltimer() : 0;
-  u64 t1 = t0;
+  TraceBuf* tb = kTraceSubops ? (TraceBuf*)args.trace : nullptr;
+  if (tb && lane == 0) note->t0 = note->t1 = globaltimer();
   if (d.op == kOpFused) {
-    const u32 how = exec_fused(d, refs, cached, lane, progs, rd, tb ? &t1 : nullptr);
-    if (tb && lane == 0) trace_item(tb, note->tslot, ri, t0, t1, globaltimer(), how);
+    const u32 how = exec_fused(d, refs, cached, lane, progs, rd, tb ? &note->t1 : nullptr);
+    if (tb && lane == 0) trace_item(tb, note->tslot, ri, note->t0, note->t1, globaltimer(), how);
     return;
   }
   if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
-  if (tb) t1 = globaltimer();
+  if (tb && lane == 0) note->t1 = globaltimer();
   switch (d.op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
@@ -252,7 +258,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   }
   // Every other kind's sub-op (matmul and attention items record themselves): k = 4 + its kind.
   if (tb && lane == 0 && op_kind(d.op) != kKindMatmul && op_kind(d.op) != kKindAttention)
-    trace_item(tb, note->tslot, ri, t0, t1, globaltimer(), 4u + op_kind(d.op));
+    trace_item(tb, note->tslot, ri, note->t0, note->t1, globaltimer(), 4u + op_kind(d.op));
 }
 
 // ---------------------------------------------------------------- injected ops and the dual-slot alias
@@ -400,7 +406,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
       FinishNote& n = fin->note[j];
       n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
-      n.tslot = !resident ? (c0 + j) % args.capacity : idx + j < 61 ? seq * 61u + idx + j : ~0u;
+      n.tslot = resident && idx + j < 61 ? seq * 61u + idx + j : (c0 + j) % args.capacity;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
     }
   }

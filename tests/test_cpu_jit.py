@@ -77,6 +77,19 @@ def test_invalid_arch_raises_compile_error_with_log(requires_nvrtc, bad_arch):
     assert bad_arch in str(e), f"message should name the arch: {e}"
 
 
+def test_traced_worker_is_a_build_of_its_own(cubins, tmp_path):
+    """GPUOS_TRACE compiles the worker with GPUOS_TRACE_SUBOPS (every sub-op records itself: device_src/worker.cu
+    kTraceSubops), so the untraced worker carries none of it: the traced build compiles and differs."""
+    out = tmp_path / "traced.cubin"
+    p = run_python(f"""
+        import gpuos, gpuos_ext
+        open({str(out)!r}, "wb").write(gpuos_ext.jit_compile("sm_90"))
+    """, env_extra={"GPUOS_TRACE": "64", "GPUOS_CACHE_DIR": str(tmp_path / "cache")}, timeout=600)
+    assert p.returncode == 0, describe(p)
+    traced = out.read_bytes()
+    assert traced[:4] == b"\x7fELF" and traced != cubins["sm_90"]
+
+
 _FORBID_SCRIPT = """
     import sys
     import gpuos, gpuos_ext

@@ -78,6 +78,9 @@ std::string hex64(uint64_t h) {
 std::vector<std::string> compile_options(const std::string& arch, bool relocatable) {
   std::vector<std::string> o{"--gpu-architecture=" + arch, "-std=c++17", "--device-as-default-execution-space",
                              "-Xptxas", "-O" + std::to_string(env_config().ptxas_opt)};
+  // GPUOS_TRACE: the worker also records every sub-op (device_src/worker.cu kTraceSubops); a build of its own, so
+  // that the untraced worker carries none of it (the records' timestamps cost spills in the dispatch).
+  if (env_config().trace_records) o.push_back("-DGPUOS_TRACE_SUBOPS=1");
   if (relocatable) {
     // Separately compiled device functions do not inherit the worker's __launch_bounds__ register cap, and
     // nvJitLink refuses callees above the kernel's cap (tools/link_probe.py): give every object that cap.
