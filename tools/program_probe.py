@@ -384,8 +384,8 @@ def loop_probe():
         out({"probe": "loop", "size": size, "cudagraph_us_per_call": round(gpu_us(g.replay, reps=1000), 1)})
 
 
-PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe, "mix": mix_probe,
-          "hf": hf_probe, "host": host_probe, "loop": loop_probe}
+PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
+          "mix": mix_probe, "hf": hf_probe, "host": host_probe, "loop": loop_probe}
 
 
 def main(names=tuple(PROBES)):

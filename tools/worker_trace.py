@@ -17,7 +17,8 @@ levels, the handoffs inside it and the gap before the next call; env CALLS_SIZE 
 needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
 where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
-ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops). `attn` (one Llama-shape
+ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops); with the sub-op records
+(every sub-op, in the worker built for GPUOS_TRACE), each level group's lead-in, sub-op load / exec and tail. `attn` (one Llama-shape
 decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
 at 1,024^2): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
 and the tile's combine / split finish. `attnL` (ATTN_KV, ATTN_L: 4,096, 16): bench_attention's one flush of L
