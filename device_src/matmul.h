@@ -276,10 +276,6 @@ __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64
         : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane);
 }
 
-// ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
-// of b (kMmNcolRows), rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
-// 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
-// (or past the last whole 8 of K) a's values are read one by one.
 // One activation row (M = 1, batch-1 decode): two steps (16 rows of b) per iteration, all 16 loads of b and a's two
 // vectors issued before any is used -- one round trip per 16 rows instead of per 8 (GPT-2-small's Conv1D items are
 // 16-row slices: one round trip each). The dtype is a template parameter (static conversions: fewer registers).
@@ -320,6 +316,10 @@ __device__ __noinline__ void mm_ncol1(const MmArgs& g, i64 n0, i64 k0, i64 k1, f
   for (u32 i = 0; i < 8; ++i) mm_emit(g, part, local, kMmNcolCols, 0, n0, 8 * lane + i, acc[i]);
 }
 
+// ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
+// of b (kMmNcolRows), rows of a in passes of 4. Every load of a step is issued before any is used: the 8 rows of b and, for a
+// 16-byte aligned a with unit stride along K, its 8 values per row as one vector (a broadcast load); otherwise
+// (or past the last whole 8 of K) a's values are read one by one.
 __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
                                      u32 lane) {
   const i64 n = n0 + 8 * (i64)lane;

@@ -183,9 +183,10 @@ static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed d
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
-// `slot`: FinishNote::tslot -- the ring index, or for the first 61 resident descriptors of a level (a replayed
-// program's levels all count from 0) the level's seq x 61 + the index, so that small levels keep apart; the
-// rest of a large resident level keep their ring index (later levels overwrite them, as before).
+// `slot`: FinishNote::tslot -- the ring index, or for the first kTraceLevelSlots resident descriptors of a level (a
+// replayed program's levels all count from 0) seq x kTraceLevelSlots + the index, so that small levels keep apart;
+// the rest of a large resident level keep their ring index (later levels overwrite them, as before).
+constexpr u32 kTraceLevelSlots = 61;
 __device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 slot) {
   return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + slot % tb->per_block;
 }
@@ -406,7 +407,8 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
       FinishNote& n = fin->note[j];
       n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
-      n.tslot = resident && idx + j < 61 ? seq * 61u + idx + j : (c0 + j) % args.capacity;
+      n.tslot = resident && idx + j < kTraceLevelSlots ? seq * kTraceLevelSlots + idx + j
+                                                       : (c0 + j) % args.capacity;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
     }
   }
