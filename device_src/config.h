@@ -53,11 +53,12 @@ constexpr u32 kMmScratchHead = 16;     // floats before the partials (the counte
 constexpr u32 kMmMaxSplit = 64;        // most K slices (the scratch array has this many slots past the ring)
 constexpr u32 kMmMaxGroup = 16;        // most column tiles of one unsplit mma item
 constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 steps)
-constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256;
+constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256, kMmNcol1Cols = 64;
 // SubOp::reserved of an mm sub-op: variant | ksplit << 8 | tiles << 16 (15 bits) (variant 0: a column tile of the per-warp
 // paths; tiles: column tiles per item of an unsplit mma product, 0 = 1 -- an LM head of 2,000-3,142 tiles of 16
 // columns was that many items, each paying a claim's round trips for 8 KB of weights).
-constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2;
+// kMmNcol1: the ncol path at M = 1 (64-column tiles, matmul.h mm_ncol1).
+constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2, kMmNcol1 = 3;
 // ... and bit kMmLocal: a split product whose partial fits kLocalSlot: a tile whose K slices one claim holds whole
 // (one descriptor per warp) is summed in shared memory by the warp that ran slice 0 (matmul.h mm_local_combine),
 // the other tiles meet in the scratch as above.
@@ -67,8 +68,10 @@ constexpr u32 kMmLocal = 1u << 31;
 // trip of loads -- GPT-2-small's 256 x 768 product in 64-row slices was 12 items of 8 steps, ~30 us a level).
 constexpr u32 kMmNcolRows = 8;
 GPUOS_HD u32 mm_unit(u32 variant) { return variant == kMmMma ? kMmChunk : kMmNcolRows; }
-// Output columns of an item's tile (mma / ncol).
-GPUOS_HD u32 mm_cols(u32 variant) { return variant == kMmMma ? kMmMmaCols : kMmNcolCols; }
+// Output columns of an item's tile (mma / ncol / ncol1).
+GPUOS_HD u32 mm_cols(u32 variant) {
+  return variant == kMmMma ? kMmMmaCols : variant == kMmNcol1 ? kMmNcol1Cols : kMmNcolCols;
+}
 GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit, u32 unit) { return ((K + ksplit - 1) / ksplit + unit - 1) / unit * unit; }
 // Decode attention (device_src/attention.h). An item is one (batch, KV head, KV split, group of query rows): the
 // group is up to kAttnRowsPerItem of the G x Lq query rows of the KV head's query heads (G = Hq / Hkv). With nsplit > 1

@@ -10,6 +10,7 @@
 //        chunk (4 lanes read 128 contiguous bytes: whole lines) and of an activation row, with no shuffles;
 //   ncol (fp16 / bf16, b N-contiguous -- GPT-2's Conv1D weight, K x N row-major): lane l owns 8 columns of a
 //        256-column tile, K walked in steps of 8 rows of b (8 loads of 16 bytes in flight), rows of a broadcast;
+//        at M = 1 (ncol1) a 64-column tile, the lanes in 4 row groups over K (16 loads in flight);
 //   warp tiles (anything else, and K == 0): one warp per tile of columns -- kvec (K-contiguous, lanes split K),
 //        nrow (N-contiguous b), scalar.
 // An mma / ncol item is a column tile over one slice of K (config.h kMm*); split products meet in the scratch.
@@ -276,44 +277,70 @@ __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64
         : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane);
 }
 
-// One activation row (M = 1, batch-1 decode): two steps (16 rows of b) per iteration, all 16 loads of b and a's two
-// vectors issued before any is used -- one round trip per 16 rows instead of per 8 (GPT-2-small's Conv1D items are
-// 16-row slices: one round trip each). The dtype is a template parameter (static conversions: fewer registers).
+// Whether a's rows can be read as 16-byte vectors along K (unit stride, a's dtype b's, aligned rows); otherwise the
+// ncol items read a's values one by one.
+__device__ __forceinline__ bool mm_ncol_avec(const MmArgs& g) {
+  return g.as1 == 1 && g.dta == g.dtb && (((u64)g.a | (u64)(g.as0 * 2)) & 15u) == 0;
+}
+
+// ncol1 item (kMmNcol1: one activation row -- batch-1 decode --, 16-bit, b N-contiguous): columns [n0, n0 + 64)
+// over rows [k0, k1) of b. Lane (c = lane % 8, r = lane / 8) holds columns n0 + 8c .. 8c + 7 of rows
+// kb + 32u + 8r .. + 7 (u = 0, 1) of each 64-row step: 16 loads of 16 bytes in flight per lane, the 8 lanes of a
+// row group reading 128 contiguous bytes of a row, a's 8 values of a row group as one vector. The 4 row groups'
+// sums meet by shuffles. A 64-column tile leaves 4x the tiles of the 256-column ncol item, so a decode product
+// needs ~4x fewer K slices (<= a block's warps: summed in shared memory, not by contended atomics -- GPT-2-small's
+// 256 x 768 was 32 slices of 8 rows per 256-column tile, 8.6-us items). The dtype is a template parameter
+// (static conversions: fewer registers).
 template <bool BF16>
 __device__ __noinline__ void mm_ncol1(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane,
                                       bool avec) {
-  const i64 n = n0 + 8 * (i64)lane;
+  const u32 c = lane & 7u, r = lane >> 3;
+  const i64 n = n0 + 8 * (i64)c;
   const bool live = n < g.N;
   const u32 dt = BF16 ? kBF16 : kF16;
   const u64 rowb = (u64)g.bs0 * 2;  // bytes between rows of b
   float acc[8];
 #pragma unroll
   for (u32 i = 0; i < 8; ++i) acc[i] = 0.0f;
-  for (i64 k = k0; k < k1; k += 2 * kMmNcolRows) {
-    const char* bp = g.b + (u64)(k * g.bs0 + n) * 2;
-    const u32 rows = (u32)(k1 - k < 16 ? k1 - k : 16);
-    uint4 bq[16], aq[2];
+  for (i64 kb = k0; kb < k1; kb += 8 * kMmNcolRows) {
+    uint4 bq[2][8], aq[2];
+    u32 rows[2];
 #pragma unroll
-    for (u32 j = 0; j < 16; ++j) bq[j] = mm_ld16(bp + j * rowb, live && j < rows);
-    bool full[2];
+    for (u32 u = 0; u < 2; ++u) {
+      const i64 k = kb + 32 * u + 8 * r;
+      rows[u] = k >= k1 ? 0u : k1 - k < 8 ? (u32)(k1 - k) : 8u;
+      const char* bp = g.b + (u64)((rows[u] ? k : k0) * g.bs0 + n) * 2;
 #pragma unroll
-    for (u32 h = 0; h < 2; ++h) {
-      full[h] = avec && 8 * h + 8 <= rows;
-      aq[h] = mm_ld16(g.a + (u64)(k + 8 * h) * 2, full[h]);
+      for (u32 j = 0; j < 8; ++j) bq[u][j] = mm_ld16(bp + j * rowb, live && j < rows[u]);
+      if (avec && rows[u] == 8) {
+        aq[u] = *(const uint4*)(g.a + (u64)k * 2);
+      } else {  // a strided or misaligned (its dtype is b's on this path), or the slice's last rows: one by one
+        u32 h[8];
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) h[j] = j < rows[u] ? *(const u16*)(g.a + (u64)((k + j) * g.as1) * 2) : 0u;
+        aq[u] = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+      }
     }
 #pragma unroll
-    for (u32 j = 0; j < 16; ++j) {
-      float bf[8];
-      Vec16::unpack(bq[j], bf, dt);
-      const u32 w = mm_word(&aq[j >> 3], (j & 7u) >> 1);
-      const float av = full[j >> 3] ? Vec16::cvt((u16)((j & 1u) ? w >> 16 : w & 0xffffu), dt)
-                       : j < rows ? load_f32(g.a, g.dta, (k + j) * g.as1) : 0.0f;
+    for (u32 u = 0; u < 2; ++u)
 #pragma unroll
-      for (u32 i = 0; i < 8; ++i) acc[i] = fmaf(av, bf[i], acc[i]);
-    }
+      for (u32 j = 0; j < 8; ++j) {  // (rows past the slice: b and a are zero)
+        float bf[8];
+        Vec16::unpack(bq[u][j], bf, dt);
+        const u32 w = mm_word(&aq[u], j >> 1);
+        const float av = Vec16::cvt((u16)((j & 1u) ? w >> 16 : w & 0xffffu), dt);
+#pragma unroll
+        for (u32 i = 0; i < 8; ++i) acc[i] = fmaf(av, bf[i], acc[i]);
+      }
   }
 #pragma unroll
-  for (u32 i = 0; i < 8; ++i) mm_emit(g, part, local, kMmNcolCols, 0, n0, 8 * lane + i, acc[i]);
+  for (u32 i = 0; i < 8; ++i) {
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 8);
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 16);
+  }
+#pragma unroll
+  for (u32 i = 0; i < 8; ++i)  // row group r emits columns 2r, 2r + 1 of its lane's 8
+    if ((i >> 1) == r) mm_emit(g, part, local, kMmNcol1Cols, 0, n0, 8 * c + i, acc[i]);
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
@@ -324,12 +351,7 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
                                      u32 lane) {
   const i64 n = n0 + 8 * (i64)lane;
   const bool live = n < g.N;
-  const bool avec = g.as1 == 1 && g.dta == g.dtb && (((u64)g.a | (u64)(g.as0 * 2)) & 15u) == 0;
-  if (g.M == 1 && g.dtb != kF32) {  // (avec: a's dtype is b's; otherwise a's values are read one by one)
-    if (g.dtb == kBF16) mm_ncol1<true>(g, n0, k0, k1, part, local, lane, avec);
-    else mm_ncol1<false>(g, n0, k0, k1, part, local, lane, avec);
-    return;
-  }
+  const bool avec = mm_ncol_avec(g);
   for (i64 m0 = 0; m0 < g.M; m0 += 4) {
     const u32 rm = (u32)(g.M - m0 < 4 ? g.M - m0 : 4);
     float acc[4][8];
@@ -437,6 +459,9 @@ __device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u3
     const u64 t0 = tb ? globaltimer() : 0;
     if (variant == kMmMma) {
       mm_mma_tile(g, n0, k0, k1, part, local, lane);
+    } else if (variant == kMmNcol1) {
+      if (g.dtb == kBF16) mm_ncol1<true>(g, n0, k0, k1, part, local, lane, mm_ncol_avec(g));
+      else mm_ncol1<false>(g, n0, k0, k1, part, local, lane, mm_ncol_avec(g));
     } else {
       mm_ncol(g, n0, k0, k1, part, local, lane);
     }

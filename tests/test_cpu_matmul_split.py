@@ -4,9 +4,9 @@ import pytest
 
 gpuos_ext = pytest.importorskip("gpuos_ext")
 
-MMA, NCOL = 1, 2
-UNIT = {MMA: 64, NCOL: 8}     # device_src/config.h mm_unit: a tensor-core chunk / one ncol step of 8 rows
-COLS = {MMA: 16, NCOL: 256}   # kMmMmaCols / kMmNcolCols
+MMA, NCOL, NCOL1 = 1, 2, 3
+UNIT = {MMA: 64, NCOL: 8, NCOL1: 8}      # device_src/config.h mm_unit: a tensor-core chunk / one ncol step of 8 rows
+COLS = {MMA: 16, NCOL: 256, NCOL1: 64}   # kMmMmaCols / kMmNcolCols / kMmNcol1Cols
 
 
 def kspan(K, ks, unit):
@@ -21,12 +21,22 @@ def kspan(K, ks, unit):
     (256, 4096, 1, MMA, 4),    # 4,096 x 4,096: about 1,024 items
     (3142, 256, 1, MMA, 1),    # an LM head: enough tiles already
     (3, 256, 64, NCOL, 1),     # 64 rows of partials (256 x 64 floats) do not fit 64 scratch slots: no split
+    (12, 256, 1, NCOL1, 8),    # GPT-2-small's c_attn at M = 1 (64-column tiles): a block's 8 warps, 32-row slices
+    (4, 1024, 1, NCOL1, 8),    # its MLP down-projection: 128-row slices (two 64-row steps), still local
+    (12, 3072, 1, NCOL1, 64),  # GPT-2 (768)'s down-projection: 8 slices would be 384 rows -- the scratch instead
+    (786, 256, 1, NCOL1, 1),   # enough tiles already
 ])
 def test_matmul_split(ntile, K, M, variant, want):
     assert gpuos_ext._testing.matmul_split(ntile, K, M, variant, 8192) == want
 
 
-@pytest.mark.parametrize("variant", [MMA, NCOL])
+def test_ncol1_slices_follow_the_block_warps():
+    # 16 warps per block: 16 local slices of 16 rows; one warp: no cap (the scratch path's split)
+    assert gpuos_ext._testing.matmul_split(12, 256, 1, NCOL1, 8192, warps=16) == 16
+    assert gpuos_ext._testing.matmul_split(12, 256, 1, NCOL1, 8192, warps=1) == 32
+
+
+@pytest.mark.parametrize("variant", [MMA, NCOL, NCOL1])
 @pytest.mark.parametrize("K", [8, 64, 200, 256, 688, 768, 3072, 4096, 11008])
 @pytest.mark.parametrize("ntile", [1, 3, 16, 43, 300])
 @pytest.mark.parametrize("M", [1, 4, 16])
@@ -71,6 +81,8 @@ def test_matmul_group(ntile, items, want):
     (16, 1, MMA, 16, True),    # ... of a 512-thread block
     (8, 1, NCOL, 8, True),     # a 256-column tile at one row
     (8, 2, NCOL, 8, False),    # 512 floats
+    (8, 1, NCOL1, 8, True),    # a 64-column tile at one row
+    (8, 5, NCOL1, 8, False),   # 320 floats (the host takes ncol1 at M = 1 only; the rule is the slot's)
     (1, 1, MMA, 8, False),     # not split
     (4, 1, 0, 8, False),       # the per-warp tiles never split
 ])

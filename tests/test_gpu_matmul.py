@@ -91,7 +91,7 @@ def test_split_k_products_share_a_level_and_leave_the_scratch_clean(rt, dtype, l
     a2 = torch.randn(M, K, generator=g, device=DEV).to(dt)
     b = _b(layout, K, N, dt, g) / 8
     bias = torch.randn(N, generator=g, device=DEV).to(dt)
-    tiles = N // (16 if layout == "linear" else 256)
+    tiles = N // (16 if layout == "linear" else 64 if M == 1 else 256)   # mma / ncol1 / ncol column tiles
     for rep in range(3):
         o1 = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
         o2 = torch.full((M, N), float("nan"), device=DEV, dtype=dt)
@@ -116,8 +116,8 @@ def test_split_k_tiles_one_claim_holds_are_summed_in_shared_memory(rt, dtype, ca
     the same weight, equal torch; every output column is written (NaN start)."""
     layout, M = {"mma_m1": ("linear", 1), "mma_m16": ("linear", 16), "ncol_m1": ("rowmajor", 1)}[case]
     N, K = (2048, 4096) if layout == "linear" else (512, 64)
-    tw = 16 if layout == "linear" else 256
-    variant = 1 if layout == "linear" else 2
+    tw = 16 if layout == "linear" else 64          # the ncol1 item's 64-column tiles at M = 1
+    variant = 1 if layout == "linear" else 3
     ks = gpuos_ext._testing.matmul_split(-(-N // tw), K, M, variant, 4096)
     assert ks > 1 and gpuos_ext._testing.matmul_local(ks, M, variant), ks
     dt = DTYPES[dtype]
@@ -149,6 +149,27 @@ def test_matmul_bias_alpha_beta(rt, dtype, bias_shape):
     gpuos.submit_matmul(a, w.t(), out, bias=bias, alpha=0.5, beta=-2.0)
     gpuos.flush()
     _check(out, a, w.t(), bias, alpha=0.5, beta=-2.0)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("a_layout", ["aligned", "offset", "stepped"])
+@pytest.mark.parametrize("K", [100, 256, 1032, 3072])
+def test_ncol1_row_major_weight_at_one_row(rt, dtype, a_layout, K):
+    """The M = 1 path of a K x N row-major weight (ncol1, 64-column tiles, 4 row groups of lanes over K): a's row
+    read as 16-byte vectors when aligned, else one value at a time (offset by one element, or stepped); K slices
+    summed in shared memory (K <= 1,032) or in the scratch (3,072); a slice's ragged last rows (K = 100); a bias;
+    N = 200 leaves the last tile 8 live columns of 64 (every column written: NaN start)."""
+    N = 200
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(K + len(a_layout))
+    base = torch.randn(1, 2 * K + 8, generator=g, device=DEV).to(dt)
+    a = {"aligned": base[:, :K], "offset": base[:, 1:K + 1], "stepped": base[:, ::2][:, :K]}[a_layout]
+    b = torch.randn(K, N, generator=g, device=DEV).to(dt) / 8
+    bias = torch.randn(N, generator=g, device=DEV).to(dt)
+    out = torch.full((1, N), float("nan"), device=DEV, dtype=dt)
+    gpuos.submit_matmul(a, b, out, bias=bias)
+    gpuos.flush()
+    _check(out, a, b, bias)
 
 
 def test_matmul_non_contiguous_activations_and_output(rt):

@@ -29,7 +29,7 @@ __device__ __forceinline__ u64 gtimer() {
 
 enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kMmNcolItem, kMmMmaItem,
             kRowLn4, kRowLn8, kKinds };
-// The matmul items (n = 4096 only): one ncol item (256 columns x 64 rows of K, fp16, M = 1: a K slice of
+// The matmul items (n = 4096 only): one ncol1 item (64 columns x 64 rows of K, fp16, M = 1: a K slice of
 // GPT-2-small's weights) and one mma item (16 columns x K = 256, fp16, M = 1: a tile of Llama-small's LM head),
 // both writing their outputs directly (no K split).
 constexpr i64 kBenchMmK = 256, kBenchMmN = 1024;
@@ -135,7 +135,7 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
         g.as0 = kBenchMmK, g.as1 = 1, g.os0 = kBenchMmN, g.os1 = 1;
         if (kind == kMmNcolItem) {  // b: K x N row-major
           g.bs0 = kBenchMmN, g.bs1 = 1;
-          mm_ncol(g, 0, 0, 64, nullptr, false, lane);
+          mm_ncol1<false>(g, 0, 0, 64, nullptr, false, lane, true);
         } else {  // b: the transposed weight (N x K row-major)
           g.bs0 = 1, g.bs1 = kBenchMmK;
           mm_mma<false, false, 2>(g, 0, 0, kBenchMmK, nullptr, false, lane);
@@ -197,7 +197,7 @@ int main() {
                          "ew_op add (vector path)",
                          "ew_op cast fp16->fp32 (element loop)", "ew_op add, transposed (strided)",
                          "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)",
-                         "interpreted chain of 16 adds (fused_rows)", "mm ncol item 256 cols x 64 K (fp16, M=1)",
+                         "interpreted chain of 16 adds (fused_rows)", "mm ncol1 item 64 cols x 64 K (fp16, M=1)",
                          "mm mma item 16 cols x 256 K (fp16, M=1)", "LayerNorm row of 256 fp16 (tier-2 form, V=4)",
                          "LayerNorm row of 256 fp16 (tier-2 form, V=8)"};
   // WB_ONLY=<kind index>: that kind alone, n = 4,096, no pollers (one kernel launch: for ncu -k bench).

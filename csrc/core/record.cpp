@@ -270,7 +270,8 @@ void Runtime::record_reduce(uint32_t op, const Operand& out, const TensorRef& ou
 // slowest -- and the tile's partials (tw x M) must fit the scratch of its ksplit ring slots; no split when they
 // cannot. The items of a split product must also stay in one piece of append_tiles (capacity / 2): consecutive
 // in the ring.
-uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items) {
+uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items,
+                      uint32_t warps) {
   const int64_t tw = mm_cols(variant), unit = mm_unit(variant);
   const int64_t units = (K + unit - 1) / unit;
   const int64_t min_units = variant == kMmMma ? 2 : 1;
@@ -282,6 +283,11 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
   const int64_t target = variant == kMmMma
       ? std::min<int64_t>(items, std::max<int64_t>(1, ntile * tw * K * 2 / kMmMmaItemBytes)) : (int64_t)items;
   int64_t ks = std::min<int64_t>({target / std::max<int64_t>(ntile, 1), units / min_units, (int64_t)kMmMaxSplit});
+  // An ncol1 tile's slices stay within one claim's warps (summed in shared memory: kMmLocal) while that keeps a
+  // slice within two of the item's 64-row steps (two round trips); past that, more slices meet in the scratch.
+  if (variant == kMmNcol1 && ks > (int64_t)warps && warps > 1 &&
+      mm_kspan(K, warps, (uint32_t)unit) <= 2 * 8 * (int64_t)kMmNcolRows)
+    ks = warps;
   if (ks <= 1) return 1;
   const int64_t need = (kMmScratchHead + tw * M + kMmScratchPerSlot - 1) / kMmScratchPerSlot;
   if (ks < need) ks = need <= std::min<int64_t>(units, kMmMaxSplit) ? need : 1;
@@ -332,7 +338,7 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
       b_ref.strides[1] % 8 == 0)
     variant = kMmMma;
   else if (h16 && (b_ref.ptr & 15) == 0 && b_ref.strides[1] == 1 && N % 8 == 0 && b_ref.strides[0] % 8 == 0)
-    variant = kMmNcol;
+    variant = M == 1 ? kMmNcol1 : kMmNcol;
   if (variant == kMmWarp) {
     // One warp per tile of columns: about 16K multiply-adds per row of a, in multiples of 4 columns (the vector
     // path's pass), so a K = 4,096 weight streams 4 columns (32 KB of fp16) per warp.
@@ -341,9 +347,10 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   } else {
     const int64_t tw = mm_cols(variant);
     const int64_t ntile = (N + tw - 1) / tw;
-    const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items);
+    const uint32_t warps = cfg_.threads_per_block / 32;
+    const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items, warps);
     const uint32_t group = ksplit == 1 && variant == kMmMma ? matmul_group(ntile, cfg_.mm_items) : 1u;
-    const bool local = cfg_.local_combine && matmul_local(ksplit, M, variant, cfg_.threads_per_block / 32);
+    const bool local = cfg_.local_combine && matmul_local(ksplit, M, variant, warps);
     proto.reserved = variant | ksplit << 8 | group << 16 | (local ? kMmLocal : 0u);
     append_tiles(proto, (uint64_t)((ntile + group - 1) / group * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);
   }

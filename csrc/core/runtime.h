@@ -67,9 +67,11 @@ struct Config {
 // gpuos_ext._testing.attention_split).
 uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows,
                          uint32_t max_split = kAttnMaxSplit);
-// K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol) with M rows, aiming
-// at about `items` items, for a ring of `capacity` slots (core/record.cpp; gpuos_ext._testing.matmul_split).
-uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items);
+// K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol / kMmNcol1) with M
+// rows, aiming at about `items` items, for a ring of `capacity` slots and blocks of `warps` warps (core/record.cpp;
+// gpuos_ext._testing.matmul_split).
+uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items,
+                      uint32_t warps);
 // Whether such a product's tiles may be summed in shared memory (kMmLocal) by a block of `warps` warps
 // (core/record.cpp; gpuos_ext._testing.matmul_local).
 bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps);

@@ -57,8 +57,8 @@ void add_testing_module(py::module_& m) {
         py::arg("min_rows") = Config{}.attn_min_rows, py::arg("max_split") = kAttnMaxSplit,
         "KV splits Runtime::record_attention gives a decode attention of `tiles` row-group tiles.");
   t.def("matmul_split", &matmul_split, py::arg("ntile"), py::arg("K"), py::arg("M"), py::arg("variant"),
-        py::arg("capacity"), py::arg("items") = Config{}.mm_items,
-        "K slices Runtime::record_matmul gives a worker matmul (variant 1: mma, 2: ncol).");
+        py::arg("capacity"), py::arg("items") = Config{}.mm_items, py::arg("warps") = 8,
+        "K slices Runtime::record_matmul gives a worker matmul (variant 1: mma, 2: ncol, 3: ncol1).");
   t.def("matmul_local", &matmul_local, py::arg("ksplit"), py::arg("M"), py::arg("variant"), py::arg("warps") = 8,
         "Whether Runtime::record_matmul lets a split worker matmul's tiles be summed in shared memory.");
   t.def("matmul_group", &matmul_group, py::arg("ntile"), py::arg("items") = Config{}.mm_items,
