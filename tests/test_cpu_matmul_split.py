@@ -72,6 +72,16 @@ def test_matmul_group(ntile, items, want):
     assert gpuos_ext._testing.matmul_group(ntile, items) == want
 
 
+@pytest.mark.parametrize("ntile,grid_warps,want", [
+    (3142, 1056, 3),      # GPT-2's LM head on an H200's 132 blocks x 8 warps: 1,048 items, one per warp
+    (2000, 1056, 2),      # Llama-small's: 1,000 items either way
+    (3142, 864, 4),       # a grid of fewer warps than `items`: `items` rules
+    (1040, 1056, 1),      # more tiles than items but not than warps: one tile per item
+])
+def test_matmul_group_covers_the_grid_warps(ntile, grid_warps, want):
+    assert gpuos_ext._testing.matmul_group(ntile, 1024, grid_warps) == want
+
+
 @pytest.mark.parametrize("ksplit,M,variant,warps,want", [
     (4, 1, MMA, 8, True),      # 4,096 x 4,096 at M = 1: 4 slices of a 16-column tile, 16 floats each
     (4, 16, MMA, 8, True),     # 16 rows: 256 floats, within a 268-float slot

@@ -306,10 +306,13 @@ bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps) 
 }
 
 // Column tiles per item of an unsplit tensor-core product: about `items` items (more tiles than that: an LM
-// head), at most kMmMaxGroup tiles each.
-uint32_t matmul_group(int64_t ntile, uint32_t items) {
+// head), at most kMmMaxGroup tiles each -- or, where the worker's grid has more warps than `items`, one item per
+// warp of the grid (`grid_warps`): GPT-2's 3,142 tiles at 1,024 items were 786 items of 4 tiles, 99 claims of 8
+// for 132 blocks; at the H200's 1,056 warps they are 1,048 of 3.
+uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps) {
   if (items <= 1 || ntile <= (int64_t)items) return 1;
-  return (uint32_t)std::min<int64_t>(kMmMaxGroup, (ntile + items - 1) / items);
+  const int64_t cover = std::max<int64_t>(items, grid_warps);
+  return (uint32_t)std::min<int64_t>(kMmMaxGroup, (ntile + cover - 1) / cover);
 }
 
 void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
@@ -349,7 +352,8 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const int64_t ntile = (N + tw - 1) / tw;
     const uint32_t warps = cfg_.threads_per_block / 32;
     const uint32_t ksplit = matmul_split(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items, warps);
-    const uint32_t group = ksplit == 1 && variant == kMmMma ? matmul_group(ntile, cfg_.mm_items) : 1u;
+    const uint32_t group =
+        ksplit == 1 && variant == kMmMma ? matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps) : 1u;
     const bool local = cfg_.local_combine && matmul_local(ksplit, M, variant, warps);
     proto.reserved = variant | ksplit << 8 | group << 16 | (local ? kMmLocal : 0u);
     append_tiles(proto, (uint64_t)((ntile + group - 1) / group * ksplit), 1, refs, bias ? 4 : 3, out, ins, 3);

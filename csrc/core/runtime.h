@@ -75,8 +75,9 @@ uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uin
 // Whether such a product's tiles may be summed in shared memory (kMmLocal) by a block of `warps` warps
 // (core/record.cpp; gpuos_ext._testing.matmul_local).
 bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps);
-// Column tiles per item of an unsplit tensor-core product of `ntile` tiles (gpuos_ext._testing.matmul_group).
-uint32_t matmul_group(int64_t ntile, uint32_t items);
+// Column tiles per item of an unsplit tensor-core product of `ntile` tiles, for a worker grid of `grid_warps` warps
+// (gpuos_ext._testing.matmul_group).
+uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
 // less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);

@@ -62,6 +62,7 @@ void add_testing_module(py::module_& m) {
   t.def("matmul_local", &matmul_local, py::arg("ksplit"), py::arg("M"), py::arg("variant"), py::arg("warps") = 8,
         "Whether Runtime::record_matmul lets a split worker matmul's tiles be summed in shared memory.");
   t.def("matmul_group", &matmul_group, py::arg("ntile"), py::arg("items") = Config{}.mm_items,
+        py::arg("grid_warps") = 0,
         "Column tiles per item of an unsplit tensor-core worker matmul.");
   t.def("ref_offsets", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t e0) {
         if (sizes.size() != strides.size() || sizes.size() > kMaxDims)
