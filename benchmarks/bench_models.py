@@ -301,13 +301,15 @@ def setup_program(case: H.Case) -> H.Prepared:
             return step_logits(d.model, tok, cache, pos, d.cache_kw)
     prog, capture_ms = H.capture_program(gpuos, step, (toks[0], d.positions[0]), torch.cuda.synchronize)
     info = prog.info()
+    settle_ms = H.settle_program(lambda: prog(toks[0], d.positions[0]), torch.cuda.synchronize)
 
     def fn():
         rewind_static(cache)
         res = [prog(toks[i], d.positions[i]) for i in range(d.steps)]
         logits = torch.cat(res)
         return logits.argmax(-1), logits
-    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3), "subops_per_step": info["entries"],
+    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3), "settle_ms": H.rnd(settle_ms, 1),
+                                 "subops_per_step": info["entries"],
                                  "tiles_per_step": info["tiles"],
                                  "segments_per_step": info["segments"], "levels_per_step": sum(info["levels"]),
                                  "eager_ops_per_step": dict(collections.Counter(info["fallbacks"])),
