@@ -281,9 +281,10 @@ def scheduler_setup(ctx: H.RunContext, worker_mm: bool = False, worker_attn: boo
     return setup
 
 
-def setup_program(case: H.Case) -> H.Prepared:
+def setup_program(case: H.Case, settle: bool = True) -> H.Prepared:
     """gpuos_program: one static-cache step captured with gpuos.capture (worker matmul and attention on while
-    capturing), replayed per token with that token and position bound by pointer (no copies)."""
+    capturing), replayed per token with that token and position bound by pointer (no copies); settled (tier 2 in,
+    H.settle_program) unless `settle` is False (tools/program_probe.py times both)."""
     import collections
 
     import torch
@@ -301,7 +302,7 @@ def setup_program(case: H.Case) -> H.Prepared:
             return step_logits(d.model, tok, cache, pos, d.cache_kw)
     prog, capture_ms = H.capture_program(gpuos, step, (toks[0], d.positions[0]), torch.cuda.synchronize)
     info = prog.info()
-    settle_ms = H.settle_program(lambda: prog(toks[0], d.positions[0]), torch.cuda.synchronize)
+    settle_ms = H.settle_program(lambda: prog(toks[0], d.positions[0]), torch.cuda.synchronize) if settle else None
 
     def fn():
         rewind_static(cache)

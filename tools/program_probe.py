@@ -249,7 +249,7 @@ def hf_probe():
                 gpuos.set_row_fusion(rows)
             elif not rows:
                 continue
-            prep = B.setup_program(case)
+            prep = B.setup_program(case, settle=False)  # timed before and after tier 2
             toks, _ = prep.fn()
             ok = bool(torch.equal(toks, case.ref[0]))
             t = gpu_us(prep.fn, reps=10) / 1e3 / 8
