@@ -33,12 +33,30 @@ struct MmArgs {
   i64 as0, as1, bs0, bs1, os0, os1, cs0, cs1;  // element strides (a, b, out, bias)
   u32 dta, dtb, dto, dtc;
   float alpha, beta;
+  const Program* epi;  // kFlagMmEpilogue: the program every output value goes through (nullptr: none)
 };
+static_assert(kMaxPrograms - 1 <= kMmEpiMask, "an epilogue's program id fits its descriptor bits");
 
-// The epilogue: out[m, n] = alpha * acc (+ beta * bias[m, n], its value already loaded: `bias`).
+// An output value through the epilogue program: the product rounded to out's dtype first (eager stores it, and
+// the chain reads it back), the program's intermediates rounded as it says. Out of line: the interpreter's
+// registers stay out of the item functions that call mm_put (ptxas sm_90: their spill loads grow by 4-48 bytes,
+// mm_ncol's the most, 196 -> 244).
+__device__ __noinline__ float mm_epi(const Program* p, float v, u32 dt) {
+  float r[kProgMaxRegs][1];
+#pragma unroll
+  for (u32 k = 0; k < kProgMaxRegs; ++k) r[k][0] = 0.0f;
+  r[0][0] = dt == kF16 ? f16_to_f32(f32_to_f16(v)) : dt == kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  float out[1];
+  run_program_v<1>(*p, r, out);
+  return out[0];
+}
+
+// The epilogue: out[m, n] = alpha * acc (+ beta * bias[m, n], its value already loaded: `bias`), through the
+// epilogue program when there is one.
 __device__ __forceinline__ void mm_put(const MmArgs& g, i64 m, i64 n, float acc, float bias) {
   float v = g.alpha * acc;
   if (g.bias) v += g.beta * bias;
+  if (g.epi) v = mm_epi(g.epi, v, g.dto);
   store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
 }
 __device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
@@ -388,8 +406,8 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
 }
 
 // The product's arguments from its descriptor and TensorRefs: [0] out (M x N), [1] a (M x K), [2] b (K x N),
-// [3] bias (M x N view; absent when in[2] is a constant).
-__device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs) {
+// [3] bias (M x N view; absent when in[2] is a constant); progs: the device program table (an epilogue's).
+__device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs, const Program* progs) {
   MmArgs g;
   const TensorRef &ro = refs[0], &ra = refs[1], &rb = refs[2];
   g.out = (char*)ro.ptr;
@@ -407,6 +425,7 @@ __device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs)
   g.dto = d.dtype & 0xffu, g.dta = (d.dtype >> 8) & 0xffu, g.dtb = (d.dtype >> 16) & 0xffu;
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
+  g.epi = (d.flags & kFlagMmEpilogue) ? progs + ((d.flags >> kMmEpiShift) & kMmEpiMask) : nullptr;
   return g;
 }
 __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
@@ -417,8 +436,9 @@ __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
 // The local path's sum (run_claim's finish phase): the warp that ran slice 0 of a tile -- its TensorRefs still in
 // its slots -- adds the tile's ksplit partials, which the claim's consecutive descriptors left in shared memory
 // (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs.
-__device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, const float* part) {
-  const MmArgs g = mm_args(d, refs);
+__device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, const float* part,
+                                              const Program* progs) {
+  const MmArgs g = mm_args(d, refs, progs);
   const u32 ksplit = mm_ksplit(d), tw = mm_cols(d.reserved & 0xffu);
   const i64 n0 = (i64)(d.base / ksplit) * tw;
   mm_epilogue(g, tw, n0, lane, [&](u32 e) {
@@ -428,13 +448,14 @@ __device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* r
   }, [](u32) {});
 }
 
-// refs: as mm_args. ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch / capacity;
+// refs, progs: as mm_args. ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch /
+// capacity;
 // note: the claim's place and this descriptor's shared-memory slot (the local path leaves head = 1 on slice 0 of
 // a tile the claim holds whole); tb: the trace (nullptr: off), where each mma / ncol item records its own and its
 // split finish's duration.
-__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
-                                       u32 capacity, FinishNote* note, TraceBuf* tb) {
-  const MmArgs g = mm_args(d, refs);
+__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, const Program* progs, u32 lane, u32 ri,
+                                       float* scratch, u32 capacity, FinishNote* note, TraceBuf* tb) {
+  const MmArgs g = mm_args(d, refs, progs);
   const u32 variant = d.reserved & 0xffu, ksplit = mm_ksplit(d);
   const u32 group = (d.reserved >> 16) & 0x7fffu ? (d.reserved >> 16) & 0x7fffu : 1u;
   if (variant == kMmMma && group > 1) {  // an unsplit item of `group` column tiles: tiles d.base * group, ...

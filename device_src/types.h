@@ -62,6 +62,12 @@ constexpr u32 kFlagStrided = 1u;  // ptr fields point at TensorRefs (device-visi
 constexpr u32 kFlagVec = 2u;      // contiguous, tensors of the out dtype (constants allowed), 16-byte aligned
 constexpr u32 kFlagFused = 4u;   // op == kOpFused: `out` points at a FusedArgs (device-visible), in[0] = program id
 constexpr u32 kFlagConst0 = 1u << 8;  // in[k] holds an fp32 constant (bits in the low word): kFlagConst0 << k
+// op mm: every output value goes through an elementwise program of one input (interp.h; the program table's entry
+// (flags >> kMmEpiShift) & kMmEpiMask) before it is stored -- an activation chain folded into its matmul
+// (sched/lower.cpp): out = prog(round(alpha * a @ b + beta * bias)), rounded to out's dtype as eager rounds the
+// product before the chain reads it.
+constexpr u32 kFlagMmEpilogue = 1u << 12;
+constexpr u32 kMmEpiShift = 16, kMmEpiMask = 0x3ffu;
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
 // index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).

@@ -249,7 +249,8 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else if constexpr (kind == kKindMatmul) matmul_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
+    else if constexpr (kind == kKindMatmul)                                                             \
+      matmul_op(d, refs, progs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
     else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     break;
@@ -354,7 +355,8 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
     if (ltodo & (1u << warp)) {
       const u32 ri = (u32)((first + warp) % args.capacity);
       const u64 tf = tb ? globaltimer() : 0;
-      if (op_kind(sdesc[warp].op) == kKindMatmul) mm_local_combine(sdesc[warp], wrefs, lane, &fin->local_part[warp][0]);
+      if (op_kind(sdesc[warp].op) == kKindMatmul)
+        mm_local_combine(sdesc[warp], wrefs, lane, &fin->local_part[warp][0], (const Program*)args.progs);
       else attn_local_combine(sdesc[warp], wrefs, lane, ri, args.capacity, &fin->local_part[warp][0]);
       if (tb && lane == 0) trace_finish(tb, fin->note[warp].tslot, tf, globaltimer());
     }

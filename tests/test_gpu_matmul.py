@@ -269,6 +269,105 @@ def test_linear_chain_under_the_scheduler_runs_in_the_worker(rt, worker_matmul, 
     torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol)
 
 
+def _new_gelu(x):  # GPT-2's NewGELUActivation, op by op as HF writes it
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _conv1d(x, w, b):  # GPT-2's Conv1D: addmm of the bias, a row-major K x N weight, read back through a view
+    return torch.addmm(b, x.view(-1, x.size(-1)), w).view(*x.shape[:-1], w.size(1))
+
+
+ACTS = {
+    "new_gelu_conv1d": (lambda x, w, b: _new_gelu(_conv1d(x, w.t().contiguous(), b))),
+    "gelu_tanh_linear": (lambda x, w, b: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b),
+                                                                  approximate="tanh")),
+    "relu_linear": (lambda x, w, b: torch.relu(torch.nn.functional.linear(x, w))),
+    "silu_scale_linear": (lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.linear(x, w, b)) * 0.5 + 1.0),
+}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("rows", [1, 4])
+def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act, rows):
+    """An elementwise chain whose only tensor input is a matmul's result (nothing else reads the product) runs as
+    the matmul's epilogue program (sched/lower.cpp, kFlagMmEpilogue): counted in act_epilogues, same values as
+    eager and as the two-level lowering (set_mm_epilogue(False)), every path -- mma (linear), ncol1 / ncol
+    (GPT-2's Conv1D weight at M = 1 / 4), per-warp tiles (fp32)."""
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(rows + len(act))
+    x = torch.randn(1, rows, 256, generator=g, device=DEV).to(dt)
+    w = (torch.randn(768, 256, generator=g, device=DEV) / 16).to(dt)
+    b = torch.randn(768, generator=g, device=DEV).to(dt)
+    fn = ACTS[act]
+    ref = fn(x, w, b)
+    got = {}
+    for on in (True, False):
+        gpuos_ext._testing.set_mm_epilogue(on)
+        try:
+            before = gpuos.stats()["act_epilogues"]
+            with torch.no_grad(), gpuos.scheduler_context():
+                y = fn(x, w, b)
+            got[on] = (y, gpuos.stats()["act_epilogues"] - before)
+        finally:
+            gpuos_ext._testing.set_mm_epilogue(True)
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
+    for on, (y, folded) in got.items():
+        torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
+    assert got[True][1] == 1 and got[False][1] == 0, {k: v[1] for k, v in got.items()}
+    # the chain's own rounding is kept: within one rounding of the two-level lowering (same product, same program;
+    # only the compiler's contraction of a functor may differ between the two copies of the interpreter)
+    a, b2 = got[True][0].float(), got[False][0].float()
+    eps = EPS[dt] * 2
+    assert (a - b2).abs().max().item() <= eps * b2.abs().max().item() + 1e-6, (a - b2).abs().max().item()
+
+
+def test_a_product_read_elsewhere_keeps_its_own_level(rt, worker_matmul):
+    """The product is also returned (Python sees it): no epilogue; both values as eager."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    x = torch.randn(1, 256, generator=g, device=DEV).half()
+    w = (torch.randn(512, 256, generator=g, device=DEV) / 16).half()
+
+    def fn(x):
+        h = torch.nn.functional.linear(x, w)
+        return h, torch.relu(h) * 2.0
+
+    ref = fn(x)
+    before = gpuos.stats()["act_epilogues"]
+    with torch.no_grad(), gpuos.scheduler_context():
+        got = fn(x)
+    assert gpuos.stats()["act_epilogues"] == before
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_captured_mlp_has_one_level_less_with_the_epilogue(rt, worker_matmul):
+    """A captured GPT-2 MLP (Conv1D, NewGELU, Conv1D): the activation is not a level of its own; replays equal
+    eager, with new inputs."""
+    g = torch.Generator(device=DEV).manual_seed(12)
+    w1 = (torch.randn(256, 1024, generator=g, device=DEV) / 16).half()
+    b1 = torch.randn(1024, generator=g, device=DEV).half()
+    w2 = (torch.randn(1024, 256, generator=g, device=DEV) / 32).half()
+    b2 = torch.randn(256, generator=g, device=DEV).half()
+
+    def mlp(x):
+        return _conv1d(_new_gelu(_conv1d(x, w1, b1)), w2, b2)
+
+    levels = {}
+    for on in (False, True):
+        gpuos_ext._testing.set_mm_epilogue(on)
+        try:
+            x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
+            prog = gpuos.capture(mlp, x)
+            levels[on] = sum(prog.info()["levels"])
+            for _ in range(2):
+                x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
+                torch.testing.assert_close(prog(x), mlp(x), rtol=2e-2, atol=2e-2)
+        finally:
+            gpuos_ext._testing.set_mm_epilogue(True)
+    assert levels[True] == levels[False] - 1, levels
+
+
 def test_more_rows_than_the_worker_takes_stay_with_cublas(rt, worker_matmul):
     a, w = torch.randn(65, 128, device=DEV), torch.randn(64, 128, device=DEV)
     before = gpuos.stats()["fallbacks"].get("matmul_rows", 0)

@@ -317,7 +317,7 @@ uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps) {
 
 void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                             const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
-                            int64_t M, int64_t N, int64_t K, float alpha, float beta) {
+                            int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue) {
   if (M <= 0 || N <= 0) return;
   if (N >= (int64_t(1) << 32))
     throw std::invalid_argument("gpuos.submit_matmul: " + std::to_string(N) + " output columns (2^32 or more) are "
@@ -325,6 +325,11 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   SubOp proto{};
   proto.op = kOp_mm;
   proto.flags = kFlagStrided | (bias ? 0u : (kFlagConst0 << 2));
+  if (epilogue >= 0) {  // an activation chain's program (sched/lower.cpp): every output value goes through it
+    if ((uint32_t)epilogue > kMmEpiMask)
+      throw std::logic_error("gpuos internal error: epilogue program id " + std::to_string(epilogue) + " out of range");
+    proto.flags |= kFlagMmEpilogue | (uint32_t)epilogue << kMmEpiShift;
+  }
   proto.dtype = out.dtype | (a.dtype << 8) | (b.dtype << 16) | ((bias ? bias->dtype : out.dtype) << 24);
   proto.scalar[0] = alpha;
   proto.scalar[1] = beta;

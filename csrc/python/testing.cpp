@@ -98,6 +98,10 @@ void add_testing_module(py::module_& m) {
         "Gated standby launches leave at their first idle poll when nothing is left to run (default) or after the "
         "32 polls between an idle worker's exit checks (the behaviour before; A/B measurements).");
   t.def("standby_first_look", &standby_first_look);
+  t.def("set_mm_epilogue", [](bool on) { g_mm_epilogue = on; }, py::arg("on"),
+        "Elementwise chains whose only tensor input is a matmul's result run as its epilogue program (default) or "
+        "as a level of their own (sched/lower.cpp; A/B and tests).");
+  t.def("mm_epilogue", [] { return g_mm_epilogue; });
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused and attention entries over 6 storages, some of which move: the
         // image path (stage_image, image_patches, aim_ref_fields) against entry-by-entry staging (relocate, then

@@ -1,5 +1,6 @@
 // csrc/sched/lower.cpp -- lowering of the deferred ops at a flush: fusion analysis (which producers fold into
 // their single consumer), interpreter programs for fused chains, and the recording of every unit.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -89,19 +90,21 @@ bool fused_rule(const at::Tensor& t, at::IntArrayRef shape, FusedOperand& r) {
   return true;
 }
 
-// Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
-// (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
-bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
+// The expression of op r and the producers fused into it: `nodes` (inputs numbered 0 .. leaves - 1, node k is
+// value leaves + k), its tensor `leaves` (one per distinct view), the value it returns, and whether a row
+// reduction is inside. False if it cannot be expressed (a reduction over another shape, too many inputs).
+bool group_nodes(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r,
+                 std::vector<ExprNode>& nodes, std::vector<const at::Tensor*>& leaves, uint32_t& outv, bool& rows) {
   const DeferredOp& root = ops[r];
-  std::vector<ExprNode> nodes;
-  std::vector<const at::Tensor*> leaves;
+  nodes.clear();
+  leaves.clear();
   nodes.reserve(2 * kProgMaxInstr);
   leaves.reserve(kProgMaxInputs + 1);
   std::function<uint32_t(int)> visit;  // returns the value index (inputs numbered later: fix-up below)
   // Values: leaves first get provisional ids (1 << 20) + leaf index; nodes get their node index. An op that
   // several members read (the merge pass of lower_deferred) is one node.
   std::unordered_map<int, uint32_t> seen;
-  bool rows = false;
+  rows = false;
   visit = [&](int i) -> uint32_t {
     if (auto it = seen.find(i); it != seen.end()) return it->second;
     const DeferredOp& o = ops[i];
@@ -142,7 +145,6 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
     nodes.push_back(n);
     return seen[i] = (uint32_t)(nodes.size() - 1);
   };
-  uint32_t outv;
   try {
     outv = visit(r);
   } catch (const std::invalid_argument&) {
@@ -152,6 +154,19 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   if (nin < 1 || nin > kProgMaxInputs) return false;
   for (auto& n : nodes)
     for (uint32_t k = 0; k < n.nsrc; ++k) n.src[k] = n.src[k] >= (1u << 20) ? n.src[k] - (1u << 20) : n.src[k] + nin;
+  return true;
+}
+
+// Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
+// (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
+bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
+  const DeferredOp& root = ops[r];
+  std::vector<ExprNode> nodes;
+  std::vector<const at::Tensor*> leaves;
+  uint32_t outv = 0;
+  bool rows = false;
+  if (!group_nodes(ops, child, r, nodes, leaves, outv, rows)) return false;
+  const uint32_t nin = (uint32_t)leaves.size();
   FusedArgs fa;
   std::memset((void*)&fa, 0, sizeof fa);
   const at::IntArrayRef shape = root.out.sizes();
@@ -182,6 +197,88 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   fa.prog = (uint32_t)pid;
   fa.ninputs = nin;
   rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel(), rows ? shape.back() : 0);
+  return true;
+}
+
+// Activation epilogues (g_mm_epilogue). Group j -- elementwise ops, no row reduction -- whose only tensor input is
+// the whole result of an earlier 2-D matmul (through its view: F.linear's mm read back through _unsafe_view,
+// GPT-2's addmm through view) that nothing else reads, of the group's shape and dtype, with a contiguous output
+// that does not overlap the matmul's operands, and nothing between them writing those: the matmul can run at j,
+// every output value through the group's program, writing the group's output -- one level instead of two (GPT-2's
+// NewGELU after c_fc, an MLP's activation). `mm`: the latest matmul before j by output storage. Returns the
+// matmul's index, or -1.
+int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child,
+                    const std::unordered_map<const void*, int>& mm, int j) {
+  const DeferredOp& root = ops[j];
+  if (!root.out.defined() || !root.out.is_contiguous()) return -1;
+  const at::Tensor* leaf = nullptr;
+  long refs = 0;  // the group's references to the leaf's TensorImpl
+  std::vector<int> stack(1, j), seen;  // (a producer several members read is one member)
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (std::find(seen.begin(), seen.end(), x) != seen.end()) continue;
+    seen.push_back(x);
+    const DeferredOp& o = ops[x];
+    if (!o.elementwise() || o.op >= kNumOps || op_switched(o.op)) return -1;
+    for (uint32_t k = 0; k < o.nin; ++k) {
+      if (child[x][k] >= 0) {
+        stack.push_back(child[x][k]);
+      } else if (o.in[k].defined()) {
+        if (leaf && o.in[k].unsafeGetTensorImpl() != leaf->unsafeGetTensorImpl()) return -1;
+        leaf = &o.in[k];
+        ++refs;
+      }
+    }
+  }
+  if (!leaf) return -1;
+  const auto it = mm.find(storage_of(*leaf));
+  if (it == mm.end()) return -1;
+  const int i = it->second;
+  const DeferredOp& p = ops[i];
+  if (!is_matmul_result(p, *leaf) || p.in[0].dim() != 2 || !p.fresh || leaf->sizes() != root.out.sizes() ||
+      root.out.scalar_type() != p.out.scalar_type())
+    return -1;
+  // Only the group reads the product: its storage is held by the matmul's output and the group's view of it (and
+  // the view's _base, a reference Python cannot use), or the group reads the output itself.
+  if (leaf->unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl()) {
+    if (p.out.storage().use_count() != 1 || !dead_to_python(p.out, 1 + refs)) return -1;
+  } else {
+    const long base_ref =
+        leaf->is_view() && leaf->_base().unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl() ? 1 : 0;
+    if (p.out.storage().use_count() != 2 || !dead_to_python(p.out, 1 + base_ref) || !dead_to_python(*leaf, refs))
+      return -1;
+  }
+  // The product moves from i to j: nothing in between may write its operands or its output, and the group's
+  // output (written while the items read the operands) must not overlap them.
+  for (uint32_t k = 0; k < 3; ++k)
+    if (p.in[k].defined() && (written_between(ops, (size_t)i + 1, (size_t)j, p.in[k]) ||
+                              partially_overlaps(root.out, p.in[k], false)))
+      return -1;
+  if (written_between(ops, (size_t)i + 1, (size_t)j, p.out)) return -1;
+  return i;
+}
+
+// Matmul i at group j's place, every output value through the group's program, writing the group's output
+// (epilogue_source found them); false if the group is not one program of one input (then both go as before).
+bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
+                   const std::vector<std::array<int, kDeferredMaxIn>>& child, int i, int j) {
+  std::vector<ExprNode> nodes;
+  std::vector<const at::Tensor*> leaves;
+  uint32_t outv = 0;
+  bool rows = false;
+  if (!group_nodes(ops, child, j, nodes, leaves, outv, rows) || rows || leaves.size() != 1) return false;
+  Program prog;
+  try {
+    prog = build_program(1, nodes, 1 + outv);
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  const int32_t pid = rt.program_id(prog);
+  if (pid < 0) return false;
+  const DeferredOp& p = ops[i];
+  const at::Tensor& out = ops[j].out;
+  record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out.view({p.out.size(0), p.out.size(1)}), p.s0, p.s1, pid);
   return true;
 }
 
@@ -432,32 +529,58 @@ void lower_deferred(int dev, Runtime& rt) {
     D.touched.clear();
   };
   std::vector<char> emitted(n, 0);  // emit_unfused: ops of a group already emitted one by one
+  // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j).
+  std::vector<int> epi_src(n, -1);
+  std::vector<char> moved(n, 0);
+  if (g_fusion && g_mm_epilogue) {
+    std::unordered_map<const void*, int> mm;  // output storage -> the latest matmul writing it
+    for (int q = 0; q < n; ++q) {
+      if (dropped[q] || fused_away[q]) continue;
+      if (ops[q].matmul) {
+        if (ops[q].in[0].dim() == 2) mm[storage_of(ops[q].out)] = q;
+        continue;
+      }
+      const int i = epilogue_source(ops, child, mm, q);
+      if (i >= 0) epi_src[q] = i, moved[i] = 1, mm.erase(storage_of(ops[i].out));
+    }
+  }
+  // Elide group j's members (not j itself, whose output is written) and count the group.
+  const auto count_group = [&](int j) {
+    int members = 0;
+    bool row = false;
+    std::function<void(int)> count = [&](int i) {
+      if (i != j && elided[i]) return;  // a shared producer: counted once
+      ++members;
+      row |= ops[i].reduce;
+      elided[i] = i != j;
+      for (int c : child[i]) if (c >= 0) count(c);
+    };
+    count(j);
+    g_sched.fused_groups++;
+    g_sched.fused_ops += members;
+    g_sched.row_groups += row ? 1 : 0;
+  };
   int j = 0;
   try {
     for (; j < n; ++j) {
-      if (fused_away[j]) continue;
+      if (fused_away[j] || moved[j]) continue;
+      if (epi_src[j] >= 0) {
+        const int i = epi_src[j];
+        if (emit_epilogue(rt, ops, child, i, j)) {
+          if (child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0 || child[j][3] >= 0) count_group(j);
+          elided[i] = 1;  // the product's own buffer is never written
+          g_sched.act_epilogues++;
+          continue;
+        }
+        emit_matmul(rt, ops[i]);  // not one program after all: the product here (nothing between wrote its
+      }                           // operands), then the group as it would have gone
       const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0 || child[j][3] >= 0;
       if (!has_child) {
         emit_plain(rt, ops[j]);
         continue;
       }
-      if (emit_fused(rt, ops, child, j)) {
-        int members = 0;
-        bool row = false;
-        std::function<void(int)> count = [&](int i) {
-          if (i != j && elided[i]) return;  // a shared producer: counted once
-          ++members;
-          row |= ops[i].reduce;
-          elided[i] = i != j;
-          for (int c : child[i]) if (c >= 0) count(c);
-        };
-        count(j);
-        g_sched.fused_groups++;
-        g_sched.fused_ops += members;
-        g_sched.row_groups += row ? 1 : 0;
-      } else {
-        emit_unfused(rt, ops, child, j, emitted);
-      }
+      if (emit_fused(rt, ops, child, j)) count_group(j);
+      else emit_unfused(rt, ops, child, j, emitted);
     }
   } catch (...) {
     release();  // the sub-ops staged before the failing unit are published by the next flush

@@ -17,7 +17,8 @@ bool unobservable(const DeferredOp& o) {
          dead_to_python(o.out, 1);
 }
 
-// Does an op of ops[from, to) write the storage of `t`?
+}  // namespace
+
 bool written_between(const std::vector<DeferredOp>& ops, size_t from, size_t to, const at::Tensor& t) {
   if (!t.defined()) return false;
   const void* s = storage_of(t);
@@ -29,13 +30,13 @@ bool written_between(const std::vector<DeferredOp>& ops, size_t from, size_t to,
   return false;
 }
 
-// `t` is exactly the output of matmul ops[i] seen through a view (same storage, start and element count;
-// both contiguous): the aten::mm that F.linear lowers to, read back through its _unsafe_view.
 bool is_matmul_result(const DeferredOp& p, const at::Tensor& t) {
   return p.matmul && p.out.dim() == 2 && t.defined() && storage_of(t) == storage_of(p.out) &&
          t.data_ptr() == p.out.data_ptr() && t.numel() == p.out.numel() && t.is_contiguous() &&
          p.out.is_contiguous() && t.scalar_type() == p.out.scalar_type();
 }
+
+namespace {
 
 // out = x + s0 * y (aten::add) where one of x, y is the result of an earlier matmul that nothing else reads, and
 // the other has the output's shape: the matmul takes it as its bias (out = alpha * a @ b + beta * bias) and writes

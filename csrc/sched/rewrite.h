@@ -14,6 +14,12 @@
 
 namespace gpuos {
 
+// Does an op of ops[from, to) write the storage of `t`?
+bool written_between(const std::vector<DeferredOp>& ops, size_t from, size_t to, const at::Tensor& t);
+// `t` is exactly the output of matmul op p seen through a view (same storage, start and element count; both
+// contiguous): the aten::mm that F.linear lowers to, read back through its _unsafe_view.
+bool is_matmul_result(const DeferredOp& p, const at::Tensor& t);
+
 // Applies the rewrites in place (called by lower_deferred with fusion on, Runtime::mu held). Returns, per op,
 // 1 if it is not to be emitted (its tensors stay in the op until the queue is released). Counts into st.
 std::vector<char> rewrite_deferred(std::vector<DeferredOp>& ops, SchedStats& st);
