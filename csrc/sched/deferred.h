@@ -82,7 +82,7 @@ extern SchedStats g_sched;
 extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
 extern bool g_row_fusion;  // row programs and shared producers in groups (gpuos.set_row_fusion; needs g_fusion)
 // Activation chains after a matmul run as its epilogue program (sched/lower.cpp; gpuos_ext._testing.set_mm_epilogue,
-// needs g_fusion).
+// needs g_fusion; GPUOS_MM_EPILOGUE=0 turns it off for the process).
 extern bool g_mm_epilogue;
 // aten::mm / addmm with at most kWorkerMatmulMaxRows activation rows run as worker tasks (gpuos.set_worker_matmul;
 // off by default, GPUOS_WORKER_MATMUL=1 turns it on: read on first use, config/config.h).

@@ -6,6 +6,7 @@
 #include <functional>
 #include <unordered_map>
 
+#include "config/config.h"
 #include "inject/registry.h"
 #include "inject/specialize.h"
 #include "ops/op_table.h"
@@ -532,7 +533,7 @@ void lower_deferred(int dev, Runtime& rt) {
   // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j).
   std::vector<int> epi_src(n, -1);
   std::vector<char> moved(n, 0);
-  if (g_fusion && g_mm_epilogue) {
+  if (g_fusion && g_mm_epilogue && env_config().mm_epilogue) {
     std::unordered_map<const void*, int> mm;  // output storage -> the latest matmul writing it
     for (int q = 0; q < n; ++q) {
       if (dropped[q] || fused_away[q]) continue;
