@@ -34,6 +34,7 @@ struct MmArgs {
   u32 dta, dtb, dto, dtc;
   float alpha, beta;
   const Program* epi;  // kFlagMmEpilogue: the program every output value goes through (nullptr: none)
+  u32 epi_id;          // its id (tier 2's code for it)
 };
 static_assert(kMaxPrograms - 1 <= kMmEpiMask, "an epilogue's program id fits its descriptor bits");
 
@@ -41,11 +42,17 @@ static_assert(kMaxPrograms - 1 <= kMmEpiMask, "an epilogue's program id fits its
 // the chain reads it back), the program's intermediates rounded as it says. Out of line: the interpreter's
 // registers stay out of the item functions that call mm_put (ptxas sm_90: their spill loads grow by 4-48 bytes,
 // mm_ncol's the most, 196 -> 244).
-__device__ __noinline__ float mm_epi(const Program* p, float v, u32 dt) {
+// Tier 2 first (worker.cu epi_spec: the program's straight-line code in this generation), the interpreter when the
+// generation has none yet.
+__device__ bool epi_spec(u32 prog, float x, float* y);
+__device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v, u32 dt) {
+  v = dt == kF16 ? f16_to_f32(f32_to_f16(v)) : dt == kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  float y;
+  if (epi_spec(prog, v, &y)) return y;
   float r[kProgMaxRegs][1];
 #pragma unroll
   for (u32 k = 0; k < kProgMaxRegs; ++k) r[k][0] = 0.0f;
-  r[0][0] = dt == kF16 ? f16_to_f32(f32_to_f16(v)) : dt == kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  r[0][0] = v;
   float out[1];
   run_program_v<1>(*p, r, out);
   return out[0];
@@ -56,7 +63,7 @@ __device__ __noinline__ float mm_epi(const Program* p, float v, u32 dt) {
 __device__ __forceinline__ void mm_put(const MmArgs& g, i64 m, i64 n, float acc, float bias) {
   float v = g.alpha * acc;
   if (g.bias) v += g.beta * bias;
-  if (g.epi) v = mm_epi(g.epi, v, g.dto);
+  if (g.epi) v = mm_epi(g.epi, g.epi_id, v, g.dto);
   store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
 }
 __device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
@@ -425,7 +432,8 @@ __device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs,
   g.dto = d.dtype & 0xffu, g.dta = (d.dtype >> 8) & 0xffu, g.dtb = (d.dtype >> 16) & 0xffu;
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
-  g.epi = (d.flags & kFlagMmEpilogue) ? progs + ((d.flags >> kMmEpiShift) & kMmEpiMask) : nullptr;
+  g.epi_id = (d.flags >> kMmEpiShift) & kMmEpiMask;
+  g.epi = (d.flags & kFlagMmEpilogue) ? progs + g.epi_id : nullptr;
   return g;
 }
 __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {

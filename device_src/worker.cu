@@ -93,6 +93,27 @@ __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs&
 #endif
 }
 
+// A matmul's activation epilogue (matmul.h mm_epi): one value through tier 2's code for program `prog`; false
+// when this generation has none (the interpreter runs it).
+__device__ bool epi_spec(u32 prog, float x, float* y) {
+#if GPUOS_USER_OPS_LINKED
+  return gpuos_linked_epi_eval(prog, x, y);
+#else
+  float in[kProgMaxInputs] = {x};
+  switch (prog) {
+#define GPUOS_EPI_CASE(id, F) \
+  case id:                    \
+    *y = F::eval(in);         \
+    return true;
+    GPUOS_FUSED_SPECS(GPUOS_EPI_CASE)
+#undef GPUOS_EPI_CASE
+    default: break;
+  }
+  (void)in;
+  return false;
+#endif
+}
+
 // A fused sub-op's FusedArgs (pinned arena) and Program (device table) go into the warp's shared slots:
 // FusedArgs in slots 0-1, the Program from slot 2 on (slots 2-4). Tags in cached[] keep a later strided
 // sub-op of the same claim from mistaking those bytes for its TensorRefs.

@@ -10,6 +10,7 @@
 
 #include "core/runtime.h"
 #include "driver/cuda_api.h"
+#include "ops/op_table.h"
 #include "device_src/functors.h"
 #include "inject/specialize.h"
 
@@ -35,6 +36,12 @@ uint64_t Reloc::operator()(uint64_t p) const {
 }
 
 namespace {
+
+// The activation epilogue program of a matmul entry (kFlagMmEpilogue: its tier-2 use count), or -1.
+int32_t epilogue_program(const SubOp& p) {
+  if (p.op >= kNumOps || kOps[p.op].kind != kKindMatmul || !(p.flags & kFlagMmEpilogue)) return -1;
+  return (int32_t)((p.flags >> kMmEpiShift) & kMmEpiMask);
+}
 
 // Where a data pointer of a tape entry lives: in its descriptor prototype (a sub-op without TensorRefs) or in its
 // TensorRef slots (refs[]: TensorRef::ptr, a FusedArgs' operands, an AttnArgs' out / mask / lse), at byte `offset`.
@@ -147,6 +154,7 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max) 
     p0 += n;
     if (t.proto.flags & kFlagFused) im.programs.push_back((int32_t)t.proto.in[0]);
     else ops.insert(t.proto.op);
+    if (const int32_t e = epilogue_program(t.proto); e >= 0) im.epilogues.push_back(e);
   }
   im.ops.assign(ops.begin(), ops.end());
   im.entries = lv.size();
@@ -255,6 +263,7 @@ void Runtime::replay_image(TapeImage& im, const Reloc& rel) {
   st_.image_replays++;
   for (uint32_t op : im.ops) note_op_gen(op);
   for (int32_t id : im.programs) note_program_use(id);  // replays count toward tier 2 like live runs
+  for (int32_t id : im.epilogues) note_program_use(id);
   try {
     // The data pointers that move this call. TensorRef sites whose resident value changes: stream memory writes
     // into the resident refs, ordered after the previous replay (whose stream wait precedes them) and before this
@@ -336,6 +345,7 @@ void Runtime::replay(const Tape& tape, size_t b, size_t e, const Reloc& rel) {
     relocate(t, rel);
     if (!(t.proto.flags & kFlagFused)) note_op_gen(t.proto.op);
     else note_program_use((int32_t)t.proto.in[0]);  // replays count toward tier 2 like live runs
+    if (const int32_t e = epilogue_program(t.proto); e >= 0) note_program_use(e);
     out.fp = t.out;
     for (uint32_t k = 0; k < t.nin; ++k) {
       ins[k].fp = t.ins[k];
