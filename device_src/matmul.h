@@ -35,6 +35,7 @@ struct MmArgs {
   float alpha, beta;
   const Program* epi;  // kFlagMmEpilogue: the program every output value goes through (nullptr: none)
   u32 epi_id;          // its id (tier 2's code for it)
+  u32 epi_dt;          // the product's dtype (each value rounded to it before the program)
 };
 static_assert(kMaxPrograms - 1 <= kMmEpiMask, "an epilogue's program id fits its descriptor bits");
 
@@ -63,7 +64,7 @@ __device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v, u32 dt
 __device__ __forceinline__ void mm_put(const MmArgs& g, i64 m, i64 n, float acc, float bias) {
   float v = g.alpha * acc;
   if (g.bias) v += g.beta * bias;
-  if (g.epi) v = mm_epi(g.epi, g.epi_id, v, g.dto);
+  if (g.epi) v = mm_epi(g.epi, g.epi_id, v, g.epi_dt);
   store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
 }
 __device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
@@ -433,6 +434,7 @@ __device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs,
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
   g.epi_id = (d.flags >> kMmEpiShift) & kMmEpiMask;
+  g.epi_dt = (d.flags >> kMmEpiDtShift) & 3u;
   g.epi = (d.flags & kFlagMmEpilogue) ? progs + g.epi_id : nullptr;
   return g;
 }

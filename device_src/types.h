@@ -64,10 +64,13 @@ constexpr u32 kFlagFused = 4u;   // op == kOpFused: `out` points at a FusedArgs 
 constexpr u32 kFlagConst0 = 1u << 8;  // in[k] holds an fp32 constant (bits in the low word): kFlagConst0 << k
 // op mm: every output value goes through an elementwise program of one input (interp.h; the program table's entry
 // (flags >> kMmEpiShift) & kMmEpiMask) before it is stored -- an activation chain folded into its matmul
-// (sched/lower.cpp): out = prog(round(alpha * a @ b + beta * bias)), rounded to out's dtype as eager rounds the
-// product before the chain reads it.
+// (sched/lower.cpp): out = prog(round(alpha * a @ b + beta * bias)), `round` to the product's dtype (eager stores
+// the product so before the chain reads it; kMmEpiDtShift), out in the chain's output dtype.
 constexpr u32 kFlagMmEpilogue = 1u << 12;
 constexpr u32 kMmEpiShift = 16, kMmEpiMask = 0x3ffu;
+// The product's own dtype (bits 26-27: kF32 / kF16 / kBF16), which each value is rounded to before the program
+// runs; the descriptor's out dtype is the group's output's (a cast epilogue: an fp16 LM head's logits .float()).
+constexpr u32 kMmEpiDtShift = 26;
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
 // index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).

@@ -283,6 +283,10 @@ ACTS = {
                                                                   approximate="tanh")),
     "relu_linear": (lambda x, w, b: torch.relu(torch.nn.functional.linear(x, w))),
     "silu_scale_linear": (lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.linear(x, w, b)) * 0.5 + 1.0),
+    # a chain whose output dtype is not the product's (16-bit: the product rounded, then fp32 from the cast on)
+    "cast_scale_linear": (lambda x, w, b: torch.nn.functional.linear(x, w, b).float() * 0.5),
+    # a lone cast of the whole product: an LM head's logits .float() (fp32: no cast, so no epilogue either)
+    "cast_conv1d": (lambda x, w, b: _conv1d(x, w.t().contiguous(), b).float()),
 }
 
 
@@ -293,7 +297,8 @@ def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act
     """An elementwise chain whose only tensor input is a matmul's result (nothing else reads the product) runs as
     the matmul's epilogue program (sched/lower.cpp, kFlagMmEpilogue): counted in act_epilogues, same values as
     eager and as the two-level lowering (set_mm_epilogue(False)), every path -- mma (linear), ncol1 / ncol
-    (GPT-2's Conv1D weight at M = 1 / 4), per-warp tiles (fp32)."""
+    (GPT-2's Conv1D weight at M = 1 / 4), per-warp tiles (fp32) -- and with a cast to fp32 (the product's own
+    dtype keeps its path and its rounding)."""
     dt = DTYPES[dtype]
     g = torch.Generator(device=DEV).manual_seed(rows + len(act))
     x = torch.randn(1, rows, 256, generator=g, device=DEV).to(dt)
@@ -313,8 +318,10 @@ def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act
             gpuos_ext._testing.set_mm_epilogue(True)
     tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
     for on, (y, folded) in got.items():
+        assert y.dtype == ref.dtype and y.shape == ref.shape, (on, y.dtype, y.shape)
         torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
-    assert got[True][1] == 1 and got[False][1] == 0, {k: v[1] for k, v in got.items()}
+    folds = 0 if act == "cast_conv1d" and dt == torch.float32 else 1
+    assert got[True][1] == folds and got[False][1] == 0, {k: v[1] for k, v in got.items()}
     # the chain's own rounding is kept: within one rounding of the two-level lowering (same product, same program;
     # only the compiler's contraction of a functor may differ between the two copies of the interpreter)
     a, b2 = got[True][0].float(), got[False][0].float()
@@ -366,6 +373,47 @@ def test_captured_mlp_has_one_level_less_with_the_epilogue(rt, worker_matmul):
         finally:
             gpuos_ext._testing.set_mm_epilogue(True)
     assert levels[True] == levels[False] - 1, levels
+
+
+def test_hot_epilogue_gets_tier2_code(rt, worker_matmul):
+    """An activation epilogue's program counts toward tier 2 like a fused chain's (live runs and replays): once
+    hot, a generation carries its straight-line code (worker.cu epi_spec; linked: gpuos_linked_epi_eval), the
+    worker hands over to it, and the products through it keep eager's values -- within one rounding of the
+    interpreted epilogue's (the compiler may contract the two copies of a functor differently)."""
+    g = torch.Generator(device=DEV).manual_seed(21)
+    x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
+    w = (torch.randn(256, 640, generator=g, device=DEV) / 16).half()
+    b = torch.randn(640, generator=g, device=DEV).half()
+
+    def f(x):  # a program of its own: this test's scalar (0.8125) is in no other test's chain
+        return _new_gelu(_conv1d(x, w, b)) * 0.8125
+
+    ref = f(x)
+    gpuos_ext.set_specialize_after(3)
+    try:
+        req0, epi0 = gpuos.stats()["specializations_requested"], gpuos.stats()["act_epilogues"]
+        interp = []
+        for _ in range(3):
+            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+                interp.append(f(x))
+        assert gpuos.stats()["act_epilogues"] == epi0 + 3
+        assert gpuos.stats()["specializations_requested"] == req0 + 1
+    finally:
+        gpuos_ext.set_specialize_after(64)
+    newest = gpuos_ext.wait_generations()
+    info = gpuos.generation_info()
+    spec = [gen["id"] for gen in info["generations"] if gen["state"] == "ready" and any(
+        op.startswith("fused#") for op in gen["ops"])]
+    assert spec and newest >= spec[-1], info
+    gpuos_ext.yield_worker()
+    torch.cuda.synchronize()  # the worker has exited: the next flush takes over the newest generation
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        got = f(x)
+    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec[-1]
+    for y in interp + [got]:
+        torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
+    a, b2 = got.float(), interp[0].float()
+    assert (a - b2).abs().max().item() <= EPS[torch.float16] * 2 * b2.abs().max().item() + 1e-6
 
 
 def test_more_rows_than_the_worker_takes_stay_with_cublas(rt, worker_matmul):

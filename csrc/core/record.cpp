@@ -317,7 +317,8 @@ uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps) {
 
 void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                             const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
-                            int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue) {
+                            int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue,
+                            uint32_t product_dtype) {
   if (M <= 0 || N <= 0) return;
   if (N >= (int64_t(1) << 32))
     throw std::invalid_argument("gpuos.submit_matmul: " + std::to_string(N) + " output columns (2^32 or more) are "
@@ -328,7 +329,9 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   if (epilogue >= 0) {  // an activation chain's program (sched/lower.cpp): every output value goes through it
     if ((uint32_t)epilogue > kMmEpiMask)
       throw std::logic_error("gpuos internal error: epilogue program id " + std::to_string(epilogue) + " out of range");
-    proto.flags |= kFlagMmEpilogue | (uint32_t)epilogue << kMmEpiShift;
+    if (product_dtype > kBF16)
+      throw std::logic_error("gpuos internal error: epilogue product dtype " + std::to_string(product_dtype));
+    proto.flags |= kFlagMmEpilogue | (uint32_t)epilogue << kMmEpiShift | product_dtype << kMmEpiDtShift;
   }
   proto.dtype = out.dtype | (a.dtype << 8) | (b.dtype << 16) | ((bias ? bias->dtype : out.dtype) << 24);
   proto.scalar[0] = alpha;
@@ -339,7 +342,9 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   else ins[2].is_const = true;
   // Path (device_src/matmul.h): tensor cores for 16-bit K-contiguous operands, the ncol items for a 16-bit
   // N-contiguous weight, per-warp column tiles otherwise.
-  const bool h16 = (a.dtype == kF16 || a.dtype == kBF16) && b.dtype == a.dtype && out.dtype == a.dtype;
+  // (The product's dtype decides: a cast epilogue's out may be fp32 behind an fp16 product.)
+  const uint32_t pdt = epilogue >= 0 ? product_dtype : out.dtype;
+  const bool h16 = (a.dtype == kF16 || a.dtype == kBF16) && b.dtype == a.dtype && pdt == a.dtype;
   const bool a16 = (a_ref.ptr & 15) == 0 && (b_ref.ptr & 15) == 0 && K % 8 == 0;
   uint32_t variant = kMmWarp;
   if (h16 && a16 && a_ref.strides[1] == 1 && b_ref.strides[0] == 1 && a_ref.strides[0] % 8 == 0 &&

@@ -183,10 +183,12 @@ class Runtime {
                      const TensorRef& x_ref, int64_t rows, int64_t cols);
   // Record out = alpha * a @ b + beta * bias (bias: null, else its M x N view), a: M x K, b: K x N; refs are the
   // 2-D views the worker reads (device_src/matmul.h). Tiles split N. epilogue >= 0: the id of a one-input program
-  // every output value goes through (kFlagMmEpilogue; sched/lower.cpp folds activation chains so).
+  // every output value goes through, rounded to product_dtype first (kFlagMmEpilogue; sched/lower.cpp folds
+  // activation chains and casts so; out may then have another dtype).
   void record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                      const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
-                     int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue = -1);
+                     int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue = -1,
+                     uint32_t product_dtype = 0);
   // Record decode attention (device_src/attention.h): `args` filled by the caller except nsplit (chosen here from
   // the KV length); q, k, v: 4-D refs (B x H x L x D). `out` is the written footprint (the caller gives one that
   // also covers the lse when AttnArgs::lse is set); `mask` may be null.

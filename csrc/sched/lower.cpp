@@ -203,11 +203,11 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
 
 // Activation epilogues (g_mm_epilogue). Group j -- elementwise ops, no row reduction -- whose only tensor input is
 // the whole result of an earlier 2-D matmul (through its view: F.linear's mm read back through _unsafe_view,
-// GPT-2's addmm through view) that nothing else reads, of the group's shape and dtype, with a contiguous output
+// GPT-2's addmm through view) that nothing else reads, of the group's shape, with a contiguous float output
 // that does not overlap the matmul's operands, and nothing between them writing those: the matmul can run at j,
-// every output value through the group's program, writing the group's output -- one level instead of two (GPT-2's
-// NewGELU after c_fc, an MLP's activation). `mm`: the latest matmul before j by output storage. Returns the
-// matmul's index, or -1.
+// every output value (rounded to the product's dtype) through the group's program, writing the group's output in
+// its dtype -- one level instead of two (GPT-2's NewGELU after c_fc, an MLP's activation, a lone cast: the LM
+// head's logits .float()). `mm`: the latest matmul before j by output storage. Returns the matmul's index, or -1.
 int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child,
                     const std::unordered_map<const void*, int>& mm, int j) {
   const DeferredOp& root = ops[j];
@@ -237,8 +237,9 @@ int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::a
   if (it == mm.end()) return -1;
   const int i = it->second;
   const DeferredOp& p = ops[i];
+  const auto odt = root.out.scalar_type();  // any float output: a cast epilogue (the LM head's logits .float())
   if (!is_matmul_result(p, *leaf) || p.in[0].dim() != 2 || !p.fresh || leaf->sizes() != root.out.sizes() ||
-      root.out.scalar_type() != p.out.scalar_type())
+      (odt != at::kFloat && odt != at::kHalf && odt != at::kBFloat16))
     return -1;
   // Only the group reads the product: its storage is held by the matmul's output and the group's view of it (and
   // the view's _base, a reference Python cannot use), or the group reads the output itself.
@@ -280,7 +281,8 @@ bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
   note_program_use(pid);  // tier 2's code for it (worker.cu epi_spec) once it is hot
   const DeferredOp& p = ops[i];
   const at::Tensor& out = ops[j].out;
-  record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out.view({p.out.size(0), p.out.size(1)}), p.s0, p.s1, pid);
+  record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out.view({p.out.size(0), p.out.size(1)}), p.s0, p.s1, pid,
+                        dtype_code(p.out.scalar_type()));
   return true;
 }
 

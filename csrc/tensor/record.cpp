@@ -35,19 +35,21 @@ void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const 
 }
 
 void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                           const at::Tensor& out, float alpha, float beta, int32_t epilogue) {
+                           const at::Tensor& out, float alpha, float beta, int32_t epilogue,
+                           uint32_t product_dtype) {
   const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
   if (M == 0 || N == 0) return;
   const TensorRef orf = make_ref(out, 2), arf = make_ref(a, 2), brf = make_ref(b, 2);
   if (!bias.defined()) {
     rt.record_matmul(operand(out), orf, operand(a), arf, operand(b), brf, nullptr, nullptr, M, N, K, alpha, beta,
-                     epilogue);
+                     epilogue, product_dtype);
     return;
   }
   const at::Tensor c = bias.expand({M, N});
   const Operand co = operand(c);
   const TensorRef crf = make_ref(c, 2);
-  rt.record_matmul(operand(out), orf, operand(a), arf, operand(b), brf, &co, &crf, M, N, K, alpha, beta, epilogue);
+  rt.record_matmul(operand(out), orf, operand(a), arf, operand(b), brf, &co, &crf, M, N, K, alpha, beta, epilogue,
+                   product_dtype);
 }
 
 }  // namespace gpuos
