@@ -121,7 +121,9 @@ std::vector<GenerationInfo> list_generations() {
 uint32_t wait_generations() {
   Registry& r = R();
   std::unique_lock<std::mutex> lk(r.mu);
-  r.cv.wait(lk, [&] { return r.stop || ((r.dirty.empty() || r.hold > 0) && !r.compiling); });
+  // A tier-2 request (spec_dirty) not yet taken by the compile thread is waited for too: without it a wait right
+  // after the request that made it returned before its generation existed.
+  r.cv.wait(lk, [&] { return r.stop || (((r.dirty.empty() && !r.spec_dirty) || r.hold > 0) && !r.compiling); });
   if (!r.unreported.empty()) {
     auto e = r.unreported.front();
     r.unreported.clear();

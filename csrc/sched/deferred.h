@@ -97,7 +97,7 @@ constexpr int64_t kWorkerMatmulMaxRows = 64;
 // Does Python still see the tensor (sched/lower.cpp)? True when its only references are `ours` (plus the
 // preserved Python object, whose own refcount is then 1). calibrate_liveness() first, once.
 void calibrate_liveness();
-bool dead_to_python(const at::Tensor& t, long ours);
+bool dead_to_python(const at::TensorBase& t, long ours);
 
 // Lower the device's deferred ops into sub-ops (sched/lower.cpp). mu held.
 void lower_deferred(int dev, Runtime& rt);

@@ -35,7 +35,7 @@ void calibrate_liveness() {
   g_pyobj_holds_impl = held.use_count() >= 2 ? 1 : 0;
 }
 
-bool dead_to_python(const at::Tensor& t, long ours) {
+bool dead_to_python(const at::TensorBase& t, long ours) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   PyObject* po = impl->pyobj_slot()->load_pyobj();
   if (!po) return (long)t.use_count() == ours;
@@ -242,13 +242,22 @@ int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::a
       (odt != at::kFloat && odt != at::kHalf && odt != at::kBFloat16))
     return -1;
   // Only the group reads the product: its storage is held by the matmul's output and the group's view of it (and
-  // the view's _base, a reference Python cannot use), or the group reads the output itself.
+  // the view's _base, a reference Python cannot use), or the group reads the output itself. The view's _base may
+  // also be an alias of the output that only the view holds: F.linear's _unsafe_view of its mm, then the LM head's
+  // logits[:, -1].
   if (leaf->unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl()) {
     if (p.out.storage().use_count() != 1 || !dead_to_python(p.out, 1 + refs)) return -1;
   } else {
-    const long base_ref =
-        leaf->is_view() && leaf->_base().unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl() ? 1 : 0;
-    if (p.out.storage().use_count() != 2 || !dead_to_python(p.out, 1 + base_ref) || !dead_to_python(*leaf, refs))
+    long base_ref = 0, holders = 2;
+    if (leaf->is_view()) {
+      const at::TensorBase& b = leaf->_base();  // (the leaf's storage: the product's, checked above)
+      if (b.unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl()) base_ref = 1;
+      else if (!b.is_view() && b.data_ptr() == p.out.data_ptr() && b.numel() == p.out.numel() &&
+               b.scalar_type() == p.out.scalar_type() && b.is_contiguous() && dead_to_python(b, 1))
+        holders = 3;
+    }
+    if ((long)p.out.storage().use_count() != holders || !dead_to_python(p.out, 1 + base_ref) ||
+        !dead_to_python(*leaf, refs))
       return -1;
   }
   // The product moves from i to j: nothing in between may write its operands or its output, and the group's
