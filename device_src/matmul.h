@@ -35,19 +35,19 @@ struct MmArgs {
   float alpha, beta;
   const Program* epi;  // kFlagMmEpilogue: the program every output value goes through (nullptr: none)
   u32 epi_id;          // its id (tier 2's code for it)
-  u32 epi_dt;          // the product's dtype (each value rounded to it before the program)
+  u32 epi_dt;          // kFlagMmEpilogue / kFlagMmCast: the product's dtype, each value rounded to it first (kF32:
+                       // no rounding before the store's)
 };
 static_assert(kMaxPrograms - 1 <= kMmEpiMask, "an epilogue's program id fits its descriptor bits");
 
-// An output value through the epilogue program: the product rounded to out's dtype first (eager stores it, and
-// the chain reads it back), the program's intermediates rounded as it says. Out of line: the interpreter's
+// An output value (the product, rounded as eager stores it: mm_put) through the epilogue program, its
+// intermediates rounded as it says. Out of line: the interpreter's
 // registers stay out of the item functions that call mm_put (ptxas sm_90: their spill loads grow by 4-48 bytes,
 // mm_ncol's the most, 196 -> 244).
 // Tier 2 first (worker.cu epi_spec: the program's straight-line code in this generation), the interpreter when the
 // generation has none yet.
 __device__ bool epi_spec(u32 prog, float x, float* y);
-__device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v, u32 dt) {
-  v = dt == kF16 ? f16_to_f32(f32_to_f16(v)) : dt == kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+__device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v) {
   float y;
   if (epi_spec(prog, v, &y)) return y;
   float r[kProgMaxRegs][1];
@@ -60,11 +60,13 @@ __device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v, u32 dt
 }
 
 // The epilogue: out[m, n] = alpha * acc (+ beta * bias[m, n], its value already loaded: `bias`), through the
-// epilogue program when there is one.
+// epilogue program when there is one, in the product's dtype first when that is not out's (a program or a cast).
 __device__ __forceinline__ void mm_put(const MmArgs& g, i64 m, i64 n, float acc, float bias) {
   float v = g.alpha * acc;
   if (g.bias) v += g.beta * bias;
-  if (g.epi) v = mm_epi(g.epi, g.epi_id, v, g.epi_dt);
+  if (g.epi_dt == kF16) v = f16_to_f32(f32_to_f16(v));
+  else if (g.epi_dt == kBF16) v = bf16_to_f32(f32_to_bf16(v));
+  if (g.epi) v = mm_epi(g.epi, g.epi_id, v);
   store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
 }
 __device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
@@ -434,7 +436,7 @@ __device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs,
   g.dtc = (d.dtype >> 24) & 0xffu;
   g.alpha = d.scalar[0], g.beta = d.scalar[1];
   g.epi_id = (d.flags >> kMmEpiShift) & kMmEpiMask;
-  g.epi_dt = (d.flags >> kMmEpiDtShift) & 3u;
+  g.epi_dt = d.flags & (kFlagMmEpilogue | kFlagMmCast) ? (d.flags >> kMmEpiDtShift) & 3u : (u32)kF32;
   g.epi = (d.flags & kFlagMmEpilogue) ? progs + g.epi_id : nullptr;
   return g;
 }

@@ -71,6 +71,9 @@ constexpr u32 kMmEpiShift = 16, kMmEpiMask = 0x3ffu;
 // The product's own dtype (bits 26-27: kF32 / kF16 / kBF16), which each value is rounded to before the program
 // runs; the descriptor's out dtype is the group's output's (a cast epilogue: an fp16 LM head's logits .float()).
 constexpr u32 kMmEpiDtShift = 26;
+// op mm: a lone cast folded (no program): each value rounded to the product's dtype (kMmEpiDtShift), stored in
+// out's dtype.
+constexpr u32 kFlagMmCast = 1u << 13;
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
 // index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).

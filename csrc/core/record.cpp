@@ -326,12 +326,12 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   SubOp proto{};
   proto.op = kOp_mm;
   proto.flags = kFlagStrided | (bias ? 0u : (kFlagConst0 << 2));
-  if (epilogue >= 0) {  // an activation chain's program (sched/lower.cpp): every output value goes through it
-    if ((uint32_t)epilogue > kMmEpiMask)
-      throw std::logic_error("gpuos internal error: epilogue program id " + std::to_string(epilogue) + " out of range");
-    if (product_dtype > kBF16)
-      throw std::logic_error("gpuos internal error: epilogue product dtype " + std::to_string(product_dtype));
-    proto.flags |= kFlagMmEpilogue | (uint32_t)epilogue << kMmEpiShift | product_dtype << kMmEpiDtShift;
+  if (epilogue >= 0 || epilogue == kMmCastOnly) {  // sched/lower.cpp: an activation chain's program, or a cast
+    if (epilogue > (int32_t)kMmEpiMask || product_dtype > kBF16)
+      throw std::logic_error("gpuos internal error: matmul epilogue " + std::to_string(epilogue) + " / product dtype " +
+                             std::to_string(product_dtype) + " out of range");
+    proto.flags |= product_dtype << kMmEpiDtShift |
+                   (epilogue >= 0 ? kFlagMmEpilogue | (uint32_t)epilogue << kMmEpiShift : kFlagMmCast);
   }
   proto.dtype = out.dtype | (a.dtype << 8) | (b.dtype << 16) | ((bias ? bias->dtype : out.dtype) << 24);
   proto.scalar[0] = alpha;
@@ -343,7 +343,7 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   // Path (device_src/matmul.h): tensor cores for 16-bit K-contiguous operands, the ncol items for a 16-bit
   // N-contiguous weight, per-warp column tiles otherwise.
   // (The product's dtype decides: a cast epilogue's out may be fp32 behind an fp16 product.)
-  const uint32_t pdt = epilogue >= 0 ? product_dtype : out.dtype;
+  const uint32_t pdt = epilogue >= 0 || epilogue == kMmCastOnly ? product_dtype : out.dtype;
   const bool h16 = (a.dtype == kF16 || a.dtype == kBF16) && b.dtype == a.dtype && pdt == a.dtype;
   const bool a16 = (a_ref.ptr & 15) == 0 && (b_ref.ptr & 15) == 0 && K % 8 == 0;
   uint32_t variant = kMmWarp;

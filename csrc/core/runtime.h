@@ -156,6 +156,9 @@ struct RuntimeStats {
   }
 };
 
+// record_matmul's epilogue argument for a folded lone cast (no program).
+constexpr int32_t kMmCastOnly = -2;
+
 class Runtime {
  public:
   using StreamFn = std::function<CUstream()>;  // the current (PyTorch) stream of this device
@@ -183,8 +186,9 @@ class Runtime {
                      const TensorRef& x_ref, int64_t rows, int64_t cols);
   // Record out = alpha * a @ b + beta * bias (bias: null, else its M x N view), a: M x K, b: K x N; refs are the
   // 2-D views the worker reads (device_src/matmul.h). Tiles split N. epilogue >= 0: the id of a one-input program
-  // every output value goes through, rounded to product_dtype first (kFlagMmEpilogue; sched/lower.cpp folds
-  // activation chains and casts so; out may then have another dtype).
+  // every output value goes through, rounded to product_dtype first (kFlagMmEpilogue); kMmCastOnly: no program,
+  // the values rounded to product_dtype (kFlagMmCast). sched/lower.cpp folds activation chains and casts so; out
+  // may then have another dtype.
   void record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                      const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
                      int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue = -1,

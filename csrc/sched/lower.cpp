@@ -270,8 +270,9 @@ int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::a
   return i;
 }
 
-// Matmul i at group j's place, every output value through the group's program, writing the group's output
-// (epilogue_source found them); false if the group is not one program of one input (then both go as before).
+// Matmul i at group j's place, every output value through the group's program (a lone cast: rounded only),
+// writing the group's output (epilogue_source found them); false if the group is not one program of one input
+// (then both go as before).
 bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
                    const std::vector<std::array<int, kDeferredMaxIn>>& child, int i, int j) {
   std::vector<ExprNode> nodes;
@@ -279,6 +280,14 @@ bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
   uint32_t outv = 0;
   bool rows = false;
   if (!group_nodes(ops, child, j, nodes, leaves, outv, rows) || rows || leaves.size() != 1) return false;
+  const DeferredOp& p = ops[i];
+  const at::Tensor& out = ops[j].out;
+  const at::Tensor out2 = out.view({p.out.size(0), p.out.size(1)});
+  const uint32_t pdt = dtype_code(p.out.scalar_type());
+  if (nodes.size() == 1 && nodes[0].op == kOp_copy) {  // a lone cast: no program (kFlagMmCast)
+    record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out2, p.s0, p.s1, kMmCastOnly, pdt);
+    return true;
+  }
   Program prog;
   try {
     prog = build_program(1, nodes, 1 + outv);
@@ -288,10 +297,7 @@ bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
   const int32_t pid = rt.program_id(prog);
   if (pid < 0) return false;
   note_program_use(pid);  // tier 2's code for it (worker.cu epi_spec) once it is hot
-  const DeferredOp& p = ops[i];
-  const at::Tensor& out = ops[j].out;
-  record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out.view({p.out.size(0), p.out.size(1)}), p.s0, p.s1, pid,
-                        dtype_code(p.out.scalar_type()));
+  record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out2, p.s0, p.s1, pid, pdt);
   return true;
 }
 

@@ -10,7 +10,8 @@ namespace gpuos {
 void record_ew_tensors(Runtime& rt, uint32_t op, uint32_t arity, const at::Tensor& out, const at::Tensor* ins,
                        const float* cv, float s0, float s1);
 // out = alpha * a @ b + beta * bias (bias undefined: none; else broadcastable to out), a, b, out 2-D; epilogue >= 0:
-// each output value, rounded to product_dtype (a DType code), through that program (kFlagMmEpilogue).
+// each output value, rounded to product_dtype (a DType code), through that program (kFlagMmEpilogue); kMmCastOnly:
+// rounded only (kFlagMmCast).
 void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                            const at::Tensor& out, float alpha, float beta, int32_t epilogue = -1,
                            uint32_t product_dtype = 0);
