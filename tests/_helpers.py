@@ -35,6 +35,23 @@ def describe(proc):
     return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
 
 
+def hand_over_to_tier2():
+    """Wait for the tier-2 generation a test's hot program asked for, let the worker exit, and return that
+    generation's id: the next flush runs on it (asserted by the caller through generation_info()["active"])."""
+    import gpuos
+    import gpuos_ext
+    import torch
+
+    newest = gpuos_ext.wait_generations()
+    info = gpuos.generation_info()
+    spec = [g["id"] for g in info["generations"] if g["state"] == "ready" and any(
+        op.startswith("fused#") for op in g["ops"])]
+    assert spec and newest >= spec[-1], info
+    gpuos_ext.yield_worker()
+    torch.cuda.synchronize()  # the worker has exited: the next flush takes over the newest generation
+    return spec[-1]
+
+
 def tiny_hf_llama(device="cuda"):
     """A small random HF Llama (2 layers, 4 heads / 2 KV heads, head_dim 64, fp16, sdpa) and a 12-token prompt, and
     `generate(cache)`: 8 greedy tokens with a "static" or "dynamic" cache (no torch.compile). Skips without

@@ -16,6 +16,7 @@ from torch.testing import assert_close
 
 import gpuos
 import gpuos_ext
+from _helpers import hand_over_to_tier2
 
 pytestmark = pytest.mark.gpu
 
@@ -358,16 +359,10 @@ def test_hot_chain_gets_specialized_code_in_a_later_generation(rt):
         assert _stats()["specializations_requested"] == req0 + 1
     finally:
         gpuos_ext.set_specialize_after(64)
-    newest = gpuos_ext.wait_generations()
-    info = gpuos.generation_info()
-    spec_gens = [g["id"] for g in info["generations"] if g["state"] == "ready" and any(
-        op.startswith("fused#") for op in g["ops"])]
-    assert spec_gens and newest >= spec_gens[-1], info
-    gpuos_ext.yield_worker()
-    torch.cuda.synchronize()     # the worker has exited: the next flush takes over the newest generation
+    spec = hand_over_to_tier2()
     with gpuos.scheduler_context(auto_flush_ms=0):
         got = f(a, b)
-    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec_gens[-1]
+    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
     assert_close(got, exp, rtol=1e-5, atol=1e-5)
     with gpuos.scheduler_context(auto_flush_ms=0):
         got2 = f(a, b)

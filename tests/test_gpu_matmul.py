@@ -14,6 +14,7 @@ import torch
 
 import gpuos
 import gpuos_ext
+from _helpers import hand_over_to_tier2
 
 pytestmark = pytest.mark.gpu
 
@@ -404,16 +405,10 @@ def test_hot_epilogue_gets_tier2_code(rt, worker_matmul):
         assert gpuos.stats()["specializations_requested"] == req0 + 1
     finally:
         gpuos_ext.set_specialize_after(64)
-    newest = gpuos_ext.wait_generations()
-    info = gpuos.generation_info()
-    spec = [gen["id"] for gen in info["generations"] if gen["state"] == "ready" and any(
-        op.startswith("fused#") for op in gen["ops"])]
-    assert spec and newest >= spec[-1], info
-    gpuos_ext.yield_worker()
-    torch.cuda.synchronize()  # the worker has exited: the next flush takes over the newest generation
+    spec = hand_over_to_tier2()
     with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         got = f(x)
-    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec[-1]
+    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
     for y in interp + [got]:
         torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
     a, b2 = got.float(), interp[0].float()
