@@ -299,7 +299,7 @@ ACTS = {
 @pytest.mark.parametrize("rows", [1, 4])
 def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act, rows):
     """An elementwise chain whose only tensor input is a matmul's result (nothing else reads the product) runs as
-    the matmul's epilogue program (sched/lower.cpp, kFlagMmEpilogue): counted in act_epilogues, same values as
+    the matmul's epilogue program (sched/epilogue.cpp, kFlagMmEpilogue): counted in act_epilogues, same values as
     eager and as the two-level lowering (set_mm_epilogue(False)), every path -- mma (linear), ncol1 / ncol
     (GPT-2's Conv1D weight at M = 1 / 4), per-warp tiles (fp32) -- and with a cast to fp32 (the product's own
     dtype keeps its path and its rounding)."""

@@ -326,7 +326,8 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   SubOp proto{};
   proto.op = kOp_mm;
   proto.flags = kFlagStrided | (bias ? 0u : (kFlagConst0 << 2));
-  if (epilogue >= 0 || epilogue == kMmCastOnly) {  // sched/lower.cpp: an activation chain's program, or a cast
+  const bool folded = epilogue >= 0 || epilogue == kMmCastOnly;
+  if (folded) {  // sched/epilogue.cpp: an activation chain's program, or a cast
     if (epilogue > (int32_t)kMmEpiMask || product_dtype > kBF16)
       throw std::logic_error("gpuos internal error: matmul epilogue " + std::to_string(epilogue) + " / product dtype " +
                              std::to_string(product_dtype) + " out of range");
@@ -343,7 +344,7 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   // Path (device_src/matmul.h): tensor cores for 16-bit K-contiguous operands, the ncol items for a 16-bit
   // N-contiguous weight, per-warp column tiles otherwise.
   // (The product's dtype decides: a cast epilogue's out may be fp32 behind an fp16 product.)
-  const uint32_t pdt = epilogue >= 0 || epilogue == kMmCastOnly ? product_dtype : out.dtype;
+  const uint32_t pdt = folded ? product_dtype : out.dtype;
   const bool h16 = (a.dtype == kF16 || a.dtype == kBF16) && b.dtype == a.dtype && pdt == a.dtype;
   const bool a16 = (a_ref.ptr & 15) == 0 && (b_ref.ptr & 15) == 0 && K % 8 == 0;
   uint32_t variant = kMmWarp;

@@ -187,7 +187,7 @@ class Runtime {
   // Record out = alpha * a @ b + beta * bias (bias: null, else its M x N view), a: M x K, b: K x N; refs are the
   // 2-D views the worker reads (device_src/matmul.h). Tiles split N. epilogue >= 0: the id of a one-input program
   // every output value goes through, rounded to product_dtype first (kFlagMmEpilogue); kMmCastOnly: no program,
-  // the values rounded to product_dtype (kFlagMmCast). sched/lower.cpp folds activation chains and casts so; out
+  // the values rounded to product_dtype (kFlagMmCast). sched/epilogue.cpp folds activation chains and casts so; out
   // may then have another dtype.
   void record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                      const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,

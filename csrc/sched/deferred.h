@@ -65,7 +65,7 @@ struct SchedStats {
   uint64_t front_ops = 0;          // of `intercepted`: recorded by the __torch_function__ front
   uint64_t recycled = 0;           // outputs given a fused-away intermediate's storage (sched/outpool.cpp)
   uint64_t epilogues = 0;          // residual adds folded into their matmul (sched/rewrite.cpp)
-  uint64_t act_epilogues = 0;      // elementwise chains run as their matmul's epilogue program (sched/lower.cpp)
+  uint64_t act_epilogues = 0;      // elementwise chains run as their matmul's epilogue program (sched/epilogue.cpp)
   uint64_t copies_folded = 0;      // copies whose producer writes their destination (sched/rewrite.cpp)
   uint64_t dead_ops = 0;           // ops dropped because nobody could read their output (sched/rewrite.cpp)
   uint64_t gqa_reads = 0;          // attention k / v read from repeat_kv's source (sched/rewrite.cpp gqa_source)
@@ -81,7 +81,7 @@ struct SchedStats {
 extern SchedStats g_sched;
 extern bool g_fusion;  // flush-time fusion on (gpuos.set_fusion)
 extern bool g_row_fusion;  // row programs and shared producers in groups (gpuos.set_row_fusion; needs g_fusion)
-// Activation chains after a matmul run as its epilogue program (sched/lower.cpp; gpuos_ext._testing.set_mm_epilogue,
+// Activation chains after a matmul run as its epilogue program (sched/epilogue.cpp; gpuos_ext._testing.set_mm_epilogue,
 // needs g_fusion; GPUOS_MM_EPILOGUE=0 turns it off for the process).
 extern bool g_mm_epilogue;
 // aten::mm / addmm with at most kWorkerMatmulMaxRows activation rows run as worker tasks (gpuos.set_worker_matmul;

@@ -12,6 +12,7 @@
 #include "ops/op_table.h"
 #include "sched/bytecode.h"
 #include "sched/deferred.h"
+#include "sched/epilogue.h"
 #include "sched/outpool.h"
 #include "sched/rewrite.h"
 #include "tensor/attention.h"
@@ -91,9 +92,9 @@ bool fused_rule(const at::Tensor& t, at::IntArrayRef shape, FusedOperand& r) {
   return true;
 }
 
-// The expression of op r and the producers fused into it: `nodes` (inputs numbered 0 .. leaves - 1, node k is
-// value leaves + k), its tensor `leaves` (one per distinct view), the value it returns, and whether a row
-// reduction is inside. False if it cannot be expressed (a reduction over another shape, too many inputs).
+}  // namespace
+
+// sched/epilogue.h.
 bool group_nodes(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r,
                  std::vector<ExprNode>& nodes, std::vector<const at::Tensor*>& leaves, uint32_t& outv, bool& rows) {
   const DeferredOp& root = ops[r];
@@ -158,6 +159,8 @@ bool group_nodes(const std::vector<DeferredOp>& ops, const std::vector<std::arra
   return true;
 }
 
+namespace {
+
 // Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
 // (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
 bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
@@ -198,106 +201,6 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   fa.prog = (uint32_t)pid;
   fa.ninputs = nin;
   rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel(), rows ? shape.back() : 0);
-  return true;
-}
-
-// Activation epilogues (g_mm_epilogue). Group j -- elementwise ops, no row reduction -- whose only tensor input is
-// the whole result of an earlier 2-D matmul (through its view: F.linear's mm read back through _unsafe_view,
-// GPT-2's addmm through view) that nothing else reads, of the group's shape, with a contiguous float output
-// that does not overlap the matmul's operands, and nothing between them writing those: the matmul can run at j,
-// every output value (rounded to the product's dtype) through the group's program, writing the group's output in
-// its dtype -- one level instead of two (GPT-2's NewGELU after c_fc, an MLP's activation, a lone cast: the LM
-// head's logits .float()). `mm`: the latest matmul before j by output storage. Returns the matmul's index, or -1.
-int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child,
-                    const std::unordered_map<const void*, int>& mm, int j) {
-  const DeferredOp& root = ops[j];
-  if (!root.out.defined() || !root.out.is_contiguous()) return -1;
-  const at::Tensor* leaf = nullptr;
-  long refs = 0;  // the group's references to the leaf's TensorImpl
-  std::vector<int> stack(1, j), seen;  // (a producer several members read is one member)
-  while (!stack.empty()) {
-    const int x = stack.back();
-    stack.pop_back();
-    if (std::find(seen.begin(), seen.end(), x) != seen.end()) continue;
-    seen.push_back(x);
-    const DeferredOp& o = ops[x];
-    if (!o.elementwise() || o.op >= kNumOps || op_switched(o.op)) return -1;
-    for (uint32_t k = 0; k < o.nin; ++k) {
-      if (child[x][k] >= 0) {
-        stack.push_back(child[x][k]);
-      } else if (o.in[k].defined()) {
-        if (leaf && o.in[k].unsafeGetTensorImpl() != leaf->unsafeGetTensorImpl()) return -1;
-        leaf = &o.in[k];
-        ++refs;
-      }
-    }
-  }
-  if (!leaf) return -1;
-  const auto it = mm.find(storage_of(*leaf));
-  if (it == mm.end()) return -1;
-  const int i = it->second;
-  const DeferredOp& p = ops[i];
-  const auto odt = root.out.scalar_type();  // any float output: a cast epilogue (the LM head's logits .float())
-  if (!is_matmul_result(p, *leaf) || p.in[0].dim() != 2 || !p.fresh || leaf->sizes() != root.out.sizes() ||
-      (odt != at::kFloat && odt != at::kHalf && odt != at::kBFloat16))
-    return -1;
-  // Only the group reads the product: its storage is held by the matmul's output and the group's view of it (and
-  // the view's _base, a reference Python cannot use), or the group reads the output itself. The view's _base may
-  // also be an alias of the output that only the view holds: F.linear's _unsafe_view of its mm, then the LM head's
-  // logits[:, -1].
-  if (leaf->unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl()) {
-    if (p.out.storage().use_count() != 1 || !dead_to_python(p.out, 1 + refs)) return -1;
-  } else {
-    long base_ref = 0, holders = 2;
-    if (leaf->is_view()) {
-      const at::TensorBase& b = leaf->_base();  // (the leaf's storage: the product's, checked above)
-      if (b.unsafeGetTensorImpl() == p.out.unsafeGetTensorImpl()) base_ref = 1;
-      else if (!b.is_view() && b.data_ptr() == p.out.data_ptr() && b.numel() == p.out.numel() &&
-               b.scalar_type() == p.out.scalar_type() && b.is_contiguous() && dead_to_python(b, 1))
-        holders = 3;
-    }
-    if ((long)p.out.storage().use_count() != holders || !dead_to_python(p.out, 1 + base_ref) ||
-        !dead_to_python(*leaf, refs))
-      return -1;
-  }
-  // The product moves from i to j: nothing in between may write its operands or its output, and the group's
-  // output (written while the items read the operands) must not overlap them.
-  for (uint32_t k = 0; k < 3; ++k)
-    if (p.in[k].defined() && (written_between(ops, (size_t)i + 1, (size_t)j, p.in[k]) ||
-                              partially_overlaps(root.out, p.in[k], false)))
-      return -1;
-  if (written_between(ops, (size_t)i + 1, (size_t)j, p.out)) return -1;
-  return i;
-}
-
-// Matmul i at group j's place, every output value through the group's program (a lone cast: rounded only),
-// writing the group's output (epilogue_source found them); false if the group is not one program of one input
-// (then both go as before).
-bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
-                   const std::vector<std::array<int, kDeferredMaxIn>>& child, int i, int j) {
-  std::vector<ExprNode> nodes;
-  std::vector<const at::Tensor*> leaves;
-  uint32_t outv = 0;
-  bool rows = false;
-  if (!group_nodes(ops, child, j, nodes, leaves, outv, rows) || rows || leaves.size() != 1) return false;
-  const DeferredOp& p = ops[i];
-  const at::Tensor& out = ops[j].out;
-  const at::Tensor out2 = out.view({p.out.size(0), p.out.size(1)});
-  const uint32_t pdt = dtype_code(p.out.scalar_type());
-  if (nodes.size() == 1 && nodes[0].op == kOp_copy) {  // a lone cast: no program (kFlagMmCast)
-    record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out2, p.s0, p.s1, kMmCastOnly, pdt);
-    return true;
-  }
-  Program prog;
-  try {
-    prog = build_program(1, nodes, 1 + outv);
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  const int32_t pid = rt.program_id(prog);
-  if (pid < 0) return false;
-  note_program_use(pid);  // tier 2's code for it (worker.cu epi_spec) once it is hot
-  record_matmul_tensors(rt, p.in[0], p.in[1], p.in[2], out2, p.s0, p.s1, pid, pdt);
   return true;
 }
 
