@@ -4,7 +4,8 @@
 //   - one object per injected op slot:  extern "C" gpuos_user_exec_<op>_<slot>(d, refs, lane), the op's functor
 //     run by the worker's own ew_op<F, arity> template (device_src/elementwise.h);
 //   - one object per tier-2 program:    extern "C" gpuos_fused_exec_<prog>(d, fa, lane) (fused_spec_op<F>) and
-//                                       gpuos_fused_eval_<prog>(x) (F::eval of one value: a matmul epilogue);
+//                                       gpuos_fused_eval_<prog>(x0, x1) (F::eval of one value -- a dual item's
+//                                       pair -- : a matmul epilogue);
 //   - one small dispatch object defining the three entry points below: a switch on the key that calls them.
 // Built-in ops stay inside the worker object, inlined as in a whole compile; only injected ops and tier-2 code
 // pay a call across objects, once per sub-op and warp -- except a matmul epilogue's, once per output value
@@ -23,6 +24,6 @@ extern "C" __device__ bool gpuos_linked_user_exec(const void* subop, const void*
 // prog: the fused-chain program id. Returns false when this generation has no tier-2 code for it.
 extern "C" __device__ bool gpuos_linked_fused_exec(const void* subop, const void* fused_args, unsigned prog,
                                                    unsigned lane);
-// prog: a matmul's activation epilogue program (one input). *y = its tier-2 code's value at x; false when this
-// generation has no tier-2 code for it.
-extern "C" __device__ bool gpuos_linked_epi_eval(unsigned prog, float x, float* y);
+// prog: a matmul's activation epilogue program (one input; two for a dual item). *y = its tier-2 code's value at
+// (x0, x1); false when this generation has no tier-2 code for it.
+extern "C" __device__ bool gpuos_linked_epi_eval(unsigned prog, float x0, float x1, float* y);

@@ -29,11 +29,12 @@ struct MmArgs {
   const char* b;
   char* out;
   const char* bias;  // nullptr: none
+  const char* b2;    // kFlagMmDual: the second weight (b's shape and layout; its row stride b2s1), else nullptr
   i64 M, K, N;
-  i64 as0, as1, bs0, bs1, os0, os1, cs0, cs1;  // element strides (a, b, out, bias)
+  i64 as0, as1, bs0, bs1, os0, os1, cs0, cs1, b2s1;  // element strides (a, b, out, bias, b2's rows)
   u32 dta, dtb, dto, dtc;
   float alpha, beta;
-  const Program* epi;  // kFlagMmEpilogue: the program every output value goes through (nullptr: none)
+  const Program* epi;  // kFlagMmEpilogue: the program every output value (pair, dual) goes through (nullptr: none)
   u32 epi_id;          // its id (tier 2's code for it)
   u32 epi_dt;          // kFlagMmEpilogue / kFlagMmCast: the product's dtype, each value rounded to it first (kF32:
                        // no rounding before the store's)
@@ -41,22 +42,30 @@ struct MmArgs {
 static_assert(kMaxPrograms - 1 <= kMmEpiMask, "an epilogue's program id fits its descriptor bits");
 
 // An output value (the product, rounded as eager stores it: mm_put) through the epilogue program, its
-// intermediates rounded as it says. Out of line: the interpreter's
-// registers stay out of the item functions that call mm_put (ptxas sm_90: their spill loads grow by 4-48 bytes,
-// mm_ncol's the most, 196 -> 244).
+// intermediates rounded as it says; x1: a dual item's second product (input 1 of a two-input program; a one-input
+// program never reads it). Out of line: the interpreter's registers stay out of the item functions that call
+// mm_put (ptxas sm_90: their spill loads grow by 4-48 bytes, mm_ncol's the most, 196 -> 244).
 // Tier 2 first (worker.cu epi_spec: the program's straight-line code in this generation), the interpreter when the
 // generation has none yet.
-__device__ bool epi_spec(u32 prog, float x, float* y);
-__device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v) {
+__device__ bool epi_spec(u32 prog, float x0, float x1, float* y);
+__device__ __noinline__ float mm_epi(const Program* p, u32 prog, float x0, float x1) {
   float y;
-  if (epi_spec(prog, v, &y)) return y;
+  if (epi_spec(prog, x0, x1, &y)) return y;
   float r[kProgMaxRegs][1];
 #pragma unroll
   for (u32 k = 0; k < kProgMaxRegs; ++k) r[k][0] = 0.0f;
-  r[0][0] = v;
+  r[0][0] = x0;
+  r[1][0] = x1;
   float out[1];
   run_program_v<1>(*p, r, out);
   return out[0];
+}
+
+// v rounded to the product's dtype (g.epi_dt), as eager stores the product before a folded chain reads it.
+__device__ __forceinline__ float mm_round(const MmArgs& g, float v) {
+  if (g.epi_dt == kF16) return f16_to_f32(f32_to_f16(v));
+  if (g.epi_dt == kBF16) return bf16_to_f32(f32_to_bf16(v));
+  return v;
 }
 
 // The epilogue: out[m, n] = alpha * acc (+ beta * bias[m, n], its value already loaded: `bias`), through the
@@ -64,9 +73,14 @@ __device__ __noinline__ float mm_epi(const Program* p, u32 prog, float v) {
 __device__ __forceinline__ void mm_put(const MmArgs& g, i64 m, i64 n, float acc, float bias) {
   float v = g.alpha * acc;
   if (g.bias) v += g.beta * bias;
-  if (g.epi_dt == kF16) v = f16_to_f32(f32_to_f16(v));
-  else if (g.epi_dt == kBF16) v = bf16_to_f32(f32_to_bf16(v));
-  if (g.epi) v = mm_epi(g.epi, g.epi_id, v);
+  v = mm_round(g, v);
+  if (g.epi) v = mm_epi(g.epi, g.epi_id, v, 0.0f);
+  store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
+}
+// A dual item's output (m, n): its two products (acc: a @ b, acc2: a @ b2), each rounded, through the program.
+__device__ __forceinline__ void mm_put_dual(const MmArgs& g, i64 m, i64 n, float acc, float acc2) {
+  if (m >= g.M || n >= g.N) return;
+  const float v = mm_epi(g.epi, g.epi_id, mm_round(g, g.alpha * acc), mm_round(g, g.alpha * acc2));
   store_f32(g.out, g.dto, m * g.os0 + n * g.os1, v);
 }
 __device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float acc) {
@@ -234,60 +248,77 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // words 2s and 2s + 1 as the fragment's k pairs (2t, 2t+1) and (2t+8, 2t+9): A and B see one permutation of the
 // chunk's k. U chunks of the weight and of the activations are loaded before any is used (4 U + 2 U loads of
 // 16 bytes in flight per lane, 4 U + 4 U with TWO).
+// DUAL (kFlagMmDual, unsplit, one m8 tile): the same pass over the second weight into its own accumulators, and
+// each output pair through the epilogue program (mm_put_dual).
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
-template <bool BF16, bool TWO, u32 U>
+template <bool BF16, bool TWO, u32 U, bool DUAL = false>
 __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane) {
+  static_assert(!(DUAL && TWO), "a dual item is one m8 tile");
   const u32 q = lane >> 2, t = lane & 3u;
   const bool w0 = n0 + q < g.N, w1 = n0 + q + 8 < g.N;
-  const char* wp0 = g.b + (u64)((w0 ? n0 + q : 0) * g.bs1) * 2 + 32 * t;
-  const char* wp1 = g.b + (u64)((w1 ? n0 + q + 8 : 0) * g.bs1) * 2 + 32 * t;
   const u32 kb1 = (u32)k1 * 2, koff = 32 * t;  // bytes: end of the slice, this lane's offset in a chunk
   const i64 M = g.M, as0 = g.as0;
   for (i64 m0 = 0; m0 < M; m0 += TWO ? 16 : 8) {
     const bool xa = m0 + q < M, xb = TWO && m0 + q + 8 < M;
     const char* xpa = g.a + (u64)((xa ? m0 + q : 0) * as0) * 2 + 32 * t;
     const char* xpb = g.a + (u64)((xb ? m0 + q + 8 : 0) * as0) * 2 + 32 * t;
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
-      uint4 w[U][2][2];
+    // One weight's pass over the slice (weight b, its row stride bs1) into acc.
+    const auto pass = [&](const char* b, i64 bs1, float (&acc)[2][4]) {
+      const char* wp0 = b + (u64)((w0 ? n0 + q : 0) * bs1) * 2 + 32 * t;
+      const char* wp1 = b + (u64)((w1 ? n0 + q + 8 : 0) * bs1) * 2 + 32 * t;
+      for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
+        uint4 w[U][2][2];
 #pragma unroll
-      for (u32 u = 0; u < U; ++u)
+        for (u32 u = 0; u < U; ++u)
 #pragma unroll
-        for (u32 h = 0; h < 2; ++h) {
-          const u32 o = kc + u * kMmChunk * 2 + h * 16;
-          const bool in = o + koff < kb1;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
-          w[u][0][h] = mm_ld16(wp0 + o, in && w0);
-          w[u][1][h] = mm_ld16(wp1 + o, in && w1);
-        }
-      uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
+          for (u32 h = 0; h < 2; ++h) {
+            const u32 o = kc + u * kMmChunk * 2 + h * 16;
+            const bool in = o + koff < kb1;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
+            w[u][0][h] = mm_ld16(wp0 + o, in && w0);
+            w[u][1][h] = mm_ld16(wp1 + o, in && w1);
+          }
+        uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
 #pragma unroll
-      for (u32 u = 0; u < U; ++u)
+        for (u32 u = 0; u < U; ++u)
 #pragma unroll
-        for (u32 h = 0; h < 2; ++h) {
-          const u32 o = kc + u * kMmChunk * 2 + h * 16;
-          const bool in = o + koff < kb1;
-          x0[u][h] = mm_ld16(xpa + o, in && xa);
-          x1[u][h] = TWO ? mm_ld16(xpb + o, in && xb) : make_uint4(0u, 0u, 0u, 0u);
-        }
+          for (u32 h = 0; h < 2; ++h) {
+            const u32 o = kc + u * kMmChunk * 2 + h * 16;
+            const bool in = o + koff < kb1;
+            x0[u][h] = mm_ld16(xpa + o, in && xa);
+            x1[u][h] = TWO ? mm_ld16(xpb + o, in && xb) : make_uint4(0u, 0u, 0u, 0u);
+          }
 #pragma unroll
-      for (u32 u = 0; u < U; ++u) {
+        for (u32 u = 0; u < U; ++u) {
 #pragma unroll
-        for (u32 s = 0; s < 4; ++s) {
-          const u32 a0 = mm_word(w[u][0], 2 * s), a1 = mm_word(w[u][1], 2 * s);
-          const u32 a2 = mm_word(w[u][0], 2 * s + 1), a3 = mm_word(w[u][1], 2 * s + 1);
-          mm_mma16816<BF16>(acc[0], a0, a1, a2, a3, mm_word(x0[u], 2 * s), mm_word(x0[u], 2 * s + 1));
-          if (TWO) mm_mma16816<BF16>(acc[1], a0, a1, a2, a3, mm_word(x1[u], 2 * s), mm_word(x1[u], 2 * s + 1));
+          for (u32 s = 0; s < 4; ++s) {
+            const u32 a0 = mm_word(w[u][0], 2 * s), a1 = mm_word(w[u][1], 2 * s);
+            const u32 a2 = mm_word(w[u][0], 2 * s + 1), a3 = mm_word(w[u][1], 2 * s + 1);
+            mm_mma16816<BF16>(acc[0], a0, a1, a2, a3, mm_word(x0[u], 2 * s), mm_word(x0[u], 2 * s + 1));
+            if (TWO) mm_mma16816<BF16>(acc[1], a0, a1, a2, a3, mm_word(x1[u], 2 * s), mm_word(x1[u], 2 * s + 1));
+          }
         }
       }
-    }
+    };
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    pass(g.b, g.bs1, acc);
     // Accumulator i of m8 tile j: column n0 + q (+ 8 for i >= 2), row m0 + 8j + 2t (+ 1 for odd i).
+    if constexpr (DUAL) {
+      float acc2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      pass(g.b2, g.b2s1, acc2);
+      const i64 m = m0 + 2 * t;
+      mm_put_dual(g, m, n0 + q, acc[0][0], acc2[0][0]);
+      mm_put_dual(g, m + 1, n0 + q, acc[0][1], acc2[0][1]);
+      mm_put_dual(g, m, n0 + q + 8, acc[0][2], acc2[0][2]);
+      mm_put_dual(g, m + 1, n0 + q + 8, acc[0][3], acc2[0][3]);
+    } else {
 #pragma unroll
-    for (u32 j = 0; j < (TWO ? 2u : 1u); ++j) {
-      const i64 m = m0 + 8 * j + 2 * t;
-      mm_emit(g, part, local, kMmMmaCols, m, n0, q, acc[j][0]);
-      mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q, acc[j][1]);
-      mm_emit(g, part, local, kMmMmaCols, m, n0, q + 8, acc[j][2]);
-      mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q + 8, acc[j][3]);
+      for (u32 j = 0; j < (TWO ? 2u : 1u); ++j) {
+        const i64 m = m0 + 8 * j + 2 * t;
+        mm_emit(g, part, local, kMmMmaCols, m, n0, q, acc[j][0]);
+        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q, acc[j][1]);
+        mm_emit(g, part, local, kMmMmaCols, m, n0, q + 8, acc[j][2]);
+        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q + 8, acc[j][3]);
+      }
     }
   }
 }
@@ -297,6 +328,11 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 // `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers.
 __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
                                             u32 lane) {
+  if (g.b2) {  // a dual item (unsplit, M <= kMmDualMaxRows)
+    if (g.dta == kBF16) mm_mma<true, false, 2, true>(g, n0, k0, k1, part, local, lane);
+    else mm_mma<false, false, 2, true>(g, n0, k0, k1, part, local, lane);
+    return;
+  }
   const bool two = g.M > 8;
   if (g.dta == kBF16)
     two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, local, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, local, lane);
@@ -423,8 +459,12 @@ __device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs,
   g.out = (char*)ro.ptr;
   g.a = (const char*)ra.ptr;
   g.b = (const char*)rb.ptr;
-  // beta == 0 ignores the bias (NaN / inf included), as torch.addmm does.
-  g.bias = (d.flags & (kFlagConst0 << 2)) || d.scalar[1] == 0.0f ? nullptr : (const char*)refs[3].ptr;
+  // beta == 0 ignores the bias (NaN / inf included), as torch.addmm does. A dual item's refs[3] is its second
+  // weight.
+  const bool dual = d.flags & kFlagMmDual;
+  g.bias = dual || (d.flags & (kFlagConst0 << 2)) || d.scalar[1] == 0.0f ? nullptr : (const char*)refs[3].ptr;
+  g.b2 = dual ? (const char*)refs[3].ptr : nullptr;
+  g.b2s1 = dual ? refs[3].strides[1] : 0;
   g.M = ra.sizes[0];
   g.K = ra.sizes[1];
   g.N = ro.sizes[1];

@@ -74,6 +74,10 @@ constexpr u32 kMmEpiDtShift = 26;
 // op mm: a lone cast folded (no program): each value rounded to the product's dtype (kMmEpiDtShift), stored in
 // out's dtype.
 constexpr u32 kFlagMmCast = 1u << 13;
+// op mm with kFlagMmEpilogue: a dual product (Llama's silu(gate) * up): refs[3] is a second weight b2 of b's shape
+// and layout (no bias), and the program has two inputs: out = prog(round(a @ b), round(a @ b2)). Tensor-core path,
+// unsplit, M <= kMmDualMaxRows (Runtime::record_matmul_dual).
+constexpr u32 kFlagMmDual = 1u << 14;
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
 // index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).

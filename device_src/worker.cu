@@ -93,13 +93,13 @@ __device__ __forceinline__ bool exec_fused_spec(const SubOp& d, const FusedArgs&
 #endif
 }
 
-// A matmul's activation epilogue (matmul.h mm_epi): one value through tier 2's code for program `prog`; false
-// when this generation has none (the interpreter runs it).
-__device__ bool epi_spec(u32 prog, float x, float* y) {
+// A matmul's activation epilogue (matmul.h mm_epi): one value (a dual item's pair: x0, x1) through tier 2's code
+// for program `prog`; false when this generation has none (the interpreter runs it).
+__device__ bool epi_spec(u32 prog, float x0, float x1, float* y) {
 #if GPUOS_USER_OPS_LINKED
-  return gpuos_linked_epi_eval(prog, x, y);
+  return gpuos_linked_epi_eval(prog, x0, x1, y);
 #else
-  float in[kProgMaxInputs] = {x};
+  float in[kProgMaxInputs] = {x0, x1};
   switch (prog) {
 #define GPUOS_EPI_CASE(id, F) \
   case id:                    \

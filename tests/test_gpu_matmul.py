@@ -415,6 +415,143 @@ def test_hot_epilogue_gets_tier2_code(rt, worker_matmul):
     assert (a - b2).abs().max().item() <= EPS[torch.float16] * 2 * b2.abs().max().item() + 1e-6
 
 
+def _llama_mlp_act(x, wg, wu):  # LlamaMLP's act_fn(gate_proj(x)) * up_proj(x), as HF writes it
+    return torch.nn.functional.silu(torch.nn.functional.linear(x, wg)) * torch.nn.functional.linear(x, wu)
+
+
+def _epilogue_on_off(fn, *args):
+    """fn(*args) under the scheduler with matmul epilogues on and off: {on: (result, act_epilogues added,
+    dual_epilogues added)}."""
+    got = {}
+    for on in (True, False):
+        gpuos_ext._testing.set_mm_epilogue(on)
+        try:
+            s0 = gpuos.stats()
+            with torch.no_grad(), gpuos.scheduler_context():
+                y = fn(*args)
+            s1 = gpuos.stats()
+            got[on] = (y, s1["act_epilogues"] - s0["act_epilogues"], s1["dual_epilogues"] - s0["dual_epilogues"])
+        finally:
+            gpuos_ext._testing.set_mm_epilogue(True)
+    return got
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("rows", [1, 3, 8, 12])
+@pytest.mark.parametrize("N", [688, 1000])
+def test_gate_up_products_run_as_one_dual_item(rt, worker_matmul, dtype, rows, N):
+    """Llama's silu(gate) * up: two products of the same activations, no bias, whose only reader is one chain,
+    run as one dual item per column tile (kFlagMmDual: both weights' passes, each product rounded to its dtype, the
+    pair through the chain's two-input program) -- for 16-bit tensor-core products of <= 8 rows. Otherwise
+    (fp32: the per-warp path; 12 rows) both products and the chain go as before. Same values as eager, and within
+    one rounding of the three-level lowering (epilogues off); N = 1000 leaves a partial column tile."""
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(rows * 7 + N)
+    x = torch.randn(1, rows, 256, generator=g, device=DEV).to(dt)
+    wg = (torch.randn(N, 256, generator=g, device=DEV) / 16).to(dt)
+    wu = (torch.randn(N, 256, generator=g, device=DEV) / 16).to(dt)
+    ref = _llama_mlp_act(x, wg, wu)
+    got = _epilogue_on_off(_llama_mlp_act, x, wg, wu)
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
+    for on, (y, _, _) in got.items():
+        assert y.dtype == ref.dtype and y.shape == ref.shape, (on, y.dtype, y.shape)
+        torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
+    dual = dt != torch.float32 and rows <= 8
+    assert got[True][1:] == ((1, 1) if dual else (0, 0)) and got[False][1:] == (0, 0), \
+        {k: v[1:] for k, v in got.items()}
+    a, b = got[True][0].float(), got[False][0].float()
+    assert (a - b).abs().max().item() <= EPS[dt] * 2 * b.abs().max().item() + 1e-6, (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("case", ["gate_returned", "other_activations", "bias"])
+def test_products_that_are_not_a_pair_stay_two_items(rt, worker_matmul, case):
+    """No dual item where the pair is not one: a product Python also sees, two different activations, a bias
+    (an addmm) -- the products keep their own level (or the single-product epilogue where one qualifies); values
+    as eager."""
+    g = torch.Generator(device=DEV).manual_seed(31)
+    x = torch.randn(1, 256, generator=g, device=DEV).half()
+    x2 = torch.randn(1, 256, generator=g, device=DEV).half()
+    wg = (torch.randn(512, 256, generator=g, device=DEV) / 16).half()
+    wu = (torch.randn(512, 256, generator=g, device=DEV) / 16).half()
+    bu = torch.randn(512, generator=g, device=DEV).half()
+    lin = torch.nn.functional.linear
+
+    def fn(x, x2):
+        if case == "gate_returned":
+            h = lin(x, wg)
+            return h, torch.nn.functional.silu(h) * lin(x, wu)
+        if case == "other_activations":
+            return torch.nn.functional.silu(lin(x, wg)) * lin(x2, wu)
+        return torch.nn.functional.silu(lin(x, wg)) * lin(x, wu, bu)
+
+    ref = fn(x, x2)
+    got = _epilogue_on_off(fn, x, x2)
+    assert got[True][2] == 0, got[True][1:]
+    for y, r in zip(got[True][0] if isinstance(ref, tuple) else (got[True][0],),
+                    ref if isinstance(ref, tuple) else (ref,)):
+        torch.testing.assert_close(y, r, rtol=2e-2, atol=2e-2)
+
+
+def test_captured_llama_mlp_has_one_level_less_with_the_dual_item(rt, worker_matmul):
+    """A captured LlamaMLP (gate / up, silu * up, down): gate, up and the chain are one level; replays equal eager,
+    with new inputs."""
+    g = torch.Generator(device=DEV).manual_seed(13)
+    wg = (torch.randn(688, 256, generator=g, device=DEV) / 16).half()
+    wu = (torch.randn(688, 256, generator=g, device=DEV) / 16).half()
+    wd = (torch.randn(256, 688, generator=g, device=DEV) / 32).half()
+
+    def mlp(x):
+        return torch.nn.functional.linear(_llama_mlp_act(x, wg, wu), wd)
+
+    levels = {}
+    for on in (False, True):
+        gpuos_ext._testing.set_mm_epilogue(on)
+        try:
+            x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
+            prog = gpuos.capture(mlp, x)
+            levels[on] = sum(prog.info()["levels"])
+            for _ in range(2):
+                x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
+                torch.testing.assert_close(prog(x), mlp(x), rtol=2e-2, atol=2e-2)
+        finally:
+            gpuos_ext._testing.set_mm_epilogue(True)
+    assert levels[True] == levels[False] - 1, levels
+
+
+def test_hot_dual_item_gets_tier2_code(rt, worker_matmul):
+    """A dual item's two-input program counts toward tier 2 like any epilogue's: once hot, the worker runs its
+    straight-line code (worker.cu epi_spec with both products); values as eager, within one rounding of the
+    interpreted item's."""
+    g = torch.Generator(device=DEV).manual_seed(22)
+    x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
+    wg = (torch.randn(640, 256, generator=g, device=DEV) / 16).half()
+    wu = (torch.randn(640, 256, generator=g, device=DEV) / 16).half()
+
+    def f(x):  # a program of its own: this test's scalar (0.6875) is in no other test's chain
+        return _llama_mlp_act(x, wg, wu) * 0.6875
+
+    ref = f(x)
+    gpuos_ext.set_specialize_after(3)
+    try:
+        req0, dual0 = gpuos.stats()["specializations_requested"], gpuos.stats()["dual_epilogues"]
+        interp = []
+        for _ in range(3):
+            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+                interp.append(f(x))
+        assert gpuos.stats()["dual_epilogues"] == dual0 + 3
+        assert gpuos.stats()["specializations_requested"] == req0 + 1
+    finally:
+        gpuos_ext.set_specialize_after(64)
+    spec = hand_over_to_tier2()
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        got = f(x)
+    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
+    for y in interp + [got]:
+        torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
+    a, b = got.float(), interp[0].float()
+    assert (a - b).abs().max().item() <= EPS[torch.float16] * 2 * b.abs().max().item() + 1e-6
+
+
 def test_more_rows_than_the_worker_takes_stay_with_cublas(rt, worker_matmul):
     a, w = torch.randn(65, 128, device=DEV), torch.randn(64, 128, device=DEV)
     before = gpuos.stats()["fallbacks"].get("matmul_rows", 0)

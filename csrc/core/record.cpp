@@ -315,6 +315,20 @@ uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps) {
   return (uint32_t)std::min<int64_t>(kMmMaxGroup, (ntile + cover - 1) / cover);
 }
 
+// The matmul path (device_src/matmul.h) of a product of dtype pdt: tensor cores for 16-bit K-contiguous operands,
+// the ncol items for a 16-bit N-contiguous weight, per-warp column tiles otherwise.
+uint32_t matmul_variant(uint32_t adt, const TensorRef& a_ref, uint32_t bdt, const TensorRef& b_ref, uint32_t pdt,
+                        int64_t M, int64_t N, int64_t K) {
+  const bool h16 = (adt == kF16 || adt == kBF16) && bdt == adt && pdt == adt;
+  const bool a16 = (a_ref.ptr & 15) == 0 && (b_ref.ptr & 15) == 0 && K % 8 == 0;
+  if (h16 && a16 && a_ref.strides[1] == 1 && b_ref.strides[0] == 1 && a_ref.strides[0] % 8 == 0 &&
+      b_ref.strides[1] % 8 == 0)
+    return kMmMma;
+  if (h16 && (b_ref.ptr & 15) == 0 && b_ref.strides[1] == 1 && N % 8 == 0 && b_ref.strides[0] % 8 == 0)
+    return M == 1 ? kMmNcol1 : kMmNcol;
+  return kMmWarp;
+}
+
 void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                             const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
                             int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue,
@@ -341,18 +355,8 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   Operand ins[3] = {a, b, Operand{}};
   if (bias) ins[2] = *bias;
   else ins[2].is_const = true;
-  // Path (device_src/matmul.h): tensor cores for 16-bit K-contiguous operands, the ncol items for a 16-bit
-  // N-contiguous weight, per-warp column tiles otherwise.
-  // (The product's dtype decides: a cast epilogue's out may be fp32 behind an fp16 product.)
-  const uint32_t pdt = folded ? product_dtype : out.dtype;
-  const bool h16 = (a.dtype == kF16 || a.dtype == kBF16) && b.dtype == a.dtype && pdt == a.dtype;
-  const bool a16 = (a_ref.ptr & 15) == 0 && (b_ref.ptr & 15) == 0 && K % 8 == 0;
-  uint32_t variant = kMmWarp;
-  if (h16 && a16 && a_ref.strides[1] == 1 && b_ref.strides[0] == 1 && a_ref.strides[0] % 8 == 0 &&
-      b_ref.strides[1] % 8 == 0)
-    variant = kMmMma;
-  else if (h16 && (b_ref.ptr & 15) == 0 && b_ref.strides[1] == 1 && N % 8 == 0 && b_ref.strides[0] % 8 == 0)
-    variant = M == 1 ? kMmNcol1 : kMmNcol;
+  // (The product's dtype decides the path: a cast epilogue's out may be fp32 behind an fp16 product.)
+  const uint32_t variant = matmul_variant(a.dtype, a_ref, b.dtype, b_ref, folded ? product_dtype : out.dtype, M, N, K);
   if (variant == kMmWarp) {
     // One warp per tile of columns: about 16K multiply-adds per row of a, in multiples of 4 columns (the vector
     // path's pass), so a K = 4,096 weight streams 4 columns (32 KB of fp16) per warp.
@@ -371,6 +375,38 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   }
   st_.submitted++;
   maybe_publish_early();
+}
+
+bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
+                                 const Operand& b, const TensorRef& b_ref, const Operand& b2, const TensorRef& b2_ref,
+                                 int64_t M, int64_t N, int64_t K, float alpha, int32_t epilogue,
+                                 uint32_t product_dtype) {
+  if (M <= 0 || N <= 0 || M > (int64_t)kMmDualMaxRows || epilogue < 0 || epilogue > (int32_t)kMmEpiMask ||
+      b2.dtype != b.dtype || b2_ref.strides[0] != b_ref.strides[0])
+    return false;
+  // Both weights must take the tensor-core path, and the product must stay unsplit (the item holds a tile's
+  // whole K: no partials of two products to meet in the scratch).
+  if (matmul_variant(a.dtype, a_ref, b.dtype, b_ref, product_dtype, M, N, K) != kMmMma ||
+      matmul_variant(a.dtype, a_ref, b2.dtype, b2_ref, product_dtype, M, N, K) != kMmMma)
+    return false;
+  const int64_t ntile = (N + kMmMmaCols - 1) / kMmMmaCols;
+  const uint32_t warps = cfg_.threads_per_block / 32;
+  if (matmul_split(ntile, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps) != 1) return false;
+  const uint32_t group = matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps);
+  SubOp proto{};
+  proto.op = kOp_mm;
+  proto.flags = kFlagStrided | kFlagMmEpilogue | kFlagMmDual | (uint32_t)epilogue << kMmEpiShift |
+                product_dtype << kMmEpiDtShift;
+  proto.dtype = out.dtype | (a.dtype << 8) | (b.dtype << 16) | (b2.dtype << 24);
+  proto.scalar[0] = alpha;
+  proto.scalar[1] = 0.0f;
+  proto.reserved = kMmMma | 1u << 8 | group << 16;
+  const TensorRef refs[4] = {out_ref, a_ref, b_ref, b2_ref};
+  const Operand ins[3] = {a, b, b2};
+  append_tiles(proto, (uint64_t)((ntile + group - 1) / group), 1, refs, 4, out, ins, 3);
+  st_.submitted++;
+  maybe_publish_early();
+  return true;
 }
 
 // KV splits of decode attention (device_src/attention.h): enough items to cover the grid (about kAttnItems over

@@ -78,6 +78,10 @@ bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps);
 // Column tiles per item of an unsplit tensor-core product of `ntile` tiles, for a worker grid of `grid_warps` warps
 // (gpuos_ext._testing.matmul_group).
 uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps);
+// The path (kMmMma / kMmNcol / kMmNcol1 / kMmWarp, device_src/matmul.h) of an M x K by K x N product of dtype pdt
+// with operand dtypes adt / bdt and 2-D refs a_ref / b_ref (core/record.cpp).
+uint32_t matmul_variant(uint32_t adt, const TensorRef& a_ref, uint32_t bdt, const TensorRef& b_ref, uint32_t pdt,
+                        int64_t M, int64_t N, int64_t K);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
 // less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
@@ -193,6 +197,13 @@ class Runtime {
                      const Operand& b, const TensorRef& b_ref, const Operand* bias, const TensorRef* bias_ref,
                      int64_t M, int64_t N, int64_t K, float alpha, float beta, int32_t epilogue = -1,
                      uint32_t product_dtype = 0);
+  // Record out = prog(round(alpha * a @ b), round(alpha * a @ b2)) as one dual item per column tile group
+  // (kFlagMmDual: Llama's silu(gate) * up; `epilogue` a two-input program, each product rounded to product_dtype
+  // first). False -- nothing recorded -- unless both products take the tensor-core path unsplit with M <=
+  // kMmDualMaxRows; the caller then records them as two matmuls and the program.
+  bool record_matmul_dual(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
+                          const Operand& b, const TensorRef& b_ref, const Operand& b2, const TensorRef& b2_ref,
+                          int64_t M, int64_t N, int64_t K, float alpha, int32_t epilogue, uint32_t product_dtype);
   // Record decode attention (device_src/attention.h): `args` filled by the caller except nsplit (chosen here from
   // the KV length); q, k, v: 4-D refs (B x H x L x D). `out` is the written footprint (the caller gives one that
   // also covers the lse when AttnArgs::lse is set); `mask` may be null.

@@ -66,6 +66,7 @@ struct SchedStats {
   uint64_t recycled = 0;           // outputs given a fused-away intermediate's storage (sched/outpool.cpp)
   uint64_t epilogues = 0;          // residual adds folded into their matmul (sched/rewrite.cpp)
   uint64_t act_epilogues = 0;      // elementwise chains run as their matmul's epilogue program (sched/epilogue.cpp)
+  uint64_t dual_epilogues = 0;     // ... of those, two products' chains as one dual item (silu(gate) * up)
   uint64_t copies_folded = 0;      // copies whose producer writes their destination (sched/rewrite.cpp)
   uint64_t dead_ops = 0;           // ops dropped because nobody could read their output (sched/rewrite.cpp)
   uint64_t gqa_reads = 0;          // attention k / v read from repeat_kv's source (sched/rewrite.cpp gqa_source)

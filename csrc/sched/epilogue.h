@@ -19,12 +19,15 @@ namespace gpuos {
 bool group_nodes(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r,
                  std::vector<ExprNode>& nodes, std::vector<const at::Tensor*>& leaves, uint32_t& outv, bool& rows);
 
-// The matmul group j can run as (its epilogue), or -1; `mm`: the latest matmul before j by output storage.
-int epilogue_source(const std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child,
-                    const std::unordered_map<const void*, int>& mm, int j);
-// Records matmul i at group j's place with the group as its epilogue; false if it cannot (then both go as
-// before).
+// The matmuls group j can run as the epilogue of: {i, -1} one product, {i0, i1} a dual item's two (in no set
+// order: emit_epilogue matches them to the program's inputs), {-1, -1} none; `mm`: the latest matmul before j by output
+// storage.
+std::array<int, 2> epilogue_sources(const std::vector<DeferredOp>& ops,
+                                    const std::vector<std::array<int, kDeferredMaxIn>>& child,
+                                    const std::unordered_map<const void*, int>& mm, int j);
+// Records matmul i (and i2 >= 0, the dual item's other product) at group j's place with the group as its
+// epilogue; false if it cannot (then all go as before).
 bool emit_epilogue(Runtime& rt, const std::vector<DeferredOp>& ops,
-                   const std::vector<std::array<int, kDeferredMaxIn>>& child, int i, int j);
+                   const std::vector<std::array<int, kDeferredMaxIn>>& child, int i, int i2, int j);
 
 }  // namespace gpuos

@@ -133,6 +133,7 @@ py::dict sched_stats() {
   d["recycled_outputs"] = g_sched.recycled;
   d["epilogues"] = g_sched.epilogues;
   d["act_epilogues"] = g_sched.act_epilogues;
+  d["dual_epilogues"] = g_sched.dual_epilogues;
   d["copies_folded"] = g_sched.copies_folded;
   d["dead_ops"] = g_sched.dead_ops;
   d["gqa_reads"] = g_sched.gqa_reads;

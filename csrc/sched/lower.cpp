@@ -451,8 +451,9 @@ void lower_deferred(int dev, Runtime& rt) {
     D.touched.clear();
   };
   std::vector<char> emitted(n, 0);  // emit_unfused: ops of a group already emitted one by one
-  // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j).
-  std::vector<int> epi_src(n, -1);
+  // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j);
+  // epi_src2[j] = i2 >= 0 when it is a dual item's (products i and i2, both emitted at j).
+  std::vector<int> epi_src(n, -1), epi_src2(n, -1);
   std::vector<char> moved(n, 0);
   if (g_fusion && g_mm_epilogue && env_config().mm_epilogue) {
     std::unordered_map<const void*, int> mm;  // output storage -> the latest matmul writing it
@@ -462,8 +463,10 @@ void lower_deferred(int dev, Runtime& rt) {
         if (ops[q].in[0].dim() == 2) mm[storage_of(ops[q].out)] = q;
         continue;
       }
-      const int i = epilogue_source(ops, child, mm, q);
-      if (i >= 0) epi_src[q] = i, moved[i] = 1, mm.erase(storage_of(ops[i].out));
+      const auto src = epilogue_sources(ops, child, mm, q);
+      for (int k = 0; k < 2; ++k)
+        if (src[k] >= 0) moved[src[k]] = 1, mm.erase(storage_of(ops[src[k]].out));
+      epi_src[q] = src[0], epi_src2[q] = src[1];
     }
   }
   // Elide group j's members (not j itself, whose output is written) and count the group.
@@ -487,15 +490,19 @@ void lower_deferred(int dev, Runtime& rt) {
     for (; j < n; ++j) {
       if (fused_away[j] || moved[j]) continue;
       if (epi_src[j] >= 0) {
-        const int i = epi_src[j];
-        if (emit_epilogue(rt, ops, child, i, j)) {
+        const int i = epi_src[j], i2 = epi_src2[j];
+        if (emit_epilogue(rt, ops, child, i, i2, j)) {
           if (child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0 || child[j][3] >= 0) count_group(j);
-          elided[i] = 1;  // the product's own buffer is never written
+          elided[i] = 1;  // the products' own buffers are never written
+          if (i2 >= 0) elided[i2] = 1, g_sched.dual_epilogues++;
           g_sched.act_epilogues++;
           continue;
         }
-        emit_matmul(rt, ops[i]);  // not one program after all: the product here (nothing between wrote its
-      }                           // operands), then the group as it would have gone
+        // Not one program after all: the products here (nothing between wrote their operands), then the group
+        // as it would have gone.
+        emit_matmul(rt, ops[std::min(i, i2 >= 0 ? i2 : i)]);
+        if (i2 >= 0) emit_matmul(rt, ops[std::max(i, i2)]);
+      }
       const bool has_child = child[j][0] >= 0 || child[j][1] >= 0 || child[j][2] >= 0 || child[j][3] >= 0;
       if (!has_child) {
         emit_plain(rt, ops[j]);

@@ -52,4 +52,12 @@ void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b
                    product_dtype);
 }
 
+bool record_matmul_dual_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& b2,
+                                const at::Tensor& out, float alpha, int32_t epilogue, uint32_t product_dtype) {
+  const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
+  if (M == 0 || N == 0 || b2.sizes() != b.sizes()) return false;
+  return rt.record_matmul_dual(operand(out), make_ref(out, 2), operand(a), make_ref(a, 2), operand(b), make_ref(b, 2),
+                               operand(b2), make_ref(b2, 2), M, N, K, alpha, epilogue, product_dtype);
+}
+
 }  // namespace gpuos

@@ -15,6 +15,10 @@ void record_ew_tensors(Runtime& rt, uint32_t op, uint32_t arity, const at::Tenso
 void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                            const at::Tensor& out, float alpha, float beta, int32_t epilogue = -1,
                            uint32_t product_dtype = 0);
+// out = prog(round(alpha * a @ b), round(alpha * a @ b2)) as one dual item per tile (Runtime::record_matmul_dual);
+// false -- nothing recorded -- where that path does not take the products.
+bool record_matmul_dual_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& b2,
+                                const at::Tensor& out, float alpha, int32_t epilogue, uint32_t product_dtype);
 // A last-dim reduction of x into out (softmax / log_softmax: out has x's shape).
 void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const at::Tensor& out, bool keepdim);
 
