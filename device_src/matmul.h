@@ -248,8 +248,8 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // words 2s and 2s + 1 as the fragment's k pairs (2t, 2t+1) and (2t+8, 2t+9): A and B see one permutation of the
 // chunk's k. U chunks of the weight and of the activations are loaded before any is used (4 U + 2 U loads of
 // 16 bytes in flight per lane, 4 U + 4 U with TWO).
-// DUAL (kFlagMmDual, unsplit, one m8 tile): the same pass over the second weight into its own accumulators, and
-// each output pair through the epilogue program (mm_put_dual).
+// DUAL (kFlagMmDual, unsplit, one m8 tile): the second weight's loads and mma steps in the same loop, into its
+// own accumulators, and each output pair through the epilogue program (mm_put_dual).
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
 template <bool BF16, bool TWO, u32 U, bool DUAL = false>
 __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane) {
@@ -262,62 +262,76 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
     const bool xa = m0 + q < M, xb = TWO && m0 + q + 8 < M;
     const char* xpa = g.a + (u64)((xa ? m0 + q : 0) * as0) * 2 + 32 * t;
     const char* xpb = g.a + (u64)((xb ? m0 + q + 8 : 0) * as0) * 2 + 32 * t;
-    // One weight's pass over the slice (weight b, its row stride bs1) into acc.
-    const auto pass = [&](const char* b, i64 bs1, float (&acc)[2][4]) {
-      const char* wp0 = b + (u64)((w0 ? n0 + q : 0) * bs1) * 2 + 32 * t;
-      const char* wp1 = b + (u64)((w1 ? n0 + q + 8 : 0) * bs1) * 2 + 32 * t;
-      for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
-        uint4 w[U][2][2];
+    // The pass over the slice: weight b (its row stride bs1) into acc[0] -- and, DUAL, b2 into acc[1] in the same
+    // loop: both weights' loads in flight at once (one round trip per U chunks for the pair, not two).
+    constexpr u32 NW = DUAL ? 2 : 1;
+    const char* wp[NW][2];
+#pragma unroll
+    for (u32 v = 0; v < NW; ++v) {
+      const char* b = v == 0 ? g.b : g.b2;
+      const i64 bs1 = v == 0 ? g.bs1 : g.b2s1;
+      wp[v][0] = b + (u64)((w0 ? n0 + q : 0) * bs1) * 2 + 32 * t;
+      wp[v][1] = b + (u64)((w1 ? n0 + q + 8 : 0) * bs1) * 2 + 32 * t;
+    }
+    float acc[NW][2][4];
+#pragma unroll
+    for (u32 v = 0; v < NW; ++v)
+#pragma unroll
+      for (u32 j = 0; j < 2; ++j)
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) acc[v][j][i] = 0.0f;
+    for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
+      uint4 w[NW][U][2][2];
+#pragma unroll
+      for (u32 v = 0; v < NW; ++v)
 #pragma unroll
         for (u32 u = 0; u < U; ++u)
 #pragma unroll
           for (u32 h = 0; h < 2; ++h) {
             const u32 o = kc + u * kMmChunk * 2 + h * 16;
             const bool in = o + koff < kb1;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
-            w[u][0][h] = mm_ld16(wp0 + o, in && w0);
-            w[u][1][h] = mm_ld16(wp1 + o, in && w1);
+            w[v][u][0][h] = mm_ld16(wp[v][0] + o, in && w0);
+            w[v][u][1][h] = mm_ld16(wp[v][1] + o, in && w1);
           }
-        uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
+      uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
 #pragma unroll
-        for (u32 u = 0; u < U; ++u)
+      for (u32 u = 0; u < U; ++u)
 #pragma unroll
-          for (u32 h = 0; h < 2; ++h) {
-            const u32 o = kc + u * kMmChunk * 2 + h * 16;
-            const bool in = o + koff < kb1;
-            x0[u][h] = mm_ld16(xpa + o, in && xa);
-            x1[u][h] = TWO ? mm_ld16(xpb + o, in && xb) : make_uint4(0u, 0u, 0u, 0u);
-          }
+        for (u32 h = 0; h < 2; ++h) {
+          const u32 o = kc + u * kMmChunk * 2 + h * 16;
+          const bool in = o + koff < kb1;
+          x0[u][h] = mm_ld16(xpa + o, in && xa);
+          x1[u][h] = TWO ? mm_ld16(xpb + o, in && xb) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+      for (u32 v = 0; v < NW; ++v)
 #pragma unroll
         for (u32 u = 0; u < U; ++u) {
 #pragma unroll
           for (u32 s = 0; s < 4; ++s) {
-            const u32 a0 = mm_word(w[u][0], 2 * s), a1 = mm_word(w[u][1], 2 * s);
-            const u32 a2 = mm_word(w[u][0], 2 * s + 1), a3 = mm_word(w[u][1], 2 * s + 1);
-            mm_mma16816<BF16>(acc[0], a0, a1, a2, a3, mm_word(x0[u], 2 * s), mm_word(x0[u], 2 * s + 1));
-            if (TWO) mm_mma16816<BF16>(acc[1], a0, a1, a2, a3, mm_word(x1[u], 2 * s), mm_word(x1[u], 2 * s + 1));
+            const u32 a0 = mm_word(w[v][u][0], 2 * s), a1 = mm_word(w[v][u][1], 2 * s);
+            const u32 a2 = mm_word(w[v][u][0], 2 * s + 1), a3 = mm_word(w[v][u][1], 2 * s + 1);
+            mm_mma16816<BF16>(acc[v][0], a0, a1, a2, a3, mm_word(x0[u], 2 * s), mm_word(x0[u], 2 * s + 1));
+            if (TWO)
+              mm_mma16816<BF16>(acc[v][1], a0, a1, a2, a3, mm_word(x1[u], 2 * s), mm_word(x1[u], 2 * s + 1));
           }
         }
-      }
-    };
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    pass(g.b, g.bs1, acc);
+    }
     // Accumulator i of m8 tile j: column n0 + q (+ 8 for i >= 2), row m0 + 8j + 2t (+ 1 for odd i).
     if constexpr (DUAL) {
-      float acc2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-      pass(g.b2, g.b2s1, acc2);
       const i64 m = m0 + 2 * t;
-      mm_put_dual(g, m, n0 + q, acc[0][0], acc2[0][0]);
-      mm_put_dual(g, m + 1, n0 + q, acc[0][1], acc2[0][1]);
-      mm_put_dual(g, m, n0 + q + 8, acc[0][2], acc2[0][2]);
-      mm_put_dual(g, m + 1, n0 + q + 8, acc[0][3], acc2[0][3]);
+      mm_put_dual(g, m, n0 + q, acc[0][0][0], acc[NW - 1][0][0]);
+      mm_put_dual(g, m + 1, n0 + q, acc[0][0][1], acc[NW - 1][0][1]);
+      mm_put_dual(g, m, n0 + q + 8, acc[0][0][2], acc[NW - 1][0][2]);
+      mm_put_dual(g, m + 1, n0 + q + 8, acc[0][0][3], acc[NW - 1][0][3]);
     } else {
 #pragma unroll
       for (u32 j = 0; j < (TWO ? 2u : 1u); ++j) {
         const i64 m = m0 + 8 * j + 2 * t;
-        mm_emit(g, part, local, kMmMmaCols, m, n0, q, acc[j][0]);
-        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q, acc[j][1]);
-        mm_emit(g, part, local, kMmMmaCols, m, n0, q + 8, acc[j][2]);
-        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q + 8, acc[j][3]);
+        mm_emit(g, part, local, kMmMmaCols, m, n0, q, acc[0][j][0]);
+        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q, acc[0][j][1]);
+        mm_emit(g, part, local, kMmMmaCols, m, n0, q + 8, acc[0][j][2]);
+        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q + 8, acc[0][j][3]);
       }
     }
   }
