@@ -53,6 +53,9 @@ constexpr u32 kMmScratchHead = 16;     // floats before the partials (the counte
 constexpr u32 kMmMaxSplit = 64;        // most K slices (the scratch array has this many slots past the ring)
 constexpr u32 kMmMaxGroup = 16;        // most column tiles of one unsplit mma item
 constexpr u32 kMmDualMaxRows = 8;      // most activation rows of a dual item (one m8 tile: kFlagMmDual)
+// Most 16-bit values (M x K) of a prologue's activations: each warp's buffer in shared memory (worker.cu
+// BlockFinish::pro; kFlagMmPrologue). 1,024: K = 256 at M <= 4, K = 1,024 at M = 1.
+constexpr u32 kMmPrologueElems = 1024;
 constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 steps)
 constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256, kMmNcol1Cols = 64;
 // SubOp::reserved of an mm sub-op: variant | ksplit << 8 | tiles << 16 (15 bits) (variant 0: a column tile of the per-warp

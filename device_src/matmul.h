@@ -467,22 +467,27 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
 
 // The product's arguments from its descriptor and TensorRefs: [0] out (M x N), [1] a (M x K), [2] b (K x N),
 // [3] bias (M x N view; absent when in[2] is a constant); progs: the device program table (an epilogue's).
-__device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs, const Program* progs) {
+// A prologue (kFlagMmPrologue): [1..2] the row program's FusedArgs, [3] b; `pro` holds a (M x K, contiguous, the
+// row program's output dtype: mm_prologue).
+__device__ __forceinline__ MmArgs mm_args(const SubOp& d, const TensorRef* refs, const Program* progs,
+                                          const u16* pro = nullptr) {
   MmArgs g;
-  const TensorRef &ro = refs[0], &ra = refs[1], &rb = refs[2];
+  const bool prologue = d.flags & kFlagMmPrologue;
+  const TensorRef &ro = refs[0], &ra = refs[1], &rb = refs[prologue ? 3 : 2];
   g.out = (char*)ro.ptr;
-  g.a = (const char*)ra.ptr;
+  g.a = prologue ? (const char*)pro : (const char*)ra.ptr;
   g.b = (const char*)rb.ptr;
   // beta == 0 ignores the bias (NaN / inf included), as torch.addmm does. A dual item's refs[3] is its second
   // weight.
   const bool dual = d.flags & kFlagMmDual;
-  g.bias = dual || (d.flags & (kFlagConst0 << 2)) || d.scalar[1] == 0.0f ? nullptr : (const char*)refs[3].ptr;
+  g.bias = dual || prologue || (d.flags & (kFlagConst0 << 2)) || d.scalar[1] == 0.0f ? nullptr
+                                                                                    : (const char*)refs[3].ptr;
   g.b2 = dual ? (const char*)refs[3].ptr : nullptr;
   g.b2s1 = dual ? refs[3].strides[1] : 0;
-  g.M = ra.sizes[0];
-  g.K = ra.sizes[1];
+  g.M = ro.sizes[0];
+  g.K = rb.sizes[0];
   g.N = ro.sizes[1];
-  g.as0 = ra.strides[0], g.as1 = ra.strides[1];
+  g.as0 = prologue ? g.K : ra.strides[0], g.as1 = prologue ? 1 : ra.strides[1];
   g.bs0 = rb.strides[0], g.bs1 = rb.strides[1];
   g.os0 = ro.strides[0], g.os1 = ro.strides[1];
   g.cs0 = g.bias ? refs[3].strides[0] : 0, g.cs1 = g.bias ? refs[3].strides[1] : 0;
@@ -514,14 +519,37 @@ __device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* r
   }, [](u32) {});
 }
 
+// A prologue's activations (kFlagMmPrologue): the row program whose FusedArgs are in refs[1..2] (its id: the bits
+// of scalar[1]) over a's M rows of K, written into `pro` (this warp's shared buffer, M x K contiguous) instead of the
+// tensor the host never allocated a write for -- tier 2's code once the program is hot, else the interpreter (the
+// Program read from the device table). The FusedArgs' output operand is pointed at `pro` in the warp's slots
+// (every item of this warp points it there: a later descriptor finding the slots cached sees the same value).
+__device__ __noinline__ void mm_prologue(const SubOp& d, TensorRef* refs, const Program* progs, u32 lane, u16* pro) {
+  FusedArgs& fa = *(FusedArgs*)&refs[1];
+  if (lane == 0) fa.opnd[0].ptr = (u64)pro;
+  __syncwarp();
+  const u32 prog = __float_as_uint(d.scalar[1]);
+  const i64 M = refs[0].sizes[0], K = refs[3].sizes[0];
+  SubOp r{};
+  r.op = kOpFused;
+  r.flags = kFlagFused;
+  r.in[0] = prog;
+  r.base = 0;
+  r.n = (u32)(M * K);
+  r.reserved = (u32)K;  // rows of K
+  if (!exec_fused_spec(r, fa, prog, lane)) fused_prog_op(r, fa, progs[prog], lane);
+  __syncwarp();  // the buffer before the item's loads of it
+}
+
 // refs, progs: as mm_args. ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch /
 // capacity;
 // note: the claim's place and this descriptor's shared-memory slot (the local path leaves head = 1 on slice 0 of
 // a tile the claim holds whole); tb: the trace (nullptr: off), where each mma / ncol item records its own and its
 // split finish's duration.
-__device__ __noinline__ void matmul_op(const SubOp& d, const TensorRef* refs, const Program* progs, u32 lane, u32 ri,
+__device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Program* progs, u32 lane, u32 ri,
                                        float* scratch, u32 capacity, FinishNote* note, TraceBuf* tb) {
-  const MmArgs g = mm_args(d, refs, progs);
+  if (d.flags & kFlagMmPrologue) mm_prologue(d, refs, progs, lane, note->pro);
+  const MmArgs g = mm_args(d, refs, progs, note->pro);
   const u32 variant = d.reserved & 0xffu, ksplit = mm_ksplit(d);
   const u32 group = (d.reserved >> 16) & 0x7fffu ? (d.reserved >> 16) & 0x7fffu : 1u;
   if (variant == kMmMma && group > 1) {  // an unsplit item of `group` column tiles: tiles d.base * group, ...

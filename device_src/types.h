@@ -78,6 +78,12 @@ constexpr u32 kFlagMmCast = 1u << 13;
 // and layout (no bias), and the program has two inputs: out = prog(round(a @ b), round(a @ b2)). Tensor-core path,
 // unsplit, M <= kMmDualMaxRows (Runtime::record_matmul_dual).
 constexpr u32 kFlagMmDual = 1u << 14;
+// op mm: a prologue (a norm as the matmul's first step: Llama's RMSNorm before q / k / v). The activations `a` are
+// a row program's output that no one else reads: refs[1..2] hold that program's FusedArgs (its inputs, in the arena
+// as any fused sub-op's) instead of a's TensorRef, refs[3] the weight b (no bias), the program id is the bits of
+// scalar[1]. Each item first runs the row program over a's M rows of K into its warp's shared buffer
+// (kMmPrologueElems), then multiplies that (matmul.h mm_prologue; Runtime::record_matmul_prologue).
+constexpr u32 kFlagMmPrologue = 1u << 15;
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
 // index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).

@@ -185,6 +185,7 @@ struct FinishNote {
   u32 head;       // local path: 1 on the split 0 of a tile this claim combines
   u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
   u32 tslot;      // the trace's record slot of this sub-op (trace_item)
+  u16* pro;       // the running warp's prologue buffer (BlockFinish::pro; kFlagMmPrologue)
   u64 t0, t1;     // trace on: the sub-op's start and when its arguments were in shared memory (kept here, not in
                   // registers live across the dispatch: the untraced worker's spills stay as they were)
 };
@@ -198,6 +199,7 @@ struct BlockFinish {
   u32 pad;
   float red[kMaxWarps * kAttnRowsPerItem * 128];
   __align__(16) float local_part[kMaxWarps][kLocalSlot];
+  __align__(16) u16 pro[kMaxWarps][kMmPrologueElems];  // a matmul prologue's activations (one buffer per warp)
 };
 static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed descriptor");
 
@@ -433,6 +435,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
       n.tslot = resident && idx + j < kTraceLevelSlots ? seq * kTraceLevelSlots + idx + j
                                                        : (c0 + j) % args.capacity;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
+      n.pro = fin->pro[j % nwarps];  // descriptor j runs on warp j % nwarps
     }
   }
   for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {

@@ -70,6 +70,7 @@ class _Stats:
             "epilogues": c["epilogues"],  # residual adds folded into their matmul (csrc/sched/rewrite.h)
             "act_epilogues": c["act_epilogues"],  # chains run as their matmul's epilogue (sched/epilogue.cpp)
             "dual_epilogues": c["dual_epilogues"],  # ... of two products as one item (silu(gate) * up)
+            "prologues": c["prologues"],  # norms run inside the matmuls reading them (sched/prologue.cpp)
             "copies_folded": c["copies_folded"],  # copies whose producer writes their destination (torch.cat)
             "dead_ops": c["dead_ops"],    # ops dropped: nobody could read their output any more
             "gqa_reads": c["gqa_reads"],  # attention k / v read from repeat_kv's source, not its copy

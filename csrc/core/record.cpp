@@ -409,6 +409,43 @@ bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, c
   return true;
 }
 
+bool Runtime::record_matmul_prologue(const Operand& out, const TensorRef& out_ref, uint32_t a_dtype,
+                                     const FusedArgs& fa, uint32_t prog, const Operand* reads, uint32_t nread,
+                                     const Operand& b, const TensorRef& b_ref, int64_t M, int64_t N, int64_t K,
+                                     float alpha) {
+  if (M <= 0 || N <= 0 || K <= 0 || M * K > (int64_t)kMmPrologueElems || nread + 1 > kProgMaxInputs ||
+      (a_dtype != kF16 && a_dtype != kBF16) || fa.opnd[0].stride != 1 || fa.opnd[0].div != 1 || fa.opnd[0].mod != 0)
+    return false;
+  // a as the worker holds it: M x K contiguous in a 16-byte aligned shared buffer.
+  TensorRef a_ref{};
+  a_ref.ndim = 2, a_ref.dtype = a_dtype, a_ref.sizes[0] = M, a_ref.sizes[1] = K, a_ref.strides[0] = K;
+  a_ref.strides[1] = 1;
+  if (matmul_variant(a_dtype, a_ref, b.dtype, b_ref, out.dtype, M, N, K) != kMmMma) return false;
+  const int64_t ntile = (N + kMmMmaCols - 1) / kMmMmaCols;
+  const uint32_t warps = cfg_.threads_per_block / 32;
+  if (matmul_split(ntile, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps) != 1) return false;
+  const uint32_t group = matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps);
+  SubOp proto{};
+  proto.op = kOp_mm;
+  proto.flags = kFlagStrided | kFlagMmPrologue;
+  proto.dtype = out.dtype | (a_dtype << 8) | (b.dtype << 16) | (out.dtype << 24);
+  proto.scalar[0] = alpha;
+  std::memcpy(&proto.scalar[1], &prog, sizeof(float));
+  proto.reserved = kMmMma | 1u << 8 | group << 16;
+  TensorRef refs[4];
+  static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "a FusedArgs spans two slots");
+  refs[0] = out_ref;
+  std::memcpy((void*)&refs[1], (const void*)&fa, sizeof(FusedArgs));
+  refs[3] = b_ref;
+  Operand ins[kProgMaxInputs];
+  for (uint32_t k = 0; k < nread; ++k) ins[k] = reads[k];
+  ins[nread] = b;
+  append_tiles(proto, (uint64_t)((ntile + group - 1) / group), 1, refs, 4, out, ins, nread + 1);
+  st_.submitted++;
+  maybe_publish_early();
+  return true;
+}
+
 // KV splits of decode attention (device_src/attention.h): enough items to cover the grid (about kAttnItems over
 // the tiles), each split at least min_rows kv positions (Config::attn_min_rows: below that the combine costs more
 // than it saves), at most kAttnMaxSplit; the items of a split tile stay in one piece of append_tiles (consecutive

@@ -204,6 +204,14 @@ class Runtime {
   bool record_matmul_dual(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                           const Operand& b, const TensorRef& b_ref, const Operand& b2, const TensorRef& b2_ref,
                           int64_t M, int64_t N, int64_t K, float alpha, int32_t epilogue, uint32_t product_dtype);
+  // Record out = alpha * a @ b where a (M x K, a_dtype) is the output of the row program `prog` with arguments `fa`
+  // (its inputs `reads`; fa's output operand contiguous), which no one else reads: each item runs the program into
+  // shared memory first (kFlagMmPrologue: a norm before its matmuls). False -- nothing recorded -- unless M x K <=
+  // kMmPrologueElems and the product takes the tensor-core path unsplit; the caller then records the program and
+  // the product as before.
+  bool record_matmul_prologue(const Operand& out, const TensorRef& out_ref, uint32_t a_dtype, const FusedArgs& fa,
+                              uint32_t prog, const Operand* reads, uint32_t nread, const Operand& b,
+                              const TensorRef& b_ref, int64_t M, int64_t N, int64_t K, float alpha);
   // Record decode attention (device_src/attention.h): `args` filled by the caller except nsplit (chosen here from
   // the KV length); q, k, v: 4-D refs (B x H x L x D). `out` is the written footprint (the caller gives one that
   // also covers the lse when AttnArgs::lse is set); `mask` may be null.

@@ -2,6 +2,7 @@
 #include "core/tape.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -37,10 +38,20 @@ uint64_t Reloc::operator()(uint64_t p) const {
 
 namespace {
 
-// The activation epilogue program of a matmul entry (kFlagMmEpilogue: its tier-2 use count), or -1.
-int32_t epilogue_program(const SubOp& p) {
-  if (p.op >= kNumOps || kOps[p.op].kind != kKindMatmul || !(p.flags & kFlagMmEpilogue)) return -1;
-  return (int32_t)((p.flags >> kMmEpiShift) & kMmEpiMask);
+bool is_matmul(const SubOp& p) { return p.op < kNumOps && kOps[p.op].kind == kKindMatmul; }
+
+// The programs a matmul entry runs (their tier-2 use counts): its activation epilogue's (kFlagMmEpilogue) and its
+// prologue's (kFlagMmPrologue); -1 where it has none.
+std::array<int32_t, 2> matmul_programs(const SubOp& p) {
+  std::array<int32_t, 2> r = {-1, -1};
+  if (!is_matmul(p)) return r;
+  if (p.flags & kFlagMmEpilogue) r[0] = (int32_t)((p.flags >> kMmEpiShift) & kMmEpiMask);
+  if (p.flags & kFlagMmPrologue) {
+    uint32_t prog;
+    std::memcpy(&prog, &p.scalar[1], sizeof prog);
+    r[1] = (int32_t)prog;
+  }
+  return r;
 }
 
 // Where a data pointer of a tape entry lives: in its descriptor prototype (a sub-op without TensorRefs) or in its
@@ -69,6 +80,17 @@ void for_each_pointer(TapeEntry& e, F&& f) {
     return;
   }
   uint32_t k = 0;
+  if (is_matmul(e.proto) && (e.proto.flags & kFlagMmPrologue)) {  // refs[0] out, refs[1..2] a FusedArgs, refs[3] b
+    f(e.refs[0].ptr, PointerField{true, offsetof(TensorRef, ptr)});
+    FusedArgs fa;
+    std::memcpy((void*)&fa, (const void*)&e.refs[1], sizeof(FusedArgs));
+    for (uint32_t q = 0; q < 1 + fa.ninputs && q < kFusedMaxOperands; ++q)
+      f(fa.opnd[q].ptr, PointerField{true, sizeof(TensorRef) + offsetof(FusedArgs, opnd) + q * sizeof(FusedOperand) +
+                                               offsetof(FusedOperand, ptr)});
+    std::memcpy((void*)&e.refs[1], (const void*)&fa, sizeof(FusedArgs));
+    f(e.refs[3].ptr, PointerField{true, 3 * sizeof(TensorRef) + offsetof(TensorRef, ptr)});
+    return;
+  }
   if (e.proto.op == kOp_sdpa) {  // refs[0] holds the AttnArgs
     AttnArgs a;
     std::memcpy((void*)&a, (const void*)&e.refs[0], sizeof(AttnArgs));
@@ -154,7 +176,8 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max) 
     p0 += n;
     if (t.proto.flags & kFlagFused) im.programs.push_back((int32_t)t.proto.in[0]);
     else ops.insert(t.proto.op);
-    if (const int32_t e = epilogue_program(t.proto); e >= 0) im.epilogues.push_back(e);
+    for (int32_t e : matmul_programs(t.proto))
+      if (e >= 0) im.epilogues.push_back(e);
   }
   im.ops.assign(ops.begin(), ops.end());
   im.entries = lv.size();
@@ -345,7 +368,8 @@ void Runtime::replay(const Tape& tape, size_t b, size_t e, const Reloc& rel) {
     relocate(t, rel);
     if (!(t.proto.flags & kFlagFused)) note_op_gen(t.proto.op);
     else note_program_use((int32_t)t.proto.in[0]);  // replays count toward tier 2 like live runs
-    if (const int32_t e = epilogue_program(t.proto); e >= 0) note_program_use(e);
+    for (int32_t e : matmul_programs(t.proto))
+      if (e >= 0) note_program_use(e);
     out.fp = t.out;
     for (uint32_t k = 0; k < t.nin; ++k) {
       ins[k].fp = t.ins[k];

@@ -115,7 +115,7 @@ struct TapeImage {
   uint32_t replays = 0;
   std::vector<uint32_t> ops;        // distinct op ids of the unfused entries (generation needs, note_op_gen)
   std::vector<int32_t> programs;    // program id of each fused entry (tier-2 use counts, note_program_use)
-  std::vector<int32_t> epilogues;   // program id of each matmul entry's activation epilogue (the same counts)
+  std::vector<int32_t> epilogues;   // program ids of matmul entries' epilogues and prologues (the same counts)
   uint64_t entries = 0;
   // Set by Runtime::prepare_image: device addresses of the resident descriptors, TensorRefs and ProgLevel table
   // (0: not prepared).

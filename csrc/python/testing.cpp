@@ -102,8 +102,13 @@ void add_testing_module(py::module_& m) {
         "Elementwise chains whose only tensor input is a matmul's result run as its epilogue program (default) or "
         "as a level of their own (sched/lower.cpp; A/B and tests).");
   t.def("mm_epilogue", [] { return g_mm_epilogue; });
+  t.def("set_mm_prologue", [](bool on) { g_mm_prologue = on; }, py::arg("on"),
+        "A row program (a norm) whose output only matmuls read runs as their prologue (default) or as a level of "
+        "its own (sched/prologue.cpp; A/B and tests).");
+  t.def("mm_prologue", [] { return g_mm_prologue; });
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
-        // A random tape of plain, TensorRef, fused and attention entries over 6 storages, some of which move: the
+        // A random tape of plain, TensorRef, fused, attention and matmul-prologue entries (a FusedArgs between two
+        // TensorRefs) over 6 storages, some of which move: the
         // image path (stage_image, image_patches, aim_ref_fields) against entry-by-entry staging (relocate, then
         // append_tiles' rules) laid out the same way, over four calls. Returns (descriptors, mismatching
         // descriptors, refs, mismatching refs, pointer sites written).
@@ -112,10 +117,11 @@ void add_testing_module(py::module_& m) {
         Tape tape;
         for (uint32_t i = 0; i < n; ++i) {
           TapeEntry& t = tape.entries.emplace_back();
-          const uint32_t kind = (uint32_t)(g() % 4);
-          t.proto.op = kind == 3 ? (uint32_t)kOp_sdpa : kind == 2 ? kOpFused : (uint32_t)kOp_copy;
+          const uint32_t kind = (uint32_t)(g() % 5);
+          t.proto.op = kind == 4 ? (uint32_t)kOp_mm : kind == 3 ? (uint32_t)kOp_sdpa : kind == 2 ? kOpFused
+                                                                                            : (uint32_t)kOp_copy;
           for (uint32_t k = 0; k < 3; ++k)
-            if (kind != 2 && g() % 4 == 0) t.proto.flags |= kFlagConst0 << k;
+            if (kind < 2 && g() % 4 == 0) t.proto.flags |= kFlagConst0 << k;
           if (kind == 0) {
             t.proto.out = rp();
             for (uint32_t k = 0; k < 3; ++k) t.proto.in[k] = (t.proto.flags & (kFlagConst0 << k)) ? 0x3f800000u : rp();
@@ -130,6 +136,14 @@ void add_testing_module(py::module_& m) {
             fa.ninputs = (uint32_t)(g() % kProgMaxInputs);
             for (uint32_t k = 0; k <= fa.ninputs; ++k) fa.opnd[k].ptr = rp(), fa.opnd[k].stride = 1 + k;
             std::memcpy((void*)t.refs, (const void*)&fa, sizeof(FusedArgs));
+          } else if (kind == 4) {
+            t.proto.flags = kFlagStrided | kFlagMmPrologue;
+            t.nref = 4;
+            FusedArgs fa{};
+            fa.ninputs = (uint32_t)(g() % kProgMaxInputs);
+            for (uint32_t k = 0; k <= fa.ninputs; ++k) fa.opnd[k].ptr = rp(), fa.opnd[k].stride = 1 + k;
+            t.refs[0].ptr = rp(), t.refs[3].ptr = rp();
+            std::memcpy((void*)&t.refs[1], (const void*)&fa, sizeof(FusedArgs));
           } else {
             t.nref = 4;
             AttnArgs a{};

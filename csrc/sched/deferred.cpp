@@ -15,6 +15,7 @@ SchedStats g_sched;
 bool g_fusion = true;
 bool g_row_fusion = true;
 bool g_mm_epilogue = true;
+bool g_mm_prologue = true;
 
 bool worker_matmul_enabled() {
   if (g_worker_matmul < 0) g_worker_matmul = env_config().worker_matmul ? 1 : 0;

@@ -67,6 +67,7 @@ struct SchedStats {
   uint64_t epilogues = 0;          // residual adds folded into their matmul (sched/rewrite.cpp)
   uint64_t act_epilogues = 0;      // elementwise chains run as their matmul's epilogue program (sched/epilogue.cpp)
   uint64_t dual_epilogues = 0;     // ... of those, two products' chains as one dual item (silu(gate) * up)
+  uint64_t prologues = 0;          // row programs run as the prologue of the matmuls reading them (sched/prologue.cpp)
   uint64_t copies_folded = 0;      // copies whose producer writes their destination (sched/rewrite.cpp)
   uint64_t dead_ops = 0;           // ops dropped because nobody could read their output (sched/rewrite.cpp)
   uint64_t gqa_reads = 0;          // attention k / v read from repeat_kv's source (sched/rewrite.cpp gqa_source)
@@ -85,6 +86,9 @@ extern bool g_row_fusion;  // row programs and shared producers in groups (gpuos
 // Activation chains after a matmul run as its epilogue program (sched/epilogue.cpp; gpuos_ext._testing.set_mm_epilogue,
 // needs g_fusion; GPUOS_MM_EPILOGUE=0 turns it off for the process).
 extern bool g_mm_epilogue;
+// Row programs read only by matmuls run as their prologue (sched/prologue.cpp; gpuos_ext._testing.set_mm_prologue,
+// needs g_fusion; GPUOS_MM_PROLOGUE=0 turns it off for the process).
+extern bool g_mm_prologue;
 // aten::mm / addmm with at most kWorkerMatmulMaxRows activation rows run as worker tasks (gpuos.set_worker_matmul;
 // off by default, GPUOS_WORKER_MATMUL=1 turns it on: read on first use, config/config.h).
 bool worker_matmul_enabled();

@@ -134,6 +134,7 @@ py::dict sched_stats() {
   d["epilogues"] = g_sched.epilogues;
   d["act_epilogues"] = g_sched.act_epilogues;
   d["dual_epilogues"] = g_sched.dual_epilogues;
+  d["prologues"] = g_sched.prologues;
   d["copies_folded"] = g_sched.copies_folded;
   d["dead_ops"] = g_sched.dead_ops;
   d["gqa_reads"] = g_sched.gqa_reads;

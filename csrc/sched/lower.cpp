@@ -13,6 +13,7 @@
 #include "sched/bytecode.h"
 #include "sched/deferred.h"
 #include "sched/epilogue.h"
+#include "sched/prologue.h"
 #include "sched/outpool.h"
 #include "sched/rewrite.h"
 #include "tensor/attention.h"
@@ -159,25 +160,20 @@ bool group_nodes(const std::vector<DeferredOp>& ops, const std::vector<std::arra
   return true;
 }
 
-namespace {
-
-// Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
-// (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
-bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
+// sched/prologue.h.
+bool build_fused(Runtime& rt, const std::vector<DeferredOp>& ops,
+                 const std::vector<std::array<int, kDeferredMaxIn>>& child, int r, FusedUnit& u) {
   const DeferredOp& root = ops[r];
   std::vector<ExprNode> nodes;
   std::vector<const at::Tensor*> leaves;
   uint32_t outv = 0;
-  bool rows = false;
-  if (!group_nodes(ops, child, r, nodes, leaves, outv, rows)) return false;
+  if (!group_nodes(ops, child, r, nodes, leaves, outv, u.rows)) return false;
   const uint32_t nin = (uint32_t)leaves.size();
-  FusedArgs fa;
+  FusedArgs& fa = u.fa;
   std::memset((void*)&fa, 0, sizeof fa);
   const at::IntArrayRef shape = root.out.sizes();
   if (!fused_rule(root.out, shape, fa.opnd[0]) || (fa.opnd[0].mod != 0 || fa.opnd[0].div != 1)) return false;
   fa.dtype[0] = (uint8_t)dtype_code(root.out.scalar_type());
-  Operand ins[kProgMaxInputs];
-  at::Tensor expanded[kProgMaxInputs];
   for (uint32_t k = 0; k < nin; ++k) {
     const at::Tensor& t = *leaves[k];
     if (!fused_rule(t, shape, fa.opnd[1 + k])) return false;
@@ -186,8 +182,9 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
         !(t.data_ptr() == root.out.data_ptr() && t.sizes() == shape && t.strides() == root.out.strides()))
       return false;
     fa.dtype[1 + k] = (uint8_t)dtype_code(t.scalar_type());
-    expanded[k] = t.sizes() == shape ? t : t.expand(shape);
-    ins[k] = operand(expanded[k]);
+    u.expanded[k] = t.sizes() == shape ? t : t.expand(shape);
+    u.ins[k] = operand(u.expanded[k]);
+    u.leaves[k] = &t;
   }
   Program prog;
   try {
@@ -195,12 +192,24 @@ bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std
   } catch (const std::invalid_argument&) {
     return false;
   }
-  const int32_t pid = rt.program_id(prog);
-  if (pid < 0) return false;
-  note_program_use(pid);
-  fa.prog = (uint32_t)pid;
+  u.pid = rt.program_id(prog);
+  if (u.pid < 0) return false;
+  fa.prog = (uint32_t)u.pid;
   fa.ninputs = nin;
-  rt.record_fused((uint32_t)pid, fa, operand(root.out), ins, nin, root.out.numel(), rows ? shape.back() : 0);
+  u.nin = nin;
+  return true;
+}
+
+namespace {
+
+// Emit op r and the producers fused into it as one interpreter sub-op; false if it cannot be expressed
+// (too many inputs/instructions, a layout the fused rule cannot address, a full program table).
+bool emit_fused(Runtime& rt, std::vector<DeferredOp>& ops, const std::vector<std::array<int, kDeferredMaxIn>>& child, int r) {
+  FusedUnit u;
+  if (!build_fused(rt, ops, child, r, u)) return false;
+  note_program_use(u.pid);
+  const at::Tensor& out = ops[r].out;
+  rt.record_fused((uint32_t)u.pid, u.fa, operand(out), u.ins, u.nin, out.numel(), u.rows ? out.size(-1) : 0);
   return true;
 }
 
@@ -469,6 +478,18 @@ void lower_deferred(int dev, Runtime& rt) {
       epi_src[q] = src[0], epi_src2[q] = src[1];
     }
   }
+  // Prologues: pro_src[i] = g when matmul i evaluates group g itself (g is then not emitted at its place; if a
+  // reader's prologue is refused, g is emitted once before that reader: `materialized`).
+  std::vector<int> pro_src(n, -1);
+  std::vector<char> held(n, 0), materialized(n, 0), pro_counted(n, 0);
+  std::unordered_map<int, FusedUnit> units;
+  if (g_fusion && g_mm_prologue && env_config().mm_prologue) {
+    pro_src = prologue_sources(ops, child, dropped, fused_away, moved);
+    for (int i = 0; i < n; ++i) {
+      if (pro_src[i] >= 0 && epi_src[pro_src[i]] >= 0) pro_src[i] = -1;  // that group runs as an epilogue
+      if (pro_src[i] >= 0) held[pro_src[i]] = 1;
+    }
+  }
   // Elide group j's members (not j itself, whose output is written) and count the group.
   const auto count_group = [&](int j) {
     int members = 0;
@@ -488,7 +509,30 @@ void lower_deferred(int dev, Runtime& rt) {
   int j = 0;
   try {
     for (; j < n; ++j) {
-      if (fused_away[j] || moved[j]) continue;
+      if (fused_away[j] || moved[j] || held[j]) continue;
+      if (const int g = pro_src[j]; g >= 0 && !materialized[g]) {
+        if (emit_prologue(rt, ops, child, g, j, units[g])) {
+          if (!pro_counted[g]) count_group(g), elided[g] = 1, pro_counted[g] = 1, g_sched.prologues++;
+          continue;
+        }
+        // Refused (the runtime's path): the group here, once, then this product as usual. Its members stay
+        // elided (fused: never written); a group emitted op by op writes them.
+        materialized[g] = 1, elided[g] = 0;
+        if (!emit_fused(rt, ops, child, g)) {
+          emit_unfused(rt, ops, child, g, emitted);
+          if (pro_counted[g]) {
+            std::vector<int> st(1, g);
+            while (!st.empty()) {
+              const int x = st.back();
+              st.pop_back();
+              elided[x] = 0;
+              for (int c : child[x]) if (c >= 0) st.push_back(c);
+            }
+          }
+        } else if (!pro_counted[g]) {
+          count_group(g);
+        }
+      }
       if (epi_src[j] >= 0) {
         const int i = epi_src[j], i2 = epi_src2[j];
         if (emit_epilogue(rt, ops, child, i, i2, j)) {

@@ -52,6 +52,15 @@ void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b
                    product_dtype);
 }
 
+bool record_matmul_prologue_tensors(Runtime& rt, const FusedArgs& fa, uint32_t prog, const Operand* reads,
+                                    uint32_t nread, uint32_t a_dtype, const at::Tensor& b, const at::Tensor& out,
+                                    float alpha) {
+  const int64_t M = out.size(0), N = out.size(1), K = b.size(0);
+  if (M == 0 || N == 0) return false;
+  return rt.record_matmul_prologue(operand(out), make_ref(out, 2), a_dtype, fa, prog, reads, nread, operand(b),
+                                   make_ref(b, 2), M, N, K, alpha);
+}
+
 bool record_matmul_dual_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& b2,
                                 const at::Tensor& out, float alpha, int32_t epilogue, uint32_t product_dtype) {
   const int64_t M = out.size(0), N = out.size(1), K = a.size(1);

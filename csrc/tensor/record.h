@@ -19,6 +19,12 @@ void record_matmul_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b
 // false -- nothing recorded -- where that path does not take the products.
 bool record_matmul_dual_tensors(Runtime& rt, const at::Tensor& a, const at::Tensor& b, const at::Tensor& b2,
                                 const at::Tensor& out, float alpha, int32_t epilogue, uint32_t product_dtype);
+// out = alpha * a @ b where a (a_dtype, M x K: b's K rows, out's M rows) is the output of the fused program `prog`
+// with arguments `fa` (its inputs `reads`), evaluated by each item (Runtime::record_matmul_prologue); false --
+// nothing recorded -- where that path does not take the product.
+bool record_matmul_prologue_tensors(Runtime& rt, const FusedArgs& fa, uint32_t prog, const Operand* reads,
+                                    uint32_t nread, uint32_t a_dtype, const at::Tensor& b, const at::Tensor& out,
+                                    float alpha);
 // A last-dim reduction of x into out (softmax / log_softmax: out has x's shape).
 void record_reduce_tensors(Runtime& rt, uint32_t op, const at::Tensor& x, const at::Tensor& out, bool keepdim);
 
