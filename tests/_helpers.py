@@ -72,3 +72,56 @@ def tiny_hf_llama(device="cuda"):
         return model.generate(prompt, max_new_tokens=8, do_sample=False, **kw)
 
     return cfg, generate
+
+
+def hot_then_tier2(f, x, stat, per_run=1):
+    """f(x) three times under the scheduler with tier 2 after three uses of a program (the interpreter runs these):
+    gpuos.stats()[stat] grows by `per_run` each time and tier 2 is asked for one program's code; then, handed over to
+    that generation, f(x) once more. Returns (the interpreted results, the tier-2 result)."""
+    import gpuos
+    import gpuos_ext
+    import torch
+
+    gpuos_ext.set_specialize_after(3)
+    try:
+        req0, s0 = gpuos.stats()["specializations_requested"], gpuos.stats()[stat]
+        interp = []
+        for _ in range(3):
+            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+                interp.append(f(x))
+        assert gpuos.stats()[stat] == s0 + 3 * per_run
+        assert gpuos.stats()["specializations_requested"] == req0 + 1
+    finally:
+        gpuos_ext.set_specialize_after(64)
+    spec = hand_over_to_tier2()
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        got = f(x)
+    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
+    return interp, got
+
+
+def within_one_rounding(a, b, eps):
+    """a and b (tensors of one shape) differ by at most one rounding of unit `eps` (twice eps, relative to b's
+    largest magnitude): the same values through two copies of one computation."""
+    a, b = a.float(), b.float()
+    err = (a - b).abs().max().item()
+    assert err <= eps * 2 * b.abs().max().item() + 1e-6, err
+
+
+def captured_levels(fn, make_input, set_on, compare, calls=2):
+    """Captures fn with a rewrite off and on (set_on(False / True); left on), replays each program `calls` times with
+    new inputs from make_input(), comparing with fn's eager result (compare(got, ref)). Returns {on: levels}."""
+    import gpuos
+
+    levels = {}
+    for on in (False, True):
+        set_on(on)
+        try:
+            prog = gpuos.capture(fn, make_input())
+            levels[on] = sum(prog.info()["levels"])
+            for _ in range(calls):
+                x = make_input()
+                compare(prog(x), fn(x))
+        finally:
+            set_on(True)
+    return levels

@@ -127,6 +127,17 @@ def rt(requires_gpu):
     torch.cuda.synchronize()
 
 
+@pytest.fixture
+def worker_matmul():
+    """The scheduler's worker matmul on (gpuos.set_worker_matmul(True)) for the test, as it was afterwards."""
+    import gpuos
+
+    was = gpuos.worker_matmul_enabled()
+    gpuos.set_worker_matmul(True)
+    yield
+    gpuos.set_worker_matmul(was)
+
+
 _FAIL_LOG = os.environ.get("GPUOS_FAIL_LOG")
 
 

@@ -14,7 +14,7 @@ import torch
 
 import gpuos
 import gpuos_ext
-from _helpers import hand_over_to_tier2
+from _helpers import captured_levels, hot_then_tier2, within_one_rounding
 
 pytestmark = pytest.mark.gpu
 
@@ -237,14 +237,6 @@ def test_matmul_argument_errors_name_the_problem(rt, case):
     assert gpuos.stats()["submitted"] == before, "a rejected call recorded work"
 
 
-@pytest.fixture
-def worker_matmul():
-    was = gpuos.worker_matmul_enabled()
-    gpuos.set_worker_matmul(True)
-    yield
-    gpuos.set_worker_matmul(was)
-
-
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("rows", [(1,), (4,), (1, 1), (2, 3)], ids=lambda r: "x".join(map(str, r)))
 def test_linear_chain_under_the_scheduler_runs_in_the_worker(rt, worker_matmul, dtype, rows):
@@ -276,6 +268,23 @@ def _new_gelu(x):  # GPT-2's NewGELUActivation, op by op as HF writes it
 
 def _conv1d(x, w, b):  # GPT-2's Conv1D: addmm of the bias, a row-major K x N weight, read back through a view
     return torch.addmm(b, x.view(-1, x.size(-1)), w).view(*x.shape[:-1], w.size(1))
+
+
+def _epilogue_on_off(fn, *args):
+    """fn(*args) under the scheduler with matmul epilogues on and off: {on: (result, act_epilogues added,
+    dual_epilogues added)}."""
+    got = {}
+    for on in (True, False):
+        gpuos_ext._testing.set_mm_epilogue(on)
+        try:
+            s0 = gpuos.stats()
+            with torch.no_grad(), gpuos.scheduler_context():
+                y = fn(*args)
+            s1 = gpuos.stats()
+            got[on] = (y, s1["act_epilogues"] - s0["act_epilogues"], s1["dual_epilogues"] - s0["dual_epilogues"])
+        finally:
+            gpuos_ext._testing.set_mm_epilogue(True)
+    return got
 
 
 ACTS = {
@@ -310,18 +319,9 @@ def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act
     b = torch.randn(768, generator=g, device=DEV).to(dt)
     fn = ACTS[act]
     ref = fn(x, w, b)
-    got = {}
-    for on in (True, False):
-        gpuos_ext._testing.set_mm_epilogue(on)
-        try:
-            before = gpuos.stats()["act_epilogues"]
-            with torch.no_grad(), gpuos.scheduler_context():
-                y = fn(x, w, b)
-            got[on] = (y, gpuos.stats()["act_epilogues"] - before)
-        finally:
-            gpuos_ext._testing.set_mm_epilogue(True)
+    got = _epilogue_on_off(fn, x, w, b)
     tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
-    for on, (y, folded) in got.items():
+    for on, (y, _, _) in got.items():
         assert y.dtype == ref.dtype and y.shape == ref.shape, (on, y.dtype, y.shape)
         torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
     casts = act in ("cast_conv1d", "logits_cast")
@@ -329,9 +329,7 @@ def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act
     assert got[True][1] == folds and got[False][1] == 0, {k: v[1] for k, v in got.items()}
     # the chain's own rounding is kept: within one rounding of the two-level lowering (same product, same program;
     # only the compiler's contraction of a functor may differ between the two copies of the interpreter)
-    a, b2 = got[True][0].float(), got[False][0].float()
-    eps = EPS[dt] * 2
-    assert (a - b2).abs().max().item() <= eps * b2.abs().max().item() + 1e-6, (a - b2).abs().max().item()
+    within_one_rounding(got[True][0], got[False][0], EPS[dt])
 
 
 def test_a_product_read_elsewhere_keeps_its_own_level(rt, worker_matmul):
@@ -365,18 +363,9 @@ def test_captured_mlp_has_one_level_less_with_the_epilogue(rt, worker_matmul):
     def mlp(x):
         return _conv1d(_new_gelu(_conv1d(x, w1, b1)), w2, b2)
 
-    levels = {}
-    for on in (False, True):
-        gpuos_ext._testing.set_mm_epilogue(on)
-        try:
-            x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
-            prog = gpuos.capture(mlp, x)
-            levels[on] = sum(prog.info()["levels"])
-            for _ in range(2):
-                x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
-                torch.testing.assert_close(prog(x), mlp(x), rtol=2e-2, atol=2e-2)
-        finally:
-            gpuos_ext._testing.set_mm_epilogue(True)
+    levels = captured_levels(mlp, lambda: torch.randn(1, 1, 256, generator=g, device=DEV).half(),
+                             gpuos_ext._testing.set_mm_epilogue,
+                             lambda y, r: torch.testing.assert_close(y, r, rtol=2e-2, atol=2e-2))
     assert levels[True] == levels[False] - 1, levels
 
 
@@ -394,46 +383,14 @@ def test_hot_epilogue_gets_tier2_code(rt, worker_matmul):
         return _new_gelu(_conv1d(x, w, b)) * 0.8125
 
     ref = f(x)
-    gpuos_ext.set_specialize_after(3)
-    try:
-        req0, epi0 = gpuos.stats()["specializations_requested"], gpuos.stats()["act_epilogues"]
-        interp = []
-        for _ in range(3):
-            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
-                interp.append(f(x))
-        assert gpuos.stats()["act_epilogues"] == epi0 + 3
-        assert gpuos.stats()["specializations_requested"] == req0 + 1
-    finally:
-        gpuos_ext.set_specialize_after(64)
-    spec = hand_over_to_tier2()
-    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
-        got = f(x)
-    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
+    interp, got = hot_then_tier2(f, x, "act_epilogues")
     for y in interp + [got]:
         torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
-    a, b2 = got.float(), interp[0].float()
-    assert (a - b2).abs().max().item() <= EPS[torch.float16] * 2 * b2.abs().max().item() + 1e-6
+    within_one_rounding(got, interp[0], EPS[torch.float16])
 
 
 def _llama_mlp_act(x, wg, wu):  # LlamaMLP's act_fn(gate_proj(x)) * up_proj(x), as HF writes it
     return torch.nn.functional.silu(torch.nn.functional.linear(x, wg)) * torch.nn.functional.linear(x, wu)
-
-
-def _epilogue_on_off(fn, *args):
-    """fn(*args) under the scheduler with matmul epilogues on and off: {on: (result, act_epilogues added,
-    dual_epilogues added)}."""
-    got = {}
-    for on in (True, False):
-        gpuos_ext._testing.set_mm_epilogue(on)
-        try:
-            s0 = gpuos.stats()
-            with torch.no_grad(), gpuos.scheduler_context():
-                y = fn(*args)
-            s1 = gpuos.stats()
-            got[on] = (y, s1["act_epilogues"] - s0["act_epilogues"], s1["dual_epilogues"] - s0["dual_epilogues"])
-        finally:
-            gpuos_ext._testing.set_mm_epilogue(True)
-    return got
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
@@ -459,8 +416,7 @@ def test_gate_up_products_run_as_one_dual_item(rt, worker_matmul, dtype, rows, N
     dual = dt != torch.float32 and rows <= 8
     assert got[True][1:] == ((1, 1) if dual else (0, 0)) and got[False][1:] == (0, 0), \
         {k: v[1:] for k, v in got.items()}
-    a, b = got[True][0].float(), got[False][0].float()
-    assert (a - b).abs().max().item() <= EPS[dt] * 2 * b.abs().max().item() + 1e-6, (a - b).abs().max().item()
+    within_one_rounding(got[True][0], got[False][0], EPS[dt])
 
 
 @pytest.mark.parametrize("case", ["gate_returned", "other_activations", "bias"])
@@ -503,18 +459,9 @@ def test_captured_llama_mlp_has_one_level_less_with_the_dual_item(rt, worker_mat
     def mlp(x):
         return torch.nn.functional.linear(_llama_mlp_act(x, wg, wu), wd)
 
-    levels = {}
-    for on in (False, True):
-        gpuos_ext._testing.set_mm_epilogue(on)
-        try:
-            x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
-            prog = gpuos.capture(mlp, x)
-            levels[on] = sum(prog.info()["levels"])
-            for _ in range(2):
-                x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
-                torch.testing.assert_close(prog(x), mlp(x), rtol=2e-2, atol=2e-2)
-        finally:
-            gpuos_ext._testing.set_mm_epilogue(True)
+    levels = captured_levels(mlp, lambda: torch.randn(1, 1, 256, generator=g, device=DEV).half(),
+                             gpuos_ext._testing.set_mm_epilogue,
+                             lambda y, r: torch.testing.assert_close(y, r, rtol=2e-2, atol=2e-2))
     assert levels[True] == levels[False] - 1, levels
 
 
@@ -531,25 +478,10 @@ def test_hot_dual_item_gets_tier2_code(rt, worker_matmul):
         return _llama_mlp_act(x, wg, wu) * 0.6875
 
     ref = f(x)
-    gpuos_ext.set_specialize_after(3)
-    try:
-        req0, dual0 = gpuos.stats()["specializations_requested"], gpuos.stats()["dual_epilogues"]
-        interp = []
-        for _ in range(3):
-            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
-                interp.append(f(x))
-        assert gpuos.stats()["dual_epilogues"] == dual0 + 3
-        assert gpuos.stats()["specializations_requested"] == req0 + 1
-    finally:
-        gpuos_ext.set_specialize_after(64)
-    spec = hand_over_to_tier2()
-    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
-        got = f(x)
-    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
+    interp, got = hot_then_tier2(f, x, "dual_epilogues")
     for y in interp + [got]:
         torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
-    a, b = got.float(), interp[0].float()
-    assert (a - b).abs().max().item() <= EPS[torch.float16] * 2 * b.abs().max().item() + 1e-6
+    within_one_rounding(got, interp[0], EPS[torch.float16])
 
 
 def test_more_rows_than_the_worker_takes_stay_with_cublas(rt, worker_matmul):

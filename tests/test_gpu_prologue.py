@@ -11,7 +11,7 @@ import torch
 
 import gpuos
 import gpuos_ext
-from _helpers import hand_over_to_tier2
+from _helpers import captured_levels, hot_then_tier2, within_one_rounding
 
 pytestmark = pytest.mark.gpu
 
@@ -20,14 +20,6 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 EPS = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 TOL = {torch.float16: 2e-2, torch.bfloat16: 1e-1}
 lin = torch.nn.functional.linear
-
-
-@pytest.fixture
-def worker_matmul():
-    was = gpuos.worker_matmul_enabled()
-    gpuos.set_worker_matmul(True)
-    yield
-    gpuos.set_worker_matmul(was)
 
 
 def _rms(x, w, eps=1e-6):  # HF's LlamaRMSNorm, op by op
@@ -94,8 +86,7 @@ def test_norm_runs_as_the_prologue_of_its_matmuls(rt, worker_matmul, dtype, norm
     for on in (True, False):
         _close(got[on][0], ref, dt)
     for a, b in zip(got[True][0], got[False][0]):
-        a, b = a.float(), b.float()
-        assert (a - b).abs().max().item() <= EPS[dt] * 2 * b.abs().max().item() + 1e-6, (a - b).abs().max().item()
+        within_one_rounding(a, b, EPS[dt])
 
 
 @pytest.mark.parametrize("case", ["norm_returned", "norm_read_by_a_chain", "too_many_values", "fp32", "bias",
@@ -140,18 +131,8 @@ def test_captured_attention_input_has_one_level_less_and_follows_new_inputs(rt, 
     g = torch.Generator(device=DEV).manual_seed(43)
     W = _weights(torch.float16, g)
     fn = _attention_input("rms", W)
-    levels = {}
-    for on in (False, True):
-        gpuos_ext._testing.set_mm_prologue(on)
-        try:
-            x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
-            prog = gpuos.capture(fn, x)
-            levels[on] = sum(prog.info()["levels"])
-            for _ in range(3):
-                x = torch.randn(1, 1, 256, generator=g, device=DEV).half()
-                _close(prog(x), fn(x), torch.float16)
-        finally:
-            gpuos_ext._testing.set_mm_prologue(True)
+    levels = captured_levels(fn, lambda: torch.randn(1, 1, 256, generator=g, device=DEV).half(),
+                             gpuos_ext._testing.set_mm_prologue, lambda y, r: _close(y, r, torch.float16), calls=3)
     assert levels[True] == levels[False] - 1, levels
 
 
@@ -170,23 +151,8 @@ def test_hot_prologue_gets_tier2_code(rt, worker_matmul):
         return lin(h, W["q"]), lin(h, W["k"])
 
     ref = f(x)
-    gpuos_ext.set_specialize_after(3)
-    try:
-        req0, pro0 = gpuos.stats()["specializations_requested"], gpuos.stats()["prologues"]
-        interp = []
-        for _ in range(3):
-            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
-                interp.append(f(x))
-        assert gpuos.stats()["prologues"] == pro0 + 3
-        assert gpuos.stats()["specializations_requested"] >= req0 + 1
-    finally:
-        gpuos_ext.set_specialize_after(64)
-    spec = hand_over_to_tier2()
-    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
-        got = f(x)
-    assert gpuos.generation_info()["active"][torch.cuda.current_device()] >= spec
+    interp, got = hot_then_tier2(f, x, "prologues")
     for y in interp + [got]:
         _close(y, ref, torch.float16)
     for a, b in zip(got, interp[0]):
-        a, b = a.float(), b.float()
-        assert (a - b).abs().max().item() <= EPS[torch.float16] * 2 * b.abs().max().item() + 1e-6
+        within_one_rounding(a, b, EPS[torch.float16])

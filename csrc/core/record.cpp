@@ -377,6 +377,15 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   maybe_publish_early();
 }
 
+bool Runtime::unsplit_mma(int64_t M, int64_t N, int64_t K, uint32_t& group, uint64_t& items) const {
+  const int64_t ntile = (N + kMmMmaCols - 1) / kMmMmaCols;
+  const uint32_t warps = cfg_.threads_per_block / 32;
+  if (matmul_split(ntile, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps) != 1) return false;
+  group = matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps);
+  items = (uint64_t)((ntile + group - 1) / group);
+  return true;
+}
+
 bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
                                  const Operand& b, const TensorRef& b_ref, const Operand& b2, const TensorRef& b2_ref,
                                  int64_t M, int64_t N, int64_t K, float alpha, int32_t epilogue,
@@ -386,13 +395,12 @@ bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, c
     return false;
   // Both weights must take the tensor-core path, and the product must stay unsplit (the item holds a tile's
   // whole K: no partials of two products to meet in the scratch).
+  uint32_t group = 1;
+  uint64_t items = 0;
   if (matmul_variant(a.dtype, a_ref, b.dtype, b_ref, product_dtype, M, N, K) != kMmMma ||
-      matmul_variant(a.dtype, a_ref, b2.dtype, b2_ref, product_dtype, M, N, K) != kMmMma)
+      matmul_variant(a.dtype, a_ref, b2.dtype, b2_ref, product_dtype, M, N, K) != kMmMma ||
+      !unsplit_mma(M, N, K, group, items))
     return false;
-  const int64_t ntile = (N + kMmMmaCols - 1) / kMmMmaCols;
-  const uint32_t warps = cfg_.threads_per_block / 32;
-  if (matmul_split(ntile, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps) != 1) return false;
-  const uint32_t group = matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps);
   SubOp proto{};
   proto.op = kOp_mm;
   proto.flags = kFlagStrided | kFlagMmEpilogue | kFlagMmDual | (uint32_t)epilogue << kMmEpiShift |
@@ -403,7 +411,7 @@ bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, c
   proto.reserved = kMmMma | 1u << 8 | group << 16;
   const TensorRef refs[4] = {out_ref, a_ref, b_ref, b2_ref};
   const Operand ins[3] = {a, b, b2};
-  append_tiles(proto, (uint64_t)((ntile + group - 1) / group), 1, refs, 4, out, ins, 3);
+  append_tiles(proto, items, 1, refs, 4, out, ins, 3);
   st_.submitted++;
   maybe_publish_early();
   return true;
@@ -420,11 +428,11 @@ bool Runtime::record_matmul_prologue(const Operand& out, const TensorRef& out_re
   TensorRef a_ref{};
   a_ref.ndim = 2, a_ref.dtype = a_dtype, a_ref.sizes[0] = M, a_ref.sizes[1] = K, a_ref.strides[0] = K;
   a_ref.strides[1] = 1;
-  if (matmul_variant(a_dtype, a_ref, b.dtype, b_ref, out.dtype, M, N, K) != kMmMma) return false;
-  const int64_t ntile = (N + kMmMmaCols - 1) / kMmMmaCols;
-  const uint32_t warps = cfg_.threads_per_block / 32;
-  if (matmul_split(ntile, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps) != 1) return false;
-  const uint32_t group = matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps);
+  uint32_t group = 1;
+  uint64_t items = 0;
+  if (matmul_variant(a_dtype, a_ref, b.dtype, b_ref, out.dtype, M, N, K) != kMmMma ||
+      !unsplit_mma(M, N, K, group, items))
+    return false;
   SubOp proto{};
   proto.op = kOp_mm;
   proto.flags = kFlagStrided | kFlagMmPrologue;
@@ -440,7 +448,7 @@ bool Runtime::record_matmul_prologue(const Operand& out, const TensorRef& out_re
   Operand ins[kProgMaxInputs];
   for (uint32_t k = 0; k < nread; ++k) ins[k] = reads[k];
   ins[nread] = b;
-  append_tiles(proto, (uint64_t)((ntile + group - 1) / group), 1, refs, 4, out, ins, nread + 1);
+  append_tiles(proto, items, 1, refs, 4, out, ins, nread + 1);
   st_.submitted++;
   maybe_publish_early();
   return true;

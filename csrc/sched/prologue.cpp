@@ -28,7 +28,8 @@ std::vector<int> prologue_sources(const std::vector<DeferredOp>& ops,
   for (int i = 0; i < n; ++i) {
     if (dropped[i]) continue;
     for (uint32_t k = 0; k < kDeferredMaxIn; ++k)
-      if (ops[i].in[k].defined() && ops[i].in[k].has_storage()) readers[storage_of(ops[i].in[k])].push_back({i, (int)k});
+      if (ops[i].in[k].defined() && ops[i].in[k].has_storage())
+        readers[storage_of(ops[i].in[k])].push_back({i, (int)k});
   }
   for (int j = 0; j < n; ++j) {
     const DeferredOp& g = ops[j];
