@@ -317,6 +317,26 @@ def setup_program(case: H.Case, settle: bool = True) -> H.Prepared:
                                  "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2)})
 
 
+def captured_step(label: str, steps: int = 8) -> tuple:
+    """Config `label`'s static-cache step captured as a program, its first token and position bound by pointer, and
+    settled (tier 2 in), for the tools that trace or profile one replay (tools/worker_trace.py hf,
+    tools/replay_loop.py): (prog, tok, pos, case) -- the case holds the model and cache the program reads."""
+    import torch
+
+    import gpuos
+    case = make_case(label, steps, "cuda")
+    d = case.data
+    cache = _cached(case)
+    tok, pos = d.forced[0].contiguous().clone(), d.positions[0]
+
+    def step(t, p):
+        with torch.no_grad():
+            return step_logits(d.model, t, cache, p, d.cache_kw)
+    prog, _ = H.capture_program(gpuos, step, (tok, pos), torch.cuda.synchronize)
+    H.settle_program(lambda: prog(tok, pos), torch.cuda.synchronize)
+    return prog, tok, pos, case
+
+
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
     """Per-decode-step figures of the scheduler from two gpuos.stats() snapshots."""
     def delta(key):

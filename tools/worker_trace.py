@@ -202,19 +202,9 @@ def hf_levels(label, top=12):
     grouped by the ops of the level."""
     import collections
     from benchmarks import bench_models as B
-    from benchmarks.harness import suite as H
     import gpuos.programs as P
     P.DEFAULT_SIZE_THRESHOLD = int(os.environ.get("HF_SIZE_THRESHOLD", P.DEFAULT_SIZE_THRESHOLD))
-    case = B.make_case(label, 8, "cuda")
-    d = case.data
-    cache = B._cached(case)
-    tok, pos = d.forced[0].contiguous().clone(), d.positions[0]
-
-    def step(t, p):
-        with torch.no_grad():
-            return B.step_logits(d.model, t, cache, p, d.cache_kw)
-    prog, _ = H.capture_program(gpuos, step, (tok, pos), torch.cuda.synchronize)
-    H.settle_program(lambda: prog(tok, pos), torch.cuda.synchronize)  # tier 2 in, as the benchmarks time it
+    prog, tok, pos, _case = B.captured_step(label)  # settled: tier 2 in, as the benchmarks time it
     gpuos.flush(sync=True)
     gpuos_ext.worker_trace()  # reset
     prog(tok, pos)
