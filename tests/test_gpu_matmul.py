@@ -287,6 +287,14 @@ def _epilogue_on_off(fn, *args):
     return got
 
 
+def _check_on_off(got, ref, dt):
+    """Every result of _epilogue_on_off has eager's dtype and shape and its values (to dt's tolerance)."""
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
+    for on, (y, _, _) in got.items():
+        assert y.dtype == ref.dtype and y.shape == ref.shape, (on, y.dtype, y.shape)
+        torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
+
+
 ACTS = {
     "new_gelu_conv1d": (lambda x, w, b: _new_gelu(_conv1d(x, w.t().contiguous(), b))),
     "gelu_tanh_linear": (lambda x, w, b: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b),
@@ -320,10 +328,7 @@ def test_activation_chains_run_as_matmul_epilogues(rt, worker_matmul, dtype, act
     fn = ACTS[act]
     ref = fn(x, w, b)
     got = _epilogue_on_off(fn, x, w, b)
-    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
-    for on, (y, _, _) in got.items():
-        assert y.dtype == ref.dtype and y.shape == ref.shape, (on, y.dtype, y.shape)
-        torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
+    _check_on_off(got, ref, dt)
     casts = act in ("cast_conv1d", "logits_cast")
     folds = 0 if (casts and dt == torch.float32) or (act == "logits_cast" and rows > 1) else 1
     assert got[True][1] == folds and got[False][1] == 0, {k: v[1] for k, v in got.items()}
@@ -409,10 +414,7 @@ def test_gate_up_products_run_as_one_dual_item(rt, worker_matmul, dtype, rows, N
     wu = (torch.randn(N, 256, generator=g, device=DEV) / 16).to(dt)
     ref = _llama_mlp_act(x, wg, wu)
     got = _epilogue_on_off(_llama_mlp_act, x, wg, wu)
-    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dt]
-    for on, (y, _, _) in got.items():
-        assert y.dtype == ref.dtype and y.shape == ref.shape, (on, y.dtype, y.shape)
-        torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol, msg=lambda m: f"epilogue {on}: {m}")
+    _check_on_off(got, ref, dt)
     dual = dt != torch.float32 and rows <= 8
     assert got[True][1:] == ((1, 1) if dual else (0, 0)) and got[False][1:] == (0, 0), \
         {k: v[1:] for k, v in got.items()}
@@ -437,14 +439,13 @@ def test_products_that_are_not_a_pair_stay_two_items(rt, worker_matmul, case):
             h = lin(x, wg)
             return h, torch.nn.functional.silu(h) * lin(x, wu)
         if case == "other_activations":
-            return torch.nn.functional.silu(lin(x, wg)) * lin(x2, wu)
-        return torch.nn.functional.silu(lin(x, wg)) * lin(x, wu, bu)
+            return (torch.nn.functional.silu(lin(x, wg)) * lin(x2, wu),)
+        return (torch.nn.functional.silu(lin(x, wg)) * lin(x, wu, bu),)
 
     ref = fn(x, x2)
     got = _epilogue_on_off(fn, x, x2)
     assert got[True][2] == 0, got[True][1:]
-    for y, r in zip(got[True][0] if isinstance(ref, tuple) else (got[True][0],),
-                    ref if isinstance(ref, tuple) else (ref,)):
+    for y, r in zip(got[True][0], ref):
         torch.testing.assert_close(y, r, rtol=2e-2, atol=2e-2)
 
 

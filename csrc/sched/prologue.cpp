@@ -24,13 +24,9 @@ std::vector<int> prologue_sources(const std::vector<DeferredOp>& ops,
                                   const std::vector<char>& moved) {
   const int n = (int)ops.size();
   std::vector<int> src(n, -1);
+  // Candidates first (most flushes have none: no map is built for them), then the readers of their outputs.
   std::unordered_map<const void*, std::vector<std::pair<int, int>>> readers;  // storage -> (op, operand)
-  for (int i = 0; i < n; ++i) {
-    if (dropped[i]) continue;
-    for (uint32_t k = 0; k < kDeferredMaxIn; ++k)
-      if (ops[i].in[k].defined() && ops[i].in[k].has_storage())
-        readers[storage_of(ops[i].in[k])].push_back({i, (int)k});
-  }
+  std::vector<int> cand;
   for (int j = 0; j < n; ++j) {
     const DeferredOp& g = ops[j];
     if (dropped[j] || fused_away[j] || moved[j] || !g.elementwise() || !g.fresh || !g.out.defined() ||
@@ -38,11 +34,23 @@ std::vector<int> prologue_sources(const std::vector<DeferredOp>& ops,
       continue;
     if (child[j][0] < 0 && child[j][1] < 0 && child[j][2] < 0 && child[j][3] < 0) continue;  // not a group
     const auto dt = g.out.scalar_type();
-    const int64_t K = g.out.size(-1), M = g.out.numel() / K;
-    if ((dt != at::kHalf && dt != at::kBFloat16) || M * K > (int64_t)kMmPrologueElems) continue;
-    const auto it = readers.find(storage_of(g.out));
-    if (it == readers.end()) continue;
-    const std::vector<std::pair<int, int>>& rd = it->second;
+    if ((dt != at::kHalf && dt != at::kBFloat16) || g.out.numel() > (int64_t)kMmPrologueElems) continue;
+    cand.push_back(j);
+    readers[storage_of(g.out)];
+  }
+  if (cand.empty()) return src;
+  for (int i = 0; i < n; ++i) {
+    if (dropped[i]) continue;
+    for (uint32_t k = 0; k < kDeferredMaxIn; ++k)
+      if (ops[i].in[k].defined() && ops[i].in[k].has_storage())
+        if (const auto r = readers.find(storage_of(ops[i].in[k])); r != readers.end()) r->second.push_back({i, (int)k});
+  }
+  for (int j : cand) {
+    const DeferredOp& g = ops[j];
+    const auto dt = g.out.scalar_type();
+    const int64_t K = g.out.size(-1);
+    const std::vector<std::pair<int, int>>& rd = readers.at(storage_of(g.out));
+    if (rd.empty()) continue;
     bool ok = !written_between(ops, (size_t)j + 1, (size_t)n, g.out);
     int last = j;
     for (const auto& [i, k] : rd) {
