@@ -9,7 +9,8 @@
 // Next to them, hand-written loops over the same bytes set the floor: one 16-byte load per lane in flight, and
 // four. Optional poller blocks (one per other SM, thread 0 spinning on one word with ld.acquire.gpu or volatile
 // loads, as the worker's idle blocks do) show whether the walk's pollers slow the working warp.
-// Prints one line per case: median ns per call and cycles per call.
+// Prints one line per case: median ns per call and cycles per call. WB_COLD=1 adds a "COLDDATA" line per case: each
+// call on data of its own, in L2 and not in L1 (its first call alone also runs cold code): cold code versus cold data.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -78,8 +79,15 @@ __device__ __noinline__ void ln_row(const SubOp& d, const FusedArgs& fa, u32 lan
   });
 }
 
+// cold != 0: rep r runs on data shifted by r x cold bytes (big: r x kBigStride), written by cudaMemset before the
+// launch and never read by this SM: every rep's data is in L2, not L1; only rep 0 also runs its code (and stack)
+// for the first time. The gap between rep 0 and the median of the rest is the cost of cold code and stack.
+constexpr u64 kBigStride = (u64)kBenchMmK * kBenchMmN * 2;
+__device__ __forceinline__ u64 shifted(u64 p, u64 big, u64 big_end, u64 off, u64 off_big) {
+  return p == 0 ? 0 : (p >= big && p < big_end) ? p + off_big : p + off;
+}
 __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Program* gprog, int reps, u64* ns,
-                      u64* cyc, u32* stop, int pollmode) {
+                      u64* cyc, u32* stop, int pollmode, u64 cold, u64 big, u64 big_end) {
   if (blockIdx.x != 0) {
     if (threadIdx.x == 0 && pollmode) {
       for (;;) {
@@ -101,6 +109,19 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
   for (u32 w = lane; w < sizeof(Program) / 4; w += 32) ((u32*)&sp)[w] = ((const u32*)gprog)[w];
   __syncwarp();
   for (int r = 0; r < reps; ++r) {
+    if (cold != 0 && lane == 0) {  // this rep's data (outside the timed region)
+      const u64 off = (u64)r * cold, ob = (u64)r * kBigStride;
+      sd.out = shifted(dsrc.out, big, big_end, off, ob);
+      for (int k = 0; k < 3; ++k) sd.in[k] = shifted(dsrc.in[k], big, big_end, off, ob);
+      if (kind == kFusedCopy || kind == kInterp16 || kind == kRowLn4 || kind == kRowLn8) {
+        FusedArgs& fa = *(FusedArgs*)&refs[0];
+        const FusedArgs& g = *(const FusedArgs*)&grefs[0];
+        for (u32 k = 0; k < kFusedMaxOperands; ++k) fa.opnd[k].ptr = shifted(g.opnd[k].ptr, big, big_end, off, ob);
+      } else {
+        for (int k = 0; k < 4; ++k) refs[k].ptr = shifted(grefs[k].ptr, big, big_end, off, ob);
+      }
+    }
+    __syncwarp();
     const u64 t0 = gtimer();
     const long long c0 = clock64();
     switch (kind) {
@@ -160,25 +181,28 @@ static TensorRef ref1(const void* p, u32 dt, i64 n) {
 }
 
 int main() {
-  const int reps = 21;
+  const int reps = getenv("WB_REPS") ? std::max(1, atoi(getenv("WB_REPS"))) : 21;  // WB_REPS: calls per case
   const u32 n_max = 4096;
   float *a, *b, *o, *big;
   u64 *ns, *cyc;
   u32* stop;
   TensorRef* grefs;
   Program* gprog;
-  CK(cudaMalloc(&a, n_max * 4));
-  CK(cudaMalloc(&b, n_max * 4));
-  CK(cudaMalloc(&o, n_max * 4));
-  CK(cudaMalloc(&big, kBenchMmK * kBenchMmN * 2));
-  CK(cudaMemset(big, 0, kBenchMmK * kBenchMmN * 2));
+  // Room for WB_COLD's shifted reps: each rep's a / b / o n_max floats further on, big kBigStride further.
+  const u64 small_bytes = (u64)n_max * 4 * reps, big_bytes = kBigStride * reps;
+  CK(cudaMalloc(&a, small_bytes));
+  CK(cudaMalloc(&b, small_bytes));
+  CK(cudaMalloc(&o, small_bytes));
+  CK(cudaMalloc(&big, big_bytes));
+  CK(cudaMemset(big, 0, big_bytes));
   CK(cudaMalloc(&ns, reps * 8));
   CK(cudaMalloc(&cyc, reps * 8));
   CK(cudaMalloc(&stop, 4));
   CK(cudaMalloc(&grefs, 4 * sizeof(TensorRef)));
   CK(cudaMalloc(&gprog, sizeof(Program)));
-  CK(cudaMemset(a, 0, n_max * 4));
-  CK(cudaMemset(b, 0, n_max * 4));
+  CK(cudaMemset(a, 0, small_bytes));
+  CK(cudaMemset(b, 0, small_bytes));
+  CK(cudaMemset(o, 0, small_bytes));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop;
@@ -202,12 +226,16 @@ int main() {
                          "LayerNorm row of 256 fp16 (tier-2 form, V=8)"};
   // WB_ONLY=<kind index>: that kind alone, n = 4,096, no pollers (one kernel launch: for ncu -k bench).
   const int only = getenv("WB_ONLY") ? atoi(getenv("WB_ONLY")) : -1;
+  // WB_COLD=1: each case also once with cold data (pollmode 3 in the loop below: no pollers, data shifted per rep).
+  const bool with_cold = getenv("WB_COLD") && atoi(getenv("WB_COLD")) != 0;
   for (u32 n : {1024u, 4096u}) {
     for (int kind = 0; kind < kKinds; ++kind) {
       if ((kind == kMmNcolItem || kind == kMmMmaItem || kind == kRowLn4 || kind == kRowLn8) && n != 4096) continue;
       if (only >= 0 && (kind != only || n != 4096)) continue;
-      for (int pollmode : {0, 1, 2}) {
+      for (int pollmode : {0, 1, 2, 3}) {
         if (only >= 0 && pollmode != 0) continue;
+        if (pollmode == 3 && !with_cold) continue;
+        const u64 cold = pollmode == 3 ? (u64)n_max * 4 : 0;
         SubOp d{};
         TensorRef refs[4] = {};
         d.n = n, d.base = 0, d.scalar[0] = 1.0f, d.dtype = kF32 | (kF32 << 8) | (kF32 << 16);
@@ -256,7 +284,11 @@ int main() {
         }
         CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
         CK(cudaMemset(stop, 0, 4));
-        bench<<<pollmode ? sms : 1, 256>>>(kind, d, grefs, gprog, reps, ns, cyc, stop, pollmode);
+        // Every case starts with its data in L2 only (a kernel launch does not clear L1: rewrite it from the host).
+        CK(cudaMemset(o, 0, small_bytes));
+        bench<<<pollmode == 1 || pollmode == 2 ? sms : 1, 256>>>(kind, d, grefs, gprog, reps, ns, cyc, stop,
+                                                                 pollmode == 3 ? 0 : pollmode, cold, (u64)big,
+                                                                 (u64)big + big_bytes);
         CK(cudaDeviceSynchronize());
         std::vector<u64> hn(reps), hc(reps);
         CK(cudaMemcpy(hn.data(), ns, reps * 8, cudaMemcpyDeviceToHost));
@@ -265,7 +297,7 @@ int main() {
         std::sort(hn.begin() + 1, hn.end());
         std::sort(hc.begin() + 1, hc.end());
         printf("n %5u  %-44s pollers %-8s  median %8.2f us  (%7llu cycles; first call %7.2f us)\n", n, names[kind],
-               pollmode == 0 ? "none" : pollmode == 1 ? "acquire" : "volatile", hn[reps / 2] / 1e3,
+               pollmode == 0 ? "none" : pollmode == 1 ? "acquire" : pollmode == 2 ? "volatile" : "COLDDATA", hn[reps / 2] / 1e3,
                (unsigned long long)hc[reps / 2], first / 1e3);
       }
     }
