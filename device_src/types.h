@@ -142,8 +142,14 @@ constexpr u32 kReadyFlags = kReadyDevRing | kReadyResident | kReadyProgram | kRe
 struct ProgLevel {
   u64 desc;   // SubOp* of the level's first resident descriptor
   u32 count;  // descriptors
-  u32 pad;
+  u32 home;   // 0, or the level's home blocks (kHome*: only they claim it; walk.h home_skips)
 };
+// A level's home (ProgLevel::home, DevCtl::bhome): blocks first .. first + span - 1 (modulo the bounded grid) claim
+// it, no other block does. Runtime::prepare_image gives every level of one kind of work (op, flags, fused program)
+// the same blocks, so that kind's code stays in those SMs' instruction caches (a level's sub-op run on an SM whose
+// cache does not hold its code cost 2-6 us more: tools/warp_bench.cu, twenty-fifth session).
+constexpr u32 kHomeSpanShift = 16;  // home = first | span << 16 (first < 2^16, span >= 1); 0: every block claims
+GPUOS_HD constexpr u32 home_word(u32 first, u32 span) { return first | span << kHomeSpanShift; }
 
 // Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
 // registered code, 1: an installed alternative). Two versions of the per-op choice: the host rewrites the
@@ -172,6 +178,7 @@ struct DevCtl {
                                // poll (device memory is polled faster than the pinned HostCtl::done the host reads)
   u32 bdep[kMaxBatches];       // the batch's claims wait until every batch up to this one has completed: seq - 1,
                                // or for a kReadyJoin batch the bdep of the batch before it (set when filled)
+  u32 bhome[kMaxBatches];      // the batch's home blocks (ProgLevel::home; 0 for every batch outside a program run)
   u32 next_seq;                // next batch the poller fills (stored when a launch exits; read when one starts)
   u32 exit_flag;               // grid-wide: poller decided to exit
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)

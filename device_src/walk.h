@@ -26,7 +26,7 @@ __device__ __forceinline__ bool seq_reached(u32 v, u32 seq) { return (int)(v - s
 struct Walk {       // thread 0's state of one block
   u32 cur = 0;      // the batch this block works on next
   u32 f_seq = 0;    // the batch whose fields f[] holds (0: none)
-  u32 f[5] = {0, 0, 0, 0, 0};  // count, start, source, alias version, bdep
+  u32 f[6] = {0, 0, 0, 0, 0, 0};  // count, start, source, alias version, bdep, home
   u64 fd = 0;               // bdesc (source 2)
 };
 struct Poller {     // block 0 thread 0's additional state
@@ -42,7 +42,8 @@ struct Poller {     // block 0 thread 0's additional state
 // Fill batch `seq`'s slot (its ready word has landed): the fields the claiming blocks read and its claim word.
 // Its bseq word goes after a fence (poll_step): a block that sees bseq == seq sees the rest.
 // `hi`: the ready word's high half; `desc`: a program run's piece (its descriptors; bdesc is written here).
-__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u32 hi, u64 desc = 0) {
+__device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u32 seq, u32 hi, u64 desc = 0,
+                                           u32 home = 0) {
   const u32 slot = seq & (kMaxBatches - 1);
   const u32 count = hi & ~kReadyFlags;
   const bool resident = (hi & kReadyResident) != 0;  // descriptors at bdesc[slot]: no ring slots
@@ -53,6 +54,7 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   dc->bcount[slot] = count;
   dc->bsrc[slot] = resident ? 2u : (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
+  dc->bhome[slot] = home;
   dc->bdep[slot] = (hi & kReadyJoin) ? dc->bdep[(seq - 1) & (kMaxBatches - 1)] : seq - 1;  // seq - 1: filled before
   dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
   // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
@@ -83,13 +85,13 @@ __device__ __noinline__ void fill_program(const WorkerArgs& args, DevCtl* dc, Po
   if (!may_fill(dc, next, n)) return;  // far ahead of the walk: wait for it
   const ProgLevel* t = (const ProgLevel*)p.prog;
   u64 d[kFillBurst];
-  u32 c[kFillBurst];
+  u32 c[kFillBurst], h[kFillBurst];
 #pragma unroll
   for (u32 i = 0; i < kFillBurst; ++i)
-    if (i < n) d[i] = ld_vol64(&t[i].desc), c[i] = ld_vol(&t[i].count);
+    if (i < n) d[i] = ld_vol64(&t[i].desc), c[i] = ld_vol(&t[i].count), h[i] = ld_vol(&t[i].home);
 #pragma unroll
   for (u32 i = 0; i < kFillBurst; ++i)
-    if (i < n) fill_batch(args, dc, next + i, c[i] | kReadyDevRing | kReadyResident, d[i]);
+    if (i < n) fill_batch(args, dc, next + i, c[i] | kReadyDevRing | kReadyResident, d[i], h[i]);
   __threadfence();
 #pragma unroll
   for (u32 i = 0; i < kFillBurst; ++i)
@@ -196,6 +198,18 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
   return kCmdRun;
 }
 
+// Whether this block leaves batch `cur` to its home blocks (ProgLevel::home): homes count over the bounded grid's
+// blocks only (those never leave before the launch ends), so a level is always claimed.
+__device__ __forceinline__ bool home_skips(const WorkerArgs& args, u32 home) {
+  if (home == 0) return false;
+  const u32 nb = gridDim.x < args.keep_blocks ? gridDim.x : args.keep_blocks;
+  const u32 span = home >> kHomeSpanShift;
+  if (span == 0 || span >= nb) return false;
+  if (blockIdx.x >= nb) return true;
+  const u32 first = (home & ((1u << kHomeSpanShift) - 1)) % nb;
+  return (blockIdx.x + nb - first) % nb >= span;
+}
+
 // Thread 0: claim the next chunk of work, walking forward from w.cur. Returns kCmdRun with the claim in
 // s_claim (seq << 32 | index) and the batch's fields in s_batch, or kCmdExit.
 __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk& w, Poller& p, u32 nwarps,
@@ -207,6 +221,7 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     w.f[2] = ld_vol(&dc->bsrc[sl]);
     w.f[3] = ld_vol(&dc->alias.bver[sl]);
     w.f[4] = ld_vol(&dc->bdep[sl]);
+    w.f[5] = ld_vol(&dc->bhome[sl]);
     w.fd = ld_vol64(&dc->bdesc[sl]);
     w.f_seq = seq;
   };
@@ -234,6 +249,10 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     if (blockIdx.x == 0 && p.early_for != w.cur && (int)(p.next - w.cur) < 2) {
       p.early_for = w.cur;
       if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
+    }
+    if (home_skips(args, w.f[5])) {  // not one of this level's home blocks: on to the next
+      ++w.cur;
+      continue;
     }
     // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but
     // a batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132)

@@ -506,6 +506,7 @@ class Program:
             "fallbacks": list(self.fallbacks),
             "arena_bytes": self.tape.held_bytes,
             "image_bytes": self.tape.image_bytes,  # resident replay images (made by the first call of a segment)
+            "homes": self.tape.homes,  # per segment image, per level piece: (descriptors, first home block, blocks)
             "outputs_copied": len(self._copied),
             "capture_s": self.capture_s,
             "calls": self.calls,

@@ -242,6 +242,33 @@ def random_case(rng: random.Random, widths=(1, 7, 64, 300)):
     return _random_fn(rng, nin), nin, shape
 
 
+def _layers(x, w):
+    """Four identical layers: each the same kinds of work in the same order (a row program, a chain)."""
+    for _ in range(4):
+        r = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        x = torch.sigmoid(r * 0.5) * x + r
+    return x
+
+
+def test_levels_of_one_kind_share_their_home_blocks(rt):
+    """Runtime::piece_homes: every level piece of a few claims gets home blocks (only they claim it, walk.h
+    home_skips) -- the same first block for every piece of one kind of work, block 0 (the poller) never -- and the
+    replays stay exact."""
+    x, w = torch.randn(2, 256, device=DEV), torch.randn(256, device=DEV)
+    prog = gpuos.capture(_layers, x, w)
+    for _ in range(3):
+        x2, w2 = torch.randn_like(x), torch.randn_like(w)
+        torch.testing.assert_close(prog(x2, w2), _layers(x2, w2), rtol=1e-4, atol=1e-4)
+    homes = [p for seg in prog.info()["homes"] for p in seg]
+    levels = sum(prog.info()["levels"])
+    assert len(homes) == levels and levels % 4 == 0, (homes, levels)
+    per_layer = levels // 4
+    for i, (count, first, span) in enumerate(homes):
+        assert count >= 1 and 1 <= first and span >= 2, homes  # a few descriptors each: homed, off block 0
+        if i >= per_layer:
+            assert (first, span) == homes[i - per_layer][1:], homes  # the same kind as a layer before: its blocks
+
+
 @pytest.mark.watchdog(300)
 def test_thousand_random_programs_replayed_with_new_inputs(rt):
     rng = random.Random(1234)

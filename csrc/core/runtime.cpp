@@ -26,6 +26,7 @@ Config config_from_env() {
   c.mm_items = e.mm_items;
   c.attn_min_rows = e.attn_min_rows;
   c.local_combine = e.local_combine;
+  c.home_levels = e.home_levels;
   c.handover_queue = e.handover_queue;
   return c;
 }

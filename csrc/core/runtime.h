@@ -60,6 +60,9 @@ struct Config {
   // fences: a captured attention's items in tile-major order (kAttnTileMajor), a split-K matmul's small partials
   // (kMmLocal) (env GPUOS_LOCAL_COMBINE=0: off).
   bool local_combine = true;
+  // A program's levels get home blocks (ProgLevel::home): every level of one kind of work on the same few SMs, whose
+  // instruction caches keep its code (env GPUOS_HOME_LEVELS=0: off).
+  bool home_levels = true;
   uint32_t handover_queue = 8;  // queued standby launches at which a covered idle worker leaves (GPUOS_HANDOVER_QUEUE)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
@@ -240,6 +243,8 @@ class Runtime {
   // pieces -- resident (runs of them behind one doorbell), or through the ring where their descriptors hold moved
   // pointers (core/tape.h); the caller publishes them (flush).
   void prepare_image(TapeImage& im, uint64_t resident);
+  // ProgLevel::home of each of the image's pieces (Config::home_levels; 0 each when off or the grid is too small).
+  std::vector<uint32_t> piece_homes(const TapeImage& im) const;
   void replay_image(TapeImage& im, const Reloc& rel);
   void note_call_ns(uint64_t ns) { st_.program_call_ns += ns; }  // sched/program.cpp ProgramCall (under mu)
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.

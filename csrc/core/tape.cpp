@@ -6,8 +6,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "core/runtime.h"
 #include "driver/cuda_api.h"
@@ -245,6 +247,33 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
     if (refmask & (2u << k)) s.in[k] += refaddr;
 }
 
+// Home blocks (device_src/types.h ProgLevel::home). A piece's kind of work is its first descriptor's op, flags and
+// (fused) program; the first piece of a kind gets the next free blocks of the bounded grid (block 0, the poller,
+// excluded), every later piece of that kind the same first block. It spans twice its claims (walk.h claim_next's
+// claim size at the burst grid), so that a block still busy with the level before does not hold the next one back.
+// Pieces of more claims than the grid has blocks to spare: no home (every block claims them, as before).
+std::vector<uint32_t> Runtime::piece_homes(const TapeImage& im) const {
+  std::vector<uint32_t> homes(im.pieces.size(), 0);
+  const uint32_t nb = grid_;
+  if (!cfg_.home_levels || nb < 4) return homes;
+  const uint32_t nwarps = cfg_.threads_per_block / 32, grid = std::max(burst_grid_, grid_);
+  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, uint32_t> first_of;
+  uint32_t cursor = 0;  // the next free block, counted from block 1
+  for (size_t i = 0; i < im.pieces.size(); ++i) {
+    const uint32_t count = im.pieces[i].count;
+    const uint32_t cpw = count / (grid * nwarps * 4);
+    const uint32_t per_claim = nwarps * std::clamp<uint32_t>(cpw, 1, kClaimPerWarp);
+    const uint32_t span = 2 * ((count + per_claim - 1) / per_claim);
+    if (count == 0 || span >= nb - 1) continue;
+    const SubOp& d = im.descs[im.pieces[i].begin];
+    auto [it, fresh] = first_of.emplace(std::make_tuple(d.op, d.flags, d.op == kOpFused ? d.in[0] : 0),
+                                        1 + cursor % (nb - 1));
+    if (fresh) cursor += span;
+    homes[i] = home_word(it->second, span);
+  }
+  return homes;
+}
+
 void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
   im.resident_descs = im.resident_refs = im.resident_table = 0;
   if (im.descs.empty()) return;
@@ -255,10 +284,11 @@ void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
   const uint64_t table_at = refs_at + im.refs.size() * sizeof(TensorRef);
   // A DMA-delivered batch's worker reads a ref field f at f + (refs_dev_ - refs_d_) (worker.cu run_claim).
   const uint64_t aim = refs_at - (refs_dev_ - refs_d_);
+  const std::vector<uint32_t> homes = piece_homes(im);  // before the ref fields move (a fused in[0] is no ref)
   for (size_t i = 0; i < im.descs.size(); ++i) aim_ref_fields(im.descs[i], im.refmask[i], aim);
   im.table.resize(im.pieces.size());
   for (size_t i = 0; i < im.pieces.size(); ++i)
-    im.table[i] = ProgLevel{resident + (uint64_t)im.pieces[i].begin * sizeof(SubOp), im.pieces[i].count, 0};
+    im.table[i] = ProgLevel{resident + (uint64_t)im.pieces[i].begin * sizeof(SubOp), im.pieces[i].count, homes[i]};
   make_current();
   const CUstream s = record_stream();
   GPUOS_CU(driver().cuMemcpyHtoDAsync((CUdeviceptr)resident, im.descs.data(), im.descs.size() * sizeof(SubOp), s));

@@ -51,6 +51,17 @@ void add_program_bindings(py::module_& m) {
         for (const auto& kv : c.images) n += kv.second.im.resident_bytes();
         return n;
       }, "Device bytes of the segments' resident images (descriptors and TensorRefs), made by their first replay.")
+      .def_property_readonly("homes", [](const CapturedTape& c) {
+        py::list l;
+        for (const auto& kv : c.images) {
+          py::list seg;
+          for (const ProgLevel& pl : kv.second.im.table)
+            seg.append(py::make_tuple(pl.count, pl.home & ((1u << kHomeSpanShift) - 1), pl.home >> kHomeSpanShift));
+          l.append(seg);
+        }
+        return l;
+      }, "Per replayed segment, per level piece: (descriptors, first home block, home blocks); (n, 0, 0): no home, "
+         "every block claims it (device_src/types.h ProgLevel::home).")
       .def_property_readonly("held_bytes", &CapturedTape::held_bytes,
                              "Bytes of the distinct storages the program keeps alive (its arena, inputs, weights).")
       .def_property_readonly("fresh", [](const CapturedTape& c) { return c.fresh; },
