@@ -250,26 +250,43 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 // Home blocks (device_src/types.h ProgLevel::home). A piece's kind of work is its first descriptor's op, flags and
 // (fused) program; the first piece of a kind gets the next free blocks of the bounded grid (block 0, the poller,
 // excluded), every later piece of that kind the same first block. It spans twice its claims (walk.h claim_next's
-// claim size at the burst grid), so that a block still busy with the level before does not hold the next one back.
-// Pieces of more claims than the grid has blocks to spare: no home (every block claims them, as before).
+// claim size at the burst grid), so that a block still busy with the level before (one of the same kind) does not
+// hold the next one back. A piece whose kind's blocks overlap the piece before it (another kind's: those blocks may
+// still be running it) gets no home, nor does a piece of more claims than the grid has blocks to spare: every block
+// claims it, as before homes. (W7 Llama-small traced, H200: a level whose home blocks had run the level before
+// started 2-4 us later.)
 std::vector<uint32_t> Runtime::piece_homes(const TapeImage& im) const {
   std::vector<uint32_t> homes(im.pieces.size(), 0);
   const uint32_t nb = grid_;
   if (!cfg_.home_levels || nb < 4) return homes;
+  const uint32_t ring = nb - 1;  // blocks 1 .. nb - 1
   const uint32_t nwarps = cfg_.threads_per_block / 32, grid = std::max(burst_grid_, grid_);
-  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, uint32_t> first_of;
+  using Kind = std::tuple<uint32_t, uint32_t, uint64_t>;
+  std::map<Kind, uint32_t> first_of;
+  auto overlap = [ring](uint32_t f0, uint32_t s0, uint32_t f1, uint32_t s1) {  // ranges on the ring of blocks
+    const uint32_t d01 = (f1 + ring - f0) % ring, d10 = (f0 + ring - f1) % ring;
+    return d01 < s0 || d10 < s1;
+  };
   uint32_t cursor = 0;  // the next free block, counted from block 1
+  Kind prev_kind{~0u, 0, 0};
+  uint32_t prev_home = 0;
   for (size_t i = 0; i < im.pieces.size(); ++i) {
     const uint32_t count = im.pieces[i].count;
     const uint32_t cpw = count / (grid * nwarps * 4);
     const uint32_t per_claim = nwarps * std::clamp<uint32_t>(cpw, 1, kClaimPerWarp);
     const uint32_t span = 2 * ((count + per_claim - 1) / per_claim);
-    if (count == 0 || span >= nb - 1) continue;
     const SubOp& d = im.descs[im.pieces[i].begin];
-    auto [it, fresh] = first_of.emplace(std::make_tuple(d.op, d.flags, d.op == kOpFused ? d.in[0] : 0),
-                                        1 + cursor % (nb - 1));
-    if (fresh) cursor += span;
-    homes[i] = home_word(it->second, span);
+    const Kind kind{d.op, d.flags, d.op == kOpFused ? d.in[0] : 0};
+    uint32_t home = 0;
+    if (count != 0 && span < ring) {
+      auto [it, fresh] = first_of.emplace(kind, 1 + cursor % ring);
+      if (fresh) cursor += span;
+      const uint32_t pf = prev_home & ((1u << kHomeSpanShift) - 1), ps = prev_home >> kHomeSpanShift;
+      if (prev_home == 0 || kind == prev_kind || !overlap(it->second - 1, span, pf - 1, ps))
+        home = home_word(it->second, span);
+    }
+    homes[i] = home;
+    prev_kind = kind, prev_home = home;
   }
   return homes;
 }
