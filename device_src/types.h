@@ -150,6 +150,15 @@ struct ProgLevel {
 // cache does not hold its code cost 2-6 us more: tools/warp_bench.cu, twenty-fifth session).
 constexpr u32 kHomeSpanShift = 16;  // home = first | span << 16 (first < 2^16, span >= 1); 0: every block claims
 GPUOS_HD constexpr u32 home_word(u32 first, u32 span) { return first | span << kHomeSpanShift; }
+// Whether block b of a bounded grid of nb blocks claims a level of home word `home`: homes are ranges on the ring of
+// blocks 1 .. nb - 1 (block 0 polls); a level without a home (0, or one the ring cannot hold) is every block's.
+GPUOS_HD bool home_has(u32 home, u32 nb, u32 b) {
+  const u32 span = home >> kHomeSpanShift, first = home & ((1u << kHomeSpanShift) - 1);
+  if (home == 0 || nb < 2 || span == 0 || span >= nb - 1 || first == 0) return true;
+  if (b == 0 || b >= nb) return false;
+  const u32 ring = nb - 1;
+  return (b - 1 + ring - (first - 1) % ring) % ring < span;
+}
 
 // Dual-slot alias table (issue #5): every op id has two physical slots (0: built-in functor or the op's
 // registered code, 1: an installed alternative). Two versions of the per-op choice: the host rewrites the
@@ -179,6 +188,8 @@ struct DevCtl {
   u32 bdep[kMaxBatches];       // the batch's claims wait until every batch up to this one has completed: seq - 1,
                                // or for a kReadyJoin batch the bdep of the batch before it (set when filled)
   u32 bhome[kMaxBatches];      // the batch's home blocks (ProgLevel::home; 0 for every batch outside a program run)
+  u64 bsh[kMaxBatches];        // (seq << 32) | bhome, stored with bseq (walk.h mark_filled): what a block reads to
+                               // pass levels homed elsewhere
   u32 next_seq;                // next batch the poller fills (stored when a launch exits; read when one starts)
   u32 exit_flag;               // grid-wide: poller decided to exit
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)

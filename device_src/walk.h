@@ -69,6 +69,14 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   }
 }
 
+// A filled slot's bseq word (after the fence that orders its fields before it), and its seq / home word: a block
+// that is not one of a level's home blocks passes it on that word alone (claim_next), several levels per round trip.
+__device__ __forceinline__ void mark_filled(DevCtl* dc, u32 seq) {
+  const u32 slot = seq & (kMaxBatches - 1);
+  st_vol(&dc->bseq[slot], seq);
+  *(volatile u64*)&dc->bsh[slot] = (u64)seq << 32 | dc->bhome[slot];
+}
+
 // How far ahead of the oldest unfinished batch the poller fills (slots are reused every kMaxBatches), and the
 // most batches one poll step fills (their ready words are read at once: one round trip, two fences).
 constexpr u32 kFillAhead = kMaxBatches / 2, kFillBurst = 8;
@@ -95,7 +103,7 @@ __device__ __noinline__ void fill_program(const WorkerArgs& args, DevCtl* dc, Po
   __threadfence();
 #pragma unroll
   for (u32 i = 0; i < kFillBurst; ++i)
-    if (i < n) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
+    if (i < n) mark_filled(dc, next + i);
   p.next = next + n;
   p.prog += (u64)n * sizeof(ProgLevel);
   p.prog_left -= n;
@@ -124,7 +132,7 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
     const u32 m = prog ? n - 1 : n;
     for (u32 i = 0; i < m; ++i) fill_batch(args, dc, next + i, (u32)(ready[i] >> 32));
     __threadfence();
-    for (u32 i = 0; i < m; ++i) st_vol(&dc->bseq[(next + i) & (kMaxBatches - 1)], next + i);
+    for (u32 i = 0; i < m; ++i) mark_filled(dc, next + i);
     p.next = next + m;
     p.filled_any = true;
     p.idle = false;
@@ -134,7 +142,7 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
       if (p.prog_left == 0) {  // an empty run (never published; kept so that one could never wedge the walk)
         fill_batch(args, dc, next + m, kReadyDevRing | kReadyResident);
         __threadfence();
-        st_vol(&dc->bseq[(next + m) & (kMaxBatches - 1)], next + m);
+        mark_filled(dc, next + m);
         p.next = next + m + 1;
       } else {
         fill_program(args, dc, p);
@@ -201,17 +209,25 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
 // Whether this block leaves batch `cur` to its home blocks (ProgLevel::home): homes count over the bounded grid's
 // blocks only (those never leave before the launch ends), so a level is always claimed.
 __device__ __forceinline__ bool home_skips(const WorkerArgs& args, u32 home) {
-  if (home == 0) return false;
-  const u32 nb = gridDim.x < args.keep_blocks ? gridDim.x : args.keep_blocks;
-  const u32 span = home >> kHomeSpanShift;
-  if (span == 0 || span >= nb) return false;
-  if (blockIdx.x >= nb) return true;
-  const u32 first = (home & ((1u << kHomeSpanShift) - 1)) % nb;
-  return (blockIdx.x + nb - first) % nb >= span;
+  return !home_has(home, gridDim.x < args.keep_blocks ? gridDim.x : args.keep_blocks, blockIdx.x);
+}
+// Homed levels from w.cur on that this block passes (their seq / home words, kHomeLook in one round trip): how
+// many to step over before the first that is not filled yet, not homed, or this block's. (Before, each such level
+// cost a bseq round trip and a fields round trip: a home block that had run a level some levels back reached its
+// next one late.)
+constexpr u32 kHomeLook = 8;
+__device__ __forceinline__ u32 homes_passed(const WorkerArgs& args, const DevCtl* dc, u32 cur) {
+  u64 v[kHomeLook];
+#pragma unroll
+  for (u32 j = 0; j < kHomeLook; ++j) v[j] = ld_vol64(&dc->bsh[(cur + j) & (kMaxBatches - 1)]);
+  u32 j = 0;
+  while (j < kHomeLook && (u32)(v[j] >> 32) == cur + j && home_skips(args, (u32)v[j])) ++j;
+  return j;
 }
 
-// Thread 0: claim the next chunk of work, walking forward from w.cur. Returns kCmdRun with the claim in
-// s_claim (seq << 32 | index) and the batch's fields in s_batch, or kCmdExit.
+// Thread 0: claim the next chunk of work, walking forward from w.cur (past batches whose home leaves them to other
+// blocks: home_skips). Returns kCmdRun with the claim in s_claim (seq << 32 | index) and the batch's fields in
+// s_batch, or kCmdExit.
 __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk& w, Poller& p, u32 nwarps,
                           u64* s_claim, u32* s_batch) {
   auto fields = [&](u32 seq) {  // six independent loads: one round trip
@@ -227,6 +243,10 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
   };
   for (;;) {
     if (w.f_seq != w.cur) {  // is batch cur filled?
+      if (const u32 pass = homes_passed(args, dc, w.cur)) {  // filled, and left to other blocks
+        w.cur += pass;
+        continue;
+      }
       const u32 bs = ld_acq(&dc->bseq[w.cur & (kMaxBatches - 1)]);
       if (bs != w.cur) {
         if ((int)(bs - w.cur) > 0) {  // the slot holds a later batch: this block fell behind; skip ahead

@@ -134,6 +134,56 @@ def test_tape_image_equals_entry_by_entry_staging(seed):
     assert (bad_descs, bad_refs) == (0, 0)
 
 
+def _overlap(a, b, ring):
+    """Two home ranges (first, span) on the ring of blocks 1 .. ring."""
+    (fa, sa), (fb, sb) = a, b
+    return (fb - fa) % ring < sa or (fa - fb) % ring < sb
+
+
+def test_piece_homes_one_kind_one_place():
+    """core/tape.h piece_homes: a level piece's home blocks are twice its claims (8 sub-ops per claim here), on the
+    bounded grid's blocks 1 .. 32 (never block 0, the poller); every piece of one kind (op, flags, program) gets
+    its kind's first block; a piece whose kind's blocks overlap the piece before it, or of more claims than the grid
+    spares, gets none (0, 0)."""
+    homes = gpuos_ext._testing.piece_homes
+    ring = 32
+    layer = [(1, 0, 0, 1), (2, 4, 7, 1), (3, 0, 0, 16), (2, 4, 9, 2), (4, 0, 0, 40)]  # row, fused 7, mm, fused 9, mm
+    got = homes(layer * 4, 33, 132, 8)
+    assert got[:5] == [(1, 2), (3, 2), (5, 4), (9, 2), (11, 10)]  # fresh kinds side by side, spans 2 x claims
+    assert got[5:] == got[:5] * 3  # later layers: the same blocks
+    for i, (first, span) in enumerate(got):
+        assert 1 <= first <= ring and span >= 2
+        if i:
+            assert not _overlap(got[i - 1], (first, span), ring)
+    # The cursor wraps past block 32; a kind whose blocks overlap the piece before it (another kind's) waits.
+    a, b, c, d = (10, 0, 0, 120), (11, 0, 0, 8), (12, 0, 0, 8), (13, 0, 0, 8)  # 15 claims (30 blocks), 1, 1, 1
+    assert homes([a, b, c, d, a, b], 33, 132, 8) == [(1, 30), (31, 2), (1, 2), (3, 2), (0, 0), (31, 2)]
+    wide = homes([(10, 0, 0, 64), (11, 0, 0, 128)], 33, 132, 8)  # 16 claims: 32 blocks, no fewer than the ring's
+    assert wide == [(1, 16), (0, 0)]
+    same = homes([(5, 0, 0, 8)] * 3, 33, 132, 8)  # one kind back to back: its own blocks (the span's second block)
+    assert same == [(1, 2)] * 3
+    assert homes([(5, 0, 0, 8)], 3, 132, 8) == [(0, 0)]  # a grid of 3 blocks: no homes
+    big = homes([(5, 0, 0, 5000)], 33, 132, 8)  # a level of more claims than the grid spares (an LM head)
+    assert big == [(0, 0)]
+
+
+def test_home_blocks_are_the_ring_ranges_piece_homes_lays_out():
+    """device_src/types.h home_has (the worker's home_skips): a home (first, span) is claimed by exactly `span` blocks,
+    first .. first + span - 1 on the ring of blocks 1 .. nb - 1, never block 0 nor a block of the burst grid beyond
+    the bounded one; no home, or one the ring cannot hold, is every block's."""
+    blocks = gpuos_ext._testing.home_blocks
+    assert blocks(3, 2, 33) == [3, 4]
+    assert blocks(31, 4, 33) == [1, 2, 31, 32]  # wraps past block 32 to block 1, not block 0
+    assert blocks(0, 0, 33) == list(range(35))  # no home: every block, the burst grid's too
+    assert blocks(1, 32, 33) == list(range(35))  # the whole ring: no home
+    layer = [(1, 0, 0, 1), (2, 4, 7, 1), (3, 0, 0, 16), (2, 4, 9, 2), (4, 0, 0, 40), (5, 0, 0, 120)]
+    for first, span in gpuos_ext._testing.piece_homes(layer * 3, 33, 132, 8):
+        got = blocks(first, span, 33)
+        if span:
+            assert len(got) == span and 0 not in got and max(got) <= 32, (first, span, got)
+            assert first in got
+
+
 @pytest.mark.parametrize("name", ["program_runs", "tape_images", "standby_first_look"])
 def test_replay_switches_round_trip_and_default_on(name):
     """The A/B switches of the replay and standby paths (gpuos_ext._testing) read back what was set; on by default."""

@@ -243,8 +243,6 @@ class Runtime {
   // pieces -- resident (runs of them behind one doorbell), or through the ring where their descriptors hold moved
   // pointers (core/tape.h); the caller publishes them (flush).
   void prepare_image(TapeImage& im, uint64_t resident);
-  // ProgLevel::home of each of the image's pieces (Config::home_levels; 0 each when off or the grid is too small).
-  std::vector<uint32_t> piece_homes(const TapeImage& im) const;
   void replay_image(TapeImage& im, const Reloc& rel);
   void note_call_ns(uint64_t ns) { st_.program_call_ns += ns; }  // sched/program.cpp ProgramCall (under mu)
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.

@@ -255,12 +255,11 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 // still be running it) gets no home, nor does a piece of more claims than the grid has blocks to spare: every block
 // claims it, as before homes. (W7 Llama-small traced, H200: a level whose home blocks had run the level before
 // started 2-4 us later.)
-std::vector<uint32_t> Runtime::piece_homes(const TapeImage& im) const {
-  std::vector<uint32_t> homes(im.pieces.size(), 0);
-  const uint32_t nb = grid_;
-  if (!cfg_.home_levels || nb < 4) return homes;
+std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps) {
+  std::vector<uint32_t> homes(pieces.size(), 0);
+  if (nb < 4 || nwarps == 0) return homes;
   const uint32_t ring = nb - 1;  // blocks 1 .. nb - 1
-  const uint32_t nwarps = cfg_.threads_per_block / 32, grid = std::max(burst_grid_, grid_);
+  grid = std::max(grid, nb);
   using Kind = std::tuple<uint32_t, uint32_t, uint64_t>;
   std::map<Kind, uint32_t> first_of;
   auto overlap = [ring](uint32_t f0, uint32_t s0, uint32_t f1, uint32_t s1) {  // ranges on the ring of blocks
@@ -270,15 +269,14 @@ std::vector<uint32_t> Runtime::piece_homes(const TapeImage& im) const {
   uint32_t cursor = 0;  // the next free block, counted from block 1
   Kind prev_kind{~0u, 0, 0};
   uint32_t prev_home = 0;
-  for (size_t i = 0; i < im.pieces.size(); ++i) {
-    const uint32_t count = im.pieces[i].count;
-    const uint32_t cpw = count / (grid * nwarps * 4);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PieceKind& p = pieces[i];
+    const uint32_t cpw = p.count / (grid * nwarps * 4);
     const uint32_t per_claim = nwarps * std::clamp<uint32_t>(cpw, 1, kClaimPerWarp);
-    const uint32_t span = 2 * ((count + per_claim - 1) / per_claim);
-    const SubOp& d = im.descs[im.pieces[i].begin];
-    const Kind kind{d.op, d.flags, d.op == kOpFused ? d.in[0] : 0};
+    const uint32_t span = 2 * ((p.count + per_claim - 1) / per_claim);
+    const Kind kind{p.op, p.flags, p.program};
     uint32_t home = 0;
-    if (count != 0 && span < ring) {
+    if (p.count != 0 && span < ring) {
       auto [it, fresh] = first_of.emplace(kind, 1 + cursor % ring);
       if (fresh) cursor += span;
       const uint32_t pf = prev_home & ((1u << kHomeSpanShift) - 1), ps = prev_home >> kHomeSpanShift;
@@ -301,7 +299,13 @@ void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
   const uint64_t table_at = refs_at + im.refs.size() * sizeof(TensorRef);
   // A DMA-delivered batch's worker reads a ref field f at f + (refs_dev_ - refs_d_) (worker.cu run_claim).
   const uint64_t aim = refs_at - (refs_dev_ - refs_d_);
-  const std::vector<uint32_t> homes = piece_homes(im);  // before the ref fields move (a fused in[0] is no ref)
+  std::vector<PieceKind> kinds;  // before the ref fields move (a fused in[0] is a program id, no ref)
+  for (const TapeImage::Piece& p : im.pieces) {
+    const SubOp& d = im.descs[p.begin];
+    kinds.push_back({d.op, d.flags, d.op == kOpFused ? d.in[0] : 0, p.count});
+  }
+  const std::vector<uint32_t> homes = cfg_.home_levels ? piece_homes(kinds, grid_, burst_grid_, cfg_.threads_per_block / 32)
+                                                       : std::vector<uint32_t>(kinds.size(), 0);
   for (size_t i = 0; i < im.descs.size(); ++i) aim_ref_fields(im.descs[i], im.refmask[i], aim);
   im.table.resize(im.pieces.size());
   for (size_t i = 0; i < im.pieces.size(); ++i)

@@ -137,6 +137,15 @@ void image_patches(TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64
                    std::vector<std::pair<uint64_t, uint64_t>>& desc_patches);
 // Descriptor fields that point at refs (point_at_refs' mask) aimed at refs placed at `refaddr`.
 void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr);
+// ProgLevel::home of each piece of an image (device_src/types.h; walk.h home_skips): `nb` the bounded grid's blocks
+// (the homes' ring: blocks 1 .. nb - 1), `grid` the largest launched grid and `nwarps` warps per block (the claim
+// size, as claim_next computes it). 0 for a piece without a home.
+struct PieceKind {
+  uint32_t op, flags;
+  uint64_t program;  // a fused piece's program id, else 0
+  uint32_t count;    // descriptors
+};
+std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps);
 // Replays take the image path (default) or stage entry by entry (Runtime::replay); for A/B measurements and
 // tests (gpuos_ext._testing.set_tape_images).
 void set_tape_images(bool on);

@@ -106,6 +106,25 @@ void add_testing_module(py::module_& m) {
         "A row program (a norm) whose output only matmuls read runs as their prologue (default) or as a level of "
         "its own (sched/prologue.cpp; A/B and tests).");
   t.def("mm_prologue", [] { return g_mm_prologue; });
+  t.def("piece_homes", [](const std::vector<std::tuple<uint32_t, uint32_t, uint64_t, uint32_t>>& pieces, uint32_t nb,
+                          uint32_t grid, uint32_t nwarps) {
+        std::vector<PieceKind> kinds;
+        for (const auto& [op, flags, program, count] : pieces) kinds.push_back({op, flags, program, count});
+        py::list l;
+        for (uint32_t h : piece_homes(kinds, nb, grid, nwarps))
+          l.append(py::make_tuple(h & ((1u << kHomeSpanShift) - 1), h >> kHomeSpanShift));
+        return l;
+      }, py::arg("pieces"), py::arg("blocks"), py::arg("grid"), py::arg("warps"),
+      "core/tape.h piece_homes on [(op, flags, program, descriptors)] per level piece, for a bounded grid of `blocks`, "
+      "launched grids up to `grid`, `warps` per block: [(first home block, home blocks)], (0, 0) without a home.");
+  t.def("home_blocks", [](uint32_t first, uint32_t span, uint32_t nb) {
+        std::vector<uint32_t> b;
+        for (uint32_t i = 0; i < nb + 2; ++i)
+          if (home_has(first || span ? home_word(first, span) : 0u, nb, i)) b.push_back(i);
+        return b;
+      }, py::arg("first"), py::arg("span"), py::arg("blocks"),
+      "The blocks of 0 .. blocks + 1 that claim a level of home (first, span) in a bounded grid of `blocks` "
+      "(device_src/types.h home_has, what walk.h home_skips asks).");
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused, attention and matmul-prologue entries (a FusedArgs between two
         // TensorRefs) over 6 storages, some of which move: the
