@@ -251,24 +251,29 @@ def _layers(x, w):
 
 
 def test_levels_of_one_kind_share_their_home_blocks(rt):
-    """Runtime::piece_homes: a level piece of a few claims gets home blocks (only they claim it, walk.h home_skips),
-    the same first block for every piece of one kind of work, never block 0 (the poller); none when its kind's
-    blocks overlap the piece before it. The replays stay exact."""
+    """Runtime::prepare_image / core/tape.cpp piece_homes: a level piece of a few claims gets home blocks (only they
+    claim it: walk.h home_skips), the same first block for every piece of one kind of work, never block 0 (the
+    poller). The replays stay exact."""
     x, w = torch.randn(2, 256, device=DEV), torch.randn(256, device=DEV)
     prog = gpuos.capture(_layers, x, w)
     for _ in range(3):
         x2, w2 = torch.randn_like(x), torch.randn_like(w)
         torch.testing.assert_close(prog(x2, w2), _layers(x2, w2), rtol=1e-4, atol=1e-4)
-    homes = [p for seg in prog.info()["homes"] for p in seg]
-    levels = sum(prog.info()["levels"])
-    assert len(homes) == levels and levels % 4 == 0, (homes, levels)
-    per_layer = levels // 4
-    assert homes[0][1] >= 1 and homes[0][2] >= 2, homes  # the first piece: nothing before it to overlap
-    for i, (count, first, span) in enumerate(homes):
+    info = prog.info()
+    assert info["segments"] == 1, info
+    (homes,) = info["homes"]
+    seg = next(s for s in prog.steps if s[0] == "seg")
+    kinds = {}  # level -> the (op, program) of its entries: a level's kind of work
+    for e in prog.tape.level_map(seg[1], seg[2]):
+        kinds.setdefault(e["level"], set()).add((e["op"], e["program"]))
+    assert len(homes) == len(kinds) == sum(info["levels"]), (homes, kinds)
+    first_of = {}
+    for (count, first, span), lv in zip(homes, sorted(kinds)):
         assert count >= 1 and ((first, span) == (0, 0) or (first >= 1 and span >= 2)), homes
-        if i > per_layer:  # what a piece gets depends on its kind and the piece before it: periodic by the layer
-            assert (first, span) == homes[i - per_layer][1:], homes
-    assert any(f for _, f, _ in homes[per_layer:]), homes  # later layers reuse the first one's blocks
+        if first:
+            key = frozenset(kinds[lv])
+            assert first_of.setdefault(key, first) == first, (homes, kinds)  # one kind, one place
+    assert len(first_of) < sum(1 for h in homes if h[1]), (homes, kinds)  # kinds repeat (4 layers) with homes
 
 
 @pytest.mark.watchdog(300)
