@@ -144,8 +144,8 @@ struct ProgLevel {
   u32 count;  // descriptors
   u32 home;   // 0, or the level's home blocks (kHome*: only they claim it; walk.h home_skips)
 };
-// A level's home (ProgLevel::home, DevCtl::bhome): blocks first .. first + span - 1 (modulo the bounded grid) claim
-// it, no other block does. Runtime::prepare_image gives every level of one kind of work (op, flags, fused program)
+// A level's home (ProgLevel::home, DevCtl::bhome): blocks first .. first + span - 1 on the ring of the bounded grid's
+// blocks 1 .. nb - 1 (home_has) claim it, no other block does. Runtime::prepare_image gives every level of one kind of work (op, flags, fused program)
 // the same blocks, so that kind's code stays in those SMs' instruction caches (a level's sub-op run on an SM whose
 // cache does not hold its code cost 2-6 us more: tools/warp_bench.cu, twenty-fifth session).
 constexpr u32 kHomeSpanShift = 16;  // home = first | span << 16 (first < 2^16, span >= 1); 0: every block claims

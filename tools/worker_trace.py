@@ -17,7 +17,8 @@ levels, the handoffs inside it and the gap before the next call; env CALLS_SIZE 
 needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
 where a replayed step's time goes, per level -- its execution span (first claim executing to last claim done) and the handoff before it -- summed by the
-ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops); with the sub-op records
+ops the level holds, and the slowest levels (`Tape.level_map` names each level's sub-ops; each with its home blocks,
+how long after the level before ended its first claim started, and the blocks that claimed it); with the sub-op records
 (every sub-op, in the worker built for GPUOS_TRACE), each level group's lead-in, sub-op load / exec and tail. `attn` (one Llama-shape
 decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
 at 1,024^2): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
@@ -232,16 +233,28 @@ def hf_levels(label, top=12):
               "per-level figures skipped")
         return
     by = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    # Home blocks per level piece (Tape.homes, segment order; a level cut into several pieces: column left out) and
+    # the traced claims of each level: which blocks, and how long after the level before ended the first of them
+    # started (late > 0: the claim itself was on the critical path).
+    homes = [h for seg in prog.info()["homes"] for h in seg]
+    homes = homes if len(homes) == len(seqs) else None
+    claims = collections.defaultdict(list)
+    for r in recs:
+        claims[r[1]].append(r)
     rows, prev_end = [], None
     for lv, sq in enumerate(seqs):
         a, b = span[sq]
         ex, hand = (b - a) / 1e3, ((a - prev_end) / 1e3 if prev_end is not None else 0.0)
+        cl = claims.get(sq, [])
+        late = max(0.0, (min(r[4] for r in cl) - prev_end) / 1e3) if cl and prev_end is not None else 0.0
         prev_end = b
         ops = lmap[lv]
         key = "+".join(sorted({e["op"] + ("@" + str(e["row"]) if e["row"] else "") for e in ops}))
         g = by[key]
         g[0] += 1; g[1] += ex; g[2] += hand  # noqa: E702
-        rows.append((ex, lv + 1, hand, ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
+        where = (f"home {homes[lv][1]}+{homes[lv][2]} " if homes else "") + f"late {late:4.2f} blocks " + \
+            ",".join(str(x) for x in sorted({r[0] for r in cl})[:6])
+        rows.append((ex, lv + 1, hand, where + "  " + ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
     # Sub-op records (block -2; every kind since the 21st session: k 0/1 attention / matmul items, 2 / 3 fused
     # tier 2 / interpreter, 4 + kind the rest) by the level whose span holds their start: per op group, the
     # level's lead-in (its first claim executing -> its first sub-op starting), the sub-ops' durations (load_ns:
@@ -275,10 +288,10 @@ def hf_levels(label, top=12):
     for key, (n, ex, hand) in sorted(by.items(), key=lambda kv: -kv[1][1]):
         print(f"  {key:40s} levels {n:3d}  exec {ex:8.1f} us ({ex / n:6.2f}/level)  handoff {hand:7.1f} us")
     top = int(os.environ.get("HF_TOP", top))  # 0: every level, in level order
-    print("  " + ("every level" if top == 0 else "slowest levels") + " (exec us, level, handoff us, sub-ops "
-          "op:elems/tiles):")
+    print("  " + ("every level" if top == 0 else "slowest levels") + " (exec us, level, handoff us, home first+span, "
+          "first claim's start after the level before ended (us), claiming blocks, sub-ops op:elems/tiles):")
     for ex, lv, hand, desc in (rows if top == 0 else sorted(rows, reverse=True)[:top]):
-        print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:150]}")
+        print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:200]}")
     print("  claims of the 3 slowest levels (traced blocks only): count, blocks, claims per block max, sub-ops per "
           "claim, load / exec us median and max, first and last claim start after the level's first (us):")
     for ex, lv, hand, desc in sorted(rows, reverse=True)[:3]:
