@@ -144,6 +144,15 @@ struct ProgLevel {
   u32 count;  // descriptors
   u32 home;   // 0, or the level's home blocks (kHome*: only they claim it; walk.h home_skips)
 };
+// Sub-op descriptors one claim on a batch of `count` takes, for a block of `nwarps` warps in a grid of `grid`
+// blocks (walk.h claim_next; core/tape.cpp piece_homes sizes a home with it): kClaimPerWarp per warp amortise a
+// claim's latency over small sub-ops, but a batch of few claims per block leaves blocks idle (an early publication
+// of 1,024 sub-ops fed 32 of 132) and ends on the slowest one: fewer per warp until there are >= 4 claims per
+// block. (Any size is correct: the executing block uses the size it claimed.)
+GPUOS_HD constexpr u32 claim_size(u32 count, u32 grid, u32 nwarps) {
+  const u32 cpw = count / (grid * nwarps * 4);
+  return nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
+}
 // A level's home (ProgLevel::home, DevCtl::bhome): blocks first .. first + span - 1 on the ring of the bounded grid's
 // blocks 1 .. nb - 1 (home_has) claim it, no other block does. Runtime::prepare_image gives every level of one kind of work (op, flags, fused program)
 // the same blocks, so that kind's code stays in those SMs' instruction caches (a level's sub-op run on an SM whose

@@ -211,15 +211,19 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
 __device__ __forceinline__ bool home_skips(const WorkerArgs& args, u32 home) {
   return !home_has(home, gridDim.x < args.keep_blocks ? gridDim.x : args.keep_blocks, blockIdx.x);
 }
-// Homed levels from w.cur on that this block passes (their seq / home words, kHomeLook in one round trip): how
-// many to step over before the first that is not filled yet, not homed, or this block's. (Before, each such level
-// cost a bseq round trip and a fields round trip: a home block that had run a level some levels back reached its
-// next one late.)
+// Homed levels from w.cur on that this block passes (their seq / home words, kHomeLook of them), and in *bs batch
+// cur's bseq word, all in one round trip: how many to step over before the first that is not filled yet, not
+// homed, or this block's. The acquire load goes last, so the relaxed loads before it are in flight with it and a
+// batch this block runs costs this round trip and its fields' (as before homes: bseq, then fields). (Before,
+// each homed level passed cost a bseq round trip and a fields round trip: a home block that had run a level some
+// levels back reached its next one late; the twenty-fifth session's first pass put its loads before bseq's, a
+// round trip more on every batch looked at.)
 constexpr u32 kHomeLook = 8;
-__device__ __forceinline__ u32 homes_passed(const WorkerArgs& args, const DevCtl* dc, u32 cur) {
+__device__ __forceinline__ u32 homes_passed(const WorkerArgs& args, const DevCtl* dc, u32 cur, u32* bs) {
   u64 v[kHomeLook];
 #pragma unroll
   for (u32 j = 0; j < kHomeLook; ++j) v[j] = ld_vol64(&dc->bsh[(cur + j) & (kMaxBatches - 1)]);
+  *bs = ld_acq(&dc->bseq[cur & (kMaxBatches - 1)]);
   u32 j = 0;
   while (j < kHomeLook && (u32)(v[j] >> 32) == cur + j && home_skips(args, (u32)v[j])) ++j;
   return j;
@@ -243,11 +247,11 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
   };
   for (;;) {
     if (w.f_seq != w.cur) {  // is batch cur filled?
-      if (const u32 pass = homes_passed(args, dc, w.cur)) {  // filled, and left to other blocks
+      u32 bs;
+      if (const u32 pass = homes_passed(args, dc, w.cur, &bs)) {  // filled, and left to other blocks
         w.cur += pass;
         continue;
       }
-      const u32 bs = ld_acq(&dc->bseq[w.cur & (kMaxBatches - 1)]);
       if (bs != w.cur) {
         if ((int)(bs - w.cur) > 0) {  // the slot holds a later batch: this block fell behind; skip ahead
           w.cur = bs;
@@ -274,12 +278,7 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
       ++w.cur;
       continue;
     }
-    // Claim size, per batch: kClaimPerWarp sub-ops per warp amortise a claim's latency over small sub-ops, but
-    // a batch of few claims per block leaves blocks idle (an early publication of 1,024 sub-ops fed 32 of 132)
-    // and ends on the slowest one: take fewer per warp until there are >= 4 claims per block. (Any size is
-    // correct: the executing block uses the size it claimed.)
-    const u32 cpw = w.f[0] / (gridDim.x * nwarps * 4);
-    const u32 per_claim = nwarps * (cpw < 1 ? 1 : cpw > kClaimPerWarp ? kClaimPerWarp : cpw);
+    const u32 per_claim = claim_size(w.f[0], gridDim.x, nwarps);
     const u64 c = atomicAdd((unsigned long long*)&dc->claim[w.cur & (kMaxBatches - 1)], (unsigned long long)per_claim);
     const u32 seq = (u32)(c >> 32), idx = (u32)c;
     if (seq != w.cur) {  // the slot was refilled with a later batch: this claim is on that one (it is filled)

@@ -304,6 +304,22 @@ def hf_levels(label, top=12):
               f"k {min(r[3] for r in cl)}..{max(r[3] for r in cl)}; load {statistics.median(loads):.2f} / "
               f"{max(loads):.2f}, exec {statistics.median(exes):.2f} / {max(exes):.2f}; starts "
               f"{starts[len(cl) // 2] / 1e3:.2f} / {starts[-1] / 1e3:.2f}")
+        # Its sub-ops by SM (a sub-op record's seq is its SM): is the straggler an SM that ran more (two blocks on
+        # one SM), or slow items anywhere?
+        a, b = span[seqs[lv - 1]]
+        its = [r for r in items if a - 500 <= r[4] <= b]
+        if its:
+            per_sm = collections.defaultdict(list)
+            for r in its:
+                per_sm[r[1]].append((r[5] + r[6]) / 1e3)
+            by_n = collections.defaultdict(list)
+            for v in per_sm.values():
+                by_n[len(v)].extend(v)
+            slow = sorted(its, key=lambda r: -(r[5] + r[6]))[:3]
+            print(f"      {len(its)} sub-ops on {len(per_sm)} SMs; sub-op us by sub-ops per SM: " + ", ".join(
+                f"{n}: median {statistics.median(v):.2f} max {max(v):.2f} ({len(v) // n} SMs)"
+                for n, v in sorted(by_n.items())) + "; slowest (us, SM, ends after the level's start): " + ", ".join(
+                f"{(r[5] + r[6]) / 1e3:.2f} SM{r[1]} {(r[4] + r[5] + r[6] - a) / 1e3:.1f}" for r in slow))
 
 
 def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):

@@ -249,12 +249,17 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 
 // Home blocks (device_src/types.h ProgLevel::home). A piece's kind of work is its first descriptor's op, flags and
 // (fused) program; the first piece of a kind gets the next free blocks of the bounded grid (block 0, the poller,
-// excluded), every later piece of that kind the same first block. It spans twice its claims (walk.h claim_next's
-// claim size at the burst grid), so that a block still busy with the level before (one of the same kind) does not
+// excluded), every later piece of that kind the same first block. It spans twice its claims (types.h claim_size
+// at the burst grid), so that a block still busy with the level before (one of the same kind) does not
 // hold the next one back. A piece whose kind's blocks overlap the piece before it (another kind's: those blocks may
 // still be running it) gets no home, nor does a piece of more claims than the grid has blocks to spare: every block
 // claims it, as before homes. (W7 Llama-small traced, H200: a level whose home blocks had run the level before
 // started 2-4 us later.)
+//
+// The first kind's first block: blocks 8 .. 32 of the worker's grid took the same SM in every launch, blocks 1 .. 7
+// one of two (H200, %smid of six back-to-back launches: docs/VERIFICATION_HISTORY.md, twenty-fifth session), and a
+// home is worth its SM's warm code only while the SM stays. The ring wraps to blocks 1 .. 7 last.
+constexpr uint32_t kHomeFirstBlock = 8;
 std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps) {
   std::vector<uint32_t> homes(pieces.size(), 0);
   if (nb < 4 || nwarps == 0) return homes;
@@ -266,13 +271,12 @@ std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t
     const uint32_t d01 = (f1 + ring - f0) % ring, d10 = (f0 + ring - f1) % ring;
     return d01 < s0 || d10 < s1;
   };
-  uint32_t cursor = 0;  // the next free block, counted from block 1
+  uint32_t cursor = std::min<uint32_t>(kHomeFirstBlock, nb - 1) - 1;  // the next free block, counted from block 1
   Kind prev_kind{~0u, 0, 0};
   uint32_t prev_home = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceKind& p = pieces[i];
-    const uint32_t cpw = p.count / (grid * nwarps * 4);
-    const uint32_t per_claim = nwarps * std::clamp<uint32_t>(cpw, 1, kClaimPerWarp);
+    const uint32_t per_claim = claim_size(p.count, grid, nwarps);
     const uint32_t span = 2 * ((p.count + per_claim - 1) / per_claim);
     const Kind kind{p.op, p.flags, p.program};
     uint32_t home = 0;

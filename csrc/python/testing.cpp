@@ -117,6 +117,9 @@ void add_testing_module(py::module_& m) {
       }, py::arg("pieces"), py::arg("blocks"), py::arg("grid"), py::arg("warps"),
       "core/tape.h piece_homes on [(op, flags, program, descriptors)] per level piece, for a bounded grid of `blocks`, "
       "launched grids up to `grid`, `warps` per block: [(first home block, home blocks)], (0, 0) without a home.");
+  t.def("claim_size", &claim_size, py::arg("count"), py::arg("grid"), py::arg("warps"),
+      "Sub-op descriptors one claim takes on a batch of `count` (device_src/types.h claim_size: what walk.h "
+      "claim_next claims and core/tape.cpp piece_homes sizes a home with).");
   t.def("home_blocks", [](uint32_t first, uint32_t span, uint32_t nb) {
         std::vector<uint32_t> b;
         for (uint32_t i = 0; i < nb + 2; ++i)
