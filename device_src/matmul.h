@@ -481,10 +481,15 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
   const u32 variant = d.reserved & 0xffu, ksplit = mm_ksplit(d);
   const u32 group = (d.reserved >> 16) & 0x7fffu ? (d.reserved >> 16) & 0x7fffu : 1u;
   if (variant == kMmMma && group > 1) {  // an unsplit item of `group` column tiles: tiles d.base * group, ...
+    const u64 t0 = tb ? globaltimer() : 0;
     for (u32 t = 0; t < group; ++t) {
       const i64 n0 = ((i64)d.base * group + t) * kMmMmaCols;
       if (n0 >= g.N) break;
       mm_mma_tile(g, n0, 0, g.K, nullptr, false, lane);
+    }
+    if (tb && lane == 0) {
+      const u64 t1 = globaltimer();
+      trace_item(tb, note->tslot, ri, t0, t1, t1, 0u);
     }
     return;
   }

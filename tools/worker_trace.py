@@ -278,7 +278,7 @@ def hf_levels(label, top=12):
     if parts:
         print("  sub-op records by level group: lead-in, sub-op load / exec (us, medians), tail, record kinds:")
         for key, (lead, ld, ex, tail, ks) in sorted(parts.items(), key=lambda kv: -len(kv[1][0])):
-            print(f"    {key[:40]:40s} lead {statistics.median(lead):5.2f}  load {statistics.median(ld):5.2f} "
+            print(f"    {key[:40]:40s} lead {statistics.median(lead):5.2f} ({min(lead):.2f}..{max(lead):.2f})  load {statistics.median(ld):5.2f} "
                   f"(max {max(ld):5.2f})  exec {statistics.median(ex):5.2f} (max {max(ex):5.2f})  tail "
                   f"{statistics.median(tail):5.2f}  kinds {sorted(set(ks))}")
     tot_ex, tot_h = sum(r[0] for r in rows), sum(r[2] for r in rows)
@@ -304,6 +304,9 @@ def hf_levels(label, top=12):
               f"k {min(r[3] for r in cl)}..{max(r[3] for r in cl)}; load {statistics.median(loads):.2f} / "
               f"{max(loads):.2f}, exec {statistics.median(exes):.2f} / {max(exes):.2f}; starts "
               f"{starts[len(cl) // 2] / 1e3:.2f} / {starts[-1] / 1e3:.2f}")
+        slow_cl = sorted(cl, key=lambda r: -r[6])[:6]
+        print("      slowest claims (block: exec us, start after the level's first claim us): " + ", ".join(
+            f"{r[0]}: {r[6] / 1e3:.2f} @{(r[4] + r[5] - span[seqs[lv - 1]][0]) / 1e3:.1f}" for r in slow_cl))
         # Its sub-ops by SM (a sub-op record's seq is its SM): is the straggler an SM that ran more (two blocks on
         # one SM), or slow items anywhere?
         a, b = span[seqs[lv - 1]]
