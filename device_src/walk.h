@@ -310,8 +310,13 @@ __device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, Ho
   for (u32 b = ld_acq(&dc->bseq[ps]); b != dep; b = ld_acq(&dc->bseq[ps]))
     if ((int)(b - dep) > 0) return;  // refilled: dep completed long ago (the poller fills behind done words)
   const bool plain = ld_vol(&dc->bdep[ps]) == dep - 1;
-  while (!(plain && ld_vol(&dc->remaining[ps]) == 0) && !seq_reached(ld_vol(&dc->done[ps]), dep))
+  // Both words in one round trip per look (the short-circuit form loaded done only after remaining came back: two
+  // round trips per look, and a level whose few home blocks poll for it saw its predecessor's end that much later).
+  for (;;) {
+    const u32 r = ld_vol(&dc->remaining[ps]), dn = ld_vol(&dc->done[ps]);
+    if ((plain && r == 0) || seq_reached(dn, dep)) break;
     if (blockIdx.x == 0) poll_step(args, dc, hc, p);
+  }
   fence_acq_rel();  // acquire: the previous level's writes before this level's loads
 }
 
