@@ -141,31 +141,51 @@ def _overlap(a, b, ring):
 
 
 def test_piece_homes_one_kind_one_place():
-    """core/tape.h piece_homes: a level piece's home blocks are twice its claims (8 sub-ops per claim here), on the
-    bounded grid's blocks 1 .. 32 (never block 0, the poller), the first kind from block 8 (blocks 1 .. 7 change SMs
-    between launches); every piece of one kind (op, flags, program) gets
-    its kind's first block; a piece whose kind's blocks overlap the piece before it, or of more claims than the grid
-    spares, gets none (0, 0)."""
+    """core/tape.h piece_homes: a level piece's home blocks are one per claim by default (GPUOS_HOME_LEVELS=1; 8
+    sub-ops per claim here), on the bounded grid's blocks 1 .. 32 (never block 0, the poller), the first kind from
+    block 8 (blocks 1 .. 7 change SMs between launches); every piece of one kind (op, flags, program) gets its kind's
+    first block, so the same blocks run every level of that kind; a piece of the kind of the piece before it two per
+    claim; 0 per claim: no homes."""
     homes = gpuos_ext._testing.piece_homes
     ring = 32
     layer = [(1, 0, 0, 1), (2, 4, 7, 1), (3, 0, 0, 16), (2, 4, 9, 2), (4, 0, 0, 40)]  # row, fused 7, mm, fused 9, mm
     got = homes(layer * 4, 33, 132, 8)
-    assert got[:5] == [(8, 2), (10, 2), (12, 4), (16, 2), (18, 10)]  # fresh kinds side by side, spans 2 x claims
+    assert got[:5] == [(8, 1), (9, 1), (10, 2), (12, 1), (13, 5)]  # fresh kinds side by side, spans = claims
     assert got[5:] == got[:5] * 3  # later layers: the same blocks
+    for i, (first, span) in enumerate(got):
+        assert 1 <= first <= ring and span >= 1
+        if i:
+            assert not _overlap(got[i - 1], (first, span), ring)
+    assert homes(layer, 33, 132, 8, per_claim=0) == [(0, 0)] * 5
+    # One kind back to back (a uniform chain): after the first, two blocks per claim -- the blocks of the level
+    # before are still busy with it while the others claim this one -- and the kind's range is that wide.
+    assert homes([(5, 0, 0, 8)] * 3 + [(6, 0, 0, 8)], 33, 132, 8) == [(8, 1), (8, 2), (8, 2), (10, 1)]
+    big = homes([(5, 0, 0, 5000)], 33, 132, 8)  # a level of more claims than the ring spares (an LM head)
+    assert big == [(0, 0)]
+
+
+def test_piece_homes_two_blocks_per_claim():
+    """GPUOS_HOME_LEVELS=2 (the twenty-fifth session's layout): spans of twice the claims; a piece whose kind's
+    blocks overlap the piece before it (another kind's), or of more blocks than the ring spares, gets none (0, 0)."""
+    homes = gpuos_ext._testing.piece_homes
+    ring = 32
+    layer = [(1, 0, 0, 1), (2, 4, 7, 1), (3, 0, 0, 16), (2, 4, 9, 2), (4, 0, 0, 40)]
+    got = homes(layer * 4, 33, 132, 8, per_claim=2)
+    assert got[:5] == [(8, 2), (10, 2), (12, 4), (16, 2), (18, 10)]
+    assert got[5:] == got[:5] * 3
     for i, (first, span) in enumerate(got):
         assert 1 <= first <= ring and span >= 2
         if i:
             assert not _overlap(got[i - 1], (first, span), ring)
     # The cursor wraps past block 32 to block 1; a kind whose blocks overlap the piece before it (another kind's) waits.
     a, b, c, d = (10, 0, 0, 120), (11, 0, 0, 8), (12, 0, 0, 8), (13, 0, 0, 8)  # 15 claims (30 blocks), 1, 1, 1
-    assert homes([a, b, c, d, a, b], 33, 132, 8) == [(8, 30), (6, 2), (8, 2), (10, 2), (0, 0), (6, 2)]
-    wide = homes([(10, 0, 0, 64), (11, 0, 0, 128)], 33, 132, 8)  # 16 claims: 32 blocks, no fewer than the ring's
+    assert homes([a, b, c, d, a, b], 33, 132, 8, per_claim=2) == [(8, 30), (6, 2), (8, 2), (10, 2), (0, 0), (6, 2)]
+    wide = homes([(10, 0, 0, 64), (11, 0, 0, 128)], 33, 132, 8, per_claim=2)  # 16 claims: 32 blocks, the ring's
     assert wide == [(8, 16), (0, 0)]
-    same = homes([(5, 0, 0, 8)] * 3, 33, 132, 8)  # one kind back to back: its own blocks (the span's second block)
+    same = homes([(5, 0, 0, 8)] * 3, 33, 132, 8, per_claim=2)  # one kind back to back: its own blocks
     assert same == [(8, 2)] * 3
-    assert homes([(5, 0, 0, 8)], 3, 132, 8) == [(0, 0)]  # a grid of 3 blocks: no homes
-    big = homes([(5, 0, 0, 5000)], 33, 132, 8)  # a level of more claims than the grid spares (an LM head)
-    assert big == [(0, 0)]
+    assert homes([(5, 0, 0, 8)], 3, 132, 8, per_claim=2) == [(0, 0)]  # a grid of 3 blocks: no homes
+    assert homes([(5, 0, 0, 5000)], 33, 132, 8, per_claim=2) == [(0, 0)]
 
 
 def test_claim_size_is_a_warp_multiple_between_one_and_four_per_warp():

@@ -241,6 +241,7 @@ def hf_levels(label, top=12):
     claims = collections.defaultdict(list)
     for r in recs:
         claims[r[1]].append(r)
+    items = [r for r in all_recs if r[0] == -2]  # sub-op records (below)
     rows, prev_end = [], None
     for lv, sq in enumerate(seqs):
         a, b = span[sq]
@@ -252,7 +253,9 @@ def hf_levels(label, top=12):
         key = "+".join(sorted({e["op"] + ("@" + str(e["row"]) if e["row"] else "") for e in ops}))
         g = by[key]
         g[0] += 1; g[1] += ex; g[2] += hand  # noqa: E702
-        where = (f"home {homes[lv][1]}+{homes[lv][2]} " if homes else "") + f"late {late:4.2f} blocks " + \
+        starts = [r[4] for r in items if a - 500 <= r[4] <= b]
+        lead = f"lead {(min(starts) - a) / 1e3:5.2f} " if starts else ""
+        where = (f"home {homes[lv][1]}+{homes[lv][2]} " if homes else "") + lead + f"late {late:4.2f} blocks " + \
             ",".join(str(x) for x in sorted({r[0] for r in cl})[:6])
         rows.append((ex, lv + 1, hand, where + "  " + ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
     # Sub-op records (block -2; every kind since the 21st session: k 0/1 attention / matmul items, 2 / 3 fused
@@ -260,7 +263,6 @@ def hf_levels(label, top=12):
     # level's lead-in (its first claim executing -> its first sub-op starting), the sub-ops' durations (load_ns:
     # arguments / program fetched, exec_ns: the rest; a matmul / attention item's own time is load_ns) and its
     # tail (the last sub-op's end -> the level's last claim done).
-    items = [r for r in all_recs if r[0] == -2]
     parts = collections.defaultdict(lambda: [[], [], [], [], []])
     for lv, sq in enumerate(seqs):
         a, b = span[sq]
@@ -289,7 +291,8 @@ def hf_levels(label, top=12):
         print(f"  {key:40s} levels {n:3d}  exec {ex:8.1f} us ({ex / n:6.2f}/level)  handoff {hand:7.1f} us")
     top = int(os.environ.get("HF_TOP", top))  # 0: every level, in level order
     print("  " + ("every level" if top == 0 else "slowest levels") + " (exec us, level, handoff us, home first+span, "
-          "first claim's start after the level before ended (us), claiming blocks, sub-ops op:elems/tiles):")
+          "lead: its first sub-op's start after the level's (us), late: its first claim's start after the level "
+          "before ended (us), claiming blocks, sub-ops op:elems/tiles):")
     for ex, lv, hand, desc in (rows if top == 0 else sorted(rows, reverse=True)[:top]):
         print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:200]}")
     print("  claims of the 3 slowest levels (traced blocks only): count, blocks, claims per block max, sub-ops per "

@@ -38,6 +38,7 @@ EnvConfig read_env() {
   read_u32("GPUOS_DMA_MIN", c.dma_min);
   read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   read_u32("GPUOS_MM_ITEMS", c.mm_items);
+  read_u32("GPUOS_HOME_LEVELS", c.home_levels);
   read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);
   read_u32("GPUOS_HANDOVER_QUEUE", c.handover_queue);
   if (c.attn_min_rows == 0) c.attn_min_rows = 1;
@@ -60,7 +61,6 @@ EnvConfig read_env() {
   if (const char* a = get("GPUOS_LOCAL_COMBINE")) c.local_combine = std::string(a) != "0";
   if (const char* m = get("GPUOS_MM_EPILOGUE")) c.mm_epilogue = std::string(m) != "0";
   if (const char* m = get("GPUOS_MM_PROLOGUE")) c.mm_prologue = std::string(m) != "0";
-  if (const char* h = get("GPUOS_HOME_LEVELS")) c.home_levels = std::string(h) != "0";
   if (const char* h = get("CUDA_HOME")) c.cuda_home = h;
   else if (const char* h2 = get("CUDA_PATH")) c.cuda_home = h2;
   return c;
@@ -104,7 +104,7 @@ std::string describe_env_config() {
          "\nGPUOS_LOCAL_COMBINE=" + (c.local_combine ? "1" : "0") +
          "\nGPUOS_MM_EPILOGUE=" + (c.mm_epilogue ? "1" : "0") +
          "\nGPUOS_MM_PROLOGUE=" + (c.mm_prologue ? "1" : "0") +
-         "\nGPUOS_HOME_LEVELS=" + (c.home_levels ? "1" : "0") +
+         "\nGPUOS_HOME_LEVELS=" + std::to_string(c.home_levels) +
          "\nGPUOS_HANDOVER_QUEUE=" + std::to_string(c.handover_queue) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +

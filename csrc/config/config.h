@@ -28,8 +28,8 @@ struct EnvConfig {
                                   // level instead of running as its epilogue (sched/epilogue.cpp; the A/B)
   bool mm_prologue = true;        // GPUOS_MM_PROLOGUE=0: a row program read only by matmuls stays its own level
                                   // instead of running as their prologue (sched/prologue.cpp; the A/B)
-  bool home_levels = true;        // GPUOS_HOME_LEVELS=0: every block claims every level of a program (no homes:
-                                  // Runtime::prepare_image; the A/B)
+  uint32_t home_levels = 1;       // GPUOS_HOME_LEVELS: a program level's home blocks per claim (core/tape.cpp
+                                  // piece_homes); 0: every block claims every level (no homes; the A/B)
   uint32_t handover_queue = 8;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind a covered idle worker at
                                   // which it leaves at once (walk.h poll_step; 0: only after idle_us)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)

@@ -61,8 +61,8 @@ struct Config {
   // (kMmLocal) (env GPUOS_LOCAL_COMBINE=0: off).
   bool local_combine = true;
   // A program's levels get home blocks (ProgLevel::home): every level of one kind of work on the same few SMs, whose
-  // instruction caches keep its code (env GPUOS_HOME_LEVELS=0: off).
-  bool home_levels = true;
+  // instruction caches keep its code; this many blocks per claim of the level (env GPUOS_HOME_LEVELS; 0: off).
+  uint32_t home_levels = 1;
   uint32_t handover_queue = 8;  // queued standby launches at which a covered idle worker leaves (GPUOS_HANDOVER_QUEUE)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`

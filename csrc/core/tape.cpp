@@ -249,10 +249,14 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 
 // Home blocks (device_src/types.h ProgLevel::home). A piece's kind of work is its first descriptor's op, flags and
 // (fused) program; the first piece of a kind gets the next free blocks of the bounded grid (block 0, the poller,
-// excluded), every later piece of that kind the same first block. It spans twice its claims (types.h claim_size
-// at the burst grid), so that a block still busy with the level before (one of the same kind) does not
-// hold the next one back. A piece whose kind's blocks overlap the piece before it (another kind's: those blocks may
-// still be running it) gets no home, nor does a piece of more claims than the grid has blocks to spare: every block
+// excluded), every later piece of that kind the same first block. It spans `per_claim` blocks per claim (types.h
+// claim_size at the burst grid; Config::home_levels; at least two after a piece of its own kind). One per claim: the same blocks run the kind's level every
+// time, so each of its claims finds its code warm -- a level ends with its slowest claim, and with two blocks per
+// claim (the twenty-fifth session's layout) whichever half came first took the claims, so most levels held a claim
+// on a block that had not run that kind before (W7 traced, H200: ncol items ~11 us at a home, 3.2 warm in
+// tools/warp_bench.cu, 8.9 cold). Two per claim leave idle blocks for a level of the kind just run, whose own
+// blocks are still busy with it. A piece whose kind's blocks overlap the piece before it (another kind's: those
+// blocks may still be running it) gets no home, nor does a piece of more blocks than the ring spares: every block
 // claims it, as before homes. (W7 Llama-small traced, H200: a level whose home blocks had run the level before
 // started 2-4 us later.)
 //
@@ -260,9 +264,10 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 // one of two (H200, %smid of six back-to-back launches: docs/VERIFICATION_HISTORY.md, twenty-fifth session), and a
 // home is worth its SM's warm code only while the SM stays. The ring wraps to blocks 1 .. 7 last.
 constexpr uint32_t kHomeFirstBlock = 8;
-std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps) {
+std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps,
+                                  uint32_t per_claim) {
   std::vector<uint32_t> homes(pieces.size(), 0);
-  if (nb < 4 || nwarps == 0) return homes;
+  if (nb < 4 || nwarps == 0 || per_claim == 0) return homes;
   const uint32_t ring = nb - 1;  // blocks 1 .. nb - 1
   grid = std::max(grid, nb);
   using Kind = std::tuple<uint32_t, uint32_t, uint64_t>;
@@ -271,18 +276,30 @@ std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t
     const uint32_t d01 = (f1 + ring - f0) % ring, d10 = (f0 + ring - f1) % ring;
     return d01 < s0 || d10 < s1;
   };
+  // Each piece's span; a piece of the kind of the piece before it gets at least two blocks per claim: the blocks
+  // of the level before are still busy with it while the others claim this one ahead. A kind's range is as wide as
+  // its widest piece that fits the ring.
+  std::vector<uint64_t> want(pieces.size());
+  std::map<Kind, uint32_t> widest;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PieceKind& p = pieces[i];
+    const Kind kind{p.op, p.flags, p.program};
+    const bool again = i > 0 && kind == Kind{pieces[i - 1].op, pieces[i - 1].flags, pieces[i - 1].program};
+    const uint32_t claim = claim_size(p.count, grid, nwarps);
+    want[i] = (uint64_t)(again ? std::max<uint32_t>(per_claim, 2) : per_claim) * ((p.count + claim - 1) / claim);
+    if (p.count != 0 && want[i] < ring) widest[kind] = std::max<uint32_t>(widest[kind], (uint32_t)want[i]);
+  }
   uint32_t cursor = std::min<uint32_t>(kHomeFirstBlock, nb - 1) - 1;  // the next free block, counted from block 1
   Kind prev_kind{~0u, 0, 0};
   uint32_t prev_home = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceKind& p = pieces[i];
-    const uint32_t per_claim = claim_size(p.count, grid, nwarps);
-    const uint32_t span = 2 * ((p.count + per_claim - 1) / per_claim);
     const Kind kind{p.op, p.flags, p.program};
     uint32_t home = 0;
-    if (p.count != 0 && span < ring) {
+    if (p.count != 0 && want[i] < ring) {
+      const uint32_t span = (uint32_t)want[i];
       auto [it, fresh] = first_of.emplace(kind, 1 + cursor % ring);
-      if (fresh) cursor += span;
+      if (fresh) cursor += widest[kind];
       const uint32_t pf = prev_home & ((1u << kHomeSpanShift) - 1), ps = prev_home >> kHomeSpanShift;
       if (prev_home == 0 || kind == prev_kind || !overlap(it->second - 1, span, pf - 1, ps))
         home = home_word(it->second, span);
@@ -308,8 +325,9 @@ void Runtime::prepare_image(TapeImage& im, uint64_t resident) {
     const SubOp& d = im.descs[p.begin];
     kinds.push_back({d.op, d.flags, d.op == kOpFused ? d.in[0] : 0, p.count});
   }
-  const std::vector<uint32_t> homes = cfg_.home_levels ? piece_homes(kinds, grid_, burst_grid_, cfg_.threads_per_block / 32)
-                                                       : std::vector<uint32_t>(kinds.size(), 0);
+  const std::vector<uint32_t> homes =
+      cfg_.home_levels ? piece_homes(kinds, grid_, burst_grid_, cfg_.threads_per_block / 32, cfg_.home_levels)
+                       : std::vector<uint32_t>(kinds.size(), 0);
   for (size_t i = 0; i < im.descs.size(); ++i) aim_ref_fields(im.descs[i], im.refmask[i], aim);
   im.table.resize(im.pieces.size());
   for (size_t i = 0; i < im.pieces.size(); ++i)

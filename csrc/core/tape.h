@@ -145,7 +145,8 @@ struct PieceKind {
   uint64_t program;  // a fused piece's program id, else 0
   uint32_t count;    // descriptors
 };
-std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps);
+std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t nb, uint32_t grid, uint32_t nwarps,
+                                  uint32_t per_claim);
 // Replays take the image path (default) or stage entry by entry (Runtime::replay); for A/B measurements and
 // tests (gpuos_ext._testing.set_tape_images).
 void set_tape_images(bool on);

@@ -107,16 +107,17 @@ void add_testing_module(py::module_& m) {
         "its own (sched/prologue.cpp; A/B and tests).");
   t.def("mm_prologue", [] { return g_mm_prologue; });
   t.def("piece_homes", [](const std::vector<std::tuple<uint32_t, uint32_t, uint64_t, uint32_t>>& pieces, uint32_t nb,
-                          uint32_t grid, uint32_t nwarps) {
+                          uint32_t grid, uint32_t nwarps, uint32_t per_claim) {
         std::vector<PieceKind> kinds;
         for (const auto& [op, flags, program, count] : pieces) kinds.push_back({op, flags, program, count});
         py::list l;
-        for (uint32_t h : piece_homes(kinds, nb, grid, nwarps))
+        for (uint32_t h : piece_homes(kinds, nb, grid, nwarps, per_claim))
           l.append(py::make_tuple(h & ((1u << kHomeSpanShift) - 1), h >> kHomeSpanShift));
         return l;
-      }, py::arg("pieces"), py::arg("blocks"), py::arg("grid"), py::arg("warps"),
+      }, py::arg("pieces"), py::arg("blocks"), py::arg("grid"), py::arg("warps"), py::arg("per_claim") = 1,
       "core/tape.h piece_homes on [(op, flags, program, descriptors)] per level piece, for a bounded grid of `blocks`, "
-      "launched grids up to `grid`, `warps` per block: [(first home block, home blocks)], (0, 0) without a home.");
+      "launched grids up to `grid`, `warps` per block, `per_claim` home blocks per claim (GPUOS_HOME_LEVELS): "
+      "[(first home block, home blocks)], (0, 0) without a home.");
   t.def("claim_size", &claim_size, py::arg("count"), py::arg("grid"), py::arg("warps"),
       "Sub-op descriptors one claim takes on a batch of `count` (device_src/types.h claim_size: what walk.h "
       "claim_next claims and core/tape.cpp piece_homes sizes a home with).");
