@@ -250,15 +250,15 @@ void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr) {
 // Home blocks (device_src/types.h ProgLevel::home). A piece's kind of work is its first descriptor's op, flags and
 // (fused) program; the first piece of a kind gets the next free blocks of the bounded grid (block 0, the poller,
 // excluded), every later piece of that kind the same first block. It spans `per_claim` blocks per claim (types.h
-// claim_size at the burst grid; Config::home_levels; at least two after a piece of its own kind). One per claim: the same blocks run the kind's level every
-// time, so each of its claims finds its code warm -- a level ends with its slowest claim, and with two blocks per
-// claim (the twenty-fifth session's layout) whichever half came first took the claims, so most levels held a claim
-// on a block that had not run that kind before (W7 traced, H200: ncol items ~11 us at a home, 3.2 warm in
-// tools/warp_bench.cu, 8.9 cold). Two per claim leave idle blocks for a level of the kind just run, whose own
-// blocks are still busy with it. A piece whose kind's blocks overlap the piece before it (another kind's: those
-// blocks may still be running it) gets no home, nor does a piece of more blocks than the ring spares: every block
-// claims it, as before homes. (W7 Llama-small traced, H200: a level whose home blocks had run the level before
-// started 2-4 us later.)
+// claim_size at the burst grid; Config::home_levels), at least two after a piece of its own kind: the blocks of
+// that level are still busy with it while the others claim this one ahead. One per claim: the same blocks run the
+// kind's level every time, so each claim finds its code warm -- a level ends with its slowest claim, and with two
+// per claim (the twenty-fifth session's layout) whichever half came first took the claims, so a level could hold
+// a claim on a block that had not run that kind before (W7 traced, H200: ncol items ~11 us at a home, 3.2 warm in
+// tools/warp_bench.cu, 8.9 cold; 1 against 2 not yet measured in one call). A piece whose kind's blocks overlap
+// the piece before it (another kind's: those blocks may still be running it) gets no home, nor does a piece of
+// more blocks than the ring spares: every block claims it, as before homes. (W7 Llama-small traced, H200: a level
+// whose home blocks had run the level before started 2-4 us later.)
 //
 // The first kind's first block: blocks 8 .. 32 of the worker's grid took the same SM in every launch, blocks 1 .. 7
 // one of two (H200, %smid of six back-to-back launches: docs/VERIFICATION_HISTORY.md, twenty-fifth session), and a

@@ -139,7 +139,7 @@ void image_patches(TapeImage& im, const Reloc& rel, std::vector<std::pair<uint64
 void aim_ref_fields(SubOp& s, uint8_t refmask, uint64_t refaddr);
 // ProgLevel::home of each piece of an image (device_src/types.h; walk.h home_skips): `nb` the bounded grid's blocks
 // (the homes' ring: blocks 1 .. nb - 1), `grid` the largest launched grid and `nwarps` warps per block (the claim
-// size, as claim_next computes it). 0 for a piece without a home.
+// size, types.h claim_size), `per_claim` home blocks per claim (Config::home_levels). 0 for a piece without a home.
 struct PieceKind {
   uint32_t op, flags;
   uint64_t program;  // a fused piece's program id, else 0
