@@ -29,10 +29,13 @@ __device__ __forceinline__ u64 gtimer() {
 }
 
 enum Kind { kRaw1 = 0, kRaw4, kEwAdd, kEwCast, kEwStrided, kMean, kFusedCopy, kInterp16, kMmNcolItem, kMmMmaItem,
-            kRowLn4, kRowLn8, kKinds };
+            kRowLn4, kRowLn8, kMmMmaDispatch, kKinds };
 // The matmul items (n = 4096 only): one ncol1 item (64 columns x 64 rows of K, fp16, M = 1: a K slice of
 // GPT-2-small's weights) and one mma item (16 columns x K = 256, fp16, M = 1: a tile of Llama-small's LM head),
-// both writing their outputs directly (no K split).
+// both writing their outputs directly (no K split). kMmMmaDispatch: the same mma item as the worker runs it,
+// through exec_subop (fetch_refs on cached TensorRefs, the op switch, the noinline matmul_op, mm_args): its gap to
+// kMmMmaItem is the dispatch (a traced worker's matmul levels start their first item >= 2 us after the level,
+// other kinds 0.3: twenty-sixth session).
 constexpr i64 kBenchMmK = 256, kBenchMmN = 1024;
 
 // The floor: out[i] = a[i] + b[i] over n fp32 with 16-byte loads, `inflight` vectors per lane per iteration.
@@ -104,15 +107,26 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
   __shared__ SubOp sd;
   __shared__ __align__(16) TensorRef refs[4];
   __shared__ __align__(16) Program sp;
+  __shared__ u64 cached[4];
+  __shared__ FinishNote note;
   for (u32 w = lane; w < sizeof(SubOp) / 4; w += 32) ((u32*)&sd)[w] = ((const u32*)&dsrc)[w];
   for (u32 w = lane; w < sizeof(refs) / 4; w += 32) ((u32*)refs)[w] = ((const u32*)grefs)[w];
   for (u32 w = lane; w < sizeof(Program) / 4; w += 32) ((u32*)&sp)[w] = ((const u32*)gprog)[w];
+  if (lane == 0) {  // the worker's per-warp state after prefetch_refs: the TensorRefs cached, an empty note
+    for (int k = 0; k < 4; ++k) cached[k] = k == 0 ? dsrc.out : dsrc.in[k - 1];
+    note = FinishNote{};
+    note.ck = 1;
+  }
+  WorkerArgs wa{};
+  wa.capacity = 1, wa.progs = (u64)gprog;
   __syncwarp();
   for (int r = 0; r < reps; ++r) {
     if (cold != 0 && lane == 0) {  // this rep's data (outside the timed region)
       const u64 off = (u64)r * cold, ob = (u64)r * kBigStride;
-      sd.out = shifted(dsrc.out, big, big_end, off, ob);
-      for (int k = 0; k < 3; ++k) sd.in[k] = shifted(dsrc.in[k], big, big_end, off, ob);
+      if (kind != kMmMmaDispatch) {  // (the dispatch case's descriptor points at TensorRefs: only those move)
+        sd.out = shifted(dsrc.out, big, big_end, off, ob);
+        for (int k = 0; k < 3; ++k) sd.in[k] = shifted(dsrc.in[k], big, big_end, off, ob);
+      }
       if (kind == kFusedCopy || kind == kInterp16 || kind == kRowLn4 || kind == kRowLn8) {
         FusedArgs& fa = *(FusedArgs*)&refs[0];
         const FusedArgs& g = *(const FusedArgs*)&grefs[0];
@@ -149,6 +163,7 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
       }
       case kRowLn4: ln_row<4>(sd, *(const FusedArgs*)&refs[0], lane); break;
       case kRowLn8: ln_row<8>(sd, *(const FusedArgs*)&refs[0], lane); break;
+      case kMmMmaDispatch: exec_subop(sd, refs, cached, lane, gprog, 0, 0, wa, &note); break;
       case kMmNcolItem: case kMmMmaItem: {
         MmArgs g{};
         g.a = (const char*)sd.in[0], g.b = (const char*)sd.in[1], g.out = (char*)sd.out, g.bias = nullptr;
@@ -223,14 +238,17 @@ int main() {
                          "reduce mean of one row", "fused_rows loads + stores (a copy, no interpreter)",
                          "interpreted chain of 16 adds (fused_rows)", "mm ncol1 item 64 cols x 64 K (fp16, M=1)",
                          "mm mma item 16 cols x 256 K (fp16, M=1)", "LayerNorm row of 256 fp16 (tier-2 form, V=4)",
-                         "LayerNorm row of 256 fp16 (tier-2 form, V=8)"};
+                         "LayerNorm row of 256 fp16 (tier-2 form, V=8)",
+                         "mm mma item as kMmMmaItem, through exec_subop"};
   // WB_ONLY=<kind index>: that kind alone, n = 4,096, no pollers (one kernel launch: for ncu -k bench).
   const int only = getenv("WB_ONLY") ? atoi(getenv("WB_ONLY")) : -1;
   // WB_COLD=1: each case also once with cold data (pollmode 3 in the loop below: no pollers, data shifted per rep).
   const bool with_cold = getenv("WB_COLD") && atoi(getenv("WB_COLD")) != 0;
   for (u32 n : {1024u, 4096u}) {
     for (int kind = 0; kind < kKinds; ++kind) {
-      if ((kind == kMmNcolItem || kind == kMmMmaItem || kind == kRowLn4 || kind == kRowLn8) && n != 4096) continue;
+      if ((kind == kMmNcolItem || kind == kMmMmaItem || kind == kRowLn4 || kind == kRowLn8 || kind == kMmMmaDispatch) &&
+          n != 4096)
+        continue;
       if (only >= 0 && (kind != only || n != 4096)) continue;
       for (int pollmode : {0, 1, 2, 3}) {
         if (only >= 0 && pollmode != 0) continue;
@@ -266,6 +284,18 @@ int main() {
           memcpy((void*)refs, (const void*)&fa, sizeof(FusedArgs));
         } else if (kind == kMmNcolItem || kind == kMmMmaItem) {
           d.in[0] = (u64)a, d.in[1] = (u64)big, d.out = (u64)o;  // a: K fp16; big: K x N fp16 (512 KB)
+        } else if (kind == kMmMmaDispatch) {  // out (1 x N) = a (1 x K) @ b (K x N view of big's N x K rows)
+          d.op = kOp_mm, d.flags = kFlagStrided | (kFlagConst0 << 2), d.n = 1, d.base = 0;  // tile 0, no bias
+          d.dtype = kF16 | (kF16 << 8) | (kF16 << 16) | (kF16 << 24), d.scalar[1] = 0.0f;
+          d.reserved = kMmMma | (1u << 8);  // tensor cores, unsplit, one tile per item
+          d.out = (u64)&grefs[0], d.in[0] = (u64)&grefs[1], d.in[1] = (u64)&grefs[2], d.in[2] = 0;
+          for (int k = 0; k < 3; ++k) refs[k].ndim = 2, refs[k].dtype = kF16;
+          refs[0].ptr = (u64)o, refs[0].sizes[0] = 1, refs[0].sizes[1] = kBenchMmN;
+          refs[0].strides[0] = kBenchMmN, refs[0].strides[1] = 1;
+          refs[1].ptr = (u64)a, refs[1].sizes[0] = 1, refs[1].sizes[1] = kBenchMmK;
+          refs[1].strides[0] = kBenchMmK, refs[1].strides[1] = 1;
+          refs[2].ptr = (u64)big, refs[2].sizes[0] = kBenchMmK, refs[2].sizes[1] = kBenchMmN;
+          refs[2].strides[0] = 1, refs[2].strides[1] = kBenchMmK;
         } else if (kind == kMean) {
           d.op = kOp_mean, d.flags = kFlagStrided, d.n = 1, d.dtype = kF32 | (kF32 << 8);
           refs[0] = ref1(o, kF32, 1);
