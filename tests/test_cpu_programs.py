@@ -6,6 +6,7 @@ import torch
 import gpuos
 import gpuos_ext
 from gpuos.programs import Program, _span
+from _helpers import describe, run_python
 
 
 def test_reloc_moves_only_pointers_inside_ranges():
@@ -186,6 +187,15 @@ def test_piece_homes_two_blocks_per_claim():
     assert same == [(8, 2)] * 3
     assert homes([(5, 0, 0, 8)], 3, 132, 8, per_claim=2) == [(0, 0)]  # a grid of 3 blocks: no homes
     assert homes([(5, 0, 0, 5000)], 33, 132, 8, per_claim=2) == [(0, 0)]
+
+
+@pytest.mark.parametrize("value", [None, "0", "2"])
+def test_home_levels_setting_is_a_count_of_blocks_per_claim(value):
+    """GPUOS_HOME_LEVELS is read as home blocks per claim (default 1; 0: no homes), as the settings report shows."""
+    p = run_python("import gpuos_ext; print(gpuos_ext.config()['GPUOS_HOME_LEVELS'])",
+                   {} if value is None else {"GPUOS_HOME_LEVELS": value}, timeout=120)
+    assert p.returncode == 0, describe(p)
+    assert p.stdout.split() == [value or "1"], describe(p)
 
 
 def test_claim_size_is_a_warp_multiple_between_one_and_four_per_warp():
