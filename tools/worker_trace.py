@@ -242,6 +242,7 @@ def hf_levels(label, top=12):
     for r in recs:
         claims[r[1]].append(r)
     items = [r for r in all_recs if r[0] == -2]  # sub-op records (below)
+    level_items = {sq: [r for r in items if span[sq][0] - 500 <= r[4] <= span[sq][1]] for sq in seqs}  # by start
     rows, prev_end = [], None
     for lv, sq in enumerate(seqs):
         a, b = span[sq]
@@ -253,8 +254,8 @@ def hf_levels(label, top=12):
         key = "+".join(sorted({e["op"] + ("@" + str(e["row"]) if e["row"] else "") for e in ops}))
         g = by[key]
         g[0] += 1; g[1] += ex; g[2] += hand  # noqa: E702
-        starts = [r[4] for r in items if a - 500 <= r[4] <= b]
-        lead = f"lead {(min(starts) - a) / 1e3:5.2f} " if starts else ""
+        its = level_items[sq]
+        lead = f"lead {(min(r[4] for r in its) - a) / 1e3:5.2f} " if its else ""
         where = (f"home {homes[lv][1]}+{homes[lv][2]} " if homes else "") + lead + f"late {late:4.2f} blocks " + \
             ",".join(str(x) for x in sorted({r[0] for r in cl})[:6])
         rows.append((ex, lv + 1, hand, where + "  " + ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
@@ -266,7 +267,7 @@ def hf_levels(label, top=12):
     parts = collections.defaultdict(lambda: [[], [], [], [], []])
     for lv, sq in enumerate(seqs):
         a, b = span[sq]
-        its = [r for r in items if a - 500 <= r[4] <= b]
+        its = level_items[sq]
         if not its:
             continue
         ops = lmap[lv]
@@ -280,8 +281,8 @@ def hf_levels(label, top=12):
     if parts:
         print("  sub-op records by level group: lead-in, sub-op load / exec (us, medians), tail, record kinds:")
         for key, (lead, ld, ex, tail, ks) in sorted(parts.items(), key=lambda kv: -len(kv[1][0])):
-            print(f"    {key[:40]:40s} lead {statistics.median(lead):5.2f} ({min(lead):.2f}..{max(lead):.2f})  load {statistics.median(ld):5.2f} "
-                  f"(max {max(ld):5.2f})  exec {statistics.median(ex):5.2f} (max {max(ex):5.2f})  tail "
+            print(f"    {key[:40]:40s} lead {statistics.median(lead):5.2f} ({min(lead):.2f}..{max(lead):.2f})  "
+                  f"load {statistics.median(ld):5.2f} (max {max(ld):5.2f})  exec {statistics.median(ex):5.2f} (max {max(ex):5.2f})  tail "
                   f"{statistics.median(tail):5.2f}  kinds {sorted(set(ks))}")
     tot_ex, tot_h = sum(r[0] for r in rows), sum(r[2] for r in rows)
     first, last = min(span[s][0] for s in seqs), max(span[s][1] for s in seqs)
@@ -312,8 +313,8 @@ def hf_levels(label, top=12):
             f"{r[0]}: {r[6] / 1e3:.2f} @{(r[4] + r[5] - span[seqs[lv - 1]][0]) / 1e3:.1f}" for r in slow_cl))
         # Its sub-ops by SM (a sub-op record's seq is its SM): is the straggler an SM that ran more (two blocks on
         # one SM), or slow items anywhere?
-        a, b = span[seqs[lv - 1]]
-        its = [r for r in items if a - 500 <= r[4] <= b]
+        a = span[seqs[lv - 1]][0]
+        its = level_items[seqs[lv - 1]]
         if its:
             per_sm = collections.defaultdict(list)
             for r in its:

@@ -279,33 +279,33 @@ std::vector<uint32_t> piece_homes(const std::vector<PieceKind>& pieces, uint32_t
   // Each piece's span; a piece of the kind of the piece before it gets at least two blocks per claim: the blocks
   // of the level before are still busy with it while the others claim this one ahead. A kind's range is as wide as
   // its widest piece that fits the ring.
+  std::vector<Kind> kinds;
+  kinds.reserve(pieces.size());
   std::vector<uint64_t> want(pieces.size());
   std::map<Kind, uint32_t> widest;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceKind& p = pieces[i];
-    const Kind kind{p.op, p.flags, p.program};
-    const bool again = i > 0 && kind == Kind{pieces[i - 1].op, pieces[i - 1].flags, pieces[i - 1].program};
+    const Kind& kind = kinds.emplace_back(p.op, p.flags, p.program);
+    const bool again = i > 0 && kind == kinds[i - 1];
     const uint32_t claim = claim_size(p.count, grid, nwarps);
     want[i] = (uint64_t)(again ? std::max<uint32_t>(per_claim, 2) : per_claim) * ((p.count + claim - 1) / claim);
     if (p.count != 0 && want[i] < ring) widest[kind] = std::max<uint32_t>(widest[kind], (uint32_t)want[i]);
   }
   uint32_t cursor = std::min<uint32_t>(kHomeFirstBlock, nb - 1) - 1;  // the next free block, counted from block 1
-  Kind prev_kind{~0u, 0, 0};
-  uint32_t prev_home = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceKind& p = pieces[i];
-    const Kind kind{p.op, p.flags, p.program};
+    const Kind& kind = kinds[i];
     uint32_t home = 0;
     if (p.count != 0 && want[i] < ring) {
       const uint32_t span = (uint32_t)want[i];
       auto [it, fresh] = first_of.emplace(kind, 1 + cursor % ring);
       if (fresh) cursor += widest[kind];
+      const uint32_t prev_home = i > 0 ? homes[i - 1] : 0;
       const uint32_t pf = prev_home & ((1u << kHomeSpanShift) - 1), ps = prev_home >> kHomeSpanShift;
-      if (prev_home == 0 || kind == prev_kind || !overlap(it->second - 1, span, pf - 1, ps))
+      if (prev_home == 0 || (i > 0 && kind == kinds[i - 1]) || !overlap(it->second - 1, span, pf - 1, ps))
         home = home_word(it->second, span);
     }
     homes[i] = home;
-    prev_kind = kind, prev_home = home;
   }
   return homes;
 }
