@@ -255,7 +255,8 @@ __device__ __forceinline__ AttnTile attn_tile(const AttnArgs& a, u32 base, u32 r
   }
   t.kh = bk % a.Hkv, t.b = bk / a.Hkv;
   t.r0 = rg * R, t.nr = nrows - t.r0 < R ? nrows - t.r0 : R;
-  t.first = (ri + capacity - t.s * t.stride) % capacity;
+  const u32 back = t.s * t.stride;  // < capacity: the tile's items are in the ring together
+  t.first = ri >= back ? ri - back : ri + capacity - back;
   return t;
 }
 
@@ -401,12 +402,13 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
   const AttnArgs& a = *(const AttnArgs*)&refs[0];
   const AttnTile t = attn_tile(a, d.base, ri, capacity);
   const u32 ns = a.nsplit;
-  const i64 span = ((i64)a.Lk + ns - 1) / ns, j0 = (i64)t.s * span,
-            j1 = j0 + span < (i64)a.Lk ? j0 + span : (i64)a.Lk;
+  // 32-bit divisions only (a 64-bit one is a ~70-instruction call ahead of the item's first load).
+  const u32 span = a.Lk == 0 ? 0u : (a.Lk - 1) / ns + 1;
+  const i64 j0 = (i64)t.s * span, j1 = j0 + span < (i64)a.Lk ? j0 + span : (i64)a.Lk;
   float* attn = attn_scratch(scratch, capacity);
   // The local path: the claim holds the whole tile (tile-major order, its split 0 at claim place o) and has one
   // descriptor per warp (note->local set): the partial goes to shared memory, the finish phase combines it.
-  const u32 o = (t.first + capacity - note->c0) % capacity;
+  const u32 o = t.first >= note->c0 ? t.first - note->c0 : t.first + capacity - note->c0;  // both < capacity
   const bool local = ns > 1 && (a.mode & kAttnTileMajor) && note->local != nullptr && a.D <= 128 && o + ns <= note->ck;
   float* part = ns <= 1 ? nullptr : local ? note->local : attn + (u64)ri * kAttnScratchPerSlot;
   const u32 dto = d.dtype & 0xffu, dt = (d.dtype >> 8) & 0xffu;

@@ -76,7 +76,12 @@ GPUOS_HD u32 mm_unit(u32 variant) { return variant == kMmMma ? kMmChunk : kMmNco
 GPUOS_HD u32 mm_cols(u32 variant) {
   return variant == kMmMma ? kMmMmaCols : variant == kMmNcol1 ? kMmNcol1Cols : kMmNcolCols;
 }
-GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit, u32 unit) { return ((K + ksplit - 1) / ksplit + unit - 1) / unit * unit; }
+// 32-bit divisions when K fits (a 64-bit division is a ~70-instruction call on the device, on every split item's
+// path); the same value either way.
+GPUOS_HD i64 mm_kspan(i64 K, u32 ksplit, u32 unit) {
+  if (K <= 0x7fffffff) return (i64)((((u32)K + ksplit - 1) / ksplit + unit - 1) / unit * unit);
+  return ((K + ksplit - 1) / ksplit + unit - 1) / unit * unit;
+}
 // Decode attention (device_src/attention.h). An item is one (batch, KV head, KV split, group of query rows): the
 // group is up to kAttnRowsPerItem of the G x Lq query rows of the KV head's query heads (G = Hq / Hkv). With nsplit > 1
 // each item writes its partial (per row: max, sum, D accumulators, fp32) into the attention scratch of its own ring

@@ -494,16 +494,28 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
     return;
   }
   if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit
-    const i64 tile = d.base / ksplit, kp = d.base % ksplit,
-              kspan = mm_kspan(g.K, ksplit, mm_unit(variant));
-    const i64 k0 = kp * kspan, k1 = k0 + kspan < g.K ? k0 + kspan : g.K;
-    // The tile's items are consecutive in the ring: its scratch is that of the first one's slot -- unless the
-    // claim holds all of them with one descriptor per warp (kMmLocal: the host saw the partial fit a slot).
-    const u32 first = (ri + capacity - (u32)kp) % capacity, o = (first + capacity - note->c0) % capacity;
-    const bool local = ksplit > 1 && (d.reserved & kMmLocal) && note->local != nullptr && o + ksplit <= note->ck;
-    float* part = ksplit <= 1 ? nullptr : local ? note->local : scratch + (u64)first * kMmScratchPerSlot;
+    // An unsplit item (ksplit 1: most decode products) takes no division: the dispatch up to the item's first load
+    // was ~400 dependent instructions more than the item alone (tools/warp_bench.cu kinds 12 / 9 under ncu, H200:
+    // 1,094 against 755 per call, 1.2 us), three of its four divisions here.
     const u32 tw = mm_cols(variant);
-    const i64 n0 = tile * tw;
+    u32 kp = 0;
+    i64 n0 = (i64)d.base * tw, k0 = 0, k1 = g.K;
+    bool local = false;
+    float* part = nullptr;
+    if (ksplit > 1) {
+      const u32 tile = d.base / ksplit;
+      kp = d.base - tile * ksplit;
+      const i64 kspan = mm_kspan(g.K, ksplit, mm_unit(variant));
+      n0 = (i64)tile * tw;
+      k0 = kp * kspan, k1 = k0 + kspan < g.K ? k0 + kspan : g.K;
+      // The tile's items are consecutive in the ring: its scratch is that of the first one's slot -- unless the
+      // claim holds all of them with one descriptor per warp (kMmLocal: the host saw the partial fit a slot).
+      // Ring arithmetic without a division: ri, c0 < capacity and kp < ksplit <= capacity.
+      const u32 first = ri >= kp ? ri - kp : ri + capacity - kp;
+      const u32 o = first >= note->c0 ? first - note->c0 : first + capacity - note->c0;
+      local = (d.reserved & kMmLocal) && note->local != nullptr && o + ksplit <= note->ck;
+      part = local ? note->local : scratch + (u64)first * kMmScratchPerSlot;
+    }
     const u64 t0 = tb ? globaltimer() : 0;
     if (variant == kMmMma) {
       mm_mma_tile(g, n0, k0, k1, part, local, lane);
