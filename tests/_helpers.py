@@ -17,6 +17,17 @@ GPUOS_ENV_VARS = ["GPUOS_CACHE_DIR", "GPUOS_DISABLE_CACHE", "GPUOS_FORBID_COMPIL
                   "GPUOS_HOME_LEVELS"]
 
 
+def load_tool(name):
+    """tools/<name>.py as a module (the tools are scripts, not a package), registered in sys.modules as `name` (a
+    dataclass looks its module up there)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "tools", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_python(code, env_extra=None, timeout=180, cwd=None):
     """Run `code` in a fresh interpreter with the repo importable (after any PYTHONPATH the caller
     set, so an installed/overridden build keeps priority). Returns CompletedProcess."""

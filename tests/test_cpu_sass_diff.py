@@ -1,23 +1,16 @@
 """tools/sass_diff.py on synthetic `ncu --page source --csv --print-source sass` exports; no GPU."""
 import csv
-import importlib.util
-import os
-import sys
 
 import pytest
+from _helpers import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
           "# Samples", "Instructions Executed", "stall_wait", "stall_no_inst", "stall_wait (Not Issued)"]
 
 
 @pytest.fixture(scope="module")
 def sd():
-    spec = importlib.util.spec_from_file_location("sass_diff", os.path.join(ROOT, "tools", "sass_diff.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (its dataclass looks its module up)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("sass_diff")
 
 
 def export(path, base, listing):

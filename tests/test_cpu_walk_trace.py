@@ -1,18 +1,11 @@
 """tools/walk_trace.py's per-level summary (walk_summary) on synthetic trace records; no GPU."""
-import importlib.util
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _helpers import load_tool
 
 
 @pytest.fixture(scope="module")
 def wt():
-    spec = importlib.util.spec_from_file_location("walk_trace", os.path.join(ROOT, "tools", "walk_trace.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("walk_trace")
 
 
 def rec(block, seq, t0, load=0, exe=0):

@@ -1,18 +1,11 @@
 """tools/worker_trace.py's level handoff summary (level_gaps) on synthetic claim records; no GPU."""
-import importlib.util
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _helpers import load_tool
 
 
 @pytest.fixture(scope="module")
 def wt():
-    spec = importlib.util.spec_from_file_location("worker_trace", os.path.join(ROOT, "tools", "worker_trace.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("worker_trace")
 
 
 def rec(block, seq, t0, load, exe, idx=0, k=1):
