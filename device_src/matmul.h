@@ -496,7 +496,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
   if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit
     // An unsplit item (ksplit 1: most decode products) takes no division: the dispatch up to the item's first load
     // was ~400 dependent instructions more than the item alone (tools/warp_bench.cu kinds 12 / 9 under ncu, H200:
-    // 1,094 against 755 per call, 1.2 us), three of its four divisions here.
+    // 1,114 against 775 instructions per call, 1.2 us), three of its four divisions here.
     const u32 tw = mm_cols(variant);
     u32 kp = 0;
     i64 n0 = (i64)d.base * tw, k0 = 0, k1 = g.K;
