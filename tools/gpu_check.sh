@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One full GPU verification in one device call (build, GPU test suite, examples, benchmarks), logs under
 # $OUT (or ./gpu_logs). Budget about 8 minutes on an H100/H200 when the NVRTC cache is cold.
-#   device run: bash tools/gpu_check.sh [tests|tests1|tests2|bench|all|stress|sanitize]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
+#   device run: bash tools/gpu_check.sh [tests|tests1|tests2|bench|all|stress|sanitize|w7ab]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
 #   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline worker_trace"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
@@ -13,23 +13,38 @@ trap 'cp benchmarks/results/*.json "$OUT/" 2>/dev/null; tar czf "$FINAL/logs.tgz
 export MAX_JOBS=${MAX_JOBS:-16} GPUOS_USE_NINJA=1 PYTHONUNBUFFERED=1
 export GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
 # --no-deps: the device machine is offline; torch and the nvidia wheels (nvrtc, nvjitlink) are there already.
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# CARRY_SO=<path of a _gpuos_C*.so built by an earlier call>: no build (a warm host's `pip install -e .` rebuilt
+# everything, 118 s); else the build's stripped .so goes to $FINAL/so/ for the next call to carry (it holds the
+# device sources too: valid while csrc/ and device_src/ are unchanged).
+rm -f gpuos_ext*.so  # a stale one from before this layout would shadow gpuos_ext.py
+if [ -n "${CARRY_SO:-}" ]; then
+  cp "$CARRY_SO" . && export PYTHONPATH=$PWD || { echo "CARRY_SO=$CARRY_SO: not found"; exit 1; }
+else
+  python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  so=$(ls _gpuos_C*.so 2>/dev/null | head -1)  # (torch first: the extension links against libtorch)
+  [ -z "$so" ] && so=$(python3 -c "import torch, _gpuos_C; print(_gpuos_C.__file__)" 2>/dev/null)
+  [ -n "$so" ] && mkdir -p "$FINAL/so" && cp "$so" "$FINAL/so/" && strip -g "$FINAL/so/$(basename "$so")"
+fi
 # Warm the JIT cache once (the suite's own cold-start tests use private cache dirs); say how generations are built.
 python3 -c "import gpuos, gpuos_ext; gpuos.init(); print(gpuos.runtime_info()); print(gpuos_ext.link_info())" 2>&1 | tail -3
 case "$MODE" in tests|tests1|tests2|all)
 timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1; echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
-# The suite but tests/test_gpu_stress.py (run in `stress` mode) takes ~520 s on an H100 (12a9572): with the
-# build it no longer fits one 600 s device call, so it runs as two pytest parts of ~260 s each, each with its
-# own summary line (pytest_1.log: the CPU files and test_gpu_[a-l]*; pytest_2.log: test_gpu_[m-z]* but stress).
-# `tests1` / `tests2` run one part (a carried build: the other part in a second call). Failures are written as
-# they happen (GPUOS_FAIL_LOG), so a part cut by the device's time limit still says what failed.
-part1="$(ls tests/test_cpu_*.py tests/test_gpu_[a-l]*.py)"
-part2="$(ls tests/test_gpu_[m-z]*.py | grep -v test_gpu_stress)"
+# The GPU suite is two pytest parts of ~350 / ~430 s on an H200 (twenty-seventh session, fresh NVRTC cache; the
+# second holds test_gpu_link.py's 266 s), each with its own summary line (pytest_1.log, pytest_2.log): neither fits
+# a call that also builds, so `tests1` / `tests2` run one part each (build in the first call, CARRY_SO in the
+# next). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written as they happen (GPUOS_FAIL_LOG),
+# so a part cut by the device's time limit still says what failed.
+gpu_files() { for f in "$@"; do printf "tests/test_gpu_%s.py " "$f"; done; }
+part1="$( [ "${CPU:-0}" = 1 ] && ls tests/test_cpu_*.py) $(gpu_files program_calls programs reliability faults fusion \
+  stress vector_paths matmul index_ops prologue injection)"
+part2="$(gpu_files link scheduler levels runtime ops rows attention decode_ops rewrite multi)"
+missing=$(comm -13 <(echo $part1 $part2 | tr ' ' '\n' | sort) <(ls tests/test_gpu_*.py | sort))
+[ -n "$missing" ] && echo "gpu_check.sh: in neither part (add them): $missing"
 for n in 1 2; do
   [ "$MODE" = tests1 ] && [ $n = 2 ] && continue
   [ "$MODE" = tests2 ] && [ $n = 1 ] && continue
   [ $n = 1 ] && files=$part1 || files=$part2
-  GPUOS_FAIL_LOG="$FINAL/failures.log" GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q --tb=short \
+  GPUOS_FAIL_LOG="$FINAL/failures.log" GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -q --tb=short \
     --durations=12 -p no:cacheprovider $files > "$OUT/pytest_$n.log" 2>&1
   echo "pytest part $n rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/pytest_$n.log" | tail -30
   cat "$OUT/pytest_$n.log" >> "$OUT/pytest.log"
@@ -45,6 +60,21 @@ if [ "$MODE" = stress ]; then
 GPUOS_FAIL_LOG="$FINAL/failures.log" timeout ${PYTEST_TIMEOUT:-480} python3 -m pytest -q --tb=short tests/test_gpu_stress.py \
   -p no:cacheprovider > "$OUT/pytest.log" 2>&1; echo "stress pytest rc=$?"; tail -3 "$OUT/pytest.log"
 [ "${RELIABILITY:-0}" = 1 ] && timeout 560 python3 tools/reliability_run.py 2>&1 | tail -12
+exit 0
+fi
+if [ "$MODE" = w7ab ]; then
+# W7's program and CUDA-graph rows (~25 s per variant) once per variant of W7_ENVS: variants separated by spaces,
+# each VAR=VALUE[,VAR=VALUE...] ("-": the defaults), e.g. W7_ENVS="- GPUOS_HOME_LEVELS=0 GPUOS_WALK=16"; labels
+# from GPUOS_BENCH_MODELS (default the two small static-cache models). Ratios compare variants of one call.
+export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static}
+i=0
+for v in ${W7_ENVS:--}; do
+  i=$((i + 1)); envs=(); [ "$v" = - ] || IFS=, read -ra envs <<< "$v"
+  env "${envs[@]}" timeout ${W7_TIMEOUT:-200} python3 benchmarks/bench_models.py --configs cudagraph gpuos_program \
+    --progress plain --no-plots --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
+  echo "W7 [$v] rc=$?: $(grep -E 'GPUOS vs best peer' "$OUT/w7_$i.log" | tail -1)"
+  cp "$OUT/w7_$i/models.json" "$FINAL/models_w7_$i.json" 2>/dev/null
+done
 exit 0
 fi
 if [ "$MODE" = sanitize ]; then
