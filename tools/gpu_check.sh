@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One full GPU verification in one device call (build, GPU test suite, examples, benchmarks), logs under
 # $OUT (or ./gpu_logs). Budget about 8 minutes on an H100/H200 when the NVRTC cache is cold.
-#   device run: bash tools/gpu_check.sh [tests|tests1|tests2|bench|all|stress|sanitize|w7ab]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
+#   device run: bash tools/gpu_check.sh [build|tests|tests1|tests2|bench|all|stress|sanitize|w7ab]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
 #   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline worker_trace"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
@@ -27,14 +27,15 @@ else
 fi
 # Warm the JIT cache once (the suite's own cold-start tests use private cache dirs); say how generations are built.
 python3 -c "import gpuos, gpuos_ext; gpuos.init(); print(gpuos.runtime_info()); print(gpuos_ext.link_info())" 2>&1 | tail -3
+[ "$MODE" = build ] && exit 0  # the build alone (its .so in $OUT/so/), or with PROBES / w7ab in the same call
 case "$MODE" in tests|tests1|tests2|all)
 # The repro and the examples run with part 1 (part 2 needs the call's time).
 [ "$MODE" != tests2 ] && { timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1
   echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"; }
 # The GPU suite is two pytest parts of ~350 / ~430 s on an H200 (twenty-seventh session, fresh NVRTC cache; the
 # second holds test_gpu_link.py's 266 s), each with its own summary line (pytest_1.log, pytest_2.log): neither fits
-# a call that also builds, so `tests1` / `tests2` run one part each (build in the first call, CARRY_SO in the
-# next). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written as they happen (GPUOS_FAIL_LOG),
+# a call that also builds, so `tests1` / `tests2` run one part each with CARRY_SO (the build in a call of its own,
+# `build`, or one that measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written as they happen (GPUOS_FAIL_LOG),
 # so a part cut by the device's time limit still says what failed.
 gpu_files() { for f in "$@"; do printf "tests/test_gpu_%s.py " "$f"; done; }
 part1="$( [ "${CPU:-0}" = 1 ] && ls tests/test_cpu_*.py) $(gpu_files program_calls programs reliability faults fusion \
