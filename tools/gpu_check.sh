@@ -27,7 +27,7 @@ else
 fi
 # Warm the JIT cache once (the suite's own cold-start tests use private cache dirs); say how generations are built.
 python3 -c "import gpuos, gpuos_ext; gpuos.init(); print(gpuos.runtime_info()); print(gpuos_ext.link_info())" 2>&1 | tail -3
-[ "$MODE" = build ] && exit 0  # the build alone (its .so in $OUT/so/), or with PROBES / w7ab in the same call
+[ "$MODE" = build ] && exit 0  # the build alone, its .so in $FINAL/so/ (w7ab builds too without CARRY_SO)
 case "$MODE" in tests|tests1|tests2|all)
 # The repro and the examples run with part 1 (part 2 needs the call's time).
 [ "$MODE" != tests2 ] && { timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1
