@@ -35,8 +35,8 @@ case "$MODE" in tests|tests1|tests2|all)
 # The GPU suite is two pytest parts of ~350 / ~430 s on an H200 (twenty-seventh session, fresh NVRTC cache; the
 # second holds test_gpu_link.py's 266 s), each with its own summary line (pytest_1.log, pytest_2.log): neither fits
 # a call that also builds, so `tests1` / `tests2` run one part each with CARRY_SO (the build in a call of its own,
-# `build`, or one that measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written as they happen (GPUOS_FAIL_LOG),
-# so a part cut by the device's time limit still says what failed.
+# `build`, or one that measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written
+# as they happen (GPUOS_FAIL_LOG), so a part cut by the device's time limit still says what failed.
 gpu_files() { for f in "$@"; do printf "tests/test_gpu_%s.py " "$f"; done; }
 part1="$( [ "${CPU:-0}" = 1 ] && ls tests/test_cpu_*.py) $(gpu_files program_calls programs reliability faults fusion \
   stress vector_paths matmul index_ops prologue injection)"
