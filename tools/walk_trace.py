@@ -18,10 +18,8 @@ import os
 import statistics
 import sys
 
-
-def pct(v, q):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else 0.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worker_trace import pct  # noqa: E402  (the tools are scripts: their folder on the path)
 
 
 def walk_summary(recs):
@@ -62,8 +60,7 @@ def describe(rows):
 
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import program_probe as PP  # first: it puts the repository on the path and imports gpuos before torch
+    import program_probe as PP
 
     import gpuos
     import gpuos_ext
@@ -80,18 +77,11 @@ def main():
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
     gpuos_ext.worker_trace()  # reset
-    torch.cuda._sleep(200_000_000)  # every call published before the worker starts (program_probe's gated timing)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        prog(x)
-    e1.record()
-    torch.cuda.synchronize()
+    us = PP.gpu_us(lambda: prog(x), reps, warmup=0, gated=True)  # every call published before the worker starts
     gpuos.flush(sync=True)
     recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
     rows = walk_summary(recs)
-    us = e0.elapsed_time(e1) * 1e3
-    print(f"walk: {reps} calls of {lv} levels, {us / (reps * lv):.2f} us per level (traced worker; "
+    print(f"walk: {reps} calls of {lv} levels, {us / lv:.2f} us per level (traced worker; "
           f"GPUOS_HOME_LEVELS={os.environ.get('GPUOS_HOME_LEVELS', 'default')}, "
           f"GPUOS_BURST_BLOCKS={os.environ.get('GPUOS_BURST_BLOCKS', 'default')}); per level, us after the end "
           f"of the level before (negative: ahead of it):", flush=True)
