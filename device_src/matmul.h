@@ -93,15 +93,27 @@ __device__ __forceinline__ void mm_store(const MmArgs& g, i64 m, i64 n, float ac
 namespace gpuos {
 
 // ---------------------------------------------------------------- items (mma, ncol) and split-K
-// Output (m, n0 + nl) of this item: stored, or added to the tile's partials (part: its scratch, nullptr when the
-// product is not split over K), or -- `local` -- written to this item's own partial in shared memory (part: its
-// kLocalSlot floats, M x tw).
-__device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, bool local, u32 tw, i64 m, i64 n0, u32 nl,
-                                        float v) {
-  if (m >= g.M || n0 + nl >= g.N) return;
-  if (local) part[m * tw + nl] = v;
-  else if (part) atomicAdd(part + kMmScratchHead + m * tw + nl, v);
-  else mm_store(g, m, n0 + nl, v);
+// N outputs of one lane, (m[i], n0 + nl[i]): stored, added to the tile's partials (part: its scratch, nullptr when
+// the product is not split over K), or -- `local` -- written to this item's own partial in shared memory (part: its
+// kLocalSlot floats, M x tw). Stored ones load their bias values together first: out may alias bias as far as the
+// compiler knows, so storing each value before the next one's bias load cost a round trip per value (an unsplit
+// mma item with a residual: two per lane at M = 1, four at M = 2..8).
+template <u32 N>
+__device__ __forceinline__ void mm_emit(const MmArgs& g, float* part, bool local, u32 tw, const i64 (&m)[N], i64 n0,
+                                        const u32 (&nl)[N], const float (&v)[N]) {
+  u32 braw[N];
+#pragma unroll
+  for (u32 i = 0; i < N; ++i) {
+    const bool load = !part && !local && g.bias && m[i] < g.M && n0 + nl[i] < g.N;
+    braw[i] = load ? load_bits(g.bias, g.dtc, m[i] * g.cs0 + (n0 + nl[i]) * g.cs1) : 0u;
+  }
+#pragma unroll
+  for (u32 i = 0; i < N; ++i) {
+    if (m[i] >= g.M || n0 + nl[i] >= g.N) continue;
+    if (local) part[m[i] * tw + nl[i]] = v[i];
+    else if (part) atomicAdd(part + kMmScratchHead + m[i] * tw + nl[i], v[i]);
+    else mm_put(g, m[i], n0 + nl[i], v[i], bits_value(braw[i], g.dtc));
+  }
 }
 
 // A split tile's epilogue, 8 outputs per lane at once: sum(e) is output e's (m * tw + nl) fp32 total, clear(e) runs
@@ -256,10 +268,10 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 #pragma unroll
       for (u32 j = 0; j < (TWO ? 2u : 1u); ++j) {
         const i64 m = m0 + 8 * j + 2 * t;
-        mm_emit(g, part, local, kMmMmaCols, m, n0, q, acc[0][j][0]);
-        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q, acc[0][j][1]);
-        mm_emit(g, part, local, kMmMmaCols, m, n0, q + 8, acc[0][j][2]);
-        mm_emit(g, part, local, kMmMmaCols, m + 1, n0, q + 8, acc[0][j][3]);
+        const i64 ms[4] = {m, m + 1, m, m + 1};
+        const u32 ns[4] = {q, q, q + 8, q + 8};
+        const float vs[4] = {acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3]};
+        mm_emit<4>(g, part, local, kMmMmaCols, ms, n0, ns, vs);
       }
     }
   }
@@ -344,9 +356,13 @@ __device__ __noinline__ void mm_ncol1(const MmArgs& g, i64 n0, i64 k0, i64 k1, f
     acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 8);
     acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 16);
   }
+  float vs[2] = {0.0f, 0.0f};  // row group r emits columns 2r, 2r + 1 of its lane's 8 (static indices: registers)
 #pragma unroll
-  for (u32 i = 0; i < 8; ++i)  // row group r emits columns 2r, 2r + 1 of its lane's 8
-    if ((i >> 1) == r) mm_emit(g, part, local, kMmNcol1Cols, 0, n0, 8 * c + i, acc[i]);
+  for (u32 i = 0; i < 8; ++i)
+    if ((i >> 1) == r) vs[i & 1u] = acc[i];
+  const i64 ms[2] = {0, 0};
+  const u32 ns[2] = {8 * c + 2 * r, 8 * c + 2 * r + 1};
+  mm_emit<2>(g, part, local, kMmNcol1Cols, ms, n0, ns, vs);
 }
 
 // ncol item: columns [n0, n0 + 256), lane l owns n0 + 8l .. 8l + 7 (N % 8 == 0), k in [k0, k1) in steps of 8 rows
@@ -387,9 +403,16 @@ __device__ __noinline__ void mm_ncol(const MmArgs& g, i64 n0, i64 k0, i64 k1, fl
         }
       }
     }
+    // One output at a time here (M > 1: off the decode path): emitting a row's 8 together spilled (236 -> 368 B of
+    // spill loads; unrolled over the rows, 1,052).
     for (u32 r = 0; r < rm; ++r)
 #pragma unroll
-      for (u32 i = 0; i < 8; ++i) mm_emit(g, part, local, kMmNcolCols, m0 + r, n0, 8 * lane + i, acc[r][i]);
+      for (u32 i = 0; i < 8; ++i) {
+        const i64 ms[1] = {m0 + r};
+        const u32 ns[1] = {8 * lane + i};
+        const float vs[1] = {acc[r][i]};
+        mm_emit<1>(g, part, local, kMmNcolCols, ms, n0, ns, vs);
+      }
   }
 }
 

@@ -77,6 +77,11 @@ __device__ __forceinline__ void mark_filled(DevCtl* dc, u32 seq) {
   *(volatile u64*)&dc->bsh[slot] = (u64)seq << 32 | dc->bhome[slot];
 }
 
+// How far ahead of the batch block 0 claims it fills while claiming (claim_next). 2 (until the twenty-eighth
+// session) left a program's chain of one-tile levels on the 132-block grid at 17.1 us per level, 3.5 with 16 (H200,
+// `program_probe.py walk`, homes off; 3.5 also on 33 blocks with either value): with every block claiming every
+// level, the fills waited for block 0's own walk through the levels it had filled.
+constexpr u32 kEarlyFillLead = 16;
 // How far ahead of the oldest unfinished batch the poller fills (slots are reused every kMaxBatches), and the
 // most batches one poll step fills (their ready words are read at once: one round trip, two fences).
 constexpr u32 kFillAhead = kMaxBatches / 2, kFillBurst = 8;
@@ -267,10 +272,11 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
       }
       fields(w.cur);
     }
-    // The poller fills the batch after this one while this one is still being claimed, so that blocks
-    // finishing their share early find it filled (otherwise they wait until block 0 is between claims): once
-    // per batch. An exit decision there (every filled batch done, idle_us without a fill) ends the launch.
-    if (blockIdx.x == 0 && p.early_for != w.cur && (int)(p.next - w.cur) < 2) {
+    // The poller fills the batches after this one while this one is still being claimed, so that blocks
+    // finishing their share early find them filled (otherwise they wait until block 0 is between claims): once
+    // per batch, while fewer than kEarlyFillLead are filled ahead of it. An exit decision there (every filled
+    // batch done, idle_us without a fill) ends the launch.
+    if (blockIdx.x == 0 && p.early_for != w.cur && (int)(p.next - w.cur) < (int)kEarlyFillLead) {
       p.early_for = w.cur;
       if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
     }
