@@ -77,11 +77,12 @@ __device__ __forceinline__ void mark_filled(DevCtl* dc, u32 seq) {
   *(volatile u64*)&dc->bsh[slot] = (u64)seq << 32 | dc->bhome[slot];
 }
 
-// How far ahead of the batch block 0 claims it fills while claiming (claim_next). 2 (until the twenty-eighth
-// session) left a program's chain of one-tile levels on the 132-block grid at 17.1 us per level, 3.5 with 16 (H200,
-// `program_probe.py walk`, homes off; 3.5 also on 33 blocks with either value): with every block claiming every
-// level, the fills waited for block 0's own walk through the levels it had filled.
-constexpr u32 kEarlyFillLead = 16;
+// How far ahead of the batch block 0 claims it fills while claiming (claim_next), for a level without a home
+// (every block claims it): 2 (until the twenty-eighth session) left a program's chain of one-tile levels on the
+// 132-block grid at 17.1 us per level, 16 at 3.5 (H200, `program_probe.py walk`, homes off; 3.5 also on 33 blocks
+// with either). A homed level keeps 2: with one home per claim the same chain took 5.1 us per level with 2 and
+// 17.05 with 16 (not yet explained: DEVELOPING *Next* 0).
+constexpr u32 kEarlyFillLead = 16, kEarlyFillLeadHomed = 2;
 // How far ahead of the oldest unfinished batch the poller fills (slots are reused every kMaxBatches), and the
 // most batches one poll step fills (their ready words are read at once: one round trip, two fences).
 constexpr u32 kFillAhead = kMaxBatches / 2, kFillBurst = 8;
@@ -274,9 +275,10 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     }
     // The poller fills the batches after this one while this one is still being claimed, so that blocks
     // finishing their share early find them filled (otherwise they wait until block 0 is between claims): once
-    // per batch, while fewer than kEarlyFillLead are filled ahead of it. An exit decision there (every filled
+    // per batch, while fewer than kEarlyFillLead(Homed) are filled ahead of it. An exit decision there (every filled
     // batch done, idle_us without a fill) ends the launch.
-    if (blockIdx.x == 0 && p.early_for != w.cur && (int)(p.next - w.cur) < (int)kEarlyFillLead) {
+    if (blockIdx.x == 0 && p.early_for != w.cur &&
+        (int)(p.next - w.cur) < (int)(w.f[5] ? kEarlyFillLeadHomed : kEarlyFillLead)) {
       p.early_for = w.cur;
       if (poll_step(args, dc, hc, p) == kCmdExit) return kCmdExit;
     }
