@@ -68,7 +68,7 @@ exit 0
 fi
 if [ "$MODE" = w7ab ]; then
 # W7's program and CUDA-graph rows (~25 s per variant) once per variant of W7_ENVS: variants separated by spaces,
-# each VAR=VALUE[,VAR=VALUE...] ("-": the defaults), e.g. W7_ENVS="- GPUOS_HOME_LEVELS=0 GPUOS_WALK=16"; labels
+# each VAR=VALUE[,VAR=VALUE...] ("-": the defaults), e.g. W7_ENVS="- GPUOS_HOME_LEVELS=0 GPUOS_BURST_BLOCKS=33"; labels
 # from GPUOS_BENCH_MODELS (default the two small static-cache models). Ratios compare variants of one call.
 export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static}
 i=0
