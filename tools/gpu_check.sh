@@ -70,14 +70,27 @@ if [ "$MODE" = w7ab ]; then
 # W7's program and CUDA-graph rows (~25 s per variant) once per variant of W7_ENVS: variants separated by spaces,
 # each VAR=VALUE[,VAR=VALUE...] ("-": the defaults), e.g. W7_ENVS="- GPUOS_HOME_LEVELS=0 GPUOS_BURST_BLOCKS=33"; labels
 # from GPUOS_BENCH_MODELS (default the two small static-cache models). Ratios compare variants of one call.
+# HF=1: each variant also runs `worker_trace.py hf` (~35 s; HF_LABELS, default Llama-small), its item medians
+# printed. The SM clock and power are sampled every 200 ms during each variant (clocks_<i>.log: whether a variant's
+# speed came with other clocks -- e.g. ~100 blocks spinning on a 132-block grid).
 export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static}
 i=0
 for v in ${W7_ENVS:--}; do
   i=$((i + 1)); envs=(); [ "$v" = - ] || IFS=, read -ra envs <<< "$v"
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 200 > "$OUT/clocks_$i.log" 2>&1 &
+  smi=$!
   env "${envs[@]}" timeout ${W7_TIMEOUT:-200} python3 benchmarks/bench_models.py --configs cudagraph gpuos_program \
     --progress plain --no-plots --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
   echo "W7 [$v] rc=$?: $(grep -E 'GPUOS vs best peer' "$OUT/w7_$i.log" | tail -1)"
   cp "$OUT/w7_$i/models.json" "$FINAL/models_w7_$i.json" 2>/dev/null
+  if [ "${HF:-0}" = 1 ]; then
+    env "${envs[@]}" HF_LABELS=${HF_LABELS:-llama-small-fp16-sdpa-static} timeout ${HF_TIMEOUT:-120} \
+      python3 tools/worker_trace.py hf > "$OUT/hf_$i.log" 2>&1
+    echo "  hf rc=$?"; grep -E "^    (mm|sdpa|fused|fused_rows@[0-9]+) |^hf " "$OUT/hf_$i.log" | head -6
+  fi
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  echo "  SM clock MHz / power W (min..max): $(awk -F', ' '{c=$1+0; w=$3+0; if (NR==1||c<c0) c0=c; if (c>c1) c1=c;
+    if (NR==1||w<w0) w0=w; if (w>w1) w1=w} END {if (NR) printf "%d..%d / %.0f..%.0f", c0, c1, w0, w1}' "$OUT/clocks_$i.log")"
 done
 exit 0
 fi
