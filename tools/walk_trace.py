@@ -12,7 +12,9 @@ the level before it (negative: ahead of it), its execution span and how many blo
 - filled ahead, claimed late: the claims bound it (blocks walking levels already claimed);
 - claimed ahead, started late: the handoff itself (the pollers of the level before's words).
 The twenty-seventh session measured the walk at 17.05 us per level with homes off on 132 blocks, 3.53 on 33 or 8
-(H200, one call), 5.08 with homes on: this tells which of the three it is.
+(H200, one call), 5.08 with homes on. Its first run (twenty-eighth session, H200) did not show that difference:
+under the traced worker every variant walked at ~21 us per level (levels' execution ~18 us, starts 3.5-3.8 us
+after the level before), so it reads the traced walk's anatomy, not the untraced one's (`program_probe.py walk`).
 """
 import os
 import statistics
