@@ -225,8 +225,7 @@ struct WorkerArgs {
   u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
   u64 scratch;    // float[(capacity + kMmMaxSplit) * kMmScratchPerSlot], zeroed: split-K matmul partials
   u32 handover;   // standby launches queued behind this one at which it leaves once idle and covered (0: never)
-  u32 poll_backoff_ns;  // GPUOS_POLL_BACKOFF: a block other than 0 with nothing to run sleeps this long between
-                        // looks once it has looked kPollSpinLooks times (walk.h poll_backoff; 0: never)
+  u32 pad;
 };
 
 // WorkerArgs::standby. kStandbyGated: the launch waited on the side stream for a ready word (HostCtl::standby):

@@ -77,20 +77,6 @@ __device__ __forceinline__ void mark_filled(DevCtl* dc, u32 seq) {
   *(volatile u64*)&dc->bsh[slot] = (u64)seq << 32 | dc->bhome[slot];
 }
 
-// GPUOS_POLL_BACKOFF (WorkerArgs::poll_backoff_ns; 0: never). The same decode step's items ran 20-45 % faster on
-// 33 blocks than on 132 with the same home blocks (H200, twenty-eighth session); what grows with the grid is blocks
-// whose thread 0 spins with nothing to run, most of them at the first unfilled batch (homes_passed: 9 loads per
-// look over the lines block 0 fills). After kPollSpinLooks looks there, a block other than 0 (the poller fills
-// between its looks) sleeps about poll_backoff_ns before each next look. It is a poll's backoff, not a wait for
-// time: every look still decides. Only that spin: a block waiting in wait_prev holds a claim of the next level and
-// is on its critical path (the twenty-ninth session's first A/B slept there too: the handoffs grew 164 -> 194 /
-// 222 us per Llama-small step at 256 / 1,024 ns, H200). The first unfilled batch is kEarlyFillLead(Homed) levels
-// ahead of the running one, so a sleeping block wakes before a level it may claim is filled.
-constexpr u32 kPollSpinLooks = 16;
-__device__ __forceinline__ void poll_backoff(const WorkerArgs& args, u32& looks) {
-  if (args.poll_backoff_ns != 0 && blockIdx.x != 0 && ++looks > kPollSpinLooks) __nanosleep(args.poll_backoff_ns);
-}
-
 // How far ahead of the batch block 0 claims it fills while claiming (claim_next), for a level without a home
 // (every block claims it): 2 (until the twenty-eighth session) left a program's chain of one-tile levels on the
 // 132-block grid at 17.1 us per level, 16 at 3.5 (H200, `program_probe.py walk`, homes off; 3.5 also on 33 blocks
@@ -265,7 +251,6 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
     w.fd = ld_vol64(&dc->bdesc[sl]);
     w.f_seq = seq;
   };
-  u32 looks = 0;  // at an unfilled batch (poll_backoff)
   for (;;) {
     if (w.f_seq != w.cur) {  // is batch cur filled?
       u32 bs;
@@ -283,7 +268,6 @@ __device__ u32 claim_next(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Walk&
         } else {
           if (ld_vol(&dc->exit_flag) == args.gen) return kCmdExit;
           if (blockIdx.x >= args.keep_blocks && ld_vol(&dc->shrink) == args.gen) return kCmdExit;
-          poll_backoff(args, looks);
         }
         continue;
       }

@@ -198,17 +198,6 @@ def test_home_levels_setting_is_a_count_of_blocks_per_claim(value):
     assert p.stdout.split() == [value or "1"], describe(p)
 
 
-@pytest.mark.parametrize("value", [None, "5"])
-def test_poll_backoff_setting_is_read(value):
-    """GPUOS_POLL_BACKOFF (WorkerArgs::poll_backoff_ns: ns between an idle block's looks at an unfilled batch, walk.h
-    poll_backoff), 0 by default, reaches the settings report."""
-    name = "GPUOS_POLL_BACKOFF"
-    p = run_python(f"import gpuos_ext; print(gpuos_ext.config()['{name}'])",
-                   {} if value is None else {name: value}, timeout=120)
-    assert p.returncode == 0, describe(p)
-    assert p.stdout.split() == [value or "0"], describe(p)
-
-
 def test_claim_size_is_a_warp_multiple_between_one_and_four_per_warp():
     """device_src/types.h claim_size (walk.h claim_next's claim, piece_homes' home span): one sub-op per warp until a
     batch has four claims per block of the grid, then more per warp, at most kClaimPerWarp (4)."""

@@ -41,7 +41,6 @@ EnvConfig read_env() {
   read_u32("GPUOS_HOME_LEVELS", c.home_levels);
   read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);
   read_u32("GPUOS_HANDOVER_QUEUE", c.handover_queue);
-  read_u32("GPUOS_POLL_BACKOFF", c.poll_backoff_ns);
   if (c.attn_min_rows == 0) c.attn_min_rows = 1;
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
@@ -107,7 +106,6 @@ std::string describe_env_config() {
          "\nGPUOS_MM_PROLOGUE=" + (c.mm_prologue ? "1" : "0") +
          "\nGPUOS_HOME_LEVELS=" + std::to_string(c.home_levels) +
          "\nGPUOS_HANDOVER_QUEUE=" + std::to_string(c.handover_queue) +
-         "\nGPUOS_POLL_BACKOFF=" + std::to_string(c.poll_backoff_ns) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +
          "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +

@@ -32,7 +32,6 @@ struct EnvConfig {
                                   // piece_homes); 0: every block claims every level (no homes; the A/B)
   uint32_t handover_queue = 8;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind a covered idle worker at
                                   // which it leaves at once (walk.h poll_step; 0: only after idle_us)
-  uint32_t poll_backoff_ns = 0;   // GPUOS_POLL_BACKOFF: ns a block with no work in reach sleeps between polls (walk.h)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)
   uint32_t ptxas_opt = 1;        // GPUOS_PTXAS_OPT: ptxas -O level of every NVRTC compile (0..3; compile time vs code)
   bool worker_matmul = false;     // GPUOS_WORKER_MATMUL=1: the scheduler records skinny matmuls as worker tasks

@@ -468,7 +468,6 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.scratch = scratch_d_;
   args.standby = !gate ? 0u : standby_first_look() ? kStandbyGated | kStandbyFirstLook : kStandbyGated;
   args.handover = cfg_.handover_queue;
-  args.poll_backoff_ns = cfg_.poll_backoff_ns;
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);

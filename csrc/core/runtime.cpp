@@ -28,7 +28,6 @@ Config config_from_env() {
   c.local_combine = e.local_combine;
   c.home_levels = e.home_levels;
   c.handover_queue = e.handover_queue;
-  c.poll_backoff_ns = e.poll_backoff_ns;
   return c;
 }
 

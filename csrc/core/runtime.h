@@ -64,7 +64,6 @@ struct Config {
   // instruction caches keep its code; this many blocks per claim of the level (env GPUOS_HOME_LEVELS; 0: off).
   uint32_t home_levels = 1;
   uint32_t handover_queue = 8;  // queued standby launches at which a covered idle worker leaves (GPUOS_HANDOVER_QUEUE)
-  uint32_t poll_backoff_ns = 0; // WorkerArgs::poll_backoff_ns (GPUOS_POLL_BACKOFF; 0: polls never sleep)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
