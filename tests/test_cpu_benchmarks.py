@@ -314,6 +314,23 @@ def test_report_rewrites_only_the_marked_block(results, tmp_path):
     assert "decode_quick" not in block and "| 1 |" not in block  # quick files are left out
 
 
+def test_report_readme_block_lists_the_suites_files_and_names_the_others(results, tmp_path):
+    """A result file named by the commit it measured (an A/B run's models_program_<commit>.json) gets its table in
+    RESULTS.md, headed with its file name, and only a mention in the README's block."""
+    (results / "decode_abc1234_ab.json").write_text(json.dumps(_doc("decode", [
+        _timing(128, "eager", 10.0), _timing(128, "cudagraph", 3.0), _timing(128, "gpuos_scheduler", 6.0)])))
+    readme, out = tmp_path / "README.md", tmp_path / "RESULTS.md"
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    assert report.main(["--readme", str(readme), "--results", str(results), "--out", str(out)]) == 0
+    short = readme.read_text()
+    assert short.count("- W4 decode [") == 1 and "1.50x vs cudagraph" in short and "0.50x vs cudagraph" not in short
+    assert "1 more result files, each the record of one commit's A/B run" in short
+    assert "`decode_abc1234_ab.json`" in short
+    block = out.read_text()
+    assert "file `decode_abc1234_ab.json`" in block and "128: 0.50x" in block  # its table, under its name
+    assert "file `decode.json`" not in block
+
+
 def test_report_without_markers_fails_cleanly(results, tmp_path):
     readme, out = tmp_path / "README.md", tmp_path / "RESULTS.md"
     readme.write_text("no markers\n")
