@@ -45,3 +45,23 @@ def test_item_summary_reports_items_combines_and_sms(wt, capsys):
     assert "2 SMs ran items" in out and "3: median 10.0 (1 SMs)" in out and "2: median 15.0 (1 SMs)" in out
     wt.item_summary([rec(0, 1, 0, 1, 1)])               # no item records: nothing printed, no error
     assert capsys.readouterr().out == ""
+
+
+def test_item_lead_unpacks_the_traced_workers_dispatch_bits(wt):
+    """device_src/worker.cu lead_bits: kind in the low byte; above it, 16-ns units to the item function, 128-ns units
+    of the matmul prologue, 16-ns units of the item's arguments; the untraced worker's records are kinds alone."""
+    assert wt.item_lead(1) == (1, None)
+    kind, lead = wt.item_lead(1 | 10 << 8 | 80 << 16 | 150 << 24)
+    assert kind == 1 and lead == pytest.approx((0.16, 10.24, 2.4))
+    kind, lead = wt.item_lead(255 << 24)  # saturated
+    assert kind == 0 and lead == pytest.approx((0.0, 0.0, 4.08))
+    recs, leads = wt.split_items([rec(0, 1, 0, 1, 2), (-2, 3, 4, 1 | 2 << 8, 10, 20, 30), (-2, 3, 5, 2, 10, 20, 30)])
+    assert [r[3] for r in recs] == [1, 1, 2] and list(leads) == [1] and leads[1] == pytest.approx((0.032, 0.0, 0.0))
+
+
+def test_item_summary_reads_kinds_under_the_lead_bits(wt, capsys):
+    recs = [(-2, 3, i, (i == 2) | (5 + i) << 8 | 1 << 24, 1000 + i, 10000, 500) for i in range(3)]
+    wt.item_summary(recs)
+    out = capsys.readouterr().out
+    assert "3 items: duration" in out and "1 combines / finishes" in out  # the packed records still count
+    assert "to the item function 0.10 / 0.11" in out and "arguments 0.02 / 0.02" in out and "(3 items)" in out

@@ -5,6 +5,7 @@
 #   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline worker_trace"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
+T0=$(date +%s)
 MODE=${1:-all}
 FINAL=${OUT:-gpu_logs}
 OUT=$(mktemp -d /tmp/gpu_check.XXXX)   # logs gathered here, packed into $FINAL/logs.tgz at the end (the device
@@ -72,21 +73,28 @@ if [ "$MODE" = w7ab ]; then
 # from GPUOS_BENCH_MODELS (default the two small static-cache models). Ratios compare variants of one call.
 # HF=1: each variant also runs `worker_trace.py hf` (~35 s; HF_LABELS, default Llama-small), its item medians
 # printed. The SM clock and power are sampled every 200 ms during each variant (clocks_<i>.log: whether a variant's
-# speed came with other clocks -- e.g. ~100 blocks spinning on a 132-block grid).
+# speed came with other clocks -- e.g. ~100 blocks spinning on a 132-block grid). CALL_LIMIT (default 570 s, from the
+# script's start, the build included): a variant starts only with 70 s (HF=1: 110 s) left, and the last one's
+# timeouts shrink to the time left, so that the call ends before the device tool's limit and its logs come back.
 export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static}
 i=0
+left() { echo $(( ${CALL_LIMIT:-570} - ($(date +%s) - T0) )); }
 for v in ${W7_ENVS:--}; do
+  [ "$(left)" -lt $([ "${HF:-0}" = 1 ] && echo 110 || echo 70) ] && { echo "W7 [$v]: skipped (time left $(left) s)"; continue; }
   i=$((i + 1)); envs=(); [ "$v" = - ] || IFS=, read -ra envs <<< "$v"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 200 > "$OUT/clocks_$i.log" 2>&1 &
   smi=$!
-  env "${envs[@]}" timeout ${W7_TIMEOUT:-200} python3 benchmarks/bench_models.py --configs cudagraph gpuos_program \
+  t=$(left); [ "$t" -gt "${W7_TIMEOUT:-200}" ] && t=${W7_TIMEOUT:-200}
+  env "${envs[@]}" timeout $((t - 5)) python3 benchmarks/bench_models.py --configs cudagraph gpuos_program \
     --progress plain --no-plots --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
   echo "W7 [$v] rc=$?: $(grep -E 'GPUOS vs best peer' "$OUT/w7_$i.log" | tail -1)"
   cp "$OUT/w7_$i/models.json" "$FINAL/models_w7_$i.json" 2>/dev/null
-  if [ "${HF:-0}" = 1 ]; then
-    env "${envs[@]}" HF_LABELS=${HF_LABELS:-llama-small-fp16-sdpa-static} timeout ${HF_TIMEOUT:-120} \
+  if [ "${HF:-0}" = 1 ] && [ "$(left)" -ge 40 ]; then
+    t=$(left); [ "$t" -gt "${HF_TIMEOUT:-120}" ] && t=${HF_TIMEOUT:-120}
+    env "${envs[@]}" HF_LABELS=${HF_LABELS:-llama-small-fp16-sdpa-static} timeout $((t - 5)) \
       python3 tools/worker_trace.py hf > "$OUT/hf_$i.log" 2>&1
-    echo "  hf rc=$?"; grep -E "^    (mm|sdpa|fused|fused_rows@[0-9]+) |^hf " "$OUT/hf_$i.log" | head -6
+    echo "  hf rc=$?"; grep -A1 -E "^    (mm|sdpa|fused|fused_rows@[0-9]+) " "$OUT/hf_$i.log" | grep -E "^    (mm|sdpa|fused|fused_rows@[0-9]+) |dispatch" | head -8
+    grep -E "^hf " "$OUT/hf_$i.log"
   fi
   kill $smi 2>/dev/null; wait $smi 2>/dev/null
   echo "  SM clock MHz / power W (min..max): $(awk -F', ' '{c=$1+0; w=$3+0; if (NR==1||c<c0) c0=c; if (c>c1) c1=c;

@@ -43,6 +43,31 @@ def pct(v, q):
     return v[min(len(v) - 1, int(q * len(v)))] if v else 0
 
 
+def item_lead(k):
+    """An item record's k: its kind in the low byte and, from the traced worker's matmul / attention items, the
+    dispatch ahead of the item's first timestamp above it (device_src/worker.cu lead_bits): (kind, None) or (kind,
+    (arguments in shared memory -> item function entry, the matmul prologue, the item's arguments and tile
+    arithmetic), in us; a saturated field reads as its maximum, 4.08 / 32.6 / 4.08 us)."""
+    kind, bits = k & 0xFF, k >> 8
+    if bits == 0:
+        return kind, None
+    return kind, ((bits & 0xFF) * 0.016, ((bits >> 8) & 0xFF) * 0.128, ((bits >> 16) & 0xFF) * 0.016)
+
+
+def split_items(recs):
+    """Records with every item's (block -2) k reduced to its kind, and the items' leads (item_lead) by the
+    record's position in the returned list."""
+    out, leads = [], {}
+    for r in recs:
+        if r[0] == -2:
+            kind, lead = item_lead(r[3])
+            if lead is not None:
+                leads[len(out)] = lead
+            r = (r[0], r[1], r[2], kind) + tuple(r[4:])
+        out.append(r)
+    return out, leads
+
+
 def level_gaps(recs):
     """Per pair of consecutive traced batches (seq, seq + 1) that both have claims: the next level's first claim
     starting to execute (t0 + load_ns: descriptors loaded and the previous level complete) minus this level's
@@ -211,7 +236,7 @@ def hf_levels(label, top=12):
     prog(tok, pos)
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
-    all_recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
+    all_recs, item_leads = split_items(gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"])
     recs = [r for r in all_recs if r[0] >= 0]
     segs = [s for s in prog.steps if s[0] == "seg"]
     lmap = []  # per level (in publication order): [entry dicts]
@@ -242,6 +267,7 @@ def hf_levels(label, top=12):
     for r in recs:
         claims[r[1]].append(r)
     items = [r for r in all_recs if r[0] == -2]  # sub-op records (below)
+    lead_of = {id(all_recs[i]): v for i, v in item_leads.items()}
     level_items = {sq: [r for r in items if span[sq][0] - 500 <= r[4] <= span[sq][1]] for sq in seqs}  # by start
     rows, prev_end = [], None
     for lv, sq in enumerate(seqs):
@@ -264,7 +290,7 @@ def hf_levels(label, top=12):
     # level's lead-in (its first claim executing -> its first sub-op starting), the sub-ops' durations (load_ns:
     # arguments / program fetched, exec_ns: the rest; a matmul / attention item's own time is load_ns) and its
     # tail (the last sub-op's end -> the level's last claim done).
-    parts = collections.defaultdict(lambda: [[], [], [], [], []])
+    parts = collections.defaultdict(lambda: [[], [], [], [], [], []])
     for lv, sq in enumerate(seqs):
         a, b = span[sq]
         its = level_items[sq]
@@ -278,12 +304,15 @@ def hf_levels(label, top=12):
         g[2].extend(r[6] / 1e3 for r in its)
         g[3].append((b - max(r[4] + r[5] + r[6] for r in its)) / 1e3)
         g[4].extend(r[3] for r in its)
+        g[5].extend(lead_of[id(r)] for r in its if id(r) in lead_of)
     if parts:
         print("  sub-op records by level group: lead-in, sub-op load / exec (us, medians), tail, record kinds:")
-        for key, (lead, ld, ex, tail, ks) in sorted(parts.items(), key=lambda kv: -len(kv[1][0])):
+        for key, (lead, ld, ex, tail, ks, disp) in sorted(parts.items(), key=lambda kv: -len(kv[1][0])):
             print(f"    {key[:40]:40s} lead {statistics.median(lead):5.2f} ({min(lead):.2f}..{max(lead):.2f})  "
                   f"load {statistics.median(ld):5.2f} (max {max(ld):5.2f})  exec {statistics.median(ex):5.2f} (max {max(ex):5.2f})  tail "
                   f"{statistics.median(tail):5.2f}  kinds {sorted(set(ks))}")
+            if disp:
+                print("      " + dispatch_line(disp))
     tot_ex, tot_h = sum(r[0] for r in rows), sum(r[2] for r in rows)
     first, last = min(span[s][0] for s in seqs), max(span[s][1] for s in seqs)
     print(f"hf {label}: {len(seqs)} levels ({seq0}..), span {(last - first) / 1e3:.1f} us = exec {tot_ex:.1f} + "
@@ -329,9 +358,18 @@ def hf_levels(label, top=12):
                 f"{(r[5] + r[6]) / 1e3:.2f} SM{r[1]} {(r[4] + r[5] + r[6] - a) / 1e3:.1f}" for r in slow))
 
 
+def dispatch_line(leads):
+    """The medians and maxima of items' leads (item_lead), one line."""
+    names = ("to the item function", "prologue", "arguments")
+    cols = list(zip(*leads))
+    return "dispatch before the item's first timestamp (us, median / max): " + ", ".join(
+        f"{n} {statistics.median(c):.2f} / {max(c):.2f}" for n, c in zip(names, cols)) + f" ({len(leads)} items)"
+
+
 def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):
     """Item records (block -2: decode attention and split-matmul items, one per warp): durations, the combines /
     split finishes of the tiles' last items, and item duration by how many items an SM ran."""
+    recs, leads = split_items(recs)
     items = [r for r in recs if r[0] == -2 and r[3] in (0, 1)]  # (-2, sm, ring index, combined, t0, item, combine ns)
     if items:
         t_first = min(r[4] for r in items)
@@ -340,6 +378,8 @@ def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):
         print(f"  {len(items)} items: duration " + ", ".join(f"p{int(q * 100)} {pct(dur, q):.1f}" for q in qs)
               + f"; start offsets p50 {pct([(r[4] - t_first) / 1e3 for r in items], .5):.1f} / max "
               f"{max((r[4] - t_first) / 1e3 for r in items):.1f} us")
+        if leads:
+            print("  " + dispatch_line(list(leads.values())))
         if comb:
             print(f"  {len(comb)} combines / finishes (us): " + ", ".join(f"p{int(q * 100)} {pct(comb, q):.1f}" for q in qs)
                   + "; their items end at " + ", ".join(
