@@ -267,7 +267,7 @@ def hf_levels(label, top=12):
     for r in recs:
         claims[r[1]].append(r)
     items = [r for r in all_recs if r[0] == -2]  # sub-op records (below)
-    lead_of = {id(all_recs[i]): v for i, v in item_leads.items()}
+    lead_of = {id(all_recs[i]): v for i, v in item_leads.items()}  # by identity: each record is a tuple of its own
     level_items = {sq: [r for r in items if span[sq][0] - 500 <= r[4] <= span[sq][1]] for sq in seqs}  # by start
     rows, prev_end = [], None
     for lv, sq in enumerate(seqs):
