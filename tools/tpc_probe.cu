@@ -20,7 +20,14 @@
 #include <algorithm>
 #include <string>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+#define CK(x)                                                                    \
+  do {                                                                           \
+    cudaError_t e = (x);                                                         \
+    if (e != cudaSuccess) {                                                      \
+      printf("%s: %s\n", #x, cudaGetErrorString(e));                             \
+      return 1;                                                                  \
+    }                                                                            \
+  } while (0)
 
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
@@ -33,8 +40,8 @@ __device__ __forceinline__ unsigned smid() {
   return s;
 }
 
-// active: bitmask over block indices (up to 160); out[b * 8 + warp] = ns; sm[b] = %smid. zero: 0 at run time (the
-// next round's address depends on the loads' values through it, so rounds are dependent).
+// active: bitmask over block indices (up to kMaxBlocks); out[b * 8 + warp] = ns; sm[b] = %smid. zero: 0 at run time
+// (the next round's address depends on the loads' values through it, so rounds are dependent).
 __global__ void probe(const uint4* buf, unsigned words, const unsigned* active, unsigned rounds, unsigned fmas,
                       unsigned spin, unsigned* left, unsigned zero, unsigned* out, unsigned* sm, float* sink) {
   const unsigned b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -73,6 +80,7 @@ __global__ void probe(const uint4* buf, unsigned words, const unsigned* active, 
 
 // The worker's shared memory (~43 KB static): the block placement of EXPERIMENTS 0 was measured with it.
 constexpr size_t kSmem = 43 * 1024;
+constexpr unsigned kMaxBlocks = 160;  // grids up to this many blocks (a multiple of 32: the mask's words)
 
 int main(int argc, char** argv) {
   const unsigned reps = argc > 1 ? atoi(argv[1]) : 20, rounds = argc > 2 ? atoi(argv[2]) : 64;
@@ -82,13 +90,17 @@ int main(int argc, char** argv) {
   float* sink;
   CK(cudaMalloc(&buf, words * 16));
   CK(cudaMemset(buf, 1, words * 16));
-  CK(cudaMalloc(&active_d, 5 * 4));
+  CK(cudaMalloc(&active_d, kMaxBlocks / 32 * 4));
   CK(cudaMalloc(&left, 4));
-  CK(cudaMalloc(&out, 160 * 8 * 4));
-  CK(cudaMalloc(&sm, 160 * 4));
+  CK(cudaMalloc(&out, kMaxBlocks * 8 * 4));
+  CK(cudaMalloc(&sm, kMaxBlocks * 4));
   CK(cudaMalloc(&sink, 4));
   int nsm = 0;
   CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+  if (nsm > (int)kMaxBlocks) {  // the active mask, the per-warp times and the SM ids are sized for kMaxBlocks
+    printf("tpc_probe: %d SMs, more than the %u blocks it is sized for\n", nsm, kMaxBlocks);
+    return 1;
+  }
   struct Case { const char* name; unsigned grid; std::vector<unsigned> blocks; unsigned fmas; };
   auto range = [](unsigned a, unsigned n, unsigned step) {
     std::vector<unsigned> v;
@@ -111,20 +123,20 @@ int main(int argc, char** argv) {
          rounds, reps);
   for (unsigned spin = 0; spin < 2; ++spin)
     for (const Case& c : cases) {
-      unsigned mask[5] = {0, 0, 0, 0, 0};
+      unsigned mask[kMaxBlocks / 32] = {};
       for (unsigned b : c.blocks) mask[b / 32] |= 1u << (b % 32);
       CK(cudaMemcpy(active_d, mask, sizeof mask, cudaMemcpyHostToDevice));
       std::vector<unsigned> ns;
-      std::vector<unsigned> sms(160);
+      std::vector<unsigned> sms(kMaxBlocks);
       for (unsigned r = 0; r < reps + 1; ++r) {
         const unsigned n = (unsigned)c.blocks.size();
         CK(cudaMemcpy(left, &n, 4, cudaMemcpyHostToDevice));
         probe<<<c.grid, 256, kSmem>>>(buf, words, active_d, rounds, c.fmas, spin, left, 0u, out, sm, sink);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
-        std::vector<unsigned> o(160 * 8);
+        std::vector<unsigned> o(kMaxBlocks * 8);
         CK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(sms.data(), sm, 160 * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(sms.data(), sm, kMaxBlocks * 4, cudaMemcpyDeviceToHost));
         if (r == 0) continue;  // the first launch: cold code and data
         for (unsigned b : c.blocks)
           for (unsigned w = 0; w < 8; ++w) ns.push_back(o[b * 8 + w]);

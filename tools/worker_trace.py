@@ -236,7 +236,7 @@ def hf_levels(label, top=12):
     prog(tok, pos)
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
-    all_recs, item_leads = split_items(gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"])
+    all_recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
     recs = [r for r in all_recs if r[0] >= 0]
     segs = [s for s in prog.steps if s[0] == "seg"]
     lmap = []  # per level (in publication order): [entry dicts]
@@ -267,7 +267,6 @@ def hf_levels(label, top=12):
     for r in recs:
         claims[r[1]].append(r)
     items = [r for r in all_recs if r[0] == -2]  # sub-op records (below)
-    lead_of = {id(all_recs[i]): v for i, v in item_leads.items()}  # by identity: each record is a tuple of its own
     level_items = {sq: [r for r in items if span[sq][0] - 500 <= r[4] <= span[sq][1]] for sq in seqs}  # by start
     rows, prev_end = [], None
     for lv, sq in enumerate(seqs):
@@ -303,8 +302,8 @@ def hf_levels(label, top=12):
         g[1].extend(r[5] / 1e3 for r in its)
         g[2].extend(r[6] / 1e3 for r in its)
         g[3].append((b - max(r[4] + r[5] + r[6] for r in its)) / 1e3)
-        g[4].extend(r[3] for r in its)
-        g[5].extend(lead_of[id(r)] for r in its if id(r) in lead_of)
+        g[4].extend(item_lead(r[3])[0] for r in its)
+        g[5].extend(ld for ld in (item_lead(r[3])[1] for r in its) if ld is not None)
     if parts:
         print("  sub-op records by level group: lead-in, sub-op load / exec (us, medians), tail, record kinds:")
         for key, (lead, ld, ex, tail, ks, disp) in sorted(parts.items(), key=lambda kv: -len(kv[1][0])):
