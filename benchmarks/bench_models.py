@@ -309,12 +309,23 @@ def setup_program(case: H.Case, settle: bool = True) -> H.Prepared:
         res = [prog(toks[i], d.positions[i]) for i in range(d.steps)]
         logits = torch.cat(res)
         return logits.argmax(-1), logits
-    return H.Prepared(fn, extra={"capture_ms": H.rnd(capture_ms, 3), "settle_ms": H.rnd(settle_ms, 1),
-                                 "subops_per_step": info["entries"],
-                                 "tiles_per_step": info["tiles"],
-                                 "segments_per_step": info["segments"], "levels_per_step": sum(info["levels"]),
-                                 "eager_ops_per_step": dict(collections.Counter(info["fallbacks"])),
-                                 "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2)})
+    extra = {"capture_ms": H.rnd(capture_ms, 3), "settle_ms": H.rnd(settle_ms, 1),
+             "subops_per_step": info["entries"], "tiles_per_step": info["tiles"],
+             "segments_per_step": info["segments"], "levels_per_step": sum(info["levels"]),
+             "eager_ops_per_step": dict(collections.Counter(info["fallbacks"])),
+             "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2)}
+
+    def check():
+        # Worker launches per replayed step (back to back: a resident worker runs every call, each call's gated
+        # standby finds nothing and leaves -- or the worker left and a fresh grid ramps up per call).
+        s0 = gpuos.stats()
+        out = fn()
+        torch.cuda.synchronize()
+        s1 = gpuos.stats()
+        for k in ("worker_launches", "working_launches", "burst_launches", "gated_launches", "batches"):
+            extra[k + "_per_step"] = H.rnd((s1[k] - s0[k]) / d.steps, 2)
+        return out
+    return H.Prepared(fn, check=check, extra=extra)
 
 
 def captured_step(label: str, steps: int = 8) -> tuple:

@@ -399,6 +399,7 @@ __device__ __noinline__ void attn_local_combine(const SubOp& d, const TensorRef*
 // barrier and runs attn_finish for the tiles it completes); tb: the trace (nullptr: off), the item's duration.
 __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs, u32 lane, u32 ri, float* scratch,
                                           u32 capacity, FinishNote* note, TraceBuf* tb) {
+  const u64 t_entry = kTraceSubops && tb ? globaltimer() : 0;
   const AttnArgs& a = *(const AttnArgs*)&refs[0];
   const AttnTile t = attn_tile(a, d.base, ri, capacity);
   const u32 ns = a.nsplit;
@@ -422,7 +423,7 @@ __device__ __noinline__ void attention_op(const SubOp& d, const TensorRef* refs,
   else if (part && lane == 0) note->counter = (u64)(attn + (u64)t.first * kAttnScratchPerSlot), note->expected = ns;
   if (tb && lane == 0) {
     const u64 t1 = globaltimer();
-    trace_item(tb, note->tslot, ri, t0, t1, t1, 0u);
+    trace_item(tb, note->tslot, ri, t0, t1, t1, lead_bits(note->t1, t_entry, t_entry, t0));
   }
 }
 

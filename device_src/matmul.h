@@ -191,8 +191,11 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // DUAL (kFlagMmDual, unsplit, one m8 tile): the second weight's loads and mma steps in the same loop, into its
 // own accumulators, and each output pair through the epilogue program (mm_put_dual).
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
+// tk (the traced worker's unsplit items; else nullptr): lane 0 stores the time its K loop ended (every load consumed)
+// before the outputs go out, so that the item's record splits into loads + mma and the epilogue / stores.
 template <bool BF16, bool TWO, u32 U, bool DUAL = false>
-__device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane) {
+__device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane,
+                                    u64* tk = nullptr) {
   static_assert(!(DUAL && TWO), "a dual item is one m8 tile");
   const u32 q = lane >> 2, t = lane & 3u;
   const bool w0 = n0 + q < g.N, w1 = n0 + q + 8 < g.N;
@@ -257,6 +260,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
           }
         }
     }
+    if (tk && lane == 0) *tk = globaltimer();
     // Accumulator i of m8 tile j: column n0 + q (+ 8 for i >= 2), row m0 + 8j + 2t (+ 1 for odd i).
     if constexpr (DUAL) {
       const i64 m = m0 + 2 * t;
@@ -281,18 +285,19 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 // flight: 3 for one m8 tile changed nothing measurable (H200, 4,096^2 at M = 1: items 13.7 us either way,
 // `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers.
 __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
-                                            u32 lane) {
+                                            u32 lane, u64* tk = nullptr) {
   if (g.b2) {  // a dual item (unsplit, M <= kMmDualMaxRows)
-    if (g.dta == kBF16) mm_mma<true, false, 2, true>(g, n0, k0, k1, part, local, lane);
-    else mm_mma<false, false, 2, true>(g, n0, k0, k1, part, local, lane);
+    if (g.dta == kBF16) mm_mma<true, false, 2, true>(g, n0, k0, k1, part, local, lane, tk);
+    else mm_mma<false, false, 2, true>(g, n0, k0, k1, part, local, lane, tk);
     return;
   }
   const bool two = g.M > 8;
   if (g.dta == kBF16)
-    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, local, lane) : mm_mma<true, false, 2>(g, n0, k0, k1, part, local, lane);
+    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, local, lane, tk)
+        : mm_mma<true, false, 2>(g, n0, k0, k1, part, local, lane, tk);
   else
-    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, local, lane)
-        : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane);
+    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, local, lane, tk)
+        : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane, tk);
 }
 
 // Whether a's rows can be read as 16-byte vectors along K (unit stride, a's dtype b's, aligned rows); otherwise the
@@ -499,20 +504,23 @@ __device__ __noinline__ void mm_prologue(const SubOp& d, TensorRef* refs, const 
 // split finish's duration.
 __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Program* progs, u32 lane, u32 ri,
                                        float* scratch, u32 capacity, FinishNote* note, TraceBuf* tb) {
+  const u64 t_entry = kTraceSubops && tb ? globaltimer() : 0;
   if (d.flags & kFlagMmPrologue) mm_prologue(d, refs, progs, lane, note->pro);
+  const u64 t_pro = kTraceSubops && tb ? globaltimer() : 0;
   const MmArgs g = mm_args(d, refs, progs, note->pro);
   const u32 variant = d.reserved & 0xffu, ksplit = mm_ksplit(d);
   const u32 group = (d.reserved >> 16) & 0x7fffu ? (d.reserved >> 16) & 0x7fffu : 1u;
   if (variant == kMmMma && group > 1) {  // an unsplit item of `group` column tiles: tiles d.base * group, ...
     const u64 t0 = tb ? globaltimer() : 0;
+    u64 tk = 0;  // the traced worker: the last tile's K loop's end (the record's load / exec split)
     for (u32 t = 0; t < group; ++t) {
       const i64 n0 = ((i64)d.base * group + t) * kMmMmaCols;
       if (n0 >= g.N) break;
-      mm_mma_tile(g, n0, 0, g.K, nullptr, false, lane);
+      mm_mma_tile(g, n0, 0, g.K, nullptr, false, lane, kTraceSubops && tb ? &tk : nullptr);
     }
     if (tb && lane == 0) {
       const u64 t1 = globaltimer();
-      trace_item(tb, note->tslot, ri, t0, t1, t1, 0u);
+      trace_item(tb, note->tslot, ri, t0, tk ? tk : t1, t1, lead_bits(note->t1, t_entry, t_pro, t0));
     }
     return;
   }
@@ -540,8 +548,9 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
       part = local ? note->local : scratch + (u64)first * kMmScratchPerSlot;
     }
     const u64 t0 = tb ? globaltimer() : 0;
+    u64 tk = 0;  // as above (unsplit items only: a split item's exec is its finish)
     if (variant == kMmMma) {
-      mm_mma_tile(g, n0, k0, k1, part, local, lane);
+      mm_mma_tile(g, n0, k0, k1, part, local, lane, kTraceSubops && tb && !part ? &tk : nullptr);
     } else if (variant == kMmNcol1) {
       if (g.dtb == kBF16) mm_ncol1<true>(g, n0, k0, k1, part, local, lane, mm_ncol_avec(g));
       else mm_ncol1<false>(g, n0, k0, k1, part, local, lane, mm_ncol_avec(g));
@@ -551,7 +560,9 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
     const u64 t1 = tb ? globaltimer() : 0;
     if (local && lane == 0) note->head = kp == 0;
     const bool finished = part && !local && mm_finish(g, part, tw, ksplit, n0, lane);
-    if (tb && lane == 0) trace_item(tb, note->tslot, ri, t0, t1, globaltimer(), finished ? 1u : 0u);
+    if (tb && lane == 0)
+      trace_item(tb, note->tslot, ri, t0, tk ? tk : t1, tk ? t1 : globaltimer(),
+                 (finished ? 1u : 0u) | lead_bits(note->t1, t_entry, t_pro, t0));
     return;
   }
   const i64 n0 = d.base, n1 = (i64)d.base + d.n;

@@ -117,7 +117,10 @@ struct HostCtl {
   // Sticky flag, set (plain store) by a data-movement sub-op that met an index out of range (device_src/dataops.h:
   // it wrote NaN / 0 instead of reading, or skipped the write); the host reads and clears it (stats: index_faults).
   u32 index_fault;
-  u32 reserved[7];
+  // Worker launches that ran at least one batch (the poller's block, at its exit; launches are serial on the
+  // side stream): against RuntimeStats::worker_launches, how many were standbys that found nothing and left.
+  u32 working_launches;
+  u32 reserved[6];
   u32 done[kMaxBatches];  // done[seq % kMaxBatches] = seq once the batch has completed
 };
 

@@ -198,6 +198,7 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
     dc->next_seq = next;
     st_vol(&dc->exit_flag, args.gen);
     st_vol(&hc->worker_exited, args.gen);
+    if (p.filled_any) st_vol(&hc->working_launches, ld_vol(&hc->working_launches) + 1u);
     __threadfence();
     return kCmdExit;
   }

@@ -225,6 +225,20 @@ __device__ __noinline__ void trace_item(TraceBuf* tb, u32 slot, u32 ri, u64 t0, 
   rec->k = k;
   rec->t0 = t0;  // the host takes records whose t0 is set
 }
+// The traced worker's matmul / attention items (kTraceSubops) pack the dispatch ahead of their first timestamp into
+// their record's k above the kind byte: bits [8, 16) exec_subop's arguments in shared memory (FinishNote::t1) -> the
+// item function's entry, [16, 24) a matmul prologue (the row program: kFlagMmPrologue), [24, 32) the item's
+// arguments and tile arithmetic up to its first timestamp; 16-ns units (the prologue's 128), saturated at 255
+// (tools/worker_trace.py item_lead). The untraced worker records kind bytes only.
+__device__ __forceinline__ u32 lead_units(u64 ns, u32 shift) {
+  const u64 u = ns >> shift;
+  return u > 255u ? 255u : (u32)u;
+}
+__device__ __forceinline__ u32 lead_bits(u64 t_args, u64 t_entry, u64 t_pro, u64 t_first) {
+  if (!kTraceSubops || t_args == 0 || t_entry < t_args) return 0u;
+  return lead_units(t_entry - t_args, 4) << 8 | lead_units(t_pro - t_entry, 7) << 16 |
+         lead_units(t_first - t_pro, 4) << 24;
+}
 // The kind (ops.def) of a built-in op id; fused chains, injected ops and unknown ids: kKindEw.
 __device__ __forceinline__ u32 op_kind(u32 op) {
   switch (op) {
@@ -246,7 +260,7 @@ __device__ __forceinline__ bool may_split(const SubOp& d) {
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 slot, u64 t0, u64 t1) {
   TraceRec* rec = item_rec(tb, slot);
   rec->exec_ns = (u32)(t1 - t0);
-  rec->k = 1;
+  rec->k = kTraceSubops ? (rec->k & ~0xffu) | 1u : 1u;  // the item's lead bits stay (lead_bits)
 }
 
 }  // namespace gpuos

@@ -110,6 +110,9 @@ def test_long_back_to_back_loop_publishes_each_call_once(images_restored, first_
             outs = [prog(hs[i % 8]) for i in range(n)]
             torch.cuda.synchronize()
             s2 = gpuos.stats()
+            gpuos_ext.yield_worker()  # the resident worker exits and counts itself (HostCtl::working_launches)
+            torch.cuda.synchronize()
+            s3 = gpuos.stats()
     finally:
         gpuos_ext._testing.set_standby_first_look(True)
     d1 = {k: s1[k] - s0[k] for k in ("batches", "publications")}  # one call (two segments: two publications)
@@ -118,6 +121,9 @@ def test_long_back_to_back_loop_publishes_each_call_once(images_restored, first_
     assert d["publications"] == n * d1["publications"], f"calls were cut into several publications: {d1}, {d}"
     assert d["worker_launches"] <= d["publications"], d
     assert d["gated_launches"] > n // 2, d  # the loop ran ahead of the device (standbys were queued)
+    # Launches that ran a batch: at least one, at most those of the loop plus the one resident before it.
+    working = s3["working_launches"] - s1["working_launches"]
+    assert 1 <= working <= d["worker_launches"] + 1, (working, d)
     for i, o in enumerate(outs):
         assert torch.equal(o, outs[i % 8]), f"call {i} differs from call {i % 8} (same input)"
     for o, w in zip(outs[:8], want):

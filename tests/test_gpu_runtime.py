@@ -688,36 +688,50 @@ att = [r for r in gpuos.worker_trace()[torch.cuda.current_device()]["records"] i
 gpuos.submit_matmul(x, w.t(), y)
 gpuos.flush(sync=True)
 mm = [r for r in gpuos.worker_trace()[torch.cuda.current_device()]["records"] if r[0] == -2]
+w2 = torch.randn(4096, 256, device="cuda", dtype=torch.float16) / 16
+x2 = torch.randn(1, 256, device="cuda", dtype=torch.float16)
+y2 = torch.empty(1, 4096, device="cuda", dtype=torch.float16)
+gpuos.submit_matmul(x2, w2.t(), y2)  # K 256: unsplit items
+gpuos.flush(sync=True)
+uns = [r for r in gpuos.worker_trace()[torch.cuda.current_device()]["records"] if r[0] == -2]
 ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(4, 1),
                                                        v.float().repeat_interleave(4, 1))
 ok = torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2) and torch.allclose(
-    y.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
+    y.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2) and torch.allclose(
+    y2.float(), x2.float() @ w2.float().t(), rtol=2e-2, atol=2e-2)
 nsm = torch.cuda.get_device_properties(0).multi_processor_count
-for name, recs in (("ATT", att), ("MM", mm)):
-    print(name, ok, len(recs), len({r[2] for r in recs}), sum(r[3] for r in recs),
+for name, recs in (("ATT", att), ("MM", mm), ("UNS", uns)):
+    print(name, ok, len(recs), len({r[2] for r in recs}), sum(r[3] & 0xff for r in recs),
           all(0 <= r[1] < nsm and r[4] > 0 and r[5] > 0 for r in recs),
-          all(r[6] > 0 for r in recs if r[3]), len(gpuos.worker_trace()[0]["records"]))
+          all(r[6] > 0 for r in recs if r[3] & 0xff), len(gpuos.worker_trace()[0]["records"]),
+          sum(1 for r in recs if r[3] >> 8), sum(1 for r in recs if r[6] > 0))
 """
 
 
 def test_worker_trace_item_records():
     """GPUOS_TRACE's item records: one per decode-attention item and per split-matmul item (its SM, start,
     duration), and exactly one combine / split finish per tile (32 / 8 heads, D 128, KV 2,048: 8 KV heads x 2 row
-    groups = 16 tiles; 4,096^2 at M = 1: 256 column tiles of 16) -- and the results still right."""
+    groups = 16 tiles; 4,096^2 at M = 1: 256 column tiles of 16) -- and the results still right. Above the kind
+    byte of k, the dispatch ahead of the item's first timestamp (worker.cu lead_bits): at least one item's (a part
+    under 16 ns reads 0). Unsplit items (4,096 x 256 at M = 1) split their record at the end of the K loop: load
+    the loads and mma steps, exec the outputs (matmul.h mm_mma's tk) -- no finish."""
     env = {"GPUOS_TRACE": "65536"}
     if os.environ.get("GPUOS_CACHE_DIR"):
         env["GPUOS_CACHE_DIR"] = os.environ["GPUOS_CACHE_DIR"]
     r = run_python(_ITEM_TRACE_SCRIPT, env, timeout=150)
     assert r.returncode == 0, describe(r)
-    for name, tiles in (("ATT", 16), ("MM", 256)):
+    for name, tiles in (("ATT", 16), ("MM", 256), ("UNS", 0)):
         line = [ln for ln in r.stdout.splitlines() if ln.startswith(name + " ")][-1].split()
-        ok, n, distinct, combined, valid, timed, after = line[1], *map(int, line[2:4]), int(line[4]), line[5], \
-            line[6], int(line[7])
+        ok, n, distinct, combined, valid, timed, after, led, emitted = line[1], *map(int, line[2:4]), int(line[4]), \
+            line[5], line[6], int(line[7]), int(line[8]), int(line[9])
         assert ok == "True", line
         assert n == distinct and n > tiles, line  # one record per item (its ring slot), more items than tiles
-        assert combined == tiles, line            # one combine / finish per tile
+        assert combined == tiles, line            # one combine / finish per tile (unsplit: none)
+        if name == "UNS":
+            assert emitted >= 1, line             # the outputs' time after the K loop
         assert valid == "True" and timed == "True", line
         assert after == 0, line                   # worker_trace() takes the item records too
+        assert led >= 1, line                     # the items' dispatch times (tools/worker_trace.py item_lead)
 
 
 def test_gemm_on_side_stream_completes_while_batches_flow(rt):

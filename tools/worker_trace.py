@@ -37,6 +37,10 @@ import torch
 import gpuos
 import gpuos_ext
 
+# `hf` and `attn` import the benchmarks package: the repository root on sys.path (a pip-installed gpuos does not
+# put it there).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def pct(v, q):
     v = sorted(v)
@@ -287,7 +291,8 @@ def hf_levels(label, top=12):
     # Sub-op records (block -2; every kind since the 21st session: k 0/1 attention / matmul items, 2 / 3 fused
     # tier 2 / interpreter, 4 + kind the rest) by the level whose span holds their start: per op group, the
     # level's lead-in (its first claim executing -> its first sub-op starting), the sub-ops' durations (load_ns:
-    # arguments / program fetched, exec_ns: the rest; a matmul / attention item's own time is load_ns) and its
+    # arguments / program fetched, exec_ns: the rest; a matmul / attention item's own time is load_ns, and an unsplit
+    # mma item's load_ns is its K loop, its exec_ns its outputs -- a split one's exec_ns its finish) and its
     # tail (the last sub-op's end -> the level's last claim done).
     parts = collections.defaultdict(lambda: [[], [], [], [], [], []])
     for lv, sq in enumerate(seqs):

@@ -178,6 +178,8 @@ RuntimeStats Runtime::stats() const {
   RuntimeStats s = st_;
   // The worker's sticky flag (device_src/dataops.h): 1 once a data-movement sub-op met an index out of range.
   if (alive_ && hc_) s.index_faults = __atomic_load_n(&hc_->index_fault, __ATOMIC_ACQUIRE);
+  // Counted by the worker (HostCtl::working_launches), since this runtime's start.
+  if (alive_ && hc_) s.working_launches = __atomic_load_n(&hc_->working_launches, __ATOMIC_ACQUIRE);
   return s;
 }
 

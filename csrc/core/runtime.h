@@ -128,6 +128,7 @@ struct Operand {
   X(dma_batches)                                                                                          \
   X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
+  X(working_launches)   /* worker launches that ran a batch (the others: standbys that found nothing) */  \
   X(fused_subops)                                                                                         \
   X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
   X(programs)                                                                                             \
