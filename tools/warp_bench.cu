@@ -11,6 +11,11 @@
 // loads, as the worker's idle blocks do) show whether the walk's pollers slow the working warp.
 // Prints one line per case: median ns per call and cycles per call. WB_COLD=1 adds a "COLDDATA" line per case: each
 // call on data of its own, in L2 and not in L1 (its first call alone also runs cold code): cold code versus cold data.
+// WB_BLOCKS=1 adds "mm level" lines: every warp of G blocks runs one mma item (16 columns x K 256, fp16, M = 1) at
+// once, as a decode matmul level does on its home blocks (G = 4: Llama-small's q / k / v, 8 items per SM) or on the
+// whole grid (G = SMs: an LM head), with the weights in L2 (read by a launch before) or evicted to HBM (a 256-MB
+// memset between): per-warp item time median / max -- the in-step item's K loop is 11.4 us (traced, thirtieth
+// session) against 2.3 us for one warp alone.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -189,6 +194,56 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
   if (lane == 0) atomicExch(stop, 1u);
 }
 
+// WB_BLOCKS: warp w of block b computes out[16 t .. 16 t + 15] = a @ w_t for tile t = 8 b + w of an N x K weight
+// (N = 16 x 8 x blocks, K = kBenchMmK, row-major: the transposed layout of a linear), timed around its item alone.
+__global__ void mm_level(const char* a, const char* w, char* out, i64 N, u64* ns) {
+  const u32 lane = threadIdx.x & 31u, tile = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  MmArgs g{};
+  g.a = a, g.b = w, g.out = out, g.bias = nullptr;
+  g.M = 1, g.K = kBenchMmK, g.N = N, g.dta = g.dtb = g.dto = g.dtc = kF16, g.alpha = 1.0f;
+  g.as0 = kBenchMmK, g.as1 = 1, g.bs0 = 1, g.bs1 = kBenchMmK, g.os0 = N, g.os1 = 1;
+  __syncthreads();
+  const u64 t0 = gtimer();
+  mm_mma<false, false, 2>(g, (i64)tile * kMmMmaCols, 0, kBenchMmK, nullptr, false, lane);
+  __syncwarp();
+  const u64 t1 = gtimer();
+  if (lane == 0) ns[tile] = t1 - t0;
+}
+
+// One "mm level" line per grid size and weight residence (WB_BLOCKS=1).
+static int mm_levels(int sms) {
+  const int warps = 8;
+  const u64 evict_bytes = 256ull << 20;
+  char *a, *w, *out, *evict;
+  u64* ns;
+  const i64 n_max = (i64)kMmMmaCols * warps * sms;
+  CK(cudaMalloc(&a, kBenchMmK * 2));
+  CK(cudaMalloc(&w, (u64)n_max * kBenchMmK * 2));
+  CK(cudaMalloc(&out, (u64)n_max * 2));
+  CK(cudaMalloc(&evict, evict_bytes));
+  CK(cudaMalloc(&ns, (u64)warps * sms * 8));
+  CK(cudaMemset(a, 0, kBenchMmK * 2));
+  CK(cudaMemset(w, 0, (u64)n_max * kBenchMmK * 2));
+  for (int blocks : {4, sms}) {
+    for (int hbm : {0, 1}) {
+      const i64 N = (i64)kMmMmaCols * warps * blocks;
+      mm_level<<<blocks, 32 * warps>>>(a, w, out, N, ns);  // code warm; weights, activations and outputs in L2
+      if (hbm) CK(cudaMemset(evict, 1, evict_bytes));      // ... or evicted (the activations too)
+      CK(cudaDeviceSynchronize());
+      mm_level<<<blocks, 32 * warps>>>(a, w, out, N, ns);
+      CK(cudaDeviceSynchronize());
+      std::vector<u64> hn((size_t)warps * blocks);
+      CK(cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost));
+      std::sort(hn.begin(), hn.end());
+      printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each, weights in %-3s  item median %6.2f us, "
+             "max %6.2f us\n", blocks, warps, (long long)kBenchMmK, hbm ? "HBM" : "L2", hn[hn.size() / 2] / 1e3,
+             hn.back() / 1e3);
+    }
+  }
+  cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(ns);
+  return 0;
+}
+
 static TensorRef ref1(const void* p, u32 dt, i64 n) {
   TensorRef r{};
   r.ptr = (u64)p, r.ndim = 1, r.dtype = dt, r.sizes[0] = n, r.strides[0] = 1;
@@ -332,5 +387,6 @@ int main() {
       }
     }
   }
+  if (getenv("WB_BLOCKS") && atoi(getenv("WB_BLOCKS")) != 0) return mm_levels(sms);
   return 0;
 }
