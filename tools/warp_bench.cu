@@ -196,6 +196,9 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
 
 // WB_BLOCKS: warp w of block b computes out[16 t .. 16 t + 15] = a @ w_t for tile t = 8 b + w of an N x K weight
 // (N = 16 x 8 x blocks, K = kBenchMmK, row-major: the transposed layout of a linear), timed around its item alone.
+// U: 64-k chunks per round of loads -- the worker's 2 (two dependent rounds at K 256), or 4 (one round; it spilled
+// in the worker at 128 registers).
+template <u32 U>
 __global__ void mm_level(const char* a, const char* w, char* out, i64 N, u64* ns) {
   const u32 lane = threadIdx.x & 31u, tile = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   MmArgs g{};
@@ -204,7 +207,7 @@ __global__ void mm_level(const char* a, const char* w, char* out, i64 N, u64* ns
   g.as0 = kBenchMmK, g.as1 = 1, g.bs0 = 1, g.bs1 = kBenchMmK, g.os0 = N, g.os1 = 1;
   __syncthreads();
   const u64 t0 = gtimer();
-  mm_mma<false, false, 2>(g, (i64)tile * kMmMmaCols, 0, kBenchMmK, nullptr, false, lane);
+  mm_mma<false, false, U>(g, (i64)tile * kMmMmaCols, 0, kBenchMmK, nullptr, false, lane);
   __syncwarp();
   const u64 t1 = gtimer();
   if (lane == 0) ns[tile] = t1 - t0;
@@ -224,22 +227,23 @@ static int mm_levels(int sms) {
   CK(cudaMalloc(&ns, (u64)warps * sms * 8));
   CK(cudaMemset(a, 0, kBenchMmK * 2));
   CK(cudaMemset(w, 0, (u64)n_max * kBenchMmK * 2));
-  for (int blocks : {4, sms}) {
-    for (int hbm : {0, 1}) {
-      const i64 N = (i64)kMmMmaCols * warps * blocks;
-      mm_level<<<blocks, 32 * warps>>>(a, w, out, N, ns);  // code warm; weights, activations and outputs in L2
-      if (hbm) CK(cudaMemset(evict, 1, evict_bytes));      // ... or evicted (the activations too)
-      CK(cudaDeviceSynchronize());
-      mm_level<<<blocks, 32 * warps>>>(a, w, out, N, ns);
-      CK(cudaDeviceSynchronize());
-      std::vector<u64> hn((size_t)warps * blocks);
-      CK(cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost));
-      std::sort(hn.begin(), hn.end());
-      printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each, weights in %-3s  item median %6.2f us, "
-             "max %6.2f us\n", blocks, warps, (long long)kBenchMmK, hbm ? "HBM" : "L2", hn[hn.size() / 2] / 1e3,
-             hn.back() / 1e3);
-    }
-  }
+  for (int blocks : {4, sms})
+    for (int hbm : {0, 1})
+      for (u32 u : {2u, 4u}) {
+        const i64 N = (i64)kMmMmaCols * warps * blocks;
+        auto level = u == 2 ? mm_level<2> : mm_level<4>;
+        level<<<blocks, 32 * warps>>>(a, w, out, N, ns);  // code warm; weights, activations and outputs in L2
+        if (hbm) CK(cudaMemset(evict, 1, evict_bytes));   // ... or evicted (the activations too)
+        CK(cudaDeviceSynchronize());
+        level<<<blocks, 32 * warps>>>(a, w, out, N, ns);
+        CK(cudaDeviceSynchronize());
+        std::vector<u64> hn((size_t)warps * blocks);
+        CK(cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost));
+        std::sort(hn.begin(), hn.end());
+        printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each (U %u), weights in %-3s  item median "
+               "%6.2f us, max %6.2f us\n", blocks, warps, (long long)kBenchMmK, u, hbm ? "HBM" : "L2",
+               hn[hn.size() / 2] / 1e3, hn.back() / 1e3);
+      }
   cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(ns);
   return 0;
 }
