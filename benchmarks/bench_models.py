@@ -321,9 +321,8 @@ def setup_program(case: H.Case, settle: bool = True) -> H.Prepared:
         s0 = gpuos.stats()
         out = fn()
         torch.cuda.synchronize()
-        s1 = gpuos.stats()
-        for k in ("worker_launches", "working_launches", "burst_launches", "gated_launches", "batches"):
-            extra[k + "_per_step"] = H.rnd((s1[k] - s0[k]) / d.steps, 2)
+        extra.update(counts_per_step(s0, gpuos.stats(), d.steps, ("worker_launches", "working_launches",
+                                                                  "burst_launches", "gated_launches", "batches")))
         return out
     return H.Prepared(fn, check=check, extra=extra)
 
@@ -348,6 +347,11 @@ def captured_step(label: str, steps: int = 8) -> tuple:
     return prog, tok, pos, case
 
 
+def counts_per_step(s0: dict, s1: dict, steps: int, keys) -> dict:
+    """{key + "_per_step": the counter's growth from s0 to s1 per decode step} for gpuos.stats() counters."""
+    return {k + "_per_step": H.rnd((s1[k] - s0[k]) / steps, 2) for k in keys}
+
+
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
     """Per-decode-step figures of the scheduler from two gpuos.stats() snapshots."""
     def delta(key):
@@ -362,8 +366,7 @@ def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
         "fallbacks_per_step": H.rnd(fallbacks / steps, 2),
         "fallback_share": H.rnd(fallbacks / aten, 4) if aten else None,
         "fallback_ops_per_step": {k: H.rnd(v / steps, 2) for k, v in sorted(fb_ops.items(), key=lambda kv: -kv[1])},
-        "batches_per_step": H.rnd((s1["batches"] - s0["batches"]) / steps, 2),
-        "worker_launches_per_step": H.rnd((s1["worker_launches"] - s0["worker_launches"]) / steps, 2),
+        **counts_per_step(s0, s1, steps, ("batches", "worker_launches")),
         "launches_per_step_by_cause": {k: H.rnd(v / steps, 2) for k, v in delta("launches_by_cause").items()},
         "flushes_per_step_by_cause": {k: H.rnd(v / steps, 2) for k, v in delta("flushes_by_cause").items()},
     }
