@@ -14,8 +14,9 @@
 // WB_BLOCKS=1 adds "mm level" lines: every warp of G blocks runs one mma item (16 columns x K 256, fp16, M = 1) at
 // once, as a decode matmul level does on its home blocks (G = 4: Llama-small's q / k / v, 8 items per SM) or on the
 // whole grid (G = SMs: an LM head), with the weights in L2 (read by a launch before) or evicted to HBM (a 256-MB
-// memset between): per-warp item time median / max -- the in-step item's K loop is 11.4 us (traced, thirtieth
-// session) against 2.3 us for one warp alone.
+// memset between) or in L2 with every TLB level cold (one word of each 64-KB page of 8 GB read between): per-warp
+// item time median / max. Thirty-first session (H200): 2.4-3.5 us on 4 blocks, 3.2-5.0 on every SM -- the in-step
+// item is ~14 us (traced).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -213,7 +214,17 @@ __global__ void mm_level(const char* a, const char* w, char* out, i64 N, u64* ns
   if (lane == 0) ns[tile] = t1 - t0;
 }
 
-// One "mm level" line per grid size and weight residence (WB_BLOCKS=1).
+// Touches one word in each 64-KB page of `bytes` (every level of the GPU's TLBs then holds other pages than the
+// weights' while the L2 cache keeps them: 4 MB of sectors against a 50-MB cache).
+__global__ void touch_pages(const char* p, u64 bytes, u32* sink) {
+  u32 acc = 0;
+  for (u64 o = ((u64)blockIdx.x * blockDim.x + threadIdx.x) << 16; o < bytes; o += (u64)gridDim.x * blockDim.x << 16)
+    acc += *(const volatile u32*)(p + o);
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+// One "mm level" line per grid size and weight residence (WB_BLOCKS=1): L2 (read by a launch before), HBM (a
+// 256-MB memset between), or L2 with cold TLBs (touch_pages over an 8-GB buffer between).
 static int mm_levels(int sms) {
   const int warps = 8;
   const u64 evict_bytes = 256ull << 20;
@@ -224,27 +235,32 @@ static int mm_levels(int sms) {
   CK(cudaMalloc(&w, (u64)n_max * kBenchMmK * 2));
   CK(cudaMalloc(&out, (u64)n_max * 2));
   CK(cudaMalloc(&evict, evict_bytes));
+  const u64 tlb_bytes = 8ull << 30;
+  char* pages;
+  CK(cudaMalloc(&pages, tlb_bytes));
+  CK(cudaMemset(pages, 0, tlb_bytes));
   CK(cudaMalloc(&ns, (u64)warps * sms * 8));
   CK(cudaMemset(a, 0, kBenchMmK * 2));
   CK(cudaMemset(w, 0, (u64)n_max * kBenchMmK * 2));
   for (int blocks : {4, sms})
-    for (int hbm : {0, 1})
+    for (int hbm : {0, 1, 2})
       for (u32 u : {2u, 4u}) {
         const i64 N = (i64)kMmMmaCols * warps * blocks;
         auto level = u == 2 ? mm_level<2> : mm_level<4>;
         level<<<blocks, 32 * warps>>>(a, w, out, N, ns);  // code warm; weights, activations and outputs in L2
-        if (hbm) CK(cudaMemset(evict, 1, evict_bytes));   // ... or evicted (the activations too)
+        if (hbm == 1) CK(cudaMemset(evict, 1, evict_bytes));   // ... or evicted (the activations too)
+        if (hbm == 2) touch_pages<<<sms, 256>>>(pages, tlb_bytes, (u32*)ns);  // ... or their pages' TLB entries
         CK(cudaDeviceSynchronize());
         level<<<blocks, 32 * warps>>>(a, w, out, N, ns);
         CK(cudaDeviceSynchronize());
         std::vector<u64> hn((size_t)warps * blocks);
         CK(cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost));
         std::sort(hn.begin(), hn.end());
-        printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each (U %u), weights in %-3s  item median "
-               "%6.2f us, max %6.2f us\n", blocks, warps, (long long)kBenchMmK, u, hbm ? "HBM" : "L2",
+        printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each (U %u), weights in %-13s  item median "
+               "%6.2f us, max %6.2f us\n", blocks, warps, (long long)kBenchMmK, u, hbm == 1 ? "HBM" : hbm == 2 ? "L2, TLBs cold" : "L2",
                hn[hn.size() / 2] / 1e3, hn.back() / 1e3);
       }
-  cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(ns);
+  cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(pages), cudaFree(ns);
   return 0;
 }
 

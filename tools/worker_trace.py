@@ -21,7 +21,8 @@ ops the level holds, and the slowest levels (`Tape.level_map` names each level's
 how long after the level before ended its first claim started, and the blocks that claimed it); with the sub-op records
 (every sub-op, in the worker built for GPUOS_TRACE), each level group's lead-in, sub-op load / exec and tail. `attn` (one Llama-shape
 decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
-at 1,024^2): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
+at 1,024^2; env MM_SHAPES="MxNxK,...", MM_WEIGHTS: weights cycled through, 1 for L2-hot), `mmC` (matmul_chain:
+decode-shaped linears captured as programs, hf's per-level report): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
 and the tile's combine / split finish. `attnL` (ATTN_KV, ATTN_L: 4,096, 16): bench_attention's one flush of L
 attentions -- its early publications, joined batches and items (this tool's ring has 65,536 slots, the bench's
 the default 4,096). `attnC` (ATTN_KVS: 128,4096; ATTN_L): bench_attention's gpuos_program_chain row -- L attentions
@@ -230,14 +231,20 @@ def op_chains():
 def hf_levels(label, top=12):
     """One traced replay of a captured static decode step (tier 2 waited for): per level exec span and handoff,
     grouped by the ops of the level."""
-    import collections
     from benchmarks import bench_models as B
     import gpuos.programs as P
     P.DEFAULT_SIZE_THRESHOLD = int(os.environ.get("HF_SIZE_THRESHOLD", P.DEFAULT_SIZE_THRESHOLD))
     prog, tok, pos, _case = B.captured_step(label)  # settled: tier 2 in, as the benchmarks time it
+    program_levels(f"hf {label}", prog, lambda: prog(tok, pos), top)
+
+
+def program_levels(name, prog, call, top=12):
+    """One traced call of a captured program (`call()` runs it): per level its exec span, handoff and item median,
+    grouped by the ops of the level, and the slowest levels' claims (hf_levels' report for any program)."""
+    import collections
     gpuos.flush(sync=True)
     gpuos_ext.worker_trace()  # reset
-    prog(tok, pos)
+    call()
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
     all_recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
@@ -258,7 +265,7 @@ def hf_levels(label, top=12):
         span[seq] = (min(a, t0 + load), max(b, t0 + load + exe))
     seqs = sorted(span)
     if len(seqs) != len(lmap):
-        print(f"hf {label}: {len(seqs)} traced batches vs {len(lmap)} levels (segments {len(segs)}); "
+        print(f"{name}: {len(seqs)} traced batches vs {len(lmap)} levels (segments {len(segs)}); "
               "per-level figures skipped")
         return
     by = collections.defaultdict(lambda: [0, 0.0, 0.0])
@@ -284,7 +291,8 @@ def hf_levels(label, top=12):
         g = by[key]
         g[0] += 1; g[1] += ex; g[2] += hand  # noqa: E702
         its = level_items[sq]
-        lead = f"lead {(min(r[4] for r in its) - a) / 1e3:5.2f} " if its else ""
+        lead = (f"lead {(min(r[4] for r in its) - a) / 1e3:5.2f} items "
+                f"{statistics.median((r[5] + r[6]) / 1e3 for r in its):5.2f} ") if its else ""
         where = (f"home {homes[lv][1]}+{homes[lv][2]} " if homes else "") + lead + f"late {late:4.2f} blocks " + \
             ",".join(str(x) for x in sorted({r[0] for r in cl})[:6])
         rows.append((ex, lv + 1, hand, where + "  " + ", ".join(f"{e['op']}:{e['elems']}/{e['tiles']}t" for e in ops)))
@@ -319,13 +327,13 @@ def hf_levels(label, top=12):
                 print("      " + dispatch_line(disp))
     tot_ex, tot_h = sum(r[0] for r in rows), sum(r[2] for r in rows)
     first, last = min(span[s][0] for s in seqs), max(span[s][1] for s in seqs)
-    print(f"hf {label}: {len(seqs)} levels ({seq0}..), span {(last - first) / 1e3:.1f} us = exec {tot_ex:.1f} + "
+    print(f"{name}: {len(seqs)} levels ({seq0}..), span {(last - first) / 1e3:.1f} us = exec {tot_ex:.1f} + "
           f"handoffs {tot_h:.1f} us; fallbacks {list(prog.fallbacks)}")
     for key, (n, ex, hand) in sorted(by.items(), key=lambda kv: -kv[1][1]):
         print(f"  {key:40s} levels {n:3d}  exec {ex:8.1f} us ({ex / n:6.2f}/level)  handoff {hand:7.1f} us")
     top = int(os.environ.get("HF_TOP", top))  # 0: every level, in level order
     print("  " + ("every level" if top == 0 else "slowest levels") + " (exec us, level, handoff us, home first+span, "
-          "lead: its first sub-op's start after the level's (us), late: its first claim's start after the level "
+          "lead: its first sub-op's start after the level's (us), items: their median (us), late: its first claim's start after the level "
           "before ended (us), claiming blocks, sub-ops op:elems/tiles):")
     for ex, lv, hand, desc in (rows if top == 0 else sorted(rows, reverse=True)[:top]):
         print(f"    {ex:7.2f}  L{lv:<3d} {hand:6.2f}  {desc[:200]}")
@@ -355,6 +363,16 @@ def hf_levels(label, top=12):
             by_n = collections.defaultdict(list)
             for v in per_sm.values():
                 by_n[len(v)].extend(v)
+            # By the item's place in its claim (ring index mod the claim's size: the warp that ran it when the
+            # level's claims start at multiples of it): is the claim's straggler one warp's (warp 0's thread
+            # claims and waits), or any?
+            kc = max(r[3] for r in cl)
+            by_w = collections.defaultdict(list)
+            for r in its:
+                by_w[r[2] % kc].append(r)
+            print(f"      items by place in the claim (ri mod {kc}: load / exec median, exec max): " + ", ".join(
+                f"{w}: {statistics.median(r[5] / 1e3 for r in v):.2f} / {statistics.median(r[6] / 1e3 for r in v):.2f}"
+                f" {max(r[6] / 1e3 for r in v):.1f}" for w, v in sorted(by_w.items())))
             slow = sorted(its, key=lambda r: -(r[5] + r[6]))[:3]
             print(f"      {len(its)} sub-ops on {len(per_sm)} SMs; sub-op us by sub-ops per SM: " + ", ".join(
                 f"{n}: median {statistics.median(v):.2f} max {max(v):.2f} ({len(v) // n} SMs)"
@@ -384,6 +402,10 @@ def item_summary(recs, qs=(0.1, 0.5, 0.8, 0.9, 0.95, 1.0)):
               f"{max((r[4] - t_first) / 1e3 for r in items):.1f} us")
         if leads:
             print("  " + dispatch_line(list(leads.values())))
+        rest = [r[6] / 1e3 for r in items if not r[3] and r[6]]
+        if rest:  # an unsplit traced item's record is split: its duration above, the rest (its outputs) here
+            print(f"  {len(rest)} unsplit items, after the split point (us): p50 {pct(rest, .5):.2f}, p90 "
+                  f"{pct(rest, .9):.2f}, max {max(rest):.2f}")
         if comb:
             print(f"  {len(comb)} combines / finishes (us): " + ", ".join(f"p{int(q * 100)} {pct(comb, q):.1f}" for q in qs)
                   + "; their items end at " + ", ".join(
@@ -463,14 +485,21 @@ def attention_many(kv=4096, L=16):
         print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
-def matmul_items(sizes=((1, 4096), (16, 4096), (1, 1024)), weights=8):
-    """`mm`: one worker matmul per flush (fp16, x @ w.t() -- the tensor-core path), M x K=N, each rep reading
-    another of `weights` weights (cold, as bench_matmul's rows): claims and items (one per warp; a tile's last K
-    slice also finishes the split)."""
-    for m, nk in sizes:
-        ws = [torch.randn(nk, nk, device="cuda", dtype=torch.float16) / nk ** 0.5 for _ in range(weights)]
-        x = torch.randn(m, nk, device="cuda", dtype=torch.float16)
-        o = torch.empty(m, nk, device="cuda", dtype=torch.float16)
+def mm_shapes(spec):
+    """MM_SHAPES ("MxNxK,...", e.g. "1x16000x256" for Llama-small's LM head) as (M, N, K) tuples."""
+    return tuple(tuple(int(v) for v in s.split("x")) for s in spec.split(",") if s)
+
+
+def matmul_items(sizes=((1, 4096, 4096), (16, 4096, 4096), (1, 1024, 1024)), weights=8):
+    """`mm`: one worker matmul per flush (fp16, x @ w.t() -- the tensor-core path), M x N x K (env MM_SHAPES), each
+    rep reading another of `weights` weights (env MM_WEIGHTS; 8: cold, as bench_matmul's rows; 1: L2-hot): claims
+    and items (one per warp; a tile's last K slice also finishes the split)."""
+    sizes = mm_shapes(os.environ.get("MM_SHAPES", "")) or sizes
+    weights = int(os.environ.get("MM_WEIGHTS", weights))
+    for m, n, kk in sizes:
+        ws = [torch.randn(n, kk, device="cuda", dtype=torch.float16) / kk ** 0.5 for _ in range(weights)]
+        x = torch.randn(m, kk, device="cuda", dtype=torch.float16)
+        o = torch.empty(m, n, device="cuda", dtype=torch.float16)
         it = [0]
 
         def record():
@@ -478,11 +507,56 @@ def matmul_items(sizes=((1, 4096), (16, 4096), (1, 1024)), weights=8):
             gpuos.submit_matmul(x, ws[it[0] % weights].t(), o)
         recs, dropped, t_flush_ns, host_ms, flush_ms = traced(record, reps=2 * weights)
         w = ws[it[0] % weights]
-        summarise(f"mm M {m} N = K {nk} fp16", recs, t_flush_ns, w.numel() * 2, host_ms, flush_ms)
+        summarise(f"mm M {m} N {n} K {kk} fp16 ({weights} weights)", recs, t_flush_ns, w.numel() * 2, host_ms,
+                  flush_ms)
         item_summary(recs)
         torch.testing.assert_close(o.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
         if dropped:
             print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
+
+
+def matmul_chain():
+    """`mmC`: decode-shaped matmuls captured as programs (fp16, M = 1, no bias), one call traced each
+    (program_levels): `chain` MMC_L (default 8) dependent K 256 -> N 256 linears then an LM head (N MMC_VOCAB,
+    default 32,000: Llama-small's, 2,000 column tiles run as 1,000 items of two -- Runtime's matmul_group; 16,000
+    gives one tile per item); `alone` the LM head alone; `f32` its output cast to fp32 (the step's
+    logits[:, -1].float()); `cold` 12 programs of as many heads (together larger than the L2 cache) called in turn,
+    the traced one's weights evicted by the others. Env MMC_VARIANTS (default all, comma-separated). Thirty-first
+    session (H200, one-tile items, traced worker): a tile costs 6.6-7.4 us in every variant, as in `mm`'s one flush
+    -- the same items in a program, behind 8 or 60 other levels, fp32 out or weights out of L2."""
+    import torch.nn.functional as F
+    from benchmarks.harness import suite as H
+    L, vocab, h = int(os.environ.get("MMC_L", "8")), int(os.environ.get("MMC_VOCAB", "32000")), 256
+    x = torch.randn(1, h, device="cuda", dtype=torch.float16)
+    ws = [torch.randn(h, h, device="cuda", dtype=torch.float16) / h ** 0.5 for _ in range(L)]
+    heads = [torch.randn(vocab, h, device="cuda", dtype=torch.float16) / h ** 0.5 for _ in range(12)]
+
+    def chain(x):
+        for w in ws:
+            x = F.linear(x, w)
+        return F.linear(x, heads[0])
+
+    def head_fn(i, f32):
+        return (lambda x: F.linear(x, heads[i]).float()) if f32 else (lambda x: F.linear(x, heads[i]))
+    variants = {
+        "chain": (f"mmC {L} linears 256 + LM head {vocab}", [chain]),
+        "alone": (f"mmC LM head {vocab} alone", [head_fn(0, False)]),
+        "f32": (f"mmC LM head {vocab} alone, fp32 output", [head_fn(0, True)]),
+        "cold": (f"mmC LM head {vocab}, 12 heads in turn (weights not in L2)", [head_fn(i, False) for i in range(12)]),
+    }
+    want = os.environ.get("MMC_VARIANTS", ",".join(variants)).split(",")
+    for key in want:
+        name, fns = variants[key]
+        progs = [H.capture_program(gpuos, fn, (x,), torch.cuda.synchronize)[0] for fn in fns]  # worker matmul on
+        for _ in range(3):
+            for p in progs:
+                out = p(x)
+        torch.cuda.synchronize()
+        for p in progs[1:]:  # the others' heads after the traced one's: its weights evicted
+            p(x)
+        program_levels(name, progs[0], lambda: progs[0](x))
+        torch.testing.assert_close(progs[0](x).float(), fns[0](x).float(), rtol=3e-2, atol=3e-2)
+        del out
 
 
 def attention_chain(kv=128, L=16):
@@ -606,6 +680,8 @@ def main():
         levels()
     if on("mm"):
         matmul_items()
+    if on("mmC"):
+        matmul_chain()
     if on("attn"):
         attention()
     if on("attnL"):
