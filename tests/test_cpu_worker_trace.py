@@ -65,3 +65,19 @@ def test_item_summary_reads_kinds_under_the_lead_bits(wt, capsys):
     out = capsys.readouterr().out
     assert "3 items: duration" in out and "1 combines / finishes" in out  # the packed records still count
     assert "to the item function 0.10 / 0.11" in out and "arguments 0.02 / 0.02" in out and "(3 items)" in out
+
+
+def test_item_summary_reports_the_rest_of_unsplit_items(wt, capsys):
+    # an unsplit traced item's record is split (K loop / outputs): the second half is summarised apart from combines
+    recs = [(-2, 1, i, 0, 1000, 3000, 1000 * (i + 1)) for i in range(4)] + [(-2, 2, 9, 1, 1000, 3000, 30000)]
+    wt.item_summary(recs)
+    out = capsys.readouterr().out
+    assert "4 unsplit items, after the split point (us): p50 3.00" in out and "max 4.00" in out
+    assert "1 combines / finishes (us): p10 30.0" in out  # the combined item is not among the unsplit ones
+
+
+def test_mm_shapes_parses_the_env_list(wt):
+    assert wt.mm_shapes("1x32000x256,16x4096x4096") == ((1, 32000, 256), (16, 4096, 4096))
+    assert wt.mm_shapes("") == ()
+    with pytest.raises(ValueError):
+        wt.mm_shapes("1x2")

@@ -486,8 +486,12 @@ def attention_many(kv=4096, L=16):
 
 
 def mm_shapes(spec):
-    """MM_SHAPES ("MxNxK,...", e.g. "1x16000x256" for Llama-small's LM head) as (M, N, K) tuples."""
-    return tuple(tuple(int(v) for v in s.split("x")) for s in spec.split(",") if s)
+    """MM_SHAPES ("MxNxK,...", e.g. "1x32000x256" for Llama-small's LM head) as (M, N, K) tuples."""
+    out = tuple(tuple(int(v) for v in s.split("x")) for s in spec.split(",") if s)
+    bad = [s for s in out if len(s) != 3]
+    if bad:
+        raise ValueError(f"MM_SHAPES={spec!r}: every entry is MxNxK (three integers joined by 'x'), not {bad}")
+    return out
 
 
 def matmul_items(sizes=((1, 4096, 4096), (16, 4096, 4096), (1, 1024, 1024)), weights=8):
