@@ -549,18 +549,20 @@ def matmul_chain():
         "cold": (f"mmC LM head {vocab}, 12 heads in turn (weights not in L2)", [head_fn(i, False) for i in range(12)]),
     }
     want = os.environ.get("MMC_VARIANTS", ",".join(variants)).split(",")
+    unknown = [k for k in want if k not in variants]
+    if unknown:
+        raise ValueError(f"MMC_VARIANTS: unknown {unknown}; choose from {list(variants)}")
     for key in want:
         name, fns = variants[key]
         progs = [H.capture_program(gpuos, fn, (x,), torch.cuda.synchronize)[0] for fn in fns]  # worker matmul on
         for _ in range(3):
             for p in progs:
-                out = p(x)
+                p(x)
         torch.cuda.synchronize()
         for p in progs[1:]:  # the others' heads after the traced one's: its weights evicted
             p(x)
         program_levels(name, progs[0], lambda: progs[0](x))
         torch.testing.assert_close(progs[0](x).float(), fns[0](x).float(), rtol=3e-2, atol=3e-2)
-        del out
 
 
 def attention_chain(kv=128, L=16):
