@@ -15,8 +15,9 @@
 // once, as a decode matmul level does on its home blocks (G = 4: Llama-small's q / k / v, 8 items per SM) or on the
 // whole grid (G = SMs: an LM head), with the weights in L2 (read by a launch before) or evicted to HBM (a 256-MB
 // memset between) or in L2 with every TLB level cold (one word of each 64-KB page of 8 GB read between): per-warp
-// item time median / max. Thirty-first session (H200): 2.4-3.5 us on 4 blocks, 3.2-5.0 on every SM -- the in-step
-// item is ~14 us (traced).
+// item time median / max, the item called directly (U 2, U 4) or through exec_subop. Thirty-first session (H200):
+// direct 2.4-3.5 us on 4 blocks, 3.2-5.0 on every SM, exec_subop 4.2-6.7 -- the worker's dispatch and tile ~9 us
+// (traced, one flush, weights in L2).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -214,6 +215,33 @@ __global__ void mm_level(const char* a, const char* w, char* out, i64 N, u64* ns
   if (lane == 0) ns[tile] = t1 - t0;
 }
 
+// The same item as the worker runs it -- exec_subop -> matmul_op -> mm_args -> mm_mma, its TensorRefs cached in
+// shared memory as after the worker's prefetch_refs -- on every warp at once (tile = the warp's place in the grid).
+__global__ void mm_level_dispatch(SubOp dsrc, const TensorRef* grefs, const Program* gprog, u64* ns) {
+  constexpr u32 kWarps = 8;
+  const u32 lane = threadIdx.x & 31u, warp = threadIdx.x / 32, tile = blockIdx.x * kWarps + warp;
+  __shared__ SubOp sd[kWarps];
+  __shared__ __align__(16) TensorRef refs[kWarps][4];
+  __shared__ u64 cached[kWarps][4];
+  __shared__ FinishNote note[kWarps];
+  if (lane == 0 && warp < kWarps) {
+    sd[warp] = dsrc;
+    sd[warp].base = tile;
+    for (int k = 0; k < 4; ++k) refs[warp][k] = grefs[k], cached[warp][k] = k == 0 ? dsrc.out : dsrc.in[k - 1];
+    note[warp] = FinishNote{};
+    note[warp].ck = 1;
+  }
+  WorkerArgs wa{};
+  wa.capacity = 1, wa.progs = (u64)gprog;
+  __syncthreads();
+  if (warp >= kWarps) return;
+  const u64 t0 = gtimer();
+  exec_subop(sd[warp], refs[warp], cached[warp], lane, gprog, 0, 0, wa, &note[warp]);
+  __syncwarp();
+  const u64 t1 = gtimer();
+  if (lane == 0) ns[tile] = t1 - t0;
+}
+
 // Touches one word in each 64-KB page of `bytes` (every level of the GPU's TLBs then holds other pages than the
 // weights' while the L2 cache keeps them: 4 MB of sectors against a 50-MB cache).
 __global__ void touch_pages(const char* p, u64 bytes, u32* sink) {
@@ -223,8 +251,9 @@ __global__ void touch_pages(const char* p, u64 bytes, u32* sink) {
   if (acc == 0x12345678u) *sink = acc;
 }
 
-// One "mm level" line per grid size and weight residence (WB_BLOCKS=1): L2 (read by a launch before), HBM (a
-// 256-MB memset between), or L2 with cold TLBs (touch_pages over an 8-GB buffer between).
+// One "mm level" line per grid size, weight residence and path (WB_BLOCKS=1): L2 (read by a launch before), HBM (a
+// 256-MB memset between), or L2 with cold TLBs (touch_pages over an 8-GB buffer between); mm_mma called directly
+// with U 2 (the worker's) or U 4, or the whole dispatch (mm_level_dispatch, U 2).
 static int mm_levels(int sms) {
   const int warps = 8;
   const u64 evict_bytes = 256ull << 20;
@@ -242,25 +271,49 @@ static int mm_levels(int sms) {
   CK(cudaMalloc(&ns, (u64)warps * sms * 8));
   CK(cudaMemset(a, 0, kBenchMmK * 2));
   CK(cudaMemset(w, 0, (u64)n_max * kBenchMmK * 2));
+  TensorRef* grefs;
+  Program* gprog;
+  CK(cudaMalloc(&grefs, 4 * sizeof(TensorRef)));
+  CK(cudaMalloc(&gprog, sizeof(Program)));
+  CK(cudaMemset(gprog, 0, sizeof(Program)));
   for (int blocks : {4, sms})
     for (int hbm : {0, 1, 2})
-      for (u32 u : {2u, 4u}) {
+      for (u32 u : {2u, 4u, 0u}) {  // 0: the dispatch
         const i64 N = (i64)kMmMmaCols * warps * blocks;
-        auto level = u == 2 ? mm_level<2> : mm_level<4>;
-        level<<<blocks, 32 * warps>>>(a, w, out, N, ns);  // code warm; weights, activations and outputs in L2
+        SubOp d{};  // out (1 x N) = a (1 x K) @ w (K x N view of its N x K rows), one unsplit tile per item
+        TensorRef refs[4] = {};
+        d.op = kOp_mm, d.flags = kFlagStrided | (kFlagConst0 << 2), d.n = 1, d.scalar[0] = 1.0f;  // alpha 1
+        d.dtype = kF16 | (kF16 << 8) | (kF16 << 16) | (kF16 << 24);
+        d.reserved = kMmMma | (1u << 8);
+        d.out = (u64)&grefs[0], d.in[0] = (u64)&grefs[1], d.in[1] = (u64)&grefs[2], d.in[2] = 0;
+        for (int k = 0; k < 3; ++k) refs[k].ndim = 2, refs[k].dtype = kF16;
+        refs[0].ptr = (u64)out, refs[0].sizes[0] = 1, refs[0].sizes[1] = N, refs[0].strides[0] = N;
+        refs[0].strides[1] = 1;
+        refs[1].ptr = (u64)a, refs[1].sizes[0] = 1, refs[1].sizes[1] = kBenchMmK, refs[1].strides[0] = kBenchMmK;
+        refs[1].strides[1] = 1;
+        refs[2].ptr = (u64)w, refs[2].sizes[0] = kBenchMmK, refs[2].sizes[1] = N, refs[2].strides[0] = 1;
+        refs[2].strides[1] = kBenchMmK;
+        CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
+        auto launch = [&] {
+          if (u == 0) mm_level_dispatch<<<blocks, 32 * warps>>>(d, grefs, gprog, ns);
+          else (u == 2 ? mm_level<2> : mm_level<4>)<<<blocks, 32 * warps>>>(a, w, out, N, ns);
+        };
+        launch();  // code warm; weights, activations and outputs in L2
         if (hbm == 1) CK(cudaMemset(evict, 1, evict_bytes));   // ... or evicted (the activations too)
         if (hbm == 2) touch_pages<<<sms, 256>>>(pages, tlb_bytes, (u32*)ns);  // ... or their pages' TLB entries
         CK(cudaDeviceSynchronize());
-        level<<<blocks, 32 * warps>>>(a, w, out, N, ns);
+        launch();
         CK(cudaDeviceSynchronize());
         std::vector<u64> hn((size_t)warps * blocks);
         CK(cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost));
         std::sort(hn.begin(), hn.end());
-        printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each (U %u), weights in %-13s  item median "
-               "%6.2f us, max %6.2f us\n", blocks, warps, (long long)kBenchMmK, u, hbm == 1 ? "HBM" : hbm == 2 ? "L2, TLBs cold" : "L2",
+        printf("mm level: %3d blocks x %d warps, one 16 x %lld mma item each (%s), weights in %-13s  item median "
+               "%6.2f us, max %6.2f us\n", blocks, warps, (long long)kBenchMmK,
+               u == 0 ? "exec_subop" : u == 2 ? "U 2" : "U 4", hbm == 1 ? "HBM" : hbm == 2 ? "L2, TLBs cold" : "L2",
                hn[hn.size() / 2] / 1e3, hn.back() / 1e3);
       }
-  cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(pages), cudaFree(ns);
+  cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(pages), cudaFree(ns), cudaFree(grefs);
+  cudaFree(gprog);
   return 0;
 }
 
