@@ -96,6 +96,16 @@ constexpr u64 kBigStride = (u64)kBenchMmK * kBenchMmN * 2;
 __device__ __forceinline__ u64 shifted(u64 p, u64 big, u64 big_end, u64 off, u64 off_big) {
   return p == 0 ? 0 : (p >= big && p < big_end) ? p + off_big : p + off;
 }
+// The bench's matmul arguments: out (1 x N) = a (1 x K) @ b, K = kBenchMmK, fp16, no bias; b is the transposed
+// weight (N x K row-major: the mma item's layout; the ncol item sets K x N strides over it).
+__device__ __forceinline__ MmArgs bench_mm_args(const char* a, const char* b, char* out, i64 N) {
+  MmArgs g{};
+  g.a = a, g.b = b, g.out = out, g.bias = nullptr;
+  g.M = 1, g.K = kBenchMmK, g.N = N, g.dta = g.dtb = g.dto = g.dtc = kF16, g.alpha = 1.0f;
+  g.as0 = kBenchMmK, g.as1 = 1, g.bs0 = 1, g.bs1 = kBenchMmK, g.os0 = N, g.os1 = 1;
+  return g;
+}
+
 __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Program* gprog, int reps, u64* ns,
                       u64* cyc, u32* stop, int pollmode, u64 cold, u64 big, u64 big_end) {
   if (blockIdx.x != 0) {
@@ -172,15 +182,11 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
       case kRowLn8: ln_row<8>(sd, *(const FusedArgs*)&refs[0], lane); break;
       case kMmMmaDispatch: exec_subop(sd, refs, cached, lane, gprog, 0, 0, wa, &note); break;
       case kMmNcolItem: case kMmMmaItem: {
-        MmArgs g{};
-        g.a = (const char*)sd.in[0], g.b = (const char*)sd.in[1], g.out = (char*)sd.out, g.bias = nullptr;
-        g.M = 1, g.K = kBenchMmK, g.N = kBenchMmN, g.dta = g.dtb = g.dto = g.dtc = kF16, g.alpha = 1.0f;
-        g.as0 = kBenchMmK, g.as1 = 1, g.os0 = kBenchMmN, g.os1 = 1;
+        MmArgs g = bench_mm_args((const char*)sd.in[0], (const char*)sd.in[1], (char*)sd.out, kBenchMmN);
         if (kind == kMmNcolItem) {  // b: K x N row-major
           g.bs0 = kBenchMmN, g.bs1 = 1;
           mm_ncol1<false>(g, 0, 0, 64, nullptr, false, lane, true);
         } else {  // b: the transposed weight (N x K row-major)
-          g.bs0 = 1, g.bs1 = kBenchMmK;
           mm_mma<false, false, 2>(g, 0, 0, kBenchMmK, nullptr, false, lane);
         }
         break;
@@ -203,10 +209,7 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
 template <u32 U>
 __global__ void mm_level(const char* a, const char* w, char* out, i64 N, u64* ns) {
   const u32 lane = threadIdx.x & 31u, tile = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  MmArgs g{};
-  g.a = a, g.b = w, g.out = out, g.bias = nullptr;
-  g.M = 1, g.K = kBenchMmK, g.N = N, g.dta = g.dtb = g.dto = g.dtc = kF16, g.alpha = 1.0f;
-  g.as0 = kBenchMmK, g.as1 = 1, g.bs0 = 1, g.bs1 = kBenchMmK, g.os0 = N, g.os1 = 1;
+  const MmArgs g = bench_mm_args(a, w, out, N);
   __syncthreads();
   const u64 t0 = gtimer();
   mm_mma<false, false, U>(g, (i64)tile * kMmMmaCols, 0, kBenchMmK, nullptr, false, lane);
@@ -251,6 +254,24 @@ __global__ void touch_pages(const char* p, u64 bytes, u32* sink) {
   if (acc == 0x12345678u) *sink = acc;
 }
 
+// The descriptor of one mma item as the worker receives it: out (1 x N) = a (1 x K) @ w (K x N view of its N x K
+// rows), fp16, unsplit, one tile per item (d.base: the tile), no bias; its TensorRefs in refs, the descriptor pointing
+// at grefs (where the caller copies them).
+static void bench_mm_desc(SubOp& d, TensorRef (&refs)[4], const TensorRef* grefs, const void* out, const void* a,
+                          const void* w, i64 N) {
+  d.op = kOp_mm, d.flags = kFlagStrided | (kFlagConst0 << 2), d.n = 1, d.base = 0;
+  d.scalar[0] = 1.0f, d.scalar[1] = 0.0f;  // alpha 1, no prologue
+  d.dtype = kF16 | (kF16 << 8) | (kF16 << 16) | (kF16 << 24);
+  d.reserved = kMmMma | (1u << 8);  // tensor cores, unsplit, one tile per item
+  d.out = (u64)&grefs[0], d.in[0] = (u64)&grefs[1], d.in[1] = (u64)&grefs[2], d.in[2] = 0;
+  for (int k = 0; k < 3; ++k) refs[k].ndim = 2, refs[k].dtype = kF16;
+  refs[0].ptr = (u64)out, refs[0].sizes[0] = 1, refs[0].sizes[1] = N, refs[0].strides[0] = N, refs[0].strides[1] = 1;
+  refs[1].ptr = (u64)a, refs[1].sizes[0] = 1, refs[1].sizes[1] = kBenchMmK, refs[1].strides[0] = kBenchMmK;
+  refs[1].strides[1] = 1;
+  refs[2].ptr = (u64)w, refs[2].sizes[0] = kBenchMmK, refs[2].sizes[1] = N, refs[2].strides[0] = 1;
+  refs[2].strides[1] = kBenchMmK;
+}
+
 // One "mm level" line per grid size, weight residence and path (WB_BLOCKS=1): L2 (read by a launch before), HBM (a
 // 256-MB memset between), or L2 with cold TLBs (touch_pages over an 8-GB buffer between); mm_mma called directly
 // with U 2 (the worker's) or U 4, or the whole dispatch (mm_level_dispatch, U 2).
@@ -276,24 +297,14 @@ static int mm_levels(int sms) {
   CK(cudaMalloc(&grefs, 4 * sizeof(TensorRef)));
   CK(cudaMalloc(&gprog, sizeof(Program)));
   CK(cudaMemset(gprog, 0, sizeof(Program)));
-  for (int blocks : {4, sms})
+  for (int blocks : {4, sms}) {
+    const i64 N = (i64)kMmMmaCols * warps * blocks;
+    SubOp d{};  // the dispatch's descriptor (mm_level_dispatch sets each warp's tile)
+    TensorRef refs[4] = {};
+    bench_mm_desc(d, refs, grefs, out, a, w, N);
+    CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
     for (int hbm : {0, 1, 2})
       for (u32 u : {2u, 4u, 0u}) {  // 0: the dispatch
-        const i64 N = (i64)kMmMmaCols * warps * blocks;
-        SubOp d{};  // out (1 x N) = a (1 x K) @ w (K x N view of its N x K rows), one unsplit tile per item
-        TensorRef refs[4] = {};
-        d.op = kOp_mm, d.flags = kFlagStrided | (kFlagConst0 << 2), d.n = 1, d.scalar[0] = 1.0f;  // alpha 1
-        d.dtype = kF16 | (kF16 << 8) | (kF16 << 16) | (kF16 << 24);
-        d.reserved = kMmMma | (1u << 8);
-        d.out = (u64)&grefs[0], d.in[0] = (u64)&grefs[1], d.in[1] = (u64)&grefs[2], d.in[2] = 0;
-        for (int k = 0; k < 3; ++k) refs[k].ndim = 2, refs[k].dtype = kF16;
-        refs[0].ptr = (u64)out, refs[0].sizes[0] = 1, refs[0].sizes[1] = N, refs[0].strides[0] = N;
-        refs[0].strides[1] = 1;
-        refs[1].ptr = (u64)a, refs[1].sizes[0] = 1, refs[1].sizes[1] = kBenchMmK, refs[1].strides[0] = kBenchMmK;
-        refs[1].strides[1] = 1;
-        refs[2].ptr = (u64)w, refs[2].sizes[0] = kBenchMmK, refs[2].sizes[1] = N, refs[2].strides[0] = 1;
-        refs[2].strides[1] = kBenchMmK;
-        CK(cudaMemcpy(grefs, refs, sizeof(refs), cudaMemcpyHostToDevice));
         auto launch = [&] {
           if (u == 0) mm_level_dispatch<<<blocks, 32 * warps>>>(d, grefs, gprog, ns);
           else (u == 2 ? mm_level<2> : mm_level<4>)<<<blocks, 32 * warps>>>(a, w, out, N, ns);
@@ -312,6 +323,7 @@ static int mm_levels(int sms) {
                u == 0 ? "exec_subop" : u == 2 ? "U 2" : "U 4", hbm == 1 ? "HBM" : hbm == 2 ? "L2, TLBs cold" : "L2",
                hn[hn.size() / 2] / 1e3, hn.back() / 1e3);
       }
+  }
   cudaFree(a), cudaFree(w), cudaFree(out), cudaFree(evict), cudaFree(pages), cudaFree(ns), cudaFree(grefs);
   cudaFree(gprog);
   return 0;
@@ -412,18 +424,8 @@ int main() {
           memcpy((void*)refs, (const void*)&fa, sizeof(FusedArgs));
         } else if (kind == kMmNcolItem || kind == kMmMmaItem) {
           d.in[0] = (u64)a, d.in[1] = (u64)big, d.out = (u64)o;  // a: K fp16; big: K x N fp16 (512 KB)
-        } else if (kind == kMmMmaDispatch) {  // out (1 x N) = a (1 x K) @ b (K x N view of big's N x K rows)
-          d.op = kOp_mm, d.flags = kFlagStrided | (kFlagConst0 << 2), d.n = 1, d.base = 0;  // tile 0, no bias
-          d.dtype = kF16 | (kF16 << 8) | (kF16 << 16) | (kF16 << 24), d.scalar[1] = 0.0f;
-          d.reserved = kMmMma | (1u << 8);  // tensor cores, unsplit, one tile per item
-          d.out = (u64)&grefs[0], d.in[0] = (u64)&grefs[1], d.in[1] = (u64)&grefs[2], d.in[2] = 0;
-          for (int k = 0; k < 3; ++k) refs[k].ndim = 2, refs[k].dtype = kF16;
-          refs[0].ptr = (u64)o, refs[0].sizes[0] = 1, refs[0].sizes[1] = kBenchMmN;
-          refs[0].strides[0] = kBenchMmN, refs[0].strides[1] = 1;
-          refs[1].ptr = (u64)a, refs[1].sizes[0] = 1, refs[1].sizes[1] = kBenchMmK;
-          refs[1].strides[0] = kBenchMmK, refs[1].strides[1] = 1;
-          refs[2].ptr = (u64)big, refs[2].sizes[0] = kBenchMmK, refs[2].sizes[1] = kBenchMmN;
-          refs[2].strides[0] = 1, refs[2].strides[1] = kBenchMmK;
+        } else if (kind == kMmMmaDispatch) {  // tile 0 of big's N x K rows
+          bench_mm_desc(d, refs, grefs, o, a, big, kBenchMmN);
         } else if (kind == kMean) {
           d.op = kOp_mean, d.flags = kFlagStrided, d.n = 1, d.dtype = kF32 | (kF32 << 8);
           refs[0] = ref1(o, kF32, 1);
