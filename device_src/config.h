@@ -27,14 +27,16 @@ constexpr u32 kMaxBatches = 1024;
 // Largest number of elements one sub-op descriptor covers; bigger ops are split into tiles.
 constexpr u32 kTileElems = 4096;
 // Most threads per worker block (init(threads_per_block=...)), and worker blocks that fit one SM: the worker
-// is compiled for them (__launch_bounds__(kMaxThreads, kWorkerBlocksPerSm): 128 registers per thread). The one
-// worker block per SM then holds half of the SM's registers: the other half stays for foreign kernels (DESIGN
-// F7). Measured on H100 (tools/worker_trace.py, W3 128x1024): 1, 2 or 4 blocks per SM (255 / 128 / 64
-// registers) and a two-rows-in-flight loop all ran within +-15% of each other (measured while TensorRefs were
-// still read from pinned memory, which bounded every variant: worth re-measuring); 1,024 threads per block
-// (64 registers) was slower, and more registers only grow the per-thread stack the context must reserve.
+// is compiled for them (__launch_bounds__(kMaxThreads, kWorkerBlocksPerSm): 255 registers per thread). One block
+// per SM: a block then holds every register of its SM, so a foreign kernel runs on the SMs the worker grid leaves
+// free (the bounded grid, a quarter of the SMs) or after a burst worker shrinks (DevCtl::shrink). Measured on an
+// H200 (thirty-second session, DEVELOPING Verification state): at 128 registers (2 blocks per SM) the separately
+// compiled (-rdc) item functions store their callee-saved registers at every call (mm_mma 51 STL, ew_op<Add> 49;
+// 2 each at 255), and W7's program rows ran 4-6 % slower (0.71x / 0.50x of CUDA-graph replay against 0.74x /
+// 0.53x, Llama-small / GPT-2-small; an M = 1 mma item alone did not change); 1,024 threads per block (64
+// registers) was slower still (H100).
 constexpr u32 kMaxThreads = 256;
-constexpr u32 kWorkerBlocksPerSm = 2;
+constexpr u32 kWorkerBlocksPerSm = 1;
 // Sub-op descriptors a block claims at once, per warp.
 constexpr u32 kClaimPerWarp = 4;
 // Op id space (SubOp::op): built-in ops of device_src/ops.def are 0 .. kFirstUserOp-1; ops registered at run

@@ -162,6 +162,19 @@ __device__ __noinline__ bool mm_finish(const MmArgs& g, float* part, u32 tw, u32
 __device__ __forceinline__ uint4 mm_ld16(const char* p, bool live) {
   return live ? *(const uint4*)p : make_uint4(0u, 0u, 0u, 0u);
 }
+// A weight's 16 bytes (always global memory, read once per item): a coherent global load that does not allocate in
+// L1, so that a level's streamed weights (8 KB per warp per K-256 tile) do not evict the warps' stack frames and the
+// activations the other warps of the SM are reading. H200, W7 in one call (thirty-second session): Llama-small /
+// GPT-2-small 0.76x / 0.53x of CUDA-graph replay against 0.71x / 0.50x with mm_ld16, while an M = 1 item alone in
+// a flush did not change (`worker_trace.py mm`): the gain is in the step's other levels.
+__device__ __forceinline__ uint4 mm_ld16_stream(const char* p, bool live) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (live)
+    asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(__cvta_generic_to_global(p)));
+  return v;
+}
 // Word w (0..7) of two 16-byte vectors (w is a constant once unrolled).
 __device__ __forceinline__ u32 mm_word(const uint4* q, u32 w) {
   const uint4& v = q[w >> 2];
@@ -233,8 +246,8 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
           for (u32 h = 0; h < 2; ++h) {
             const u32 o = kc + u * kMmChunk * 2 + h * 16;
             const bool in = o + koff < kb1;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
-            w[v][u][0][h] = mm_ld16(wp[v][0] + o, in && w0);
-            w[v][u][1][h] = mm_ld16(wp[v][1] + o, in && w1);
+            w[v][u][0][h] = mm_ld16_stream(wp[v][0] + o, in && w0);
+            w[v][u][1][h] = mm_ld16_stream(wp[v][1] + o, in && w1);
           }
       uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
 #pragma unroll
@@ -283,7 +296,8 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 
 // One mma tile: the instance for the dtype and the rows (two m8 tiles per pass above 8 rows). U = 2 chunks in
 // flight: 3 for one m8 tile changed nothing measurable (H200, 4,096^2 at M = 1: items 13.7 us either way,
-// `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers.
+// `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers (the cap is 255 since
+// the thirty-second session: U 4 not measured at 255).
 __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
                                             u32 lane, u64* tk = nullptr) {
   if (g.b2) {  // a dual item (unsplit, M <= kMmDualMaxRows)

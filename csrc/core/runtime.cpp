@@ -64,11 +64,10 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
                                 " must be in [64, 67108864]");
   grid_ = cfg_.worker_blocks ? cfg_.worker_blocks : (uint32_t)std::max(1, sms_ / 4);
   grid_ = std::min<uint32_t>(grid_, (uint32_t)sms_);
-  // The burst grid may hold up to kWorkerBlocksPerSm blocks per SM when asked (GPUOS_BURST_BLOCKS above the SM
-  // count): more warps per SM for latency-bound items. Then the burst worker holds every register of an SM; it
-  // still shrinks to the bounded grid when stuck behind stream work (DevCtl::shrink). Opt-in: on an H200 16
-  // independent decode attentions in one level ran 1.4x faster at 2 x SMs, one attention per level 9-14 % slower
-  // (DEVELOPING, Next on the GPU 4).
+  // The burst grid holds at most kWorkerBlocksPerSm blocks per SM (one since the worker takes 255 registers:
+  // device_src/config.h), and every register of each SM it runs on; it still shrinks to the bounded grid when
+  // stuck behind stream work (DevCtl::shrink). (At 128 registers, 2 x SMs ran 16 independent decode attentions in
+  // one level 1.4x faster on an H200 and one attention per level 9-14 % slower: DEVELOPING, Next on the GPU 4.)
   burst_grid_ = std::max(grid_, std::min<uint32_t>(cfg_.burst_blocks ? cfg_.burst_blocks : (uint32_t)sms_,
                                                    (uint32_t)sms_ * kWorkerBlocksPerSm));
 

@@ -85,7 +85,9 @@ std::vector<std::string> compile_options(const std::string& arch, bool relocatab
     // Separately compiled device functions do not inherit the worker's __launch_bounds__ register cap, and
     // nvJitLink refuses callees above the kernel's cap (tools/link_probe.py): give every object that cap.
     o.push_back("-rdc=true");
-    o.push_back("--maxrregcount=" + std::to_string(65536 / (kMaxThreads * kWorkerBlocksPerSm)));
+    // (255 is ptxas's most: one block per SM would allow 256.)
+    const uint32_t cap = std::min<uint32_t>(255u, 65536u / (kMaxThreads * kWorkerBlocksPerSm));
+    o.push_back("--maxrregcount=" + std::to_string(cap));
   }
   return o;
 }
