@@ -1,0 +1,74 @@
+"""tools/gpu_variants.sh without a GPU (GV_DRY=1): each variant's patches apply and are reversed, the tree comes back,
+and a patch that does not apply or a missing patch file stops the call with a message naming it, the tree intact."""
+import difflib
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "tools" / "gpu_variants.sh"
+pytestmark = pytest.mark.skipif(not (shutil.which("bash") and shutil.which("patch") and shutil.which("md5sum")),
+                                reason="needs bash, patch and md5sum")
+
+ORIGINAL = {
+    "device_src/a.h": "int a = 1;\nint b = 2;\nint c = 3;\n",
+    "csrc/c.cpp": "int c;\n",
+    "gpuos/x.py": "x = 1\n",
+}
+
+
+def make_tree(root):
+    for rel, text in ORIGINAL.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def tree(root):
+    return {rel: (root / rel).read_text() for rel in ORIGINAL}
+
+
+def write_patch(root, name, rel, old, new):
+    """A `git diff`-style patch of file `rel` replacing line `old` by `new`."""
+    before = ORIGINAL[rel].splitlines(keepends=True)
+    after = [new if line == old else line for line in before]
+    assert after != before, "the test's patch must change something"
+    (root / name).write_text("".join(difflib.unified_diff(before, after, "a/" + rel, "b/" + rel)))
+    return name
+
+
+def run(root, variants):
+    env = dict(os.environ, GV_DRY="1", VARIANTS=variants, OUT=str(root / "logs"))
+    return subprocess.run(["bash", str(SCRIPT)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_variants_apply_and_the_tree_comes_back(tmp_path):
+    make_tree(tmp_path)
+    one = write_patch(tmp_path, "one.patch", "device_src/a.h", "int a = 1;\n", "int a = 10;\n")
+    two = write_patch(tmp_path, "two.patch", "csrc/c.cpp", "int c;\n", "long c;\n")
+    r = run(tmp_path, f"main one={one} both={one}+{two} main")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("main", "one", "both"):
+        assert f"variant {name}: patches apply" in r.stdout
+    assert tree(tmp_path) == ORIGINAL
+
+
+def test_a_patch_that_does_not_apply_stops_the_call(tmp_path):
+    make_tree(tmp_path)
+    one = write_patch(tmp_path, "one.patch", "device_src/a.h", "int a = 1;\n", "int a = 10;\n")
+    stale = write_patch(tmp_path, "stale.patch", "device_src/a.h", "int b = 2;\n", "int b = 20;\n")
+    (tmp_path / "device_src/a.h").write_text("int a = 1;\nint b = 5;\nint c = 3;\n")  # the tree moved on
+    moved = tree(tmp_path)
+    r = run(tmp_path, f"main broken={one}+{stale}")
+    assert r.returncode == 1
+    assert "variant broken: 'stale.patch' does not apply" in r.stdout
+    assert tree(tmp_path) == moved  # one.patch, applied first, was reversed
+
+
+def test_a_missing_patch_file_is_named(tmp_path):
+    make_tree(tmp_path)
+    r = run(tmp_path, "x=nowhere.patch")
+    assert r.returncode == 1
+    assert "variant x: no patch file 'nowhere.patch'" in r.stdout
+    assert tree(tmp_path) == ORIGINAL
