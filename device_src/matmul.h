@@ -166,7 +166,8 @@ __device__ __forceinline__ uint4 mm_ld16(const char* p, bool live) {
 // L1, so that a level's streamed weights (8 KB per warp per K-256 tile) do not evict the warps' stack frames and the
 // activations the other warps of the SM are reading. H200, W7 in one call (thirty-second session): Llama-small /
 // GPT-2-small 0.76x / 0.53x of CUDA-graph replay against 0.71x / 0.50x with mm_ld16, while an M = 1 item alone in
-// a flush did not change (`worker_trace.py mm`): the gain is in the step's other levels.
+// a flush did not change (`worker_trace.py mm`): the gain shows only in a step (its other levels, or the items
+// that share an SM's L1 with them).
 __device__ __forceinline__ uint4 mm_ld16_stream(const char* p, bool live) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);
   if (live)
