@@ -72,3 +72,23 @@ def test_a_missing_patch_file_is_named(tmp_path):
     assert r.returncode == 1
     assert "variant x: no patch file 'nowhere.patch'" in r.stdout
     assert tree(tmp_path) == ORIGINAL
+
+
+def test_each_variant_runs_with_its_own_build(tmp_path):
+    """The whole path with a stand-in build: setup.py writes the variant's a.h into the '.so', and the command
+    prints the .so it finds, so each log must show its own variant's text; the command's exit status is reported."""
+    make_tree(tmp_path)
+    (tmp_path / "setup.py").write_text(
+        "import pathlib\n"
+        "pathlib.Path('_gpuos_C.fake.so').write_text(pathlib.Path('device_src/a.h').read_text())\n")
+    one = write_patch(tmp_path, "one.patch", "device_src/a.h", "int a = 1;\n", "int a = 10;\n")
+    env = dict(os.environ, VARIANTS=f"main one={one}", CMDS="cat _gpuos_C.fake.so && echo 1 passed && exit 3",
+               OUT=str(tmp_path / "logs"))
+    env.pop("GV_DRY", None)
+    r = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "built main" in r.stdout and "built one" in r.stdout
+    assert r.stdout.count("rc=3") == 2 and r.stdout.splitlines().count("1 passed") == 2  # the picked lines
+    assert "int a = 1;" in (tmp_path / "logs" / "0_0_main.log").read_text()
+    assert "int a = 10;" in (tmp_path / "logs" / "0_1_one.log").read_text()
+    assert tree(tmp_path) == ORIGINAL

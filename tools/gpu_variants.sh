@@ -9,7 +9,8 @@
 # built once and run twice (`VARIANTS="main u4=... main"`): a drift of the machine during the call then shows.
 # CMDS, separated by ';': w7 (W7's program and CUDA-graph rows, GPUOS_BENCH_MODELS: default the two small
 # static-cache models), mm (tools/worker_trace.py mm: MM_SHAPES, MM_WEIGHTS, TPB), hf (worker_trace.py hf), or any
-# other shell command (run in the repository root with the variant's .so on PYTHONPATH).
+# other shell command (run in the repository root with the variant's .so on PYTHONPATH; join its parts with &&,
+# since ; separates commands).
 # Logs: $OUT/<command #>_<variant #>_<name>.log, their summary lines on stdout. CALL_LIMIT (default 560 s from the script's
 # start, the builds included): a run starts only with RUN_MIN (default 60) s left, and is cut at the limit.
 # GV_DRY=1: apply and reverse each variant's patches, no build and no run (checks that they apply and that the
@@ -82,12 +83,13 @@ for c in "${!cmds[@]}"; do
     cp "$SO_DIR/$name/$so_name" .
     log="$LOGS/${c}_${i}_$name.log"
     case "$cmd" in
-      w7) timeout "$left" python3 benchmarks/bench_models.py --configs cudagraph gpuos_program --progress plain \
-            --no-plots --out-dir "$LOGS/w7_$name" > "$log" 2>&1; pick="GPUOS vs best peer|median" ;;
-      mm) timeout "$left" python3 tools/worker_trace.py mm > "$log" 2>&1; pick="^mm |items: duration|after the split" ;;
-      hf) timeout "$left" python3 tools/worker_trace.py hf > "$log" 2>&1; pick="span|item medians|levels" ;;
-      *) timeout "$left" bash -c "$cmd" > "$log" 2>&1; pick="passed|failed|error|Error" ;;
+      w7) run=(python3 benchmarks/bench_models.py --configs cudagraph gpuos_program --progress plain --no-plots
+               --out-dir "$LOGS/w7_${i}_$name"); pick="GPUOS vs best peer|median" ;;
+      mm) run=(python3 tools/worker_trace.py mm); pick="^mm |items: duration|after the split" ;;
+      hf) run=(python3 tools/worker_trace.py hf); pick="span|item medians|levels" ;;
+      *) run=(bash -c "$cmd"); pick="passed|failed|error|Error" ;;
     esac
+    timeout "$left" "${run[@]}" > "$log" 2>&1
     say "$cmd on $name: rc=$?"
     grep -E "$pick" "$log" | cut -c1-200 | head -12
   done
