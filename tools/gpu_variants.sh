@@ -11,8 +11,8 @@
 # static-cache models), mm (tools/worker_trace.py mm: MM_SHAPES, MM_WEIGHTS, TPB), hf (worker_trace.py hf), or any
 # other shell command (run in the repository root with the variant's .so on PYTHONPATH; join its parts with &&,
 # since ; separates commands).
-# Logs: $OUT/<command #>_<variant #>_<name>.log, their summary lines on stdout. CALL_LIMIT (default 560 s from the script's
-# start, the builds included): a run starts only with RUN_MIN (default 60) s left, and is cut at the limit.
+# Logs: $OUT/<command #>_<variant #>_<name>.log, their summary lines on stdout. CALL_LIMIT (default 560 s from
+# the script's start, the builds included): a run starts only with RUN_MIN (default 60) s left, and is cut at the limit.
 # GV_DRY=1: apply and reverse each variant's patches, no build and no run (checks that they apply and that the
 # tree comes back; tests/test_cpu_gpu_variants.py).
 set -u
@@ -20,7 +20,8 @@ T0=$(date +%s)
 LOGS=${OUT:-gpu_logs}
 mkdir -p "$LOGS"
 SO_DIR=$(mktemp -d /tmp/gpu_variants.XXXX)
-export GPUOS_USE_NINJA=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
+export GPUOS_USE_NINJA=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+export GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
 elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_variants $(elapsed)s] $*"; }
 tree_sum() { find device_src csrc gpuos -type f ! -path "csrc/generated/*" ! -name "*.pyc" -print0 2>/dev/null |
