@@ -11,8 +11,7 @@ FINAL=${OUT:-gpu_logs}
 OUT=$(mktemp -d /tmp/gpu_check.XXXX)   # logs gathered here, packed into $FINAL/logs.tgz at the end (the device
 mkdir -p "$FINAL"                      # tool returns at most 8 files)
 trap 'cp benchmarks/results/*.json "$OUT/" 2>/dev/null; tar czf "$FINAL/logs.tgz" -C "$OUT" . ; grep -E "passed|failed" "$OUT/pytest.log" > "$FINAL/summary.txt" 2>/dev/null' EXIT
-export MAX_JOBS=${MAX_JOBS:-16} GPUOS_USE_NINJA=1 PYTHONUNBUFFERED=1
-export GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
+source "$(dirname "$0")/gpu_env.sh"  # build environment, W7_ROWS, W7_AB_MODELS
 # --no-deps: the device machine is offline; torch and the nvidia wheels (nvrtc, nvjitlink) are there already.
 # CARRY_SO=<path of a _gpuos_C*.so built by an earlier call>: no build (a warm host's `pip install -e .` rebuilt
 # everything, 118 s); else the build's stripped .so goes to $FINAL/so/ for the next call to carry (it holds the
@@ -76,7 +75,7 @@ if [ "$MODE" = w7ab ]; then
 # speed came with other clocks -- e.g. ~100 blocks spinning on a 132-block grid). CALL_LIMIT (default 570 s, from the
 # script's start, the build included): a variant starts only with 70 s (HF=1: 110 s) left, and the last one's
 # timeouts shrink to the time left, so that the call ends before the device tool's limit and its logs come back.
-export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static}
+export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-$W7_AB_MODELS}
 i=0
 left() { echo $(( ${CALL_LIMIT:-570} - ($(date +%s) - T0) )); }
 for v in ${W7_ENVS:--}; do
@@ -85,8 +84,7 @@ for v in ${W7_ENVS:--}; do
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 200 > "$OUT/clocks_$i.log" 2>&1 &
   smi=$!
   t=$(left); [ "$t" -gt "${W7_TIMEOUT:-200}" ] && t=${W7_TIMEOUT:-200}
-  env "${envs[@]}" timeout $((t - 5)) python3 benchmarks/bench_models.py --configs cudagraph gpuos_program \
-    --progress plain --no-plots --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
+  env "${envs[@]}" timeout $((t - 5)) python3 "${W7_ROWS[@]}" --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
   echo "W7 [$v] rc=$?: $(grep -E 'GPUOS vs best peer' "$OUT/w7_$i.log" | tail -1)"
   cp "$OUT/w7_$i/models.json" "$FINAL/models_w7_$i.json" 2>/dev/null
   if [ "${HF:-0}" = 1 ] && [ "$(left)" -ge 40 ]; then

@@ -20,8 +20,7 @@ T0=$(date +%s)
 LOGS=${OUT:-gpu_logs}
 mkdir -p "$LOGS"
 SO_DIR=$(mktemp -d /tmp/gpu_variants.XXXX)
-export GPUOS_USE_NINJA=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
-export GPUOS_CACHE_DIR=${GPUOS_CACHE_DIR:-/tmp/gpuos-cache}
+source "$(dirname "$0")/gpu_env.sh"  # build environment, W7_ROWS, W7_AB_MODELS
 elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_variants $(elapsed)s] $*"; }
 tree_sum() { find device_src csrc gpuos -type f ! -path "csrc/generated/*" ! -name "*.pyc" -print0 2>/dev/null |
@@ -71,7 +70,7 @@ done
 # The last build leaves its .so in the root: every run below copies its variant's over it.
 so_name=$(basename "$(ls "$SO_DIR/${names[0]}"/_gpuos_C*.so)")
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-llama-small-fp16-sdpa-static,gpt2-small-fp16-sdpa-static}
+export GPUOS_BENCH_MODELS=${GPUOS_BENCH_MODELS:-$W7_AB_MODELS}
 
 LIMIT=${CALL_LIMIT:-560}
 IFS=';' read -r -a cmds <<< "${CMDS:-w7}"
@@ -84,8 +83,7 @@ for c in "${!cmds[@]}"; do
     cp "$SO_DIR/$name/$so_name" .
     log="$LOGS/${c}_${i}_$name.log"
     case "$cmd" in
-      w7) run=(python3 benchmarks/bench_models.py --configs cudagraph gpuos_program --progress plain --no-plots
-               --out-dir "$LOGS/w7_${i}_$name"); pick="GPUOS vs best peer|median" ;;
+      w7) run=(python3 "${W7_ROWS[@]}" --out-dir "$LOGS/w7_${i}_$name"); pick="GPUOS vs best peer|median" ;;
       mm) run=(python3 tools/worker_trace.py mm); pick="^mm |items: duration|after the split" ;;
       hf) run=(python3 tools/worker_trace.py hf); pick="span|item medians|levels" ;;
       *) run=(bash -c "$cmd"); pick="passed|failed|error|Error" ;;
