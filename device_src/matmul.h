@@ -162,12 +162,9 @@ __device__ __noinline__ bool mm_finish(const MmArgs& g, float* part, u32 tw, u32
 __device__ __forceinline__ uint4 mm_ld16(const char* p, bool live) {
   return live ? *(const uint4*)p : make_uint4(0u, 0u, 0u, 0u);
 }
-// A weight's 16 bytes (always global memory, read once per item): a coherent global load that does not allocate in
-// L1, so that a level's streamed weights (8 KB per warp per K-256 tile) do not evict the warps' stack frames and the
-// activations the other warps of the SM are reading. H200, W7 in one call (thirty-second session): Llama-small /
-// GPT-2-small 0.76x / 0.53x of CUDA-graph replay against 0.71x / 0.50x with mm_ld16, while an M = 1 item alone in
-// a flush did not change (`worker_trace.py mm`): the gain shows only in a step (its other levels, or the items
-// that share an SM's L1 with them).
+// A weight's 16 bytes (global memory, read once per item), not allocated in L1: a level's streamed weights (8 KB per
+// warp per K-256 tile) leave L1 to the warps' frames and activations. W7 0.71x / 0.50x -> 0.76x / 0.53x of the graph
+// (H200, one call; DEVELOPING Verification state, thirty-second session); an M = 1 item alone did not change.
 __device__ __forceinline__ uint4 mm_ld16_stream(const char* p, bool live) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);
   if (live)
