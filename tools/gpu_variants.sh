@@ -30,7 +30,7 @@ APPLIED=()  # patches applied now, reversed by unapply (and on exit)
 unapply() {
   local i
   for (( i=${#APPLIED[@]}-1; i>=0; i-- )); do
-    patch -R -p1 -s < "${APPLIED[$i]}" || say "ERROR: could not reverse ${APPLIED[$i]}: the tree is left modified"
+    patch -R -p1 -s --no-backup-if-mismatch < "${APPLIED[$i]}" || say "ERROR: could not reverse ${APPLIED[$i]}: the tree is left modified"
   done
   APPLIED=()
 }
@@ -51,7 +51,7 @@ for i in "${!names[@]}"; do
   for p in "${patches[@]}"; do
     [ -z "$p" ] && continue
     if [ ! -f "$p" ]; then say "variant $name: no patch file '$p'"; ok=0; break; fi
-    if patch -p1 -s --forward --dry-run < "$p" > /dev/null && patch -p1 -s --forward < "$p"; then APPLIED+=("$p")
+    if patch -p1 -s --forward --dry-run < "$p" > /dev/null && patch -p1 -s --forward --no-backup-if-mismatch < "$p"; then APPLIED+=("$p")
     else say "variant $name: '$p' does not apply to this tree (made against another commit?)"; ok=0; break; fi
   done
   if [ "$ok" = 1 ] && [ -z "${GV_DRY:-}" ]; then
