@@ -13,6 +13,7 @@ works first, before ``import torch``, in every install mode:
   torch versions): a mismatch raises ImportError naming both and the fix.
 """
 import os as _os
+import sys as _sys
 
 _os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
@@ -36,6 +37,14 @@ if _base(_C.__build_torch__) != _base(_torch.__version__):
         f"gpuos_ext was built against torch {_C.__build_torch__} but torch {_torch.__version__} is installed: C++ "
         f"extensions are not ABI-stable across torch versions. Fix: rebuild against the installed torch with "
         f"`pip install --no-build-isolation --force-reinstall --no-deps .` from the GPUOS source tree.")
+
+# The background whole build's helper (csrc/inject/whole.h): this interpreter, finding this extension and this
+# module whatever the helper's sys.path, compiles one generation header into the JIT cache and exits.
+_WHOLE_HELPER = ("import sys; sys.path[:0] = sys.argv[1:3]; import gpuos_ext; "
+                 "gpuos_ext._compile_whole_image(sys.argv[3], sys.argv[4])")
+if _sys.executable:
+    _C._set_whole_build_command([_sys.executable, "-c", _WHOLE_HELPER, _os.path.dirname(_os.path.abspath(_C.__file__)),
+                                 _os.path.dirname(_os.path.abspath(__file__))])
 
 globals().update({_k: _v for _k, _v in vars(_C).items() if not _k.startswith("__")})
 __version__ = _C.__version__

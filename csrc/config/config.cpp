@@ -57,6 +57,7 @@ EnvConfig read_env() {
   if (const char* p = get("GPUOS_NVRTC_PATH")) c.nvrtc_path = p;
   if (const char* p = get("GPUOS_NVJITLINK_PATH")) c.nvjitlink_path = p;
   if (const char* l = get("GPUOS_LINK")) c.link = std::string(l) != "0";
+  if (const char* w = get("GPUOS_WHOLE_BUILD")) c.whole_build = std::string(w) != "0";
   if (const char* j = get("GPUOS_JOIN_LEVELS")) c.join_levels = std::string(j) != "0";
   if (const char* a = get("GPUOS_LOCAL_COMBINE")) c.local_combine = std::string(a) != "0";
   if (const char* m = get("GPUOS_MM_EPILOGUE")) c.mm_epilogue = std::string(m) != "0";
@@ -112,7 +113,8 @@ std::string describe_env_config() {
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
          "\nGPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +
          "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +
-         "\nGPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "\nGPUOS_LINK=" + (c.link ? "1" : "0") + "\nCUDA_HOME=" + c.cuda_home;
+         "\nGPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "\nGPUOS_LINK=" + (c.link ? "1" : "0") +
+         "\nGPUOS_WHOLE_BUILD=" + (c.whole_build ? "1" : "0") + "\nCUDA_HOME=" + c.cuda_home;
 }
 
 }  // namespace gpuos

@@ -7,6 +7,7 @@
 #include "inject/codegen.h"
 #include "inject/linked.h"
 #include "inject/registry_state.h"
+#include "inject/whole.h"
 #include "jit/jit.h"
 
 namespace gpuos {
@@ -40,9 +41,13 @@ void compile_loop() {
     lk.unlock();
     std::map<std::string, std::shared_ptr<const std::string>> images;
     std::shared_ptr<CompileError> err;
+    bool linked = false;  // some arch's image was linked
     try {
-      for (const auto& arch : archs)
-        images[arch] = std::make_shared<const std::string>(build_generation_image(arch, specs, fused, g->header));
+      for (const auto& arch : archs) {
+        bool l = false;
+        images[arch] = std::make_shared<const std::string>(build_generation_image(arch, specs, fused, g->header, &l));
+        linked = linked || l;
+      }
     } catch (const CompileError& e) {
       err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
                                                std::to_string(specs.size()) + ") failed to compile; the running "
@@ -63,6 +68,8 @@ void compile_loop() {
         g_ready_hook(g->id);
         lk.lock();
       }
+      // A linked tier-2 generation (hot programs' code, no op change): compile it whole in the background.
+      if (linked && g->changes.empty() && !fused.empty()) request_whole_build(g->id);
       for (uint64_t id : g->changes) {
         Change& c = r.changes[id];
         c.state = Change::kDone;
@@ -91,6 +98,39 @@ void compile_loop() {
   }
 }
 
+bool whole_source(uint32_t gen, std::string* header, std::set<std::string>* archs) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (r.stop || gen + 1 != r.gens.size() || r.gens[gen]->state != Gen::kReady) return false;
+  *header = r.gens[gen]->header;
+  for (auto& kv : r.gens[gen]->images) archs->insert(kv.first);
+  return true;
+}
+
+bool publish_whole(uint32_t gen, std::map<std::string, std::shared_ptr<const std::string>> images) {
+  Registry& r = R();
+  std::unique_lock<std::mutex> lk(r.mu);
+  // Still the newest, and nothing queued or compiling that would follow it.
+  if (r.stop || gen + 1 != r.gens.size() || !r.dirty.empty() || r.spec_dirty || r.compiling) return false;
+  const Gen& src = *r.gens[gen];
+  auto g = std::make_shared<Gen>();
+  g->id = (uint32_t)r.gens.size();
+  g->header = src.header;
+  g->specs = src.specs;
+  g->fused = src.fused;
+  g->ops = src.ops;
+  g->whole_of = gen;
+  g->images = std::move(images);
+  g->state = Gen::kReady;
+  r.gens.push_back(g);
+  g_latest_ready_gen.store(g->id);
+  if (g_ready_hook) {
+    lk.unlock();
+    g_ready_hook(g->id);
+  }
+  return true;
+}
+
 void ensure_thread(Registry& r) {
   if (!r.thread.joinable() && !r.stop) r.thread = std::thread(compile_loop);
 }
@@ -113,6 +153,7 @@ std::vector<GenerationInfo> list_generations() {
     if (g->error) i.error = g->error->what();
     if (!g->load_error.empty()) i.error += (i.error.empty() ? "" : "\n") + g->load_error;
     i.ops = g->ops;
+    i.whole_of = g->whole_of;
     v.push_back(i);
   }
   return v;
@@ -152,6 +193,7 @@ std::string generation_header_for(const std::vector<OpSpec>& specs, uint32_t gen
 }
 
 void shutdown_generations() {
+  shutdown_whole_builds();  // first: kills a running helper
   Registry& r = R();
   {
     std::lock_guard<std::mutex> lk(r.mu);

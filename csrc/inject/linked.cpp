@@ -46,8 +46,10 @@ std::shared_ptr<const std::string> op_object(const std::string& arch, const OpSp
 }
 
 std::string build_generation_image(const std::string& arch, const std::vector<OpSpec>& specs,
-                                   const std::map<uint32_t, std::string>& fused, const std::string& header) {
+                                   const std::map<uint32_t, std::string>& fused, const std::string& header,
+                                   bool* linked) {
   std::string why;
+  if (linked) *linked = false;
   if (link_for_arch(arch)) {
     std::vector<std::shared_ptr<const std::string>> objs{worker_object(arch)};
     for (const OpSpec& s : specs) objs.push_back(op_object(arch, s));  // an op's CompileError propagates
@@ -61,6 +63,7 @@ std::string build_generation_image(const std::string& arch, const std::vector<Op
     try {
       std::string image = jit_link(arch, objs);
       note(true, "");
+      if (linked) *linked = true;
       return image;
     } catch (const std::exception& e) {  // a link that fails is our defect, never the user's: compile whole
       why = std::string("the link failed, so this generation was compiled whole: ") + e.what();

@@ -13,9 +13,10 @@
 namespace gpuos {
 
 // Image of the generation {specs, fused} for `arch`. `header` is its generated user_ops.h (the whole compile).
-// Throws CompileError (an op's source, or a whole compile) / CudaError.
+// Throws CompileError (an op's source, or a whole compile) / CudaError. *linked (if given): whether it was linked.
 std::string build_generation_image(const std::string& arch, const std::vector<OpSpec>& specs,
-                                   const std::map<uint32_t, std::string>& fused, const std::string& header);
+                                   const std::map<uint32_t, std::string>& fused, const std::string& header,
+                                   bool* linked = nullptr);
 // The relocatable object of one op slot for `arch` (memory + disk cache). Throws CompileError with NVRTC's log
 // (user lines numbered from 1 of "gpuos_user:<name>").
 std::shared_ptr<const std::string> op_object(const std::string& arch, const OpSpec& s);

@@ -54,6 +54,7 @@ struct GenerationInfo {
   std::vector<std::string> archs;
   std::string error;
   std::vector<std::string> ops;  // "name[slot]" of every op slot the generation holds
+  int64_t whole_of = -1;         // a background whole build of that generation (inject/whole.h); -1: none
 };
 
 // ---- registry API (call without the GIL and without any Runtime::mu) ----

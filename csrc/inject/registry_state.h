@@ -54,6 +54,7 @@ struct Gen {
   std::string load_error;
   std::vector<uint64_t> changes;
   std::vector<std::string> ops;
+  int64_t whole_of = -1;  // a whole build's generation (inject/whole.h): the linked generation it compiles again
 };
 
 struct Registry {
@@ -95,6 +96,11 @@ void recompute_need(Registry& r, uint32_t op);
 void revert_change(Registry& r, uint64_t id, Change& c);
 // Start the compile thread if it is not running (caller holds r.mu).
 void ensure_thread(Registry& r);
+// The background whole build (inject/whole.cpp; each takes r.mu). whole_source: ready generation `gen`'s header
+// and archs, false unless it is still the newest. publish_whole: `images` (gen's header compiled whole) become the
+// next generation and the ready hook runs, unless gen is no longer the newest or a generation is queued (false).
+bool whole_source(uint32_t gen, std::string* header, std::set<std::string>* archs);
+bool publish_whole(uint32_t gen, std::map<std::string, std::shared_ptr<const std::string>> images);
 
 }  // namespace inject_detail
 }  // namespace gpuos

@@ -37,30 +37,6 @@ void mkdirs(const std::string& path) {
     if (pos == path.size() || path[pos] == '/') ::mkdir(path.substr(0, pos).c_str(), 0755);
 }
 
-bool read_file(const std::string& path, std::string& out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
-  out.clear();
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  std::fclose(f);
-  return !out.empty();
-}
-
-// Write to a temp file in the same dir, then rename: readers never see a partial file.
-bool write_file_atomic(const std::string& path, const std::string& data) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return false;
-  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return false;
-  }
-  return true;
-}
-
 void warn_once(const std::string& msg) {
   static bool warned = false;
   if (!warned) {
@@ -185,14 +161,39 @@ const std::map<std::string, std::string>& embedded_sources() {
   return m;
 }
 
+bool read_file(const std::string& path, std::string& out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  out.clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return !out.empty();
+}
+
+bool write_file_atomic(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
 std::string jit_cache_dir() {
   return env_config().cache_dir;
 }
 
 std::string jit_compile_arch(const std::string& arch) { return jit_compile_sources(arch, {}, kMainSource); }
 
-std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides, const std::string& main,
-                                bool relocatable) {
+namespace {
+// jit_compile_sources, or with compile=false jit_cached_sources ("" on a miss).
+std::string compile_or_lookup(const std::string& arch, const SourceOverrides& overrides, const std::string& main,
+                              bool relocatable, bool compile) {
   const Nvrtc& nv = nvrtc();
   int vmaj = 0, vmin = 0;
   nv.nvrtcVersion(&vmaj, &vmin);
@@ -242,6 +243,8 @@ std::string jit_compile_sources(const std::string& arch, const SourceOverrides& 
     std::lock_guard<std::mutex> sl(g_stats_mu);
     g_stats.cache_hits++;
     g_stats.disk_hits++;
+  } else if (!compile) {
+    return std::string();
   } else {
     image = nvrtc_compile(arch, opts, h, srcs, main);
     if (relocatable) {
@@ -257,6 +260,16 @@ std::string jit_compile_sources(const std::string& arch, const SourceOverrides& 
   }
   g_mem_cache[key] = image;
   return image;
+}
+}  // namespace
+
+std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides, const std::string& main,
+                                bool relocatable) {
+  return compile_or_lookup(arch, overrides, main, relocatable, true);
+}
+
+std::string jit_cached_sources(const std::string& arch, const SourceOverrides& overrides, const std::string& main) {
+  return compile_or_lookup(arch, overrides, main, false, false);
 }
 
 std::string jit_worker_image(int cc_major, int cc_minor) { return jit_compile_arch(jit_arch_for(cc_major, cc_minor)); }

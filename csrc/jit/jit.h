@@ -36,10 +36,19 @@ using SourceOverrides = std::map<std::string, std::string>;
 std::string jit_compile_sources(const std::string& arch, const SourceOverrides& overrides,
                                 const std::string& main = "device_src/worker.cu", bool relocatable = false);
 
+// The image jit_compile_sources(arch, overrides, main) would return if the memory or disk cache holds it; "" when
+// neither does (never compiles). The background whole build (inject/whole.h) reads a helper process's compile so.
+std::string jit_cached_sources(const std::string& arch, const SourceOverrides& overrides,
+                               const std::string& main = "device_src/worker.cu");
+
 // "compute_<newest arch this NVRTC knows>": PTX-only checks of device code when no GPU names an arch.
 std::string jit_newest_virtual_arch();
 
 JitStats jit_stats();
+// A whole file into `out` (false when it cannot be read or is empty); a file written through a temp file in the
+// same dir and a rename, so a reader never sees a partial one (false on any failure).
+bool read_file(const std::string& path, std::string& out);
+bool write_file_atomic(const std::string& path, const std::string& data);
 std::string jit_cache_dir();  // "" when disabled
 
 // Stable 64-bit FNV-1a (never std::hash: not stable across builds).

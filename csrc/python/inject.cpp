@@ -9,6 +9,7 @@
 #include "inject/linked.h"
 #include "inject/registry.h"
 #include "inject/specialize.h"
+#include "inject/whole.h"
 #include "jit/jit.h"
 #include "jit/link.h"
 #include "python/bindings.h"
@@ -77,6 +78,49 @@ void add_injection_bindings(py::module_& m) {
   m.def("link_info", &link_info,
         "How generations are built (issue #18): {'mode': 'linked' | 'whole', 'reason' (why not linked), 'library' "
         "(libnvJitLink), 'version', 'linked_generations', 'whole_generations', 'last_fallback', 'links', 'link_s'}.");
+  m.def("whole_build_info", [] {
+    const WholeBuildInfo i = whole_build_info();
+    py::dict d;
+    d["enabled"] = i.enabled;
+    d["running"] = i.running;
+    d["source"] = i.source;
+    d["requested"] = i.requested;
+    d["helpers"] = i.helpers;
+    d["published"] = i.published;
+    d["superseded"] = i.superseded;
+    d["failed"] = i.failed;
+    d["last_s"] = i.last_s;
+    d["last_error"] = i.last_error;
+    d["command"] = i.command;
+    return d;
+  }, "The background whole build of linked tier-2 generations (a helper process compiles the newest one as one "
+     "whole NVRTC program, which then becomes the next generation): enabled, running, source (its generation), "
+     "requested, helpers (processes started), published, superseded, failed, last_s, last_error, command.");
+  m.def("set_whole_build", &set_whole_build, py::arg("on"),
+        "Background whole builds of linked tier-2 generations on / off for later requests (GPUOS_WHOLE_BUILD=0 "
+        "starts with them off).");
+  m.def("wait_whole_builds", [](double timeout_s) { return wait_whole_builds(timeout_s); }, py::arg("timeout_s") = 300.0,
+        py::call_guard<py::gil_scoped_release>(),
+        "Wait until no whole build is queued or running, at most timeout_s; returns whether that happened "
+        "(benchmarks settle with it; whole_build_info() says how it ended).");
+  m.def("_set_whole_build_command", &set_whole_build_command, py::arg("argv"),
+        "The helper's argv before '<arch> <header file>' (gpuos_ext sets it at import).");
+  m.def(
+      "_compile_whole_image",
+      [](const std::string& arch, const std::string& header_file) {
+        std::string header;
+        if (!read_file(header_file, header)) throw py::value_error("cannot read " + header_file);
+        py::gil_scoped_release nogil;
+        jit_compile_sources(arch, {{kUserOpsPath, header}});
+      },
+      py::arg("arch"), py::arg("header_file"),
+      "The whole build helper's work: compile a generation header whole for `arch` into the JIT cache.");
+  m.def(
+      "_request_tier2",
+      [](py::list fused) {
+        for (auto& kv : fused_of(fused)) request_fused_spec(kv.first, kv.second);
+      },
+      py::arg("fused"), "Queue tier-2 code for [(program id, Program bytes)] as the specializer does (tests).");
   m.def("_set_link_override", &set_link_override, py::arg("mode"),
         "-1: follow GPUOS_LINK; 0: whole NVRTC compiles; 1: link when nvJitLink is usable (generations built "
         "after the call; benchmarks compare the two layouts in one process).");
@@ -207,6 +251,7 @@ void add_injection_bindings(py::module_& m) {
       e["state"] = g.state;
       e["archs"] = g.archs;
       e["ops"] = g.ops;
+      if (g.whole_of >= 0) e["whole_of"] = g.whole_of;
       if (!g.error.empty()) e["error"] = g.error;
       gens.append(e);
       if (g.state == "ready") ready = g.id;

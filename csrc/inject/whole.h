@@ -1,0 +1,47 @@
+// csrc/inject/whole.h -- the background whole build. A tier-2 generation is linked (issue #18: seconds, from cached
+// relocatable objects), but code in a relocatable object runs slower: ptxas never inlines the item functions into
+// the worker's dispatch there, which it does in a whole-program compile (W7 on an H200, thirty-third session: a
+// replayed decode step 8-9 % faster whole). So once a linked tier-2 generation is ready, the same generation (same
+// header: ops, slots, tier-2 code) is compiled whole by a helper process, and when the helper is done and that
+// generation is still the newest, the whole image becomes the next generation, adopted like any other.
+//
+// A helper process, not a thread: NVRTC holds the JIT's lock for a whole compile (tens of seconds), and a compile
+// cannot be interrupted; a helper is killed when a newer tier-2 generation supersedes its source or at exit. The
+// helper writes its image into the JIT's disk cache (the same key as jit_compile_sources), which this process
+// then reads; without a cache dir there is no whole build (whole_build_info() says why). The helper is
+// `python -c ...` (gpuos_ext sets the command at import): it imports the extension and calls
+// _compile_whole_image(arch, header file).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpuos {
+
+struct WholeBuildInfo {
+  bool enabled = true;       // GPUOS_WHOLE_BUILD (default 1) or set_whole_build
+  bool running = false;      // a build is in progress (a helper compiling, or its image being published)
+  uint32_t source = 0;       // the generation of the running or last build
+  uint64_t requested = 0;    // linked tier-2 generations that asked for one
+  uint64_t helpers = 0;      // helper processes started (a build whose image the cache held needs none)
+  uint64_t published = 0;    // whole generations made
+  uint64_t superseded = 0;   // builds dropped: a newer generation came first (a running helper is killed)
+  uint64_t failed = 0;       // builds that failed (last_error says why; the linked generation stays)
+  double last_s = 0.0;       // seconds of the last finished build
+  std::string last_error;
+  std::string command;       // the helper's argv joined ("" until gpuos_ext sets it)
+};
+
+// The helper's argv before "<arch> <header file>" (set once at import).
+void set_whole_build_command(const std::vector<std::string>& argv);
+void set_whole_build(bool on);  // later requests only; a running build finishes (or is superseded)
+// Called by the compile thread when linked tier-2 generation `gen` is ready: build it whole (a newer request
+// replaces an older one; the older helper is killed).
+void request_whole_build(uint32_t gen);
+// Wait until no build is queued or running, at most timeout_s seconds. Returns whether that happened.
+bool wait_whole_builds(double timeout_s);
+WholeBuildInfo whole_build_info();
+// At exit (shutdown_generations): kill a running helper and stop the thread.
+void shutdown_whole_builds();
+
+}  // namespace gpuos
