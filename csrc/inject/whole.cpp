@@ -54,7 +54,7 @@ std::vector<std::string> helper_env() {
 }
 
 // The helper's compile of generation `gen` for `arch`: "" when it exited 0, else why not ("superseded" when a newer
-// request or shutdown killed it or came before it started).
+// request or shutdown killed it or came before it started). Its job files (header, log) are removed.
 std::string run_helper(State& s, uint32_t gen, const std::string& arch, const std::string& header) {
   const std::string dir = jit_cache_dir();
   const std::string base = dir + "/whole-" + std::to_string(::getpid()) + "-" + std::to_string(gen) + "-" + arch;
@@ -132,7 +132,7 @@ void build_loop() {
     try {
       std::string header;
       std::set<std::string> archs;
-      if (!inject_detail::whole_source(gen, &header, &archs)) err = "superseded";
+      if (!inject_detail::whole_source(gen, &header, &archs)) err = "stale";
       else if (jit_cache_dir().empty())
         err = "no JIT cache dir (GPUOS_DISABLE_CACHE=1, or no GPUOS_CACHE_DIR / HOME): the helper's image has "
               "nowhere to go. Fix: set GPUOS_CACHE_DIR to a writable directory";
@@ -146,7 +146,7 @@ void build_loop() {
         }
         if (err.empty()) images[arch] = std::make_shared<const std::string>(std::move(img));
       }
-      if (err.empty() && !inject_detail::publish_whole(gen, images)) err = "superseded";
+      if (err.empty() && !inject_detail::publish_whole(gen, images)) err = "stale";
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -154,8 +154,8 @@ void build_loop() {
     s.info.running = false;
     s.info.last_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (err.empty()) s.info.published++;
-    else if (err == "superseded") s.info.superseded++;
-    else {
+    else if (err == "stale") s.info.superseded++;  // a newer generation that asked for no build (an op change)
+    else if (err != "superseded") {               // (counted by the request that superseded it, or at exit)
       s.info.failed++;
       s.info.last_error = "whole build of generation " + std::to_string(gen) + ": " + err;
     }
@@ -188,7 +188,7 @@ void request_whole_build(uint32_t gen) {
   std::lock_guard<std::mutex> lk(s.mu);
   if (s.stop || !s.info.enabled || s.command.empty()) return;
   s.info.requested++;
-  if (s.pending) s.info.superseded++;  // the queued one never started
+  if (s.pending || s.info.running) s.info.superseded++;  // the queued one never starts; the running one is dropped
   s.want = gen;
   s.pending = true;
   if (s.pid > 0) ::kill(s.pid, SIGKILL);  // its generation is no longer the newest: its image would be dropped
@@ -207,6 +207,7 @@ WholeBuildInfo whole_build_info() {
   State& s = S();
   std::lock_guard<std::mutex> lk(s.mu);
   WholeBuildInfo i = s.info;
+  i.helper_pid = s.pid;
   i.command = joined(s.command);
   return i;
 }

@@ -22,6 +22,7 @@ struct WholeBuildInfo {
   bool enabled = true;       // GPUOS_WHOLE_BUILD (default 1) or set_whole_build
   bool running = false;      // a build is in progress (a helper compiling, or its image being published)
   uint32_t source = 0;       // the generation of the running or last build
+  int64_t helper_pid = 0;    // the running helper process (0: none)
   uint64_t requested = 0;    // linked tier-2 generations that asked for one
   uint64_t helpers = 0;      // helper processes started (a build whose image the cache held needs none)
   uint64_t published = 0;    // whole generations made

@@ -84,6 +84,7 @@ void add_injection_bindings(py::module_& m) {
     d["enabled"] = i.enabled;
     d["running"] = i.running;
     d["source"] = i.source;
+    d["helper_pid"] = i.helper_pid;
     d["requested"] = i.requested;
     d["helpers"] = i.helpers;
     d["published"] = i.published;
@@ -95,6 +96,7 @@ void add_injection_bindings(py::module_& m) {
     return d;
   }, "The background whole build of linked tier-2 generations (a helper process compiles the newest one as one "
      "whole NVRTC program, which then becomes the next generation): enabled, running, source (its generation), "
+     "helper_pid (0: none running), "
      "requested, helpers (processes started), published, superseded, failed, last_s, last_error, command.");
   m.def("set_whole_build", &set_whole_build, py::arg("on"),
         "Background whole builds of linked tier-2 generations on / off for later requests (GPUOS_WHOLE_BUILD=0 "

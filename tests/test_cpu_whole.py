@@ -1,0 +1,123 @@
+"""The background whole build without a GPU (csrc/inject/whole.h): a linked tier-2 generation is compiled again
+as one whole NVRTC program by a helper process, whose image becomes the next generation; a newer tier-2
+generation supersedes a running helper (killed), and exit kills a running one instead of waiting for it.
+
+Each case runs in a child process with its own cache dir (the session cache's worker objects copied in), so the
+whole image is never a cache hit from an earlier test and the helper really compiles."""
+
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+import gpuos_ext
+from _helpers import describe, run_python
+from test_cpu_link import _op_id, _program, requires_link
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = tmp_path / "cache"
+    c.mkdir()
+    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin"):
+        shutil.copy(f, c / f.name)
+    return c
+
+
+def _env(cache):
+    return {"GPUOS_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": "", "GPUOS_WHOLE_BUILD": "1"}
+
+
+def _prog(scale):
+    """A two-instruction program whose constant makes its tier-2 code (and so the generation's header) unique."""
+    return _program([(_op_id("add"), 2, [0, 1], 0.0, 0.0), (_op_id("clamp_min"), 3, [2], scale, 0.0)], 2, 3)
+
+
+_PUBLISH = r"""
+import struct, gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._request_tier2([(7, PROG)])
+linked = gpuos_ext.wait_generations()
+assert gpuos_ext.wait_whole_builds(900), gpuos_ext.whole_build_info()
+w = gpuos_ext.whole_build_info()
+assert (w["requested"], w["helpers"], w["published"], w["failed"]) == (1, 1, 1, 0), w
+info = gpuos_ext.generation_info()
+last = info["generations"][-1]
+src = info["generations"][linked]
+assert info["latest"] == linked + 1 and info["ready"] == linked + 1, info
+assert last["whole_of"] == linked and last["ops"] == src["ops"] == ["fused#7"] and last["state"] == "ready", info
+whole = gpuos_ext._generation_image(linked + 1, "sm_90")
+lnk = gpuos_ext._generation_image(linked, "sm_90")
+assert whole[:4] == b"\x7fELF" and struct.unpack_from("<H", whole, 18)[0] == 190 and whole != lnk
+# The helper's image is the one this process would compile whole (same JIT key): read from the cache, no NVRTC.
+n = gpuos_ext.stats()["jit_compiles"]
+gpuos_ext._set_link_override(0)
+again = gpuos_ext._generation_image_for("sm_90", [], [(7, PROG)])
+assert again == whole and gpuos_ext.stats()["jit_compiles"] == n
+assert gpuos_ext.link_info()["linked_generations"] >= 1
+print("OK", w["last_s"])
+"""
+
+
+@requires_link
+def test_whole_build_becomes_the_next_generation(cache):
+    p = run_python(f"PROG = {_prog(3.0)!r}\n" + _PUBLISH, env_extra=_env(cache), timeout=1200)
+    assert p.returncode == 0 and "OK" in p.stdout, describe(p)
+    assert not list(cache.glob("whole-*")), list(cache.iterdir())  # the job's header and log are removed
+
+
+_SUPERSEDE = r"""
+import os, gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._request_tier2([(7, PROG_A)])
+first = gpuos_ext.wait_generations()
+gpuos_ext._request_tier2([(8, PROG_B)])          # a newer tier-2 generation: the first build is dropped
+second = gpuos_ext.wait_generations()
+w = gpuos_ext.whole_build_info()
+assert second == first + 1 and (w["requested"], w["superseded"], w["published"], w["failed"]) == (2, 1, 0, 0), w
+print("PID", os.getpid(), flush=True)
+"""
+
+
+def _helpers_of(pid):
+    """Processes whose command line names a job of process `pid` (the helper's header file whole-<pid>-...)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if f"whole-{pid}-".encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+@requires_link
+def test_superseded_build_and_exit_kill_the_helper(cache):
+    """The second request kills or skips the first build; exit with the second helper compiling returns at once
+    (a whole compile takes tens of seconds here) and leaves no helper behind."""
+    t0 = time.monotonic()
+    p = run_python(f"PROG_A = {_prog(5.0)!r}\nPROG_B = {_prog(6.0)!r}\n" + _SUPERSEDE, env_extra=_env(cache),
+                   timeout=600)
+    assert p.returncode == 0 and "PID" in p.stdout, describe(p)
+    pid = int(p.stdout.split("PID")[1].split()[0])
+    assert _helpers_of(pid) == [], "a helper outlived its process"
+    assert not list(cache.glob("whole-*.h")), list(cache.iterdir())
+    assert time.monotonic() - t0 < 120, describe(p)
+
+
+def test_whole_build_settings():
+    w = gpuos_ext.whole_build_info()
+    assert set(w) >= {"enabled", "running", "helpers", "published", "superseded", "failed", "command", "helper_pid"}
+    assert gpuos_ext.config()["GPUOS_WHOLE_BUILD"] in ("0", "1")
+    assert w["command"].startswith(os.path.realpath(os.sys.executable)) or w["command"].startswith(os.sys.executable)
+    was = w["enabled"]
+    try:
+        gpuos_ext.set_whole_build(not was)
+        assert gpuos_ext.whole_build_info()["enabled"] == (not was)
+    finally:
+        gpuos_ext.set_whole_build(was)
+    assert gpuos_ext.wait_whole_builds(1.0)  # nothing queued in this process
