@@ -313,7 +313,7 @@ def setup_program(case: H.Case, settle: bool = True) -> H.Prepared:
              "subops_per_step": info["entries"], "tiles_per_step": info["tiles"],
              "segments_per_step": info["segments"], "levels_per_step": sum(info["levels"]),
              "eager_ops_per_step": dict(collections.Counter(info["fallbacks"])),
-             "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2)}
+             "arena_mb": H.rnd(info["arena_bytes"] / 2**20, 2), **H.whole_build_extra()}
 
     def check():
         # Worker launches per replayed step (back to back: a resident worker runs every call, each call's gated

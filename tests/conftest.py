@@ -36,6 +36,11 @@ if "GPUOS_CACHE_DIR" not in os.environ:
     os.environ["GPUOS_CACHE_DIR"] = _cache_dir
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
 
+# No background whole builds (csrc/inject/whole.h) unless a test asks for one: tests count and compare
+# generations, and a whole build adds one asynchronously, tens of seconds after its tier-2 generation
+# (tests/test_cpu_whole.py and test_gpu_link.py's whole-build test turn it on in their child processes).
+os.environ.setdefault("GPUOS_WHOLE_BUILD", "0")
+
 HAS_GPU = torch.cuda.is_available()
 WATCHDOG_S = float(os.environ.get("GPUOS_TEST_WATCHDOG_S", "120"))
 

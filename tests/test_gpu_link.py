@@ -148,6 +148,50 @@ def test_tier2_code_in_a_linked_generation():
     assert p.returncode == 0 and "OK" in p.stdout, describe(p)
 
 
+_WHOLE = r"""
+import torch, gpuos, gpuos_ext
+gpuos.init()
+assert gpuos_ext.link_info()["mode"] == "linked" and gpuos_ext.whole_build_info()["enabled"]
+a = torch.randn(3000, device="cuda"); b = torch.randn(3000, device="cuda", dtype=torch.float16)
+def f(a, b):  # SCALE makes the tier-2 code, so the whole image, unique to this run: the helper really compiles
+    return torch.clamp(torch.tanh(a * b) * SCALE + b, -0.7, 0.9)
+exp = f(a, b)
+gpuos_ext.set_specialize_after(3)
+for _ in range(3):
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        got = f(a, b)
+linked = gpuos_ext.wait_generations()
+gpuos_ext.yield_worker(); torch.cuda.synchronize()
+with gpuos.scheduler_context(auto_flush_ms=0):
+    on_linked = f(a, b)
+assert gpuos.generation_info()["active"][torch.cuda.current_device()] == linked
+assert gpuos_ext.wait_whole_builds(240), gpuos_ext.whole_build_info()
+w = gpuos_ext.whole_build_info()
+assert (w["requested"], w["helpers"], w["published"], w["failed"]) == (1, 1, 1, 0), w
+info = gpuos.generation_info()
+assert info["latest"] == linked + 1 and info["generations"][-1]["whole_of"] == linked, info
+gpuos_ext.yield_worker(); torch.cuda.synchronize()
+with gpuos.scheduler_context(auto_flush_ms=0):
+    on_whole = f(a, b)
+assert gpuos.generation_info()["active"][torch.cuda.current_device()] == linked + 1
+torch.testing.assert_close(on_whole, exp, rtol=1e-5, atol=1e-5)
+assert torch.equal(on_whole, on_linked)  # the same code, compiled whole instead of linked
+print("OK", w["last_s"])
+"""
+
+
+@pytest.mark.watchdog(300)
+def test_whole_build_of_a_tier2_generation():
+    """A linked tier-2 generation is compiled whole by a helper process in the background; its image becomes the
+    next generation, the worker takes it over at its next start, and results stay bit-identical."""
+    if not _linked_here():
+        pytest.skip(f"generations do not link here: {gpuos_ext.link_info()['reason']}")
+    import random
+    code = f"SCALE = {random.uniform(0.2, 0.4)!r}\n" + _WHOLE
+    p = run_python(code, env_extra=_env(GPUOS_WHOLE_BUILD="1"), timeout=280)
+    assert p.returncode == 0 and "OK" in p.stdout, describe(p)
+
+
 _FALLBACK = r"""
 import torch, gpuos, gpuos_ext
 gpuos.init()

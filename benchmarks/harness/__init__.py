@@ -57,7 +57,7 @@ from .gpuos_rt import (add_stats_delta, check_one_batch, gpuos_reinit, gpuos_sta
                        stats_delta)
 from .suite import (Budget, Case, Prepared, RunContext, budget_error, check_close, measure_config,
                     capture_program, grid_main, peer_sweep, plan_reps, program_setup, scheduler_setup,
-                    settle_program, worker_tasks)
+                    settle_program, whole_build_extra, worker_tasks)
 from .batch import bench_config, check_batch, check_then_time, poison, run_checked
 from .child import (CHILD_MARK, COMPILE_MODES, MIN_CHILD_S, CompileCounters, child_rows,
                     compile_sweep, emit_row, mark_static, reset_dynamo, run_child)
@@ -81,7 +81,7 @@ __all__ = [
     "check_one_batch", "gpuos_reinit", "gpuos_stats", "gpuos_unavailable", "import_gpuos", "import_gpuos_package",
     "import_gpuos_reduce", "init_gpuos", "is_fatal_gpuos_error", "stats_delta", "Budget", "Case", "Prepared",
     "RunContext", "budget_error", "capture_program", "check_close", "measure_config", "grid_main", "peer_sweep", "plan_reps",
-    "program_setup", "scheduler_setup", "settle_program", "worker_tasks",
+    "program_setup", "scheduler_setup", "settle_program", "whole_build_extra", "worker_tasks",
     "bench_config", "check_batch", "check_then_time", "poison", "run_checked", "CHILD_MARK", "COMPILE_MODES",
     "MIN_CHILD_S", "CompileCounters", "child_rows", "compile_sweep", "emit_row", "mark_static", "reset_dynamo",
     "run_child", "run_standard_workload", "standard_hooks", "standard_units",
