@@ -39,9 +39,15 @@ if _base(_C.__build_torch__) != _base(_torch.__version__):
         f"`pip install --no-build-isolation --force-reinstall --no-deps .` from the GPUOS source tree.")
 
 # The background whole build's helper (csrc/inject/whole.h): this interpreter, finding this extension and this
-# module whatever the helper's sys.path, compiles one generation header into the JIT cache and exits.
-_WHOLE_HELPER = ("import sys; sys.path[:0] = sys.argv[1:3]; import gpuos_ext; "
-                 "gpuos_ext._compile_whole_image(sys.argv[3], sys.argv[4])")
+# module whatever the helper's sys.path, compiles one generation header into the JIT cache and exits. On Linux it
+# dies with this process (PR_SET_PDEATHSIG: a process killed outright runs no atexit to kill its helper), and it
+# exits at once if this process is gone already.
+_WHOLE_HELPER = ("import os, sys\n"
+                 "if sys.platform.startswith('linux'):\n"
+                 "    import ctypes, signal; ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\n"
+                 "if os.getppid() != int(sys.argv[5]): sys.exit(3)\n"
+                 "sys.path[:0] = sys.argv[1:3]\n"
+                 "import gpuos_ext; gpuos_ext._compile_whole_image(sys.argv[3], sys.argv[4])\n")
 if _sys.executable:
     _C._set_whole_build_command([_sys.executable, "-c", _WHOLE_HELPER, _os.path.dirname(_os.path.abspath(_C.__file__)),
                                  _os.path.dirname(_os.path.abspath(__file__))])

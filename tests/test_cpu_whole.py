@@ -6,8 +6,6 @@ Each case runs in a child process with its own cache dir (the session cache's wo
 whole image is never a cache hit from an earlier test and the helper really compiles."""
 
 import os
-import shutil
-import struct
 import time
 from pathlib import Path
 
@@ -15,16 +13,7 @@ import pytest
 
 import gpuos_ext
 from _helpers import describe, run_python
-from test_cpu_link import _op_id, _program, requires_link
-
-
-@pytest.fixture
-def cache(tmp_path):
-    c = tmp_path / "cache"
-    c.mkdir()
-    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin"):
-        shutil.copy(f, c / f.name)
-    return c
+from test_cpu_link import _op_id, _program, cold_cache, requires_link  # noqa: F401 (cold_cache: a fixture)
 
 
 def _env(cache):
@@ -63,7 +52,8 @@ print("OK", w["last_s"])
 
 
 @requires_link
-def test_whole_build_becomes_the_next_generation(cache):
+def test_whole_build_becomes_the_next_generation(cold_cache):
+    cache = cold_cache
     p = run_python(f"PROG = {_prog(3.0)!r}\n" + _PUBLISH, env_extra=_env(cache), timeout=1200)
     assert p.returncode == 0 and "OK" in p.stdout, describe(p)
     assert not list(cache.glob("whole-*")), list(cache.iterdir())  # the job's header and log are removed
@@ -96,9 +86,10 @@ def _helpers_of(pid):
 
 
 @requires_link
-def test_superseded_build_and_exit_kill_the_helper(cache):
+def test_superseded_build_and_exit_kill_the_helper(cold_cache):
     """The second request kills or skips the first build; exit with the second helper compiling returns at once
     (a whole compile takes tens of seconds here) and leaves no helper behind."""
+    cache = cold_cache
     t0 = time.monotonic()
     p = run_python(f"PROG_A = {_prog(5.0)!r}\nPROG_B = {_prog(6.0)!r}\n" + _SUPERSEDE, env_extra=_env(cache),
                    timeout=600)

@@ -67,7 +67,7 @@ GPUOS_FAIL_LOG="$FINAL/failures.log" timeout ${PYTEST_TIMEOUT:-480} python3 -m p
 exit 0
 fi
 if [ "$MODE" = w7ab ]; then
-# W7's program and CUDA-graph rows (~25 s per variant) once per variant of W7_ENVS: variants separated by spaces,
+# W7's program and CUDA-graph rows (~210 s per variant with the whole builds, ~25 s with GPUOS_WHOLE_BUILD=0) once per variant of W7_ENVS: variants separated by spaces,
 # each VAR=VALUE[,VAR=VALUE...] ("-": the defaults), e.g. W7_ENVS="- GPUOS_HOME_LEVELS=0 GPUOS_BURST_BLOCKS=33"; labels
 # from GPUOS_BENCH_MODELS (default the two small static-cache models). Ratios compare variants of one call.
 # HF=1: each variant also runs `worker_trace.py hf` (~35 s; HF_LABELS, default Llama-small), its item medians
@@ -83,7 +83,9 @@ for v in ${W7_ENVS:--}; do
   i=$((i + 1)); envs=(); [ "$v" = - ] || IFS=, read -ra envs <<< "$v"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 200 > "$OUT/clocks_$i.log" 2>&1 &
   smi=$!
-  t=$(left); [ "$t" -gt "${W7_TIMEOUT:-200}" ] && t=${W7_TIMEOUT:-200}
+  # W7_TIMEOUT (default 360 s): a model's settle waits for its whole build (~90 s of the helper's NVRTC on an H200,
+  # once per model and build; csrc/inject/whole.h), so W7 of two models takes ~210 s, ~20 s with GPUOS_WHOLE_BUILD=0.
+  t=$(left); [ "$t" -gt "${W7_TIMEOUT:-360}" ] && t=${W7_TIMEOUT:-360}
   env "${envs[@]}" timeout $((t - 5)) python3 "${W7_ROWS[@]}" --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
   echo "W7 [$v] rc=$?: $(grep -E 'GPUOS vs best peer' "$OUT/w7_$i.log" | tail -1)"
   cp "$OUT/w7_$i/models.json" "$FINAL/models_w7_$i.json" 2>/dev/null

@@ -8,7 +8,8 @@
 # VARIANTS: NAME[=PATCH[+PATCH...]] separated by spaces (a bare NAME: the tree as it is). A name given twice is
 # built once and run twice (`VARIANTS="main u4=... main"`): a drift of the machine during the call then shows.
 # CMDS, separated by ';': w7 (W7's program and CUDA-graph rows, GPUOS_BENCH_MODELS: default the two small
-# static-cache models), mm (tools/worker_trace.py mm: MM_SHAPES, MM_WEIGHTS, TPB), hf (worker_trace.py hf), or any
+# static-cache models; each model's settle waits for its whole build, ~90 s of NVRTC per model and variant: export
+# GPUOS_WHOLE_BUILD=0 for a quicker A/B of the linked images only), mm (tools/worker_trace.py mm: MM_SHAPES, MM_WEIGHTS, TPB), hf (worker_trace.py hf), or any
 # other shell command (run in the repository root with the variant's .so on PYTHONPATH; join its parts with &&,
 # since ; separates commands).
 # Logs: $OUT/<command #>_<variant #>_<name>.log, their summary lines on stdout. CALL_LIMIT (default 560 s from

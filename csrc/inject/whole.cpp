@@ -67,6 +67,7 @@ std::string run_helper(State& s, uint32_t gen, const std::string& arch, const st
   }
   args.push_back(arch);
   args.push_back(hfile);
+  args.push_back(std::to_string(::getpid()));  // the helper exits at once when its parent is no longer this one
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(&a[0]);
   argv.push_back(nullptr);

@@ -33,7 +33,7 @@ struct WholeBuildInfo {
   std::string command;       // the helper's argv joined ("" until gpuos_ext sets it)
 };
 
-// The helper's argv before "<arch> <header file>" (set once at import).
+// The helper's argv before "<arch> <header file> <parent pid>" (set once at import).
 void set_whole_build_command(const std::vector<std::string>& argv);
 void set_whole_build(bool on);  // later requests only; a running build finishes (or is superseded)
 // Called by the compile thread when linked tier-2 generation `gen` is ready: build it whole (a newer request

@@ -106,7 +106,7 @@ void add_injection_bindings(py::module_& m) {
         "Wait until no whole build is queued or running, at most timeout_s; returns whether that happened "
         "(benchmarks settle with it; whole_build_info() says how it ended).");
   m.def("_set_whole_build_command", &set_whole_build_command, py::arg("argv"),
-        "The helper's argv before '<arch> <header file>' (gpuos_ext sets it at import).");
+        "The helper's argv before '<arch> <header file> <parent pid>' (gpuos_ext sets it at import).");
   m.def(
       "_compile_whole_image",
       [](const std::string& arch, const std::string& header_file) {
