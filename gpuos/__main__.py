@@ -71,6 +71,15 @@ def report() -> tuple:
     cache = Path(gx.jit_cache_dir())
     n, size = _dir_size(cache) if cache.is_dir() else (0, 0)
     line("JIT cache", f"{cache} ({n} files, {size / 2**20:.1f} MiB; GPUOS_CACHE_DIR moves it)")
+    if li["mode"] == "linked":
+        wb = gx.whole_build_info()
+        if not wb["enabled"]:
+            line("whole build", "off (GPUOS_WHOLE_BUILD=0): hot programs run on linked generations")
+        elif not gx.jit_cache_dir():
+            problem("the background whole build has no JIT cache dir to receive its image",
+                    "set GPUOS_CACHE_DIR to a writable directory")
+        else:
+            line("whole build", "on: a hot program's tier-2 generation is compiled whole by a helper process")
     gpus = []
     if torch.cuda.is_available():
         try:

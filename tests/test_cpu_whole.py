@@ -112,3 +112,25 @@ def test_whole_build_settings():
     finally:
         gpuos_ext.set_whole_build(was)
     assert gpuos_ext.wait_whole_builds(1.0)  # nothing queued in this process
+
+
+_FAILS = r"""
+import sys, gpuos_ext
+gpuos_ext._set_whole_build_command([sys.executable, "-c", "import sys; print('helper says no'); sys.exit(5)"])
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._request_tier2([(7, PROG)])
+linked = gpuos_ext.wait_generations()
+assert gpuos_ext.wait_whole_builds(120)
+w = gpuos_ext.whole_build_info()
+assert (w["helpers"], w["published"], w["failed"]) == (1, 0, 1), w
+assert "status 5" in w["last_error"] and "helper says no" in w["last_error"], w
+assert gpuos_ext.generation_info()["latest"] == linked  # the linked generation stays
+print("OK")
+"""
+
+
+@requires_link
+def test_failed_helper_keeps_the_linked_generation_and_says_why(cold_cache):
+    p = run_python(f"PROG = {_prog(7.0)!r}\n" + _FAILS, env_extra=_env(cold_cache), timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, describe(p)
+    assert p.stderr.count("the background whole build failed") == 1, describe(p)

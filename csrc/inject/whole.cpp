@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -159,6 +160,10 @@ void build_loop() {
     else if (err != "superseded") {               // (counted by the request that superseded it, or at exit)
       s.info.failed++;
       s.info.last_error = "whole build of generation " + std::to_string(gen) + ": " + err;
+      if (s.info.failed == 1)  // once: a slower steady state, nothing wrong with any result
+        std::fprintf(stderr, "[gpuos] warning: the background whole build failed; hot programs stay on linked "
+                             "generations (gpuos_ext.whole_build_info()['last_error'] has why; GPUOS_WHOLE_BUILD=0 "
+                             "turns it off): %.300s\n", s.info.last_error.c_str());
     }
     s.cv.notify_all();
   }
