@@ -14,6 +14,7 @@ OPS = ["add", "sub", "mul", "div"]
 API_FUNCS = [
     "init", "submit_add", "submit_sub", "submit_mul", "submit_div", "submit_many", "flush",
     "shutdown", "stats", "jit_compile", "submit_matmul", "nvrtc_version", "device_sources", "is_initialized",
+    "link_info", "whole_build_info", "wait_whole_builds", "set_whole_build",
 ]
 STATS_KEYS = ["submitted", "batches", "flushes", "worker_launches", "handovers", "jit_compiles",
               "cache_hits", "idle_adoptions", "burst_launches", "early_publishes", "publications", "gated_launches",
