@@ -134,3 +134,73 @@ def test_failed_helper_keeps_the_linked_generation_and_says_why(cold_cache):
     p = run_python(f"PROG = {_prog(7.0)!r}\n" + _FAILS, env_extra=_env(cold_cache), timeout=300)
     assert p.returncode == 0 and "OK" in p.stdout, describe(p)
     assert p.stderr.count("the background whole build failed") == 1, describe(p)
+
+
+_NO_CACHE = r"""
+import gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._request_tier2([(7, PROG)])
+linked = gpuos_ext.wait_generations()
+assert gpuos_ext.wait_whole_builds(120)
+w = gpuos_ext.whole_build_info()
+assert (w["helpers"], w["published"], w["failed"]) == (0, 0, 1), w
+assert "no JIT cache dir" in w["last_error"] and "GPUOS_CACHE_DIR" in w["last_error"], w
+assert gpuos_ext.generation_info()["latest"] == linked
+print("OK")
+"""
+
+
+@requires_link
+def test_no_cache_dir_means_no_whole_build_and_says_the_fix():
+    """The helper's image reaches this process through the JIT's disk cache: without one, no helper starts."""
+    p = run_python(f"PROG = {_prog(8.0)!r}\n" + _NO_CACHE, env_extra={"GPUOS_DISABLE_CACHE": "1",
+                   "CUDA_VISIBLE_DEVICES": "", "GPUOS_WHOLE_BUILD": "1"}, timeout=600)
+    assert p.returncode == 0 and "OK" in p.stdout, describe(p)
+
+
+_KILLED = r"""
+import os, sys, gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._request_tier2([(7, PROG)])
+gpuos_ext.wait_generations()
+print("PID", os.getpid(), flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+@requires_link
+def test_a_killed_process_takes_its_helper_with_it(cold_cache):
+    """SIGKILL runs no atexit: the helper still dies with its parent (PR_SET_PDEATHSIG) instead of compiling on."""
+    import signal
+    import subprocess
+    import sys
+    from _helpers import REPO_ROOT
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **_env(cold_cache))
+    child = subprocess.Popen([sys.executable, "-c", f"PROG = {_prog(9.0)!r}\n" + _KILLED], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("PID"), child.stderr.read() if child.poll() is not None else line
+        pid = int(line.split()[1])
+        deadline = time.monotonic() + 120  # the helper starts once the linked generation is ready
+        while not _helpers_of(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        helpers = _helpers_of(pid)
+        assert helpers, "no helper started"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{h}").exists() and b"zombie" not in _state(h) for h in helpers) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [h for h in helpers if Path(f"/proc/{h}").exists() and b"zombie" not in _state(h)], helpers
+
+
+def _state(pid):
+    """/proc/<pid>/status's State line (b"" once the process is gone)."""
+    try:
+        return next((ln for ln in Path(f"/proc/{pid}/status").read_bytes().splitlines() if ln.startswith(b"State")),
+                    b"")
+    except OSError:
+        return b""
