@@ -92,3 +92,17 @@ def test_each_variant_runs_with_its_own_build(tmp_path):
     assert "int a = 1;" in (tmp_path / "logs" / "0_0_main.log").read_text()
     assert "int a = 10;" in (tmp_path / "logs" / "0_1_one.log").read_text()
     assert tree(tmp_path) == ORIGINAL
+
+
+def test_a_patch_made_against_lines_that_moved_applies_and_leaves_no_backup(tmp_path):
+    """A hunk that applies at an offset (the file gained lines above it since the patch was made) applies and is
+    reversed without leaving `a.h.orig` behind (patch's backup on a mismatch made the tree differ)."""
+    make_tree(tmp_path)
+    one = write_patch(tmp_path, "one.patch", "device_src/a.h", "int c = 3;\n", "int c = 30;\n")
+    moved = "".join(f"int pad{i};\n" for i in range(5)) + ORIGINAL["device_src/a.h"]
+    (tmp_path / "device_src/a.h").write_text(moved)
+    r = run(tmp_path, f"one={one}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "variant one: patches apply" in r.stdout and "ERROR" not in r.stdout, r.stdout
+    assert (tmp_path / "device_src/a.h").read_text() == moved
+    assert not list(tmp_path.rglob("*.orig")), list(tmp_path.rglob("*.orig"))

@@ -4,7 +4,7 @@
 # a device_src/ patch only csrc/jit/jit.cpp, which embeds the sources (15-20 s on the device), a header csrc/
 # includes more (~95 s); the first build is whole (~100 s) -- and its .so kept aside. Then each command runs once
 # per variant, the variants in the order given for every command, each with its own .so.
-#   device run: VARIANTS="main u4=docs/patches/u4.patch both=a.patch+b.patch" CMDS="w7;mm" bash tools/gpu_variants.sh
+#   device run: VARIANTS="main u4=/tmp/u4.patch both=a.patch+b.patch" CMDS="w7;mm" bash tools/gpu_variants.sh
 # VARIANTS: NAME[=PATCH[+PATCH...]] separated by spaces (a bare NAME: the tree as it is). A name given twice is
 # built once and run twice (`VARIANTS="main u4=... main"`): a drift of the machine during the call then shows.
 # CMDS, separated by ';': w7 (W7's program and CUDA-graph rows, GPUOS_BENCH_MODELS: default the two small
