@@ -13,6 +13,19 @@
 namespace gpuos {
 namespace {
 std::function<void(uint32_t)> g_ready_hook;  // set at import, before the compile thread exists
+
+// Generation g (its images in place) becomes ready and the newest: published before any op needs it
+// (Runtime::ensure_generation reads g_latest_ready_gen), then the hook -- idle runtimes load the new module now,
+// before anyone waiting sees a change done -- runs with r.mu (held by lk) released, and lk is retaken.
+void set_ready(std::unique_lock<std::mutex>& lk, inject_detail::Gen& g) {
+  g.state = inject_detail::Gen::kReady;
+  g_latest_ready_gen.store(g.id);
+  if (g_ready_hook) {
+    lk.unlock();
+    g_ready_hook(g.id);
+    lk.lock();
+  }
+}
 }  // namespace
 
 namespace inject_detail {
@@ -61,13 +74,7 @@ void compile_loop() {
     lk.lock();
     if (!err) {
       g->images = std::move(images);
-      g->state = Gen::kReady;
-      g_latest_ready_gen.store(g->id);  // before any op needs it (Runtime::ensure_generation reads it)
-      if (g_ready_hook) {  // idle runtimes load the new module now, before anyone waiting sees the change done
-        lk.unlock();
-        g_ready_hook(g->id);
-        lk.lock();
-      }
+      set_ready(lk, *g);
       // A linked tier-2 generation (hot programs' code, no op change): compile it whole in the background.
       if (linked && g->changes.empty() && !fused.empty()) request_whole_build(g->id);
       for (uint64_t id : g->changes) {
@@ -121,13 +128,8 @@ bool publish_whole(uint32_t gen, std::map<std::string, std::shared_ptr<const std
   g->ops = src.ops;
   g->whole_of = gen;
   g->images = std::move(images);
-  g->state = Gen::kReady;
   r.gens.push_back(g);
-  g_latest_ready_gen.store(g->id);
-  if (g_ready_hook) {
-    lk.unlock();
-    g_ready_hook(g->id);
-  }
+  set_ready(lk, *g);
   return true;
 }
 
