@@ -79,7 +79,8 @@ def report() -> tuple:
             problem("the background whole build has no JIT cache dir to receive its image",
                     "set GPUOS_CACHE_DIR to a writable directory")
         else:
-            line("whole build", "on: a hot program's tier-2 generation is compiled whole by a helper process")
+            line("whole build", "on: each linked generation (generation 0 once per machine, op changes, hot programs' "
+                 "tier-2 code) is compiled whole by a helper process; its image stays in the JIT cache")
     gpus = []
     if torch.cuda.is_available():
         try:

@@ -204,3 +204,83 @@ def _state(pid):
                     b"")
     except OSError:
         return b""
+
+
+@pytest.fixture
+def objects_only_cache(tmp_path):
+    """A cache dir with only the shared cache's relocatable worker objects (`worker-*.o.cubin`): cold_cache also
+    copies whole worker images, and the base image (generation 0 compiled whole) may be among them."""
+    import shutil
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin"):
+        shutil.copy(f, cache / f.name)
+    return cache
+
+
+_BASE_FIRST = r"""
+import hashlib, gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._generation_image(0, "sm_90")           # linked: asks for the base image's whole build
+g = gpuos_ext.generation_info()["generations"]
+assert g[0]["built"] == "linked", g
+gpuos_ext._request_tier2([(7, PROG)])             # a newer generation while the base build runs
+linked = gpuos_ext.wait_generations()
+assert linked == 1, linked
+assert gpuos_ext.wait_whole_builds(1500), gpuos_ext.whole_build_info()
+w = gpuos_ext.whole_build_info()
+# The base build ran to the end (its publish found generation 1, so it only went into the cache), then generation
+# 1's build, published as generation 2.
+assert (w["requested"], w["helpers"], w["published"], w["superseded"], w["failed"]) == (2, 2, 1, 1, 0), w
+info = gpuos_ext.generation_info()
+assert info["latest"] == 2 and info["generations"][2]["whole_of"] == 1, info
+assert [x["built"] for x in info["generations"]] == ["linked", "linked", "whole"], info
+n = gpuos_ext.link_info()["cached_whole_generations"]
+base = gpuos_ext._generation_image_for("sm_90", [], [])  # the base image: from the cache now
+assert gpuos_ext.link_info()["cached_whole_generations"] == n + 1, gpuos_ext.link_info()
+print("BASE", hashlib.sha1(base).hexdigest())
+print("TIER2", hashlib.sha1(gpuos_ext._generation_image(2, "sm_90")).hexdigest())
+"""
+
+_BASE_CACHED = r"""
+import hashlib, os, gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+base = gpuos_ext._generation_image(0, "sm_90")
+gpuos_ext._request_tier2([(7, PROG)])
+gpuos_ext.wait_generations()
+info = gpuos_ext.generation_info()
+li = gpuos_ext.link_info()
+w = gpuos_ext.whole_build_info()
+print("BUILT", [x["built"] for x in info["generations"]], li["cached_whole_generations"], w["requested"], w["helpers"])
+print("BASE", hashlib.sha1(base).hexdigest())
+print("TIER2", hashlib.sha1(gpuos_ext._generation_image(1, "sm_90")).hexdigest())
+gpuos.register_op("whole_relu_b", "__device__ float whole_relu_b(float a) { return a > 0.0f ? a : 0.0f; }")
+w = gpuos_ext.whole_build_info()
+print("OPCHANGE", gpuos_ext.generation_info()["generations"][-1]["built"], w["requested"])
+print("PID", os.getpid(), flush=True)
+"""
+
+
+def _field(out, key):
+    return [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith(key + " ")][0]
+
+
+@requires_link
+def test_base_image_is_built_once_and_later_processes_start_whole(objects_only_cache):
+    """Generation 0 linked asks for the base image's whole build, which a newer generation neither kills nor drops;
+    a later process on the same cache takes generation 0 and the same tier-2 generation whole from the cache (no
+    link, no helper), and an op change there asks for a whole build of its own. Whole builds off, the cache is not
+    read: generation 0 is linked."""
+    env, prog = _env(objects_only_cache), f"PROG = {_prog(11.0)!r}\n"
+    p = run_python(prog + _BASE_FIRST, env_extra=env, timeout=1600)
+    assert p.returncode == 0 and "TIER2" in p.stdout, describe(p)
+    q = run_python("import gpuos\n" + prog + _BASE_CACHED, env_extra=env, timeout=600)
+    assert q.returncode == 0 and "OPCHANGE" in q.stdout, describe(q)
+    assert _field(q.stdout, "BUILT") == "['cached whole', 'cached whole'] 2 0 0", describe(q)
+    assert _field(q.stdout, "BASE") == _field(p.stdout, "BASE"), (describe(p), describe(q))
+    assert _field(q.stdout, "TIER2") == _field(p.stdout, "TIER2"), (describe(p), describe(q))
+    assert _field(q.stdout, "OPCHANGE") == "linked 1", describe(q)
+    assert _helpers_of(int(_field(q.stdout, "PID"))) == [], "a helper outlived its process"
+    off = run_python(prog + _BASE_CACHED.split("gpuos.register_op")[0], env_extra=dict(env, GPUOS_WHOLE_BUILD="0"),
+                     timeout=600)
+    assert off.returncode == 0 and _field(off.stdout, "BUILT") == "['linked', 'linked'] 0 0 0", describe(off)

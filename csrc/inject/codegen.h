@@ -34,6 +34,12 @@ void emit_op(Emitter& em, const std::string& ns, const std::string& name, uint32
 // The generated device_src/user_ops.h for `specs` plus tier-2 code of fused-chain programs (`fused`: id ->
 // code). Same op set -> same text (no generation number in it), so the same cache key in any process.
 std::string header_of(const std::vector<OpSpec>& specs, uint32_t gen, const std::map<uint32_t, std::string>& fused);
+// The source overrides (jit.h SourceOverrides) of a generation's whole compile: user_ops.h replaced by `header`;
+// none for "" (generation 0: the base image, the embedded sources as they are -- jit_compile_arch's key).
+inline std::map<std::string, std::string> whole_overrides(const std::string& header) {
+  if (header.empty()) return {};
+  return {{kUserOpsPath, header}};
+}
 
 // ---- linked generations (issue #18; device_src/linked.h, inject/linked.cpp) ----
 // Entry point of one op slot's object: "gpuos_user_exec_<hash of name, slot, arity, kind and source>", so the

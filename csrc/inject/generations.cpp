@@ -55,11 +55,11 @@ void compile_loop() {
     std::map<std::string, std::shared_ptr<const std::string>> images;
     std::shared_ptr<CompileError> err;
     bool linked = false;  // some arch's image was linked
+    GenBuild how = GenBuild::kWhole;
     try {
       for (const auto& arch : archs) {
-        bool l = false;
-        images[arch] = std::make_shared<const std::string>(build_generation_image(arch, specs, fused, g->header, &l));
-        linked = linked || l;
+        images[arch] = std::make_shared<const std::string>(build_generation_image(arch, specs, fused, g->header, &how));
+        linked = linked || how == GenBuild::kLinked;
       }
     } catch (const CompileError& e) {
       err = std::make_shared<CompileError>("gpuos: generation " + std::to_string(g->id) + " (ops " +
@@ -74,9 +74,9 @@ void compile_loop() {
     lk.lock();
     if (!err) {
       g->images = std::move(images);
+      g->built = gen_build_name(linked ? GenBuild::kLinked : how);
       set_ready(lk, *g);
-      // A linked tier-2 generation (hot programs' code, no op change): compile it whole in the background.
-      if (linked && g->changes.empty() && !fused.empty()) request_whole_build(g->id);
+      if (linked) request_whole_build(g->id);  // compiled whole in the background (inject/whole.h)
       for (uint64_t id : g->changes) {
         Change& c = r.changes[id];
         c.state = Change::kDone;
@@ -105,10 +105,11 @@ void compile_loop() {
   }
 }
 
-bool whole_source(uint32_t gen, std::string* header, std::set<std::string>* archs) {
+bool whole_source(uint32_t gen, bool stale_ok, std::string* header, std::set<std::string>* archs) {
   Registry& r = R();
   std::lock_guard<std::mutex> lk(r.mu);
-  if (r.stop || gen + 1 != r.gens.size() || r.gens[gen]->state != Gen::kReady) return false;
+  if (r.stop || gen >= r.gens.size() || r.gens[gen]->state != Gen::kReady) return false;
+  if (!stale_ok && gen + 1 != r.gens.size()) return false;
   *header = r.gens[gen]->header;
   for (auto& kv : r.gens[gen]->images) archs->insert(kv.first);
   return true;
@@ -127,6 +128,7 @@ bool publish_whole(uint32_t gen, std::map<std::string, std::shared_ptr<const std
   g->fused = src.fused;
   g->ops = src.ops;
   g->whole_of = gen;
+  g->built = gen_build_name(GenBuild::kWhole);
   g->images = std::move(images);
   r.gens.push_back(g);
   set_ready(lk, *g);
@@ -156,6 +158,7 @@ std::vector<GenerationInfo> list_generations() {
     if (!g->load_error.empty()) i.error += (i.error.empty() ? "" : "\n") + g->load_error;
     i.ops = g->ops;
     i.whole_of = g->whole_of;
+    i.built = g->built;
     v.push_back(i);
   }
   return v;
@@ -223,11 +226,17 @@ std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::str
     g = r.gens[gen];  // specs, fused and header never change once the generation exists
   }
   // An arch the generation was not compiled for (or generation 0: no ops; its whole compile is the embedded
-  // sources as they are).
+  // sources as they are, the base image).
+  GenBuild how = GenBuild::kWhole;
   auto image = std::make_shared<const std::string>(
-      build_generation_image(arch, g->specs, g->fused, gen == 0 ? std::string() : g->header));
-  std::lock_guard<std::mutex> lk(r.mu);
-  r.gens[gen]->images[arch] = image;
+      build_generation_image(arch, g->specs, g->fused, gen == 0 ? std::string() : g->header, &how));
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.gens[gen]->images[arch] = image;
+    if (r.gens[gen]->built != "linked") r.gens[gen]->built = gen_build_name(how);
+  }
+  // Generation 0 linked (a runtime's first): its whole build (whole.h; stale unless it is still the newest).
+  if (how == GenBuild::kLinked) request_whole_build(gen);
   return image;
 }
 

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "driver/cuda_api.h"
+#include "inject/whole.h"
 #include "jit/jit.h"
 #include "jit/link.h"
 
@@ -47,9 +48,20 @@ std::shared_ptr<const std::string> op_object(const std::string& arch, const OpSp
 
 std::string build_generation_image(const std::string& arch, const std::vector<OpSpec>& specs,
                                    const std::map<uint32_t, std::string>& fused, const std::string& header,
-                                   bool* linked) {
+                                   GenBuild* how) {
   std::string why;
-  if (linked) *linked = false;
+  if (how) *how = GenBuild::kWhole;
+  if (link_for_arch(arch) && whole_build_enabled()) {
+    // An earlier whole build of this very generation (this process's or another's) left its image in the cache:
+    // whole at once, no link and no helper (inject/whole.h).
+    std::string image = jit_cached_sources(arch, whole_overrides(header));
+    if (!image.empty()) {
+      std::lock_guard<std::mutex> lk(g_mu);
+      g_stats.cached_whole++;
+      if (how) *how = GenBuild::kCachedWhole;
+      return image;
+    }
+  }
   if (link_for_arch(arch)) {
     std::vector<std::shared_ptr<const std::string>> objs{worker_object(arch)};
     for (const OpSpec& s : specs) objs.push_back(op_object(arch, s));  // an op's CompileError propagates
@@ -63,7 +75,7 @@ std::string build_generation_image(const std::string& arch, const std::vector<Op
     try {
       std::string image = jit_link(arch, objs);
       note(true, "");
-      if (linked) *linked = true;
+      if (how) *how = GenBuild::kLinked;
       return image;
     } catch (const std::exception& e) {  // a link that fails is our defect, never the user's: compile whole
       why = std::string("the link failed, so this generation was compiled whole: ") + e.what();
@@ -71,10 +83,13 @@ std::string build_generation_image(const std::string& arch, const std::vector<Op
   } else {
     why = arch.rfind("sm_", 0) == 0 ? link_mode().reason : "arch " + arch + " is PTX-only: whole compile";
   }
-  std::string image = header.empty() ? jit_compile_arch(arch)
-                                     : jit_compile_sources(arch, {{kUserOpsPath, header}});
+  std::string image = jit_compile_sources(arch, whole_overrides(header));
   note(false, why);
   return image;
+}
+
+const char* gen_build_name(GenBuild b) {
+  return b == GenBuild::kLinked ? "linked" : b == GenBuild::kCachedWhole ? "cached whole" : "whole";
 }
 
 LinkedGenStats linked_gen_stats() {

@@ -55,6 +55,7 @@ struct GenerationInfo {
   std::string error;
   std::vector<std::string> ops;  // "name[slot]" of every op slot the generation holds
   int64_t whole_of = -1;         // a background whole build of that generation (inject/whole.h); -1: none
+  std::string built;             // "linked", "whole", "cached whole" (inject/linked.h GenBuild); "" none yet
 };
 
 // ---- registry API (call without the GIL and without any Runtime::mu) ----

@@ -55,6 +55,7 @@ struct Gen {
   std::vector<uint64_t> changes;
   std::vector<std::string> ops;
   int64_t whole_of = -1;  // a whole build's generation (inject/whole.h): the linked generation it compiles again
+  std::string built;      // gen_build_name of its images ("linked" if any arch's is; "" until one is built)
 };
 
 struct Registry {
@@ -97,9 +98,10 @@ void revert_change(Registry& r, uint64_t id, Change& c);
 // Start the compile thread if it is not running (caller holds r.mu).
 void ensure_thread(Registry& r);
 // The background whole build (inject/whole.cpp; each takes r.mu). whole_source: ready generation `gen`'s header
-// and archs, false unless it is still the newest. publish_whole: `images` (gen's header compiled whole) become the
-// next generation and the ready hook runs, unless gen is no longer the newest or a generation is queued (false).
-bool whole_source(uint32_t gen, std::string* header, std::set<std::string>* archs);
+// and archs, false unless it is still the newest (or stale_ok: the base image, cached for later processes).
+// publish_whole: `images` (gen's header compiled whole) become the next generation and the ready hook runs, unless
+// gen is no longer the newest or a generation is queued (false).
+bool whole_source(uint32_t gen, bool stale_ok, std::string* header, std::set<std::string>* archs);
 bool publish_whole(uint32_t gen, std::map<std::string, std::shared_ptr<const std::string>> images);
 
 }  // namespace inject_detail

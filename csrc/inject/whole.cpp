@@ -30,6 +30,7 @@ struct State {
   std::condition_variable cv;
   std::vector<std::string> command;
   bool stop = false, pending = false;
+  bool base_pending = false;  // generation 0's base image was asked for: built before `want`, never dropped
   uint32_t want = 0;  // the newest requested generation
   pid_t pid = 0;      // the running helper (0: none)
   std::thread thread;
@@ -83,7 +84,7 @@ std::string run_helper(State& s, uint32_t gen, const std::string& arch, const st
   int rc = 0;
   {
     std::lock_guard<std::mutex> lk(s.mu);
-    if (s.stop || s.want != gen) rc = -1;
+    if (s.stop || (!s.info.base && s.want != gen)) rc = -1;
     else if ((rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data())) == 0) {
       s.pid = pid;
       s.info.helpers++;
@@ -121,11 +122,13 @@ void build_loop() {
   State& s = S();
   std::unique_lock<std::mutex> lk(s.mu);
   for (;;) {
-    s.cv.wait(lk, [&] { return s.stop || s.pending; });
+    s.cv.wait(lk, [&] { return s.stop || s.pending || s.base_pending; });
     if (s.stop) break;
-    const uint32_t gen = s.want;
-    s.pending = false;
+    const bool base = s.base_pending;
+    const uint32_t gen = base ? 0 : s.want;
+    (base ? s.base_pending : s.pending) = false;
     s.info.running = true;
+    s.info.base = base;
     s.info.source = gen;
     lk.unlock();
     const auto t0 = std::chrono::steady_clock::now();
@@ -134,13 +137,13 @@ void build_loop() {
     try {
       std::string header;
       std::set<std::string> archs;
-      if (!inject_detail::whole_source(gen, &header, &archs)) err = "stale";
+      if (!inject_detail::whole_source(gen, base, &header, &archs)) err = "stale";
       else if (jit_cache_dir().empty())
         err = "no JIT cache dir (GPUOS_DISABLE_CACHE=1, or no GPUOS_CACHE_DIR / HOME): the helper's image has "
               "nowhere to go. Fix: set GPUOS_CACHE_DIR to a writable directory";
       for (const auto& arch : archs) {
         if (!err.empty()) break;
-        const SourceOverrides src{{kUserOpsPath, header}};
+        const SourceOverrides src = whole_overrides(header);
         std::string img = jit_cached_sources(arch, src);
         if (img.empty() && (err = run_helper(s, gen, arch, header)).empty()) {
           img = jit_cached_sources(arch, src);
@@ -160,7 +163,9 @@ void build_loop() {
     else if (err != "superseded") {               // (counted by the request that superseded it, or at exit)
       s.info.failed++;
       s.info.last_error = "whole build of generation " + std::to_string(gen) + ": " + err;
-      if (s.info.failed == 1)  // once: a slower steady state, nothing wrong with any result
+      // Once: a slower steady state, nothing wrong with any result. No cache dir is the user's choice (every
+      // process's generation 0 would warn): whole_build_info() says it.
+      if (s.info.failed == 1 && err.rfind("no JIT cache dir", 0) != 0)
         std::fprintf(stderr, "[gpuos] warning: the background whole build failed; hot programs stay on linked "
                              "generations (gpuos_ext.whole_build_info()['last_error'] has why; GPUOS_WHOLE_BUILD=0 "
                              "turns it off): %.300s\n", s.info.last_error.c_str());
@@ -189,15 +194,31 @@ void set_whole_build(bool on) {
   s.info.enabled = on;
 }
 
+bool whole_build_enabled() {
+  State& s = S();
+  std::lock_guard<std::mutex> lk(s.mu);
+  return s.info.enabled;
+}
+
 void request_whole_build(uint32_t gen) {
   State& s = S();
   std::lock_guard<std::mutex> lk(s.mu);
   if (s.stop || !s.info.enabled || s.command.empty()) return;
   s.info.requested++;
-  if (s.pending || s.info.running) s.info.superseded++;  // the queued one never starts; the running one is dropped
+  if (gen == 0) {  // the base image: built to the end whatever comes after (its image serves later processes)
+    s.base_pending = true;
+    if (!s.thread.joinable()) s.thread = std::thread(build_loop);
+    s.cv.notify_all();
+    return;
+  }
+  // The queued one never starts; the running one is dropped (its generation is no longer the newest: its image
+  // would not be published) -- unless it builds the base image, which finishes into the cache for later
+  // processes while this request waits (counted superseded when its publish then finds a newer generation).
+  const bool keep = s.info.running && s.info.base;
+  if (s.pending || (s.info.running && !keep)) s.info.superseded++;
   s.want = gen;
   s.pending = true;
-  if (s.pid > 0) ::kill(s.pid, SIGKILL);  // its generation is no longer the newest: its image would be dropped
+  if (s.pid > 0 && !keep) ::kill(s.pid, SIGKILL);
   if (!s.thread.joinable()) s.thread = std::thread(build_loop);
   s.cv.notify_all();
 }
@@ -206,7 +227,7 @@ bool wait_whole_builds(double timeout_s) {
   State& s = S();
   std::unique_lock<std::mutex> lk(s.mu);
   return s.cv.wait_for(lk, std::chrono::duration<double>(timeout_s),
-                       [&] { return s.stop || (!s.pending && !s.info.running); });
+                       [&] { return s.stop || (!s.pending && !s.base_pending && !s.info.running); });
 }
 
 WholeBuildInfo whole_build_info() {

@@ -3,7 +3,9 @@
 // (NVRTC, a generation compile, a worker drain) runs without the GIL.
 #include <torch/extension.h>
 
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <vector>
 
 #include "inject/linked.h"
@@ -68,6 +70,7 @@ py::dict link_info() {
   d["version"] = m.version;
   d["linked_generations"] = g.linked;
   d["whole_generations"] = g.whole;
+  d["cached_whole_generations"] = g.cached_whole;
   d["last_fallback"] = g.last_fallback;
   d["links"] = l.links;
   d["link_s"] = l.link_s;
@@ -77,13 +80,15 @@ py::dict link_info() {
 void add_injection_bindings(py::module_& m) {
   m.def("link_info", &link_info,
         "How generations are built (issue #18): {'mode': 'linked' | 'whole', 'reason' (why not linked), 'library' "
-        "(libnvJitLink), 'version', 'linked_generations', 'whole_generations', 'last_fallback', 'links', 'link_s'}.");
+        "(libnvJitLink), 'version', 'linked_generations', 'whole_generations', 'cached_whole_generations' (taken "
+        "whole from the JIT cache, an earlier whole build's image), 'last_fallback', 'links', 'link_s'}.");
   m.def("whole_build_info", [] {
     const WholeBuildInfo i = whole_build_info();
     py::dict d;
     d["enabled"] = i.enabled;
     d["running"] = i.running;
     d["source"] = i.source;
+    d["base"] = i.base;
     d["helper_pid"] = i.helper_pid;
     d["requested"] = i.requested;
     d["helpers"] = i.helpers;
@@ -94,13 +99,14 @@ void add_injection_bindings(py::module_& m) {
     d["last_error"] = i.last_error;
     d["command"] = i.command;
     return d;
-  }, "The background whole build of linked tier-2 generations (a helper process compiles the newest one as one "
-     "whole NVRTC program, which then becomes the next generation): enabled, running, source (its generation), "
-     "helper_pid (0: none running), "
+  }, "The background whole build of linked generations (a helper process compiles the newest one as one whole "
+     "NVRTC program, which then becomes the next generation, and stays in the JIT cache for later processes): "
+     "enabled, running, source (its generation), base (it is generation 0's base image), helper_pid (0: none "
+     "running), "
      "requested, helpers (processes started), published, superseded, failed, last_s, last_error, command.");
   m.def("set_whole_build", &set_whole_build, py::arg("on"),
-        "Background whole builds of linked tier-2 generations on / off for later requests (GPUOS_WHOLE_BUILD=0 "
-        "starts with them off).");
+        "Background whole builds of linked generations on / off for later requests and generations "
+        "(GPUOS_WHOLE_BUILD=0 starts with them off; off, a generation is never taken whole from the cache either).");
   m.def("wait_whole_builds", [](double timeout_s) { return wait_whole_builds(timeout_s); }, py::arg("timeout_s") = 300.0,
         py::call_guard<py::gil_scoped_release>(),
         "Wait until no whole build is queued or running, at most timeout_s; returns whether that happened "
@@ -110,13 +116,15 @@ void add_injection_bindings(py::module_& m) {
   m.def(
       "_compile_whole_image",
       [](const std::string& arch, const std::string& header_file) {
-        std::string header;
-        if (!read_file(header_file, header)) throw py::value_error("cannot read " + header_file);
+        std::ifstream f(header_file, std::ios::binary);  // (read_file takes an empty file for a miss)
+        if (!f) throw py::value_error("cannot read " + header_file);
+        const std::string header((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
         py::gil_scoped_release nogil;
-        jit_compile_sources(arch, {{kUserOpsPath, header}});
+        jit_compile_sources(arch, whole_overrides(header));
       },
       py::arg("arch"), py::arg("header_file"),
-      "The whole build helper's work: compile a generation header whole for `arch` into the JIT cache.");
+      "The whole build helper's work: compile a generation header whole for `arch` into the JIT cache (an empty "
+      "file: the base image, generation 0's embedded sources).");
   m.def(
       "_request_tier2",
       [](py::list fused) {
@@ -254,6 +262,7 @@ void add_injection_bindings(py::module_& m) {
       e["archs"] = g.archs;
       e["ops"] = g.ops;
       if (g.whole_of >= 0) e["whole_of"] = g.whole_of;
+      e["built"] = g.built;
       if (!g.error.empty()) e["error"] = g.error;
       gens.append(e);
       if (g.state == "ready") ready = g.id;
@@ -272,7 +281,8 @@ void add_injection_bindings(py::module_& m) {
     d["active"] = active;
     d["handovers"] = handovers;
     return d;
-  }, "Generations: generations (id, state, archs, ops, error), latest, ready (newest compiled), compiling, "
+  }, "Generations: generations (id, state, archs, ops, built ('linked', 'whole', 'cached whole'), whole_of (a "
+     "background whole build: the generation it compiles again), error), latest, ready (newest compiled), compiling, "
      "active {device: generation its worker runs}, handovers.");
   m.def(
       "wait_generations", [] { return wait_generations(); }, py::call_guard<py::gil_scoped_release>(),

@@ -128,6 +128,7 @@ py::dict stats() {
   const LinkedGenStats lg = linked_gen_stats();
   d["linked_generations"] = lg.linked;       // generations built by linking cached objects (issue #18)
   d["whole_generations"] = lg.whole;         // ... by a whole NVRTC compile
+  d["cached_whole_generations"] = lg.cached_whole;  // ... from an earlier whole build's image (inject/whole.h)
   d["link_mode"] = link_mode().linked ? "linked" : "whole";  // how the next generation is built (link_info())
   return d;
 }
