@@ -3,6 +3,8 @@
     python -m gpuos              # torch / CUDA build, driver, GPUs, NVRTC, JIT cache, build torch, settings
     python -m gpuos --selftest   # + checks that run: NVRTC compiles the worker; on a GPU: the explicit API,
                                  #   the scheduler and a reduction against eager
+    python -m gpuos --warm       # fill the JIT cache for this machine's GPUs (or --arch sm_90 ...): the worker
+                                 #   compiled whole (every process then starts on it) and its linkable object
 
 Exit status: 0 when everything GPUOS needs is there (and every self-test passed), 1 otherwise; each problem is
 printed with its fix. No GPU is reported, not a failure: the CPU tests and NVRTC compiles work without one.
@@ -36,8 +38,9 @@ def _dir_size(path: Path) -> tuple:
     return n, size
 
 
-def report() -> tuple:
-    """Print the environment; returns (gpuos_ext or None, list of (index, name, arch))."""
+def report(archs=()) -> tuple:
+    """Print the environment; returns (gpuos_ext or None, list of (index, name, arch)). `archs`: also say whether
+    the JIT cache holds their base images (the GPUs' archs are always checked)."""
     import torch
     print("GPUOS doctor")
     line("python", sys.version.split()[0])
@@ -74,13 +77,26 @@ def report() -> tuple:
     if li["mode"] == "linked":
         wb = gx.whole_build_info()
         if not wb["enabled"]:
-            line("whole build", "off (GPUOS_WHOLE_BUILD=0): hot programs run on linked generations")
+            line("whole build", "off (GPUOS_WHOLE_BUILD=0): generations run linked")
         elif not gx.jit_cache_dir():
             problem("the background whole build has no JIT cache dir to receive its image",
                     "set GPUOS_CACHE_DIR to a writable directory")
         else:
             line("whole build", "on: each linked generation (generation 0 once per machine, op changes, hot programs' "
                  "tier-2 code) is compiled whole by a helper process; its image stays in the JIT cache")
+    gpus = _gpus(torch, gx)
+    if li["mode"] == "linked" and gx.whole_build_info()["enabled"] and gx.jit_cache_dir():
+        for arch in dict.fromkeys(list(archs) + [g[2] for g in gpus]):
+            line(f"base image {arch}", "in the JIT cache: every process's generation 0 starts whole"
+                 if gx.jit_base_cached(arch) else "not in the JIT cache yet: `python -m gpuos --warm` compiles it "
+                 "(~90 s, once per machine and build); until then each process starts linked")
+    settings = {k: v for k, v in gx.config().items() if k in os.environ}
+    line("GPUOS_* settings", ", ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)")
+    return gx, gpus
+
+
+def _gpus(torch, gx) -> list:
+    """Print the driver and the GPUs; returns [(index, name, arch)]."""
     gpus = []
     if torch.cuda.is_available():
         try:
@@ -90,16 +106,33 @@ def report() -> tuple:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             arch = f"sm_{p.major}{p.minor}"
-            gpus.append((i, p.name, arch))
-            line(f"GPU {i}", f"{p.name}, {arch}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
+            try:
+                jit = gx.jit_arch_for(p.major, p.minor)  # what the runtime compiles for it
+            except Exception:  # noqa: BLE001 -- no NVRTC: reported above
+                jit = arch
+            gpus.append((i, p.name, jit))
+            line(f"GPU {i}", f"{p.name}, {arch}{'' if jit == arch else f' (compiled as {jit})'}, "
+                 f"{p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
             if p.major < 8:  # the worker's bf16 conversions and mma.sync m16n8k16 need sm_80 (ptxas)
                 problem(f"GPU {i} ({p.name}, {arch}) is older than Ampere",
                         "GPUOS needs sm_80 or newer (Ampere, Ada, Hopper, Blackwell)")
     else:
         line("GPU", "none visible to torch (GPUOS runs its CPU tests and NVRTC compiles only)")
-    settings = {k: v for k, v in gx.config().items() if k in os.environ}
-    line("GPUOS_* settings", ", ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)")
-    return gx, gpus
+    return gpus
+
+
+def warm(gx, archs) -> None:
+    """Fill the JIT cache for each arch: the base image (generation 0 compiled whole) and the linkable worker."""
+    print("Warm the JIT cache")
+    if not archs:
+        problem("no arch to warm: no GPU is visible", "name one: python -m gpuos --warm --arch sm_90")
+    for arch in archs:
+        def one(arch=arch):
+            w = gx.jit_warm(arch)
+            base = "was cached" if w["base_was_cached"] else f"compiled in {w['base_s']:.1f} s"
+            obj = f", linkable worker object {w['object_s']:.1f} s" if w["linked"] else ""
+            return f"base image {base}{obj}"
+        check(f"{arch}", one)
 
 
 def check(name: str, fn) -> bool:
@@ -163,8 +196,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpuos", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--selftest", action="store_true", help="also run checks (NVRTC compile; GPU: API, scheduler)")
+    p.add_argument("--warm", action="store_true",
+                   help="compile the worker whole for this machine's GPUs into the JIT cache (~90 s per arch)")
+    p.add_argument("--arch", nargs="+", default=[], metavar="ARCH",
+                   help="with --warm: these archs (sm_80, sm_90, ...) instead of the visible GPUs'")
     a = p.parse_args(argv)
-    gx, gpus = report()
+    if a.arch and not a.warm:
+        p.error("--arch goes with --warm")
+    bad = [x for x in a.arch if not (x.startswith("sm_") and x[3:].isdigit())]
+    if bad:
+        p.error(f"--arch {' '.join(bad)}: name real archs, e.g. sm_80 or sm_90")
+    gx, gpus = report(a.arch)
+    if a.warm and gx is not None:
+        warm(gx, a.arch or list(dict.fromkeys(g[2] for g in gpus)))
     if a.selftest and gx is not None:
         selftest(gx, gpus)
     print(f"Result: {'OK' if not PROBLEMS else f'{len(PROBLEMS)} problem(s): ' + '; '.join(PROBLEMS)}")

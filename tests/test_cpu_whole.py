@@ -284,3 +284,40 @@ def test_base_image_is_built_once_and_later_processes_start_whole(objects_only_c
     off = run_python(prog + _BASE_CACHED.split("gpuos.register_op")[0], env_extra=dict(env, GPUOS_WHOLE_BUILD="0"),
                      timeout=600)
     assert off.returncode == 0 and _field(off.stdout, "BUILT") == "['linked', 'linked'] 0 0 0", describe(off)
+
+
+_AFTER_WARM = r"""
+import gpuos_ext
+assert gpuos_ext.jit_base_cached("sm_90")
+gpuos_ext._registry_add_arch("sm_90")
+gpuos_ext._generation_image(0, "sm_90")
+w = gpuos_ext.whole_build_info()
+print("BUILT", gpuos_ext.generation_info()["generations"][0]["built"], w["requested"], w["helpers"],
+      gpuos_ext.stats()["jit_compiles"])
+"""
+
+
+@requires_link
+def test_warm_fills_the_cache_so_a_process_starts_whole(objects_only_cache):
+    """`python -m gpuos --warm --arch sm_90` compiles the base image (no GPU needed); a process then takes
+    generation 0 whole from the cache, with no helper and no compile; the report says where the cache stands."""
+    import subprocess
+    import sys
+    from _helpers import REPO_ROOT
+    env = dict(os.environ, **_env(objects_only_cache))
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    doctor = [sys.executable, "-m", "gpuos"]
+    before = subprocess.run(doctor + ["--warm", "--arch", "sm_90"], capture_output=True, text=True, timeout=900,
+                            cwd=REPO_ROOT, env=env)
+    assert before.returncode == 0, describe(before)
+    assert "base image sm_90" in before.stdout and "not in the JIT cache yet" in before.stdout, before.stdout
+    assert "pass  sm_90" in before.stdout and "base image compiled in" in before.stdout, before.stdout
+    p = run_python(_AFTER_WARM, env_extra=_env(objects_only_cache), timeout=300)
+    assert p.returncode == 0 and _field(p.stdout, "BUILT") == "cached whole 0 0 0", describe(p)
+    again = subprocess.run(doctor + ["--warm", "--arch", "sm_90"], capture_output=True, text=True, timeout=300,
+                           cwd=REPO_ROOT, env=env)
+    assert again.returncode == 0 and "base image was cached" in again.stdout, describe(again)
+    assert "in the JIT cache: every process's generation 0 starts whole" in again.stdout, again.stdout
+    bad = subprocess.run(doctor + ["--arch", "sm_90"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                         env=env)
+    assert bad.returncode == 2 and "--arch goes with --warm" in bad.stderr, describe(bad)

@@ -3,6 +3,7 @@
 // (NVRTC, a generation compile, a worker drain) runs without the GIL.
 #include <torch/extension.h>
 
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -111,6 +112,39 @@ void add_injection_bindings(py::module_& m) {
         py::call_guard<py::gil_scoped_release>(),
         "Wait until no whole build is queued or running, at most timeout_s; returns whether that happened "
         "(benchmarks settle with it; whole_build_info() says how it ended).");
+  m.def(
+      "jit_warm",
+      [](const std::string& arch) {
+        using clock = std::chrono::steady_clock;
+        bool had = false, linked = false;
+        double base_s = 0, object_s = 0;
+        {
+          py::gil_scoped_release nogil;
+          const auto t0 = clock::now();
+          had = !jit_cached_sources(arch, whole_overrides("")).empty();
+          jit_compile_sources(arch, whole_overrides(""));
+          const auto t1 = clock::now();
+          if ((linked = link_for_arch(arch))) worker_object(arch);
+          base_s = std::chrono::duration<double>(t1 - t0).count();
+          object_s = std::chrono::duration<double>(clock::now() - t1).count();
+        }
+        py::dict d;
+        d["arch"] = arch;
+        d["base_was_cached"] = had;
+        d["base_s"] = base_s;
+        d["linked"] = linked;
+        d["object_s"] = object_s;
+        return d;
+      },
+      py::arg("arch"),
+      "Fill the JIT cache for `arch` (`python -m gpuos --warm`): the base image (generation 0 compiled whole; with "
+      "whole builds on, every later process's generation 0 is taken from the cache, whole) and, where generations "
+      "link, the worker's relocatable object (injected ops and tier-2 code then link in seconds). Returns {arch, "
+      "base_was_cached, base_s, linked, object_s}. CompileError if NVRTC fails.");
+  m.def(
+      "jit_base_cached", [](const std::string& arch) { return !jit_cached_sources(arch, whole_overrides("")).empty(); },
+      py::arg("arch"), py::call_guard<py::gil_scoped_release>(),
+      "Whether the JIT cache holds the base image for `arch` (generation 0 compiled whole; jit_warm fills it).");
   m.def("_set_whole_build_command", &set_whole_build_command, py::arg("argv"),
         "The helper's argv before '<arch> <header file> <parent pid>' (gpuos_ext sets it at import).");
   m.def(

@@ -243,6 +243,9 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
     return py::make_tuple(a, b);
   });
   m.def("nvrtc_path", [] { return nvrtc().path; });
+  m.def("jit_arch_for", &jit_arch_for, py::arg("cc_major"), py::arg("cc_minor"),
+        "The arch the runtime compiles for a GPU of compute capability (major, minor): 'sm_XY', or PTX for the "
+        "newest arch this NVRTC knows below it ('compute_XY'). CudaError if NVRTC knows none.");
   m.def("jit_newest_arch", &jit_newest_virtual_arch,
         "'compute_<newest arch this NVRTC knows>': the target of device-code checks when no GPU names one.");
   m.def("driver_version", [] {
