@@ -42,8 +42,8 @@ struct EnvConfig {
                                   // "" when GPUOS_DISABLE_CACHE=1 or no home is known
   std::string nvrtc_path;         // GPUOS_NVRTC_PATH: an explicit libnvrtc.so
   std::string nvjitlink_path;     // GPUOS_NVJITLINK_PATH: an explicit libnvJitLink.so (linked generations)
-  bool whole_build = true;        // GPUOS_WHOLE_BUILD=0: no background whole build of linked generations (whole.h)
-                                  // (inject/whole.h)
+  bool whole_build = true;        // GPUOS_WHOLE_BUILD=0: no background whole build of linked generations, and
+                                  // no whole image taken from the cache (inject/whole.h)
   bool link = true;               // GPUOS_LINK=0: every generation is a whole NVRTC compile (issue #18's
                                   // linked generations off; the inlined layout, for comparisons)
   std::string cuda_home;          // CUDA_HOME, else CUDA_PATH: <cuda_home>/lib64/libnvrtc.so.*
