@@ -73,7 +73,10 @@ def report(archs=()) -> tuple:
                 "pip install nvidia-nvjitlink (the version of nvidia-cuda-nvrtc), or set GPUOS_NVJITLINK_PATH")
     cache = Path(gx.jit_cache_dir())
     n, size = _dir_size(cache) if cache.is_dir() else (0, 0)
-    line("JIT cache", f"{cache} ({n} files, {size / 2**20:.1f} MiB; GPUOS_CACHE_DIR moves it)")
+    bound = int(gx.config().get("GPUOS_CACHE_MAX_MB", "0"))
+    line("JIT cache", f"{cache} ({n} files, {size / 2**20:.1f} MiB"
+         f"{f' of at most {bound} MiB' if bound else ', no bound'}; GPUOS_CACHE_DIR moves it, GPUOS_CACHE_MAX_MB "
+         f"bounds it)")
     if li["mode"] == "linked":
         wb = gx.whole_build_info()
         if not wb["enabled"]:

@@ -3,6 +3,7 @@
 import os
 import re
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,49 @@ def test_every_device_file_on_disk_is_embedded(sources):
                 continue
             rel = os.path.relpath(os.path.join(root, name), REPO_ROOT).replace(os.sep, "/")
             assert rel in embedded, f"{rel} exists but is not embedded: rebuild the extension"
+
+
+_TRIM_SCRIPT = r"""
+import gpuos, gpuos_ext
+gpuos_ext._registry_add_arch("sm_90")
+gpuos.register_elementwise("trim_axpb", "a * s0 + b")   # writes the op's object and the dispatch object
+print("EVICTED", gpuos_ext.stats()["jit_cache_evictions"], gpuos_ext.config()["GPUOS_CACHE_MAX_MB"])
+"""
+
+
+def test_disk_cache_keeps_under_its_bound_dropping_least_recently_used(tmp_path):
+    """GPUOS_CACHE_MAX_MB: a write that takes the cache dir over the bound removes the least recently used files
+    (oldest first) until it is under 90 % of it -- never the file just written, a whole build's job file or another
+    process's temporary file; 0 means no bound."""
+    if gpuos_ext.link_info()["mode"] != "linked":  # the op's generation links (its objects are the writes)
+        pytest.skip(gpuos_ext.link_info()["reason"])
+    import shutil
+    import time
+    for bound in ("0", "bounded"):
+        cache = tmp_path / f"cache-{bound}"
+        cache.mkdir()
+        for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin"):  # the linkable worker: no 20 s compile
+            shutil.copy(f, cache / f.name)
+        real = sum(f.stat().st_size for f in cache.iterdir())
+        old = time.time() - 86400 * 365
+        names = [f"stale{i}-sm_90-{i:016x}.cubin" for i in range(4)] + ["whole-1-0-sm_90.h", "x.cubin.tmp.1"]
+        for i, name in enumerate(names):  # 4 MiB each of stale files, 1 MiB each of files that must stay
+            (cache / name).write_bytes(b"\0" * ((4 if name.startswith("stale") else 1) << 20))
+            os.utime(cache / name, (old + i, old + i))  # stale0 is the least recently used
+        # Room for the real files, the two that stay, the new objects and two stale files: 90 % of it forces out
+        # three stale files and nothing newer.
+        mb = str(-(-real // (1 << 20)) + 11) if bound == "bounded" else "0"
+        p = run_python(_TRIM_SCRIPT, {"GPUOS_CACHE_DIR": str(cache), "GPUOS_CACHE_MAX_MB": mb,
+                                      "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+        assert p.returncode == 0 and "EVICTED" in p.stdout, describe(p)
+        evicted, shown = p.stdout.split("EVICTED")[1].split()[:2]
+        left = {f.name for f in cache.iterdir()}
+        assert shown == mb and {"whole-1-0-sm_90.h", "x.cubin.tmp.1"} <= left, (left, describe(p))
+        assert all(f.name in left for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin")), left
+        if bound == "0":
+            assert evicted == "0" and all(n in left for n in names), left
+            continue
+        total = sum(f.stat().st_size for f in cache.iterdir())
+        gone = [n for n in names if n not in left]
+        assert int(evicted) == len(gone) >= 1 and total <= int(mb) << 20, (evicted, gone, total, describe(p))
+        assert gone == names[:len(gone)], gone  # oldest first

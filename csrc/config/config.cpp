@@ -45,6 +45,7 @@ EnvConfig read_env() {
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
   read_u32("GPUOS_PTXAS_OPT", c.ptxas_opt);
+  read_u32("GPUOS_CACHE_MAX_MB", c.cache_max_mb);
   if (c.ptxas_opt > 3) c.ptxas_opt = 3;
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
   c.worker_matmul = flag("GPUOS_WORKER_MATMUL");
@@ -112,7 +113,8 @@ std::string describe_env_config() {
          "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
          "\nGPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +
-         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +
+         "\nGPUOS_CACHE_DIR=" + c.cache_dir + "\nGPUOS_CACHE_MAX_MB=" + std::to_string(c.cache_max_mb) +
+         "\nGPUOS_NVRTC_PATH=" + c.nvrtc_path +
          "\nGPUOS_NVJITLINK_PATH=" + c.nvjitlink_path + "\nGPUOS_LINK=" + (c.link ? "1" : "0") +
          "\nGPUOS_WHOLE_BUILD=" + (c.whole_build ? "1" : "0") + "\nCUDA_HOME=" + c.cuda_home;
 }

@@ -40,6 +40,8 @@ struct EnvConfig {
   bool forbid_compile = false;    // GPUOS_FORBID_COMPILE=1: any NVRTC compile is an error (warm-start proof)
   std::string cache_dir;          // GPUOS_CACHE_DIR, else $XDG_CACHE_HOME/gpuos, else ~/.cache/gpuos;
                                   // "" when GPUOS_DISABLE_CACHE=1 or no home is known
+  uint32_t cache_max_mb = 2048;   // GPUOS_CACHE_MAX_MB: the disk cache's bound (least recently used files go
+                                  // after a write that passes it; jit/jit.cpp trim_cache); 0: no bound
   std::string nvrtc_path;         // GPUOS_NVRTC_PATH: an explicit libnvrtc.so
   std::string nvjitlink_path;     // GPUOS_NVJITLINK_PATH: an explicit libnvJitLink.so (linked generations)
   bool whole_build = true;        // GPUOS_WHOLE_BUILD=0: no background whole build of linked generations, and

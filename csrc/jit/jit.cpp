@@ -1,6 +1,7 @@
 // csrc/jit/jit.cpp -- NVRTC compile of the worker module; memory + disk cache; the "forbid compile" switch.
 #include "jit/jit.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -191,6 +192,47 @@ std::string jit_cache_dir() {
 std::string jit_compile_arch(const std::string& arch) { return jit_compile_sources(arch, {}, kMainSource); }
 
 namespace {
+// The disk cache's bound (GPUOS_CACHE_MAX_MB; 0: none). After a write that takes `dir` over it, the least recently
+// used files go -- oldest modification time first; a disk hit refreshes its file's -- until the directory holds at
+// most 90 % of the bound. Never `keep` (the file just written), a whole build's job file (whole-*: a helper may be
+// reading it) or another process's temporary file (*.tmp.<pid>, being written). A file another process still
+// reads stays readable until it closes it; a file removed here is a miss later (a compile), never a wrong image.
+void trim_cache(const std::string& dir, const std::string& keep) {
+  const uint64_t max = (uint64_t)env_config().cache_max_mb << 20;
+  DIR* d = max ? ::opendir(dir.c_str()) : nullptr;
+  if (!d) return;
+  struct Entry {
+    std::string path;
+    uint64_t size;
+    struct timespec mtime;
+  };
+  std::vector<Entry> files;
+  uint64_t total = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name, path = dir + "/" + name;
+    struct stat st;
+    if (name == "." || name == ".." || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    total += (uint64_t)st.st_size;
+    if (path != keep && name.rfind("whole-", 0) != 0 && name.find(".tmp.") == std::string::npos)
+      files.push_back({path, (uint64_t)st.st_size, st.st_mtim});
+  }
+  ::closedir(d);
+  if (total <= max) return;
+  std::sort(files.begin(), files.end(), [](const Entry& a, const Entry& b) {
+    return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec : a.mtime.tv_nsec < b.mtime.tv_nsec;
+  });
+  uint64_t removed = 0;
+  for (const Entry& f : files) {
+    if (total <= max / 10 * 9) break;
+    if (std::remove(f.path.c_str()) == 0) {
+      total -= f.size;
+      ++removed;
+    }
+  }
+  std::lock_guard<std::mutex> sl(g_stats_mu);
+  g_stats.evictions += removed;
+}
+
 // jit_compile_sources, or with compile=false jit_cached_sources ("" on a miss).
 std::string compile_or_lookup(const std::string& arch, const SourceOverrides& overrides, const std::string& main,
                               bool relocatable, bool compile) {
@@ -240,6 +282,7 @@ std::string compile_or_lookup(const std::string& arch, const SourceOverrides& ov
       dir.empty() ? "" : dir + "/" + stem + "-" + arch + "-" + key + (relocatable ? ".o" : "") + (arch[0] == 's' ? ".cubin" : ".ptx");
   std::string image;
   if (!file.empty() && read_file(file, image)) {
+    ::utimensat(AT_FDCWD, file.c_str(), nullptr, 0);  // recently used: the last to go when the cache is trimmed
     std::lock_guard<std::mutex> sl(g_stats_mu);
     g_stats.cache_hits++;
     g_stats.disk_hits++;
@@ -256,6 +299,8 @@ std::string compile_or_lookup(const std::string& arch, const SourceOverrides& ov
       if (!write_file_atomic(file, image))
         warn_once("JIT cache dir '" + dir + "' is not writable; compiled kernels will not be cached on disk "
                   "(set GPUOS_CACHE_DIR to a writable directory or GPUOS_DISABLE_CACHE=1)");
+      else
+        trim_cache(dir, file);
     }
   }
   g_mem_cache[key] = image;

@@ -12,6 +12,7 @@ struct JitStats {
   uint64_t object_compiles = 0;  // of which relocatable objects (linked generations, jit/link.h)
   uint64_t cache_hits = 0;  // memory or disk hits
   uint64_t disk_hits = 0;
+  uint64_t evictions = 0;   // disk cache files removed to keep it under GPUOS_CACHE_MAX_MB (least recently used)
 };
 
 // The device_src/ files embedded at build time: path -> text.

@@ -124,6 +124,7 @@ py::dict stats() {
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;
+  d["jit_cache_evictions"] = j.evictions;  // files the disk cache's bound removed (GPUOS_CACHE_MAX_MB)
   d["object_compiles"] = j.object_compiles;  // relocatable objects among jit_compiles (linked generations)
   const LinkedGenStats lg = linked_gen_stats();
   d["linked_generations"] = lg.linked;       // generations built by linking cached objects (issue #18)
