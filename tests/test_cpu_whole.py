@@ -56,7 +56,7 @@ def test_whole_build_becomes_the_next_generation(cold_cache):
     cache = cold_cache
     p = run_python(f"PROG = {_prog(3.0)!r}\n" + _PUBLISH, env_extra=_env(cache), timeout=1200)
     assert p.returncode == 0 and "OK" in p.stdout, describe(p)
-    assert not list(cache.glob("whole-*")), list(cache.iterdir())  # the job's header and log are removed
+    assert not list(cache.glob("whole-[0-9]*")), list(cache.iterdir())  # the job's header and log are removed
 
 
 _SUPERSEDE = r"""
@@ -321,3 +321,28 @@ def test_warm_fills_the_cache_so_a_process_starts_whole(objects_only_cache):
     bad = subprocess.run(doctor + ["--arch", "sm_90"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
                          env=env)
     assert bad.returncode == 2 and "--arch goes with --warm" in bad.stderr, describe(bad)
+
+
+_HELPER_JOB = r"""
+import sys, gpuos_ext
+print("COMPILED", gpuos_ext._compile_whole_image("compute_90", sys.argv[1]), gpuos_ext.stats()["jit_compiles"])
+"""
+
+
+def test_helpers_of_two_processes_take_turns_and_compile_once(objects_only_cache, tmp_path):
+    """Two helpers of the same header at once (processes started together on a machine without the image): one
+    compiles, the other waits for the lock and finds the image in the cache. PTX (compute_90) keeps it short."""
+    import subprocess
+    import sys
+    from _helpers import REPO_ROOT
+    header = tmp_path / "job.h"
+    header.write_text("")  # the base image
+    env = dict(os.environ, **_env(objects_only_cache))
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    jobs = [subprocess.Popen([sys.executable, "-c", _HELPER_JOB, str(header)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [j.communicate(timeout=600) for j in jobs]
+    assert all(j.returncode == 0 for j in jobs), outs
+    got = sorted(o[0].split("COMPILED")[1].split()[0] for o in outs)
+    assert got == ["False", "True"], outs
+    assert list(objects_only_cache.glob("whole-lock-compute_90-*")), list(objects_only_cache.iterdir())

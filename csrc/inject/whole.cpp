@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,6 +238,24 @@ WholeBuildInfo whole_build_info() {
   i.helper_pid = s.pid;
   i.command = joined(s.command);
   return i;
+}
+
+bool compile_whole_image(const std::string& arch, const std::string& header) {
+  const SourceOverrides src = whole_overrides(header);
+  const std::string dir = jit_cache_dir();
+  int fd = -1;
+  if (!dir.empty()) {  // (jit.cpp trim_cache may remove an old lock file: at worst two helpers compile at once)
+    char key[17];
+    std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a64(header.data(), header.size()));
+    const std::string lock = dir + "/whole-lock-" + arch + "-" + key;
+    fd = ::open(lock.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    while (fd >= 0 && ::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  const bool compiled = jit_cached_sources(arch, src).empty();
+  if (compiled) jit_compile_sources(arch, src);
+  if (fd >= 0) ::close(fd);  // (releases the lock)
+  return compiled;
 }
 
 void shutdown_whole_builds() {

@@ -51,5 +51,10 @@ bool wait_whole_builds(double timeout_s);
 WholeBuildInfo whole_build_info();
 // At exit (shutdown_generations): kill a running helper and stop the thread.
 void shutdown_whole_builds();
+// The helper's work (gpuos_ext._compile_whole_image): `header` compiled whole for `arch` into the JIT cache. Helpers
+// of every process on the machine that build the same header take turns (a lock file in the cache dir), and a
+// later one finds the image cached and compiles nothing: processes started together on a machine without the
+// base image run one compile, not one each. Returns whether this call ran NVRTC.
+bool compile_whole_image(const std::string& arch, const std::string& header);
 
 }  // namespace gpuos

@@ -194,8 +194,8 @@ std::string jit_compile_arch(const std::string& arch) { return jit_compile_sourc
 namespace {
 // The disk cache's bound (GPUOS_CACHE_MAX_MB; 0: none). After a write that takes `dir` over it, the least recently
 // used files go -- oldest modification time first; a disk hit refreshes its file's -- until the directory holds at
-// most 90 % of the bound. Never `keep` (the file just written), a whole build's job file (whole-*: a helper may be
-// reading it) or another process's temporary file (*.tmp.<pid>, being written). A file another process still
+// most 90 % of the bound. Never `keep` (the file just written), a whole build's job file (whole-<pid>-*: a helper
+// may be reading it; its lock files whole-lock-* may go) or another process's temporary file (*.tmp.<pid>, being written). A file another process still
 // reads stays readable until it closes it; a file removed here is a miss later (a compile), never a wrong image.
 void trim_cache(const std::string& dir, const std::string& keep) {
   const uint64_t max = (uint64_t)env_config().cache_max_mb << 20;
@@ -213,7 +213,8 @@ void trim_cache(const std::string& dir, const std::string& keep) {
     struct stat st;
     if (name == "." || name == ".." || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     total += (uint64_t)st.st_size;
-    if (path != keep && name.rfind("whole-", 0) != 0 && name.find(".tmp.") == std::string::npos)
+    if (path != keep && (name.rfind("whole-", 0) != 0 || name.rfind("whole-lock-", 0) == 0) &&
+        name.find(".tmp.") == std::string::npos)
       files.push_back({path, (uint64_t)st.st_size, st.st_mtim});
   }
   ::closedir(d);

@@ -154,11 +154,12 @@ void add_injection_bindings(py::module_& m) {
         if (!f) throw py::value_error("cannot read " + header_file);
         const std::string header((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
         py::gil_scoped_release nogil;
-        jit_compile_sources(arch, whole_overrides(header));
+        return compile_whole_image(arch, header);
       },
       py::arg("arch"), py::arg("header_file"),
       "The whole build helper's work: compile a generation header whole for `arch` into the JIT cache (an empty "
-      "file: the base image, generation 0's embedded sources).");
+      "file: the base image, generation 0's embedded sources), taking turns with other processes' helpers for the "
+      "same header; returns whether this call compiled (False: another had left the image in the cache).");
   m.def(
       "_request_tier2",
       [](py::list fused) {
