@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -206,9 +207,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.arch and not a.warm:
         p.error("--arch goes with --warm")
-    bad = [x for x in a.arch if not (x.startswith("sm_") and x[3:].isdigit())]
+    bad = [x for x in a.arch if not re.fullmatch(r"(sm|compute)_\d+", x)]
     if bad:
-        p.error(f"--arch {' '.join(bad)}: name real archs, e.g. sm_80 or sm_90")
+        p.error(f"--arch {' '.join(bad)}: name archs as NVRTC does, e.g. sm_80, sm_90 or compute_90 (PTX)")
     gx, gpus = report(a.arch)
     if a.warm and gx is not None:
         warm(gx, a.arch or list(dict.fromkeys(g[2] for g in gpus)))

@@ -321,6 +321,9 @@ def test_warm_fills_the_cache_so_a_process_starts_whole(objects_only_cache):
     bad = subprocess.run(doctor + ["--arch", "sm_90"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
                          env=env)
     assert bad.returncode == 2 and "--arch goes with --warm" in bad.stderr, describe(bad)
+    typo = subprocess.run(doctor + ["--warm", "--arch", "sm90"], capture_output=True, text=True, timeout=120,
+                          cwd=REPO_ROOT, env=env)
+    assert typo.returncode == 2 and "--arch sm90: name archs as NVRTC does" in typo.stderr, describe(typo)
 
 
 _HELPER_JOB = r"""

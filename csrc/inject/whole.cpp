@@ -167,8 +167,8 @@ void build_loop() {
       // Once: a slower steady state, nothing wrong with any result. No cache dir is the user's choice (every
       // process's generation 0 would warn): whole_build_info() says it.
       if (s.info.failed == 1 && err.rfind("no JIT cache dir", 0) != 0)
-        std::fprintf(stderr, "[gpuos] warning: the background whole build failed; hot programs stay on linked "
-                             "generations (gpuos_ext.whole_build_info()['last_error'] has why; GPUOS_WHOLE_BUILD=0 "
+        std::fprintf(stderr, "[gpuos] warning: the background whole build failed; generations stay linked (a few "
+                             "percent slower; gpuos_ext.whole_build_info()['last_error'] has why; GPUOS_WHOLE_BUILD=0 "
                              "turns it off): %.300s\n", s.info.last_error.c_str());
     }
     s.cv.notify_all();
