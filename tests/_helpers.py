@@ -137,3 +137,14 @@ def captured_levels(fn, make_input, set_on, compare, calls=2):
         finally:
             set_on(True)
     return levels
+
+
+def seeded_cache(cache, pattern):
+    """A fresh JIT cache dir `cache` holding the files of the session's cache (conftest's GPUOS_CACHE_DIR) that match
+    `pattern` -- e.g. the worker objects, so a test's generations link without a 20 s compile. Returns it."""
+    import shutil
+    from pathlib import Path
+    cache.mkdir()
+    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob(pattern):
+        shutil.copy(f, cache / f.name)
+    return cache

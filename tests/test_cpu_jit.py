@@ -9,7 +9,7 @@ import pytest
 
 import gpuos
 import gpuos_ext
-from _helpers import REPO_ROOT, describe, run_python
+from _helpers import REPO_ROOT, describe, run_python, seeded_cache
 
 ARCHS = ["sm_80", "sm_90"]
 EM_CUDA = 190
@@ -206,13 +206,9 @@ def test_disk_cache_keeps_under_its_bound_dropping_least_recently_used(tmp_path)
     process's temporary file; 0 means no bound."""
     if gpuos_ext.link_info()["mode"] != "linked":  # the op's generation links (its objects are the writes)
         pytest.skip(gpuos_ext.link_info()["reason"])
-    import shutil
     import time
     for bound in ("0", "bounded"):
-        cache = tmp_path / f"cache-{bound}"
-        cache.mkdir()
-        for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin"):  # the linkable worker: no 20 s compile
-            shutil.copy(f, cache / f.name)
+        cache = seeded_cache(tmp_path / f"cache-{bound}", "worker-*.o.cubin")  # the linkable worker: no compile
         real = sum(f.stat().st_size for f in cache.iterdir())
         old = time.time() - 86400 * 365
         names = [f"stale{i}-sm_90-{i:016x}.cubin" for i in range(4)] + ["whole-1-0-sm_90.h", "x.cubin.tmp.1"]

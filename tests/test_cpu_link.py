@@ -7,12 +7,11 @@ is compiled once per arch for the whole file."""
 
 import os
 import struct
-from pathlib import Path
 
 import pytest
 
 import gpuos_ext
-from _helpers import describe, run_python
+from _helpers import describe, run_python, seeded_cache
 
 EM_CUDA = 190
 
@@ -41,12 +40,7 @@ def cold_cache(tmp_path):
     """A cache directory holding only the shared cache's worker objects: tests that count the small objects a
     generation compiles need them cold, whatever ran before with the shared cache (the GPU suite's injection and
     link tests compile the same op slots for sm_90); the worker object (seconds per arch) stays warm."""
-    import shutil
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*"):
-        shutil.copy(f, cache / f.name)
-    return cache
+    return seeded_cache(tmp_path / "cache", "worker-*")
 
 
 def _is_cubin(b):

@@ -12,12 +12,17 @@ from pathlib import Path
 import pytest
 
 import gpuos_ext
-from _helpers import describe, run_python
+from _helpers import REPO_ROOT, describe, run_python, seeded_cache
 from test_cpu_link import _op_id, _program, cold_cache, requires_link  # noqa: F401 (cold_cache: a fixture)
 
 
 def _env(cache):
     return {"GPUOS_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": "", "GPUOS_WHOLE_BUILD": "1"}
+
+
+def _child_env(cache):
+    """The whole environment of a child started with subprocess directly (run_python adds the repo path itself)."""
+    return dict(os.environ, **_env(cache), PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def _prog(scale):
@@ -174,8 +179,7 @@ def test_a_killed_process_takes_its_helper_with_it(cold_cache):
     import signal
     import subprocess
     import sys
-    from _helpers import REPO_ROOT
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **_env(cold_cache))
+    env = _child_env(cold_cache)
     child = subprocess.Popen([sys.executable, "-c", f"PROG = {_prog(9.0)!r}\n" + _KILLED], env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -210,12 +214,7 @@ def _state(pid):
 def objects_only_cache(tmp_path):
     """A cache dir with only the shared cache's relocatable worker objects (`worker-*.o.cubin`): cold_cache also
     copies whole worker images, and the base image (generation 0 compiled whole) may be among them."""
-    import shutil
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob("worker-*.o.cubin"):
-        shutil.copy(f, cache / f.name)
-    return cache
+    return seeded_cache(tmp_path / "cache", "worker-*.o.cubin")
 
 
 _BASE_FIRST = r"""
@@ -303,26 +302,22 @@ def test_warm_fills_the_cache_so_a_process_starts_whole(objects_only_cache):
     generation 0 whole from the cache, with no helper and no compile; the report says where the cache stands."""
     import subprocess
     import sys
-    from _helpers import REPO_ROOT
-    env = dict(os.environ, **_env(objects_only_cache))
-    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    doctor = [sys.executable, "-m", "gpuos"]
-    before = subprocess.run(doctor + ["--warm", "--arch", "sm_90"], capture_output=True, text=True, timeout=900,
-                            cwd=REPO_ROOT, env=env)
+
+    def doctor(*args, timeout=300):
+        return subprocess.run([sys.executable, "-m", "gpuos", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO_ROOT, env=_child_env(objects_only_cache))
+    before = doctor("--warm", "--arch", "sm_90", timeout=900)
     assert before.returncode == 0, describe(before)
     assert "base image sm_90" in before.stdout and "not in the JIT cache yet" in before.stdout, before.stdout
     assert "pass  sm_90" in before.stdout and "base image compiled in" in before.stdout, before.stdout
     p = run_python(_AFTER_WARM, env_extra=_env(objects_only_cache), timeout=300)
     assert p.returncode == 0 and _field(p.stdout, "BUILT") == "cached whole 0 0 0", describe(p)
-    again = subprocess.run(doctor + ["--warm", "--arch", "sm_90"], capture_output=True, text=True, timeout=300,
-                           cwd=REPO_ROOT, env=env)
+    again = doctor("--warm", "--arch", "sm_90")
     assert again.returncode == 0 and "base image was cached" in again.stdout, describe(again)
     assert "in the JIT cache: every process's generation 0 starts whole" in again.stdout, again.stdout
-    bad = subprocess.run(doctor + ["--arch", "sm_90"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
-                         env=env)
+    bad = doctor("--arch", "sm_90", timeout=120)
     assert bad.returncode == 2 and "--arch goes with --warm" in bad.stderr, describe(bad)
-    typo = subprocess.run(doctor + ["--warm", "--arch", "sm90"], capture_output=True, text=True, timeout=120,
-                          cwd=REPO_ROOT, env=env)
+    typo = doctor("--warm", "--arch", "sm90", timeout=120)
     assert typo.returncode == 2 and "--arch sm90: name archs as NVRTC does" in typo.stderr, describe(typo)
 
 
@@ -337,11 +332,9 @@ def test_helpers_of_two_processes_take_turns_and_compile_once(objects_only_cache
     compiles, the other waits for the lock and finds the image in the cache. PTX (compute_90) keeps it short."""
     import subprocess
     import sys
-    from _helpers import REPO_ROOT
     header = tmp_path / "job.h"
     header.write_text("")  # the base image
-    env = dict(os.environ, **_env(objects_only_cache))
-    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env = _child_env(objects_only_cache)
     jobs = [subprocess.Popen([sys.executable, "-c", _HELPER_JOB, str(header)], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [j.communicate(timeout=600) for j in jobs]

@@ -235,7 +235,8 @@ std::shared_ptr<const std::string> generation_image(uint32_t gen, const std::str
     r.gens[gen]->images[arch] = image;
     if (r.gens[gen]->built != "linked") r.gens[gen]->built = gen_build_name(how);
   }
-  // Generation 0 linked (a runtime's first): its whole build (whole.h; stale unless it is still the newest).
+  // Linked here (generation 0: a runtime's first image; or an arch new to the generation): its whole build
+  // (whole.h: the base image's always runs; any other is stale unless its generation is still the newest).
   if (how == GenBuild::kLinked) request_whole_build(gen);
   return image;
 }

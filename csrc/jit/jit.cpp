@@ -195,8 +195,9 @@ namespace {
 // The disk cache's bound (GPUOS_CACHE_MAX_MB; 0: none). After a write that takes `dir` over it, the least recently
 // used files go -- oldest modification time first; a disk hit refreshes its file's -- until the directory holds at
 // most 90 % of the bound. Never `keep` (the file just written), a whole build's job file (whole-<pid>-*: a helper
-// may be reading it; its lock files whole-lock-* may go) or another process's temporary file (*.tmp.<pid>, being written). A file another process still
-// reads stays readable until it closes it; a file removed here is a miss later (a compile), never a wrong image.
+// may be reading it; lock files whole-lock-* may go) or another process's temporary file (*.tmp.<pid>, being
+// written). A file another process still reads stays readable until it closes it; a file removed here is a miss
+// later (a compile), never a wrong image.
 void trim_cache(const std::string& dir, const std::string& keep) {
   const uint64_t max = (uint64_t)env_config().cache_max_mb << 20;
   DIR* d = max ? ::opendir(dir.c_str()) : nullptr;
@@ -206,6 +207,10 @@ void trim_cache(const std::string& dir, const std::string& keep) {
     uint64_t size;
     struct timespec mtime;
   };
+  auto evictable = [&](const std::string& name, const std::string& path) {
+    const bool job = name.rfind("whole-", 0) == 0 && name.rfind("whole-lock-", 0) != 0;
+    return path != keep && !job && name.find(".tmp.") == std::string::npos;
+  };
   std::vector<Entry> files;
   uint64_t total = 0;
   while (const dirent* e = ::readdir(d)) {
@@ -213,9 +218,7 @@ void trim_cache(const std::string& dir, const std::string& keep) {
     struct stat st;
     if (name == "." || name == ".." || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     total += (uint64_t)st.st_size;
-    if (path != keep && (name.rfind("whole-", 0) != 0 || name.rfind("whole-lock-", 0) == 0) &&
-        name.find(".tmp.") == std::string::npos)
-      files.push_back({path, (uint64_t)st.st_size, st.st_mtim});
+    if (evictable(name, path)) files.push_back({path, (uint64_t)st.st_size, st.st_mtim});
   }
   ::closedir(d);
   if (total <= max) return;
