@@ -126,14 +126,12 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
   return nv * per;
 }
 
-// __noinline__: one out-of-line function per op keeps the worker's NVRTC/ptxas time bounded (inlining every
-// op into the dispatch switch made one huge function: ~50 s to compile on a 2-core machine).
-template <class F, u32 A>
-__device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 lane) {
-  // The descriptor in registers: through a generic reference (it lives in shared memory), the compiler must
-  // reload its fields after every global store.
-  const SubOp d = ds;
-  const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
+// The element loops, past the first `done` elements (ew_vec's): contiguous (mixed dtypes, unaligned, or the
+// vectors' tail) and strided; `apply(x0, x1, x2, s0, s1)` is the op on one element. `d`: the descriptor in
+// registers (through a generic reference -- it lives in shared memory -- the compiler must reload its fields
+// after every global store).
+template <u32 A, class Apply>
+__device__ __forceinline__ void ew_elems(const SubOp& d, const TensorRef* refs, u32 lane, u32 done, Apply apply) {
   const u32 dto = d.dtype & 0xffu;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
   if (!(d.flags & kFlagStrided)) {  // contiguous: mixed dtypes, unaligned, or the vectors' tail
@@ -153,7 +151,7 @@ __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 l
 #pragma unroll
         for (u32 k = 0; k < A; ++k)
           x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[u][k]) : bits_value(raw[u][k], dt_of(d, k + 1));
-        store_f32((void*)d.out, dto, (i64)d.base + i0 + 32 * u, F::apply(x[0], x[1], x[2], s0, s1));
+        store_f32((void*)d.out, dto, (i64)d.base + i0 + 32 * u, apply(x[0], x[1], x[2], s0, s1));
       }
     }
     return;
@@ -184,9 +182,19 @@ __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 l
 #pragma unroll
       for (u32 k = 0; k < A; ++k)
         x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[u][k]) : bits_value(raw[u][k], dt_of(d, k + 1));
-      store_f32((void*)refs[0].ptr, dto, off[0].v[u], F::apply(x[0], x[1], x[2], s0, s1));
+      store_f32((void*)refs[0].ptr, dto, off[0].v[u], apply(x[0], x[1], x[2], s0, s1));
     }
   }
+}
+
+// An elementwise sub-op with functor F: the 16-byte vector path, then the element loops, all F's own code -- the
+// injected ops' (user_exec, their linked objects). The worker's built-in ops share one copy of the element loops
+// per arity instead (worker.cu ew_builtin).
+template <class F, u32 A>
+__device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 lane) {
+  const SubOp d = ds;
+  const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
+  ew_elems<A>(d, refs, lane, done, [](float a, float b, float c, float s0, float s1) { return F::apply(a, b, c, s0, s1); });
 }
 
 // ---------------------------------------------------------------- fused chains: operand offsets, tier 2
