@@ -4,8 +4,9 @@
 // (csrc/generations.cpp, generation_header()) of the same shape:
 //   namespace gpuos_user_<op>_<slot> { <user source>; struct UserF_<op>_<slot> { apply(a, b, c, s0, s1) }; }
 //   #define GPUOS_USER_OPS(X) X(op, slot, arity, functor) ...
-// The worker runs every entry through the same ew_op<F, arity> template as the built-in ops (strides,
-// broadcast, fp16/bf16, vector paths), dispatched on (op id, slot) by user_exec() in worker.cu.
+// The worker runs every entry through ew_op<F, arity> (elementwise.h: the built-in ops' vector and element loops --
+// strides, broadcast, fp16/bf16 -- with the functor's own code), dispatched on (op id, slot) by user_exec() in
+// worker.cu.
 #pragma once
 #include "device_src/config.h"
 #include "device_src/functors.h"

@@ -93,7 +93,7 @@ def report(archs=()) -> tuple:
         for arch in dict.fromkeys(list(archs) + [g[2] for g in gpus]):
             line(f"base image {arch}", "in the JIT cache: every process's generation 0 starts whole"
                  if gx.jit_base_cached(arch) else "not in the JIT cache yet: `python -m gpuos --warm` compiles it "
-                 "(~90 s, once per machine and build); until then each process starts linked")
+                 "(~40-90 s, once per machine and build); until then each process starts linked")
     settings = {k: v for k, v in gx.config().items() if k in os.environ}
     line("GPUOS_* settings", ", ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)")
     return gx, gpus
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--selftest", action="store_true", help="also run checks (NVRTC compile; GPU: API, scheduler)")
     p.add_argument("--warm", action="store_true",
-                   help="compile the worker whole for this machine's GPUs into the JIT cache (~90 s per arch)")
+                   help="compile the worker whole for this machine's GPUs into the JIT cache (~40-90 s per arch)")
     p.add_argument("--arch", nargs="+", default=[], metavar="ARCH",
                    help="with --warm: these archs (sm_80, sm_90, ...) instead of the visible GPUs'")
     a = p.parse_args(argv)

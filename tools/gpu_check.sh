@@ -27,7 +27,8 @@ else
 fi
 # Warm the JIT cache once (the suite's own cold-start tests use private cache dirs); say how generations are built.
 # Outside the test modes, also wait (at most 300 s) for generation 0's base image compiled whole (csrc/inject/whole.h:
-# ~85 s once per machine and build, then every process's generation 0 is taken whole from the cache).
+# 83 s at 747674a, about a third less since; once per machine and build, then every process's generation 0 is
+# taken whole from the cache).
 case "$MODE" in tests*) WARM_WHOLE=${WARM_WHOLE:-0} ;; *) WARM_WHOLE=${WARM_WHOLE:-1} ;; esac
 python3 -c "import time, gpuos, gpuos_ext; gpuos.init(); print(gpuos.runtime_info()); print(gpuos_ext.link_info())
 if $WARM_WHOLE and gpuos_ext.whole_build_info()['enabled']:
@@ -90,8 +91,9 @@ for v in ${W7_ENVS:--}; do
   i=$((i + 1)); envs=(); [ "$v" = - ] || IFS=, read -ra envs <<< "$v"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 200 > "$OUT/clocks_$i.log" 2>&1 &
   smi=$!
-  # W7_TIMEOUT (default 360 s): a model's settle waits for its whole build (~90 s of the helper's NVRTC on an H200,
-  # once per model and build; csrc/inject/whole.h), so W7 of two models takes ~210 s, ~20 s with GPUOS_WHOLE_BUILD=0.
+  # W7_TIMEOUT (default 360 s): a model's settle waits for its whole build (~90 s of the helper's NVRTC on an H200
+  # at 747674a, less since, once per model and build; csrc/inject/whole.h), so W7 of two models took ~210 s, ~20 s
+  # with GPUOS_WHOLE_BUILD=0.
   t=$(left); [ "$t" -gt "${W7_TIMEOUT:-360}" ] && t=${W7_TIMEOUT:-360}
   env "${envs[@]}" timeout $((t - 5)) python3 "${W7_ROWS[@]}" --out-dir "$OUT/w7_$i" > "$OUT/w7_$i.log" 2>&1
   echo "W7 [$v] rc=$?: $(grep -E 'GPUOS vs best peer' "$OUT/w7_$i.log" | tail -1)"

@@ -3,7 +3,7 @@
 //   nvcc -std=c++17 -arch=sm_90 -O3 -lineinfo -I . tools/warp_bench.cu -o /tmp/warp_bench && /tmp/warp_bench
 //   (WB_ONLY=<kind> runs one case: ncu --set full --import-source yes -k bench ... for its SASS hot spots)
 //
-// One warp of block 0 runs the worker's own device functions (device_src/: ew_op, reduce_op, fused_rows through
+// One warp of block 0 runs the worker's own device functions (device_src/: ew_builtin, reduce_op, fused_rows through
 // the interpreter) on one descriptor, `reps` times in a row (each rep reads what the previous one wrote: L2-warm
 // data, as a decode level reads its producer's output), timed by %clock64 and %globaltimer around each call.
 // Next to them, hand-written loops over the same bytes set the floor: one 16-byte load per lane in flight, and
@@ -158,7 +158,7 @@ __global__ void bench(int kind, SubOp dsrc, const TensorRef* grefs, const Progra
     switch (kind) {
       case kRaw1: raw_add<1>((const float*)sd.in[0], (const float*)sd.in[1], (float*)sd.out, sd.n, lane); break;
       case kRaw4: raw_add<4>((const float*)sd.in[0], (const float*)sd.in[1], (float*)sd.out, sd.n, lane); break;
-      case kEwAdd: case kEwStrided: ew_op<AddF, 2>(sd, refs, lane); break;
+      case kEwAdd: case kEwStrided: ew_builtin<AddF, 2>(sd, refs, lane); break;
       case kEwCast: ew_op<CopyF, 1>(sd, refs, lane); break;
       case kMean: reduce_op<MeanR>(sd, refs, lane); break;
       case kFusedCopy:
