@@ -91,8 +91,13 @@ def report(archs=()) -> tuple:
     gpus = _gpus(torch, gx)
     if li["mode"] == "linked" and gx.whole_build_info()["enabled"] and gx.jit_cache_dir():
         for arch in dict.fromkeys(list(archs) + [g[2] for g in gpus]):
+            try:
+                cached = gx.jit_base_cached(arch)
+            except ValueError as e:  # a setting the compile options refuse (GPUOS_PTXAS_FAST)
+                problem(f"base image {arch}: {e}", "fix the setting it names")
+                continue
             line(f"base image {arch}", "in the JIT cache: every process's generation 0 starts whole"
-                 if gx.jit_base_cached(arch) else "not in the JIT cache yet: `python -m gpuos --warm` compiles it "
+                 if cached else "not in the JIT cache yet: `python -m gpuos --warm` compiles it "
                  "(~40-90 s, once per machine and build); until then each process starts linked")
     settings = {k: v for k, v in gx.config().items() if k in os.environ}
     line("GPUOS_* settings", ", ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)")
