@@ -93,7 +93,7 @@ def report(archs=()) -> tuple:
         for arch in dict.fromkeys(list(archs) + [g[2] for g in gpus]):
             try:
                 cached = gx.jit_base_cached(arch)
-            except ValueError as e:  # a setting the compile options refuse (GPUOS_PTXAS_FAST)
+            except ValueError as e:  # a setting the compile options refuse (GPUOS_FAST_COMPILE)
                 problem(f"base image {arch}: {e}", "fix the setting it names")
                 continue
             line(f"base image {arch}", "in the JIT cache: every process's generation 0 starts whole"

@@ -91,25 +91,30 @@ def test_traced_worker_is_a_build_of_its_own(cubins, tmp_path):
     assert traced[:4] == b"\x7fELF" and traced != cubins["sm_90"]
 
 
-def test_ptxas_fast_compile_is_a_build_of_its_own(cubins, tmp_path):
-    """GPUOS_PTXAS_FAST=min compiles the whole worker with ptxas --Ofast-compile=min (the whole build's time against
-    its code): a cubin of its own (its own cache key); 0 is the default's options (served from the default's cache
-    entry with compiles forbidden); an unknown level raises ValueError naming the setting and the levels, and
-    writes nothing to the cache."""
+@pytest.mark.parametrize("level", ["ptxas-min", "min"])
+def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path, level):
+    """GPUOS_FAST_COMPILE compiles the whole worker in a fast-compile mode (ptxas's alone, or NVRTC's: NVVM and
+    ptxas) -- the whole build's time against its code: a cubin of its own (its own cache key), and the two modes
+    differ; 0 is the default's options (served from the default's cache entry with compiles forbidden); an unknown
+    level raises ValueError naming the setting and the levels, and writes nothing to the cache."""
+    cache = tmp_path / "cache"
     out = tmp_path / "fast.cubin"
     p = run_python(f"""
         import gpuos, gpuos_ext
-        assert gpuos_ext.config()["GPUOS_PTXAS_FAST"] == "min", gpuos_ext.config()
+        assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == {level!r}, gpuos_ext.config()
         open({str(out)!r}, "wb").write(gpuos_ext.jit_compile("sm_90"))
-    """, env_extra={"GPUOS_PTXAS_FAST": "min", "GPUOS_CACHE_DIR": str(tmp_path / "cache")}, timeout=600)
+    """, env_extra={"GPUOS_FAST_COMPILE": level, "GPUOS_CACHE_DIR": str(cache)}, timeout=600)
     assert p.returncode == 0, describe(p)
     fast = out.read_bytes()
     assert fast[:4] == b"\x7fELF" and fast != cubins["sm_90"]
+    _FAST_IMAGES[level] = fast
+    if len(_FAST_IMAGES) == 2:
+        assert _FAST_IMAGES["min"] != _FAST_IMAGES["ptxas-min"]
     off = run_python("""
         import gpuos_ext
-        assert gpuos_ext.config()["GPUOS_PTXAS_FAST"] == "0"
+        assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == "0"
         gpuos_ext.jit_compile("sm_90")
-    """, env_extra={"GPUOS_PTXAS_FAST": "0", "GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"],
+    """, env_extra={"GPUOS_FAST_COMPILE": "0", "GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"],
                     "GPUOS_FORBID_COMPILE": "1"})
     assert off.returncode == 0, describe(off)
     bad_cache = tmp_path / "bad-cache"
@@ -119,10 +124,13 @@ def test_ptxas_fast_compile_is_a_build_of_its_own(cubins, tmp_path):
             gpuos_ext.jit_compile("sm_90")
         except ValueError as e:
             print("VALUE_ERROR", e)
-    """, env_extra={"GPUOS_PTXAS_FAST": "fast", "GPUOS_CACHE_DIR": str(bad_cache)})
+    """, env_extra={"GPUOS_FAST_COMPILE": "ptxas-fast", "GPUOS_CACHE_DIR": str(bad_cache)})
     assert bad.returncode == 0 and "VALUE_ERROR" in bad.stdout, describe(bad)
-    assert "GPUOS_PTXAS_FAST='fast'" in bad.stdout and "min or mid" in bad.stdout, bad.stdout
+    assert "GPUOS_FAST_COMPILE='ptxas-fast'" in bad.stdout and "ptxas-min or ptxas-mid" in bad.stdout, bad.stdout
     assert not bad_cache.exists() or not any(f.is_file() for f in bad_cache.rglob("*"))
+
+
+_FAST_IMAGES = {}  # level -> image, for the two modes' comparison
 
 
 _FORBID_SCRIPT = """

@@ -46,7 +46,7 @@ EnvConfig read_env() {
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
   read_u32("GPUOS_PTXAS_OPT", c.ptxas_opt);
   read_u32("GPUOS_CACHE_MAX_MB", c.cache_max_mb);
-  if (const char* f = get("GPUOS_PTXAS_FAST")) c.ptxas_fast = std::string(f) == "0" ? "" : f;
+  if (const char* f = get("GPUOS_FAST_COMPILE")) c.fast_compile = std::string(f) == "0" ? "" : f;
   if (c.ptxas_opt > 3) c.ptxas_opt = 3;
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
   c.worker_matmul = flag("GPUOS_WORKER_MATMUL");
@@ -111,7 +111,7 @@ std::string describe_env_config() {
          "\nGPUOS_HANDOVER_QUEUE=" + std::to_string(c.handover_queue) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +
-         "\nGPUOS_PTXAS_FAST=" + (c.ptxas_fast.empty() ? std::string("0") : c.ptxas_fast) +
+         "\nGPUOS_FAST_COMPILE=" + (c.fast_compile.empty() ? std::string("0") : c.fast_compile) +
          "\nGPUOS_FORBID_COMPILE=" + (c.forbid_compile ? "1" : "0") +
          "\nGPUOS_WORKER_MATMUL=" + (c.worker_matmul ? "1" : "0") +
          "\nGPUOS_WORKER_ATTENTION=" + (c.worker_attention ? "1" : "0") +

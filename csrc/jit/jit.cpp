@@ -58,16 +58,19 @@ std::vector<std::string> compile_options(const std::string& arch, bool relocatab
   // GPUOS_TRACE: the worker also records every sub-op (device_src/worker.cu kTraceSubops); a build of its own, so
   // that the untraced worker carries none of it (the records' timestamps cost spills in the dispatch).
   if (env_config().trace_records) o.push_back("-DGPUOS_TRACE_SUBOPS=1");
-  // GPUOS_PTXAS_FAST: ptxas's fast-compile mode for the whole images (sm_90, 2 cores: the worker's ptxas 28.8 s at
-  // -O1, 5.4 s with --Ofast-compile=min, and no spills; its speed on the GPU not yet measured, DEVELOPING *The
+  // GPUOS_FAST_COMPILE: the fast-compile mode for the whole images, NVRTC's (NVVM and ptxas) or ptxas's alone. sm_90,
+  // 2 cores: the base image 39.8 s by default, 13.1 s with ptxas's min, 5.9 s with NVRTC's min (NVVM then unrolls
+  // less: 245 global loads in the SASS against 340); the code's speed on the GPU not yet measured (DEVELOPING *The
   // background whole build*). Relocatable objects keep the default: NVVM is most of their time.
-  const std::string& fast = env_config().ptxas_fast;
+  const std::string& fast = env_config().fast_compile;
   if (!fast.empty() && !relocatable) {
-    if (fast != "min" && fast != "mid")
-      throw std::invalid_argument("gpuos: GPUOS_PTXAS_FAST='" + fast +
-                                  "' is not a ptxas fast-compile level: set it to min or mid, or 0 (off)");
-    o.push_back("-Xptxas");
-    o.push_back("--Ofast-compile=" + fast);
+    const bool ptxas = fast.rfind("ptxas-", 0) == 0;
+    const std::string level = ptxas ? fast.substr(6) : fast;
+    if (level != "min" && level != "mid")
+      throw std::invalid_argument("gpuos: GPUOS_FAST_COMPILE='" + fast + "' is not a fast-compile level: set it to "
+                                  "min or mid (NVRTC's), ptxas-min or ptxas-mid (ptxas's alone), or 0 (off)");
+    if (ptxas) o.push_back("-Xptxas");
+    o.push_back("--Ofast-compile=" + level);
   }
   if (relocatable) {
     // Separately compiled device functions do not inherit the worker's __launch_bounds__ register cap, and
