@@ -194,7 +194,8 @@ template <class F, u32 A>
 __device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 lane) {
   const SubOp d = ds;
   const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
-  ew_elems<A>(d, refs, lane, done, [](float a, float b, float c, float s0, float s1) { return F::apply(a, b, c, s0, s1); });
+  ew_elems<A>(d, refs, lane, done,
+              [](float a, float b, float c, float s0, float s1) { return F::apply(a, b, c, s0, s1); });
 }
 
 // ---------------------------------------------------------------- fused chains: operand offsets, tier 2

@@ -91,25 +91,23 @@ def test_traced_worker_is_a_build_of_its_own(cubins, tmp_path):
     assert traced[:4] == b"\x7fELF" and traced != cubins["sm_90"]
 
 
-@pytest.mark.parametrize("level", ["ptxas-min", "min"])
-def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path, level):
+def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path):
     """GPUOS_FAST_COMPILE compiles the whole worker in a fast-compile mode (ptxas's alone, or NVRTC's: NVVM and
     ptxas) -- the whole build's time against its code: a cubin of its own (its own cache key), and the two modes
     differ; 0 is the default's options (served from the default's cache entry with compiles forbidden); an unknown
     level raises ValueError naming the setting and the levels, and writes nothing to the cache."""
-    cache = tmp_path / "cache"
-    out = tmp_path / "fast.cubin"
-    p = run_python(f"""
-        import gpuos, gpuos_ext
-        assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == {level!r}, gpuos_ext.config()
-        open({str(out)!r}, "wb").write(gpuos_ext.jit_compile("sm_90"))
-    """, env_extra={"GPUOS_FAST_COMPILE": level, "GPUOS_CACHE_DIR": str(cache)}, timeout=600)
-    assert p.returncode == 0, describe(p)
-    fast = out.read_bytes()
-    assert fast[:4] == b"\x7fELF" and fast != cubins["sm_90"]
-    _FAST_IMAGES[level] = fast
-    if len(_FAST_IMAGES) == 2:
-        assert _FAST_IMAGES["min"] != _FAST_IMAGES["ptxas-min"]
+    images = {}
+    for level in ("ptxas-min", "min"):
+        out = tmp_path / f"{level}.cubin"
+        p = run_python(f"""
+            import gpuos, gpuos_ext
+            assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == {level!r}, gpuos_ext.config()
+            open({str(out)!r}, "wb").write(gpuos_ext.jit_compile("sm_90"))
+        """, env_extra={"GPUOS_FAST_COMPILE": level, "GPUOS_CACHE_DIR": str(tmp_path / "cache")}, timeout=600)
+        assert p.returncode == 0, describe(p)
+        images[level] = out.read_bytes()
+        assert images[level][:4] == b"\x7fELF" and images[level] != cubins["sm_90"], level
+    assert images["min"] != images["ptxas-min"]
     off = run_python("""
         import gpuos_ext
         assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == "0"
@@ -128,9 +126,6 @@ def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path, level):
     assert bad.returncode == 0 and "VALUE_ERROR" in bad.stdout, describe(bad)
     assert "GPUOS_FAST_COMPILE='ptxas-fast'" in bad.stdout and "ptxas-min or ptxas-mid" in bad.stdout, bad.stdout
     assert not bad_cache.exists() or not any(f.is_file() for f in bad_cache.rglob("*"))
-
-
-_FAST_IMAGES = {}  # level -> image, for the two modes' comparison
 
 
 _FORBID_SCRIPT = """
