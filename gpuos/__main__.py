@@ -98,7 +98,7 @@ def report(archs=()) -> tuple:
                 continue
             line(f"base image {arch}", "in the JIT cache: every process's generation 0 starts whole"
                  if cached else "not in the JIT cache yet: `python -m gpuos --warm` compiles it "
-                 "(~40-90 s, once per machine and build); until then each process starts linked")
+                 "(~15-30 s, once per machine and build); until then each process starts linked")
     settings = {k: v for k, v in gx.config().items() if k in os.environ}
     line("GPUOS_* settings", ", ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)")
     return gx, gpus

@@ -92,12 +92,13 @@ def test_traced_worker_is_a_build_of_its_own(cubins, tmp_path):
 
 
 def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path):
-    """GPUOS_FAST_COMPILE compiles the whole worker in a fast-compile mode (ptxas's alone, or NVRTC's: NVVM and
-    ptxas) -- the whole build's time against its code: a cubin of its own (its own cache key), and the two modes
-    differ; 0 is the default's options (served from the default's cache entry with compiles forbidden); an unknown
-    level raises ValueError naming the setting and the levels, and writes nothing to the cache."""
+    """GPUOS_FAST_COMPILE picks the fast-compile mode of the whole worker -- ptxas's alone (ptxas-min, the default),
+    NVRTC's (min: NVVM and ptxas), or 0 (off: the full ptxas): each a cubin of its own (its own cache key), all
+    three different; ptxas-min named is the default's options (served from the default's cache entry with compiles
+    forbidden); an unknown level raises ValueError naming the setting and the levels, and writes nothing to the
+    cache."""
     images = {}
-    for level in ("ptxas-min", "min"):
+    for level in ("0", "min"):
         out = tmp_path / f"{level}.cubin"
         p = run_python(f"""
             import gpuos, gpuos_ext
@@ -107,14 +108,14 @@ def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path):
         assert p.returncode == 0, describe(p)
         images[level] = out.read_bytes()
         assert images[level][:4] == b"\x7fELF" and images[level] != cubins["sm_90"], level
-    assert images["min"] != images["ptxas-min"]
-    off = run_python("""
+    assert images["min"] != images["0"]
+    default = run_python("""
         import gpuos_ext
-        assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == "0"
+        assert gpuos_ext.config()["GPUOS_FAST_COMPILE"] == "ptxas-min"
         gpuos_ext.jit_compile("sm_90")
-    """, env_extra={"GPUOS_FAST_COMPILE": "0", "GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"],
+    """, env_extra={"GPUOS_FAST_COMPILE": "ptxas-min", "GPUOS_CACHE_DIR": os.environ["GPUOS_CACHE_DIR"],
                     "GPUOS_FORBID_COMPILE": "1"})
-    assert off.returncode == 0, describe(off)
+    assert default.returncode == 0, describe(default)
     bad_cache = tmp_path / "bad-cache"
     bad = run_python("""
         import gpuos_ext

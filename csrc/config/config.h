@@ -34,10 +34,10 @@ struct EnvConfig {
                                   // which it leaves at once (walk.h poll_step; 0: only after idle_us)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)
   uint32_t ptxas_opt = 1;        // GPUOS_PTXAS_OPT: ptxas -O level of every NVRTC compile (0..3; compile time vs code)
-  std::string fast_compile;       // GPUOS_FAST_COMPILE: --Ofast-compile for the whole (not relocatable) compiles:
-                                  // "min" / "mid" NVRTC's own (NVVM and ptxas), "ptxas-min" / "ptxas-mid" ptxas's
-                                  // alone ("" / "0": off; anything else fails the compile, jit.cpp compile_options):
-                                  // the whole build's time against its code -- an A/B, off by default
+  std::string fast_compile = "ptxas-min";  // GPUOS_FAST_COMPILE: --Ofast-compile for the whole (not relocatable)
+                                  // compiles: "ptxas-min" (the default) / "ptxas-mid" ptxas's alone, "min" / "mid"
+                                  // NVRTC's own (NVVM and ptxas); "0": off (ptxas -O GPUOS_PTXAS_OPT in full);
+                                  // anything else fails the compile (jit.cpp compile_options)
   bool worker_matmul = false;     // GPUOS_WORKER_MATMUL=1: the scheduler records skinny matmuls as worker tasks
   bool worker_attention = false;  // GPUOS_WORKER_ATTENTION=1: the scheduler records decode SDPA as worker tasks
   // JIT and libraries.

@@ -58,10 +58,12 @@ std::vector<std::string> compile_options(const std::string& arch, bool relocatab
   // GPUOS_TRACE: the worker also records every sub-op (device_src/worker.cu kTraceSubops); a build of its own, so
   // that the untraced worker carries none of it (the records' timestamps cost spills in the dispatch).
   if (env_config().trace_records) o.push_back("-DGPUOS_TRACE_SUBOPS=1");
-  // GPUOS_FAST_COMPILE: the fast-compile mode for the whole images, NVRTC's (NVVM and ptxas) or ptxas's alone. sm_90,
-  // 2 cores: the base image 39.8 s by default, 13.1 s with ptxas's min, 5.9 s with NVRTC's min (NVVM then unrolls
-  // less: 245 global loads in the SASS against 340); the code's speed on the GPU not yet measured (DEVELOPING *The
-  // background whole build*). Relocatable objects keep the default: NVVM is most of their time.
+  // GPUOS_FAST_COMPILE: the fast-compile mode for the whole images, ptxas's alone by default (ptxas-min), or NVRTC's
+  // (NVVM and ptxas). sm_90, 2 cores: the base image 39.8 s without it, 13.1 s with ptxas's min, 5.9 s with NVRTC's
+  // min (NVVM then unrolls less: 245 global loads in the SASS against 340). On an H200 (thirty-sixth session, one
+  // call) W7's steps were as fast with ptxas-min as without (Llama-small 447 / 458 us, GPT-2-small 382 / 381) and
+  // tier 2 settled 3x sooner (31 / 103 s, 21 / 65 s); DEVELOPING *The background whole build*. Relocatable
+  // objects keep the full ptxas: NVVM is most of their time.
   const std::string& fast = env_config().fast_compile;
   if (!fast.empty() && !relocatable) {
     const bool ptxas = fast.rfind("ptxas-", 0) == 0;
