@@ -40,10 +40,10 @@ case "$MODE" in tests|tests1|tests2|all)
 # The repro and the examples run with part 1 (part 2 needs the call's time).
 [ "$MODE" != tests2 ] && { timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1
   echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"; }
-# The GPU suite is two pytest parts of ~350 / ~430 s on an H200 (twenty-seventh session, fresh NVRTC cache; the
-# second holds test_gpu_link.py's 266 s), each with its own summary line (pytest_1.log, pytest_2.log): neither fits
-# a call that also builds, so `tests1` / `tests2` run one part each with CARRY_SO (the build in a call of its own,
-# `build`, or one that measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written
+# The GPU suite is two pytest parts of ~340 / ~240 s on an H200 (thirty-sixth session, fresh NVRTC cache, whole
+# images in ptxas's fast-compile mode; ~350 / ~430 s before), each with its own summary line (pytest_1.log,
+# pytest_2.log): both do not fit one call, so `tests1` / `tests2` run one part each, with a build in the call or with
+# CARRY_SO (the build in an earlier call: `build`, `tests2`, or one that measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written
 # as they happen (GPUOS_FAIL_LOG), so a part cut by the device's time limit still says what failed.
 gpu_files() { for f in "$@"; do printf "tests/test_gpu_%s.py " "$f"; done; }
 part1="$( [ "${CPU:-0}" = 1 ] && ls tests/test_cpu_*.py) $(gpu_files program_calls programs reliability faults fusion \
