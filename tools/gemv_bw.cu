@@ -1,4 +1,5 @@
-// tools/gemv_bw.cu -- how fast an M = 1 fp16 product streams its weight on the worker's shape (GPU machine, ~10 s).
+// tools/gemv_bw.cu -- how fast an M = 1 fp16 product streams its weight on the worker's shape (GPU machine: nvcc
+// ~40 s, it includes worker.cu; ~5 s per shape).
 //
 //   nvcc -std=c++17 -arch=sm_90 -O3 -lineinfo -I . tools/gemv_bw.cu -o /tmp/gemv_bw && /tmp/gemv_bw [N K]
 //
@@ -7,6 +8,9 @@
 // in flight per lane -- 50-53 % of the copy at 4,096^2, and more loads in flight per lane (U = 4 / 8) did not help
 // (thirty-fifth session). Is that shape's memory parallelism the bound, and does the Hopper bulk copy engine
 // (cp.async.bulk into shared memory, completion on an mbarrier: no registers held per byte in flight) lift it?
+// Answer (thirty-sixth session, H200; DEVELOPING *Next* 5, EXPERIMENTS 5): neither -- the worker's own item, run here
+// without the worker around it, streams 4,096^2 in 4 K slices at 122-128 % of the copy's rate; the claim around the
+// items in the worker is what costs (benchmarks/results/gemv_bw_c5c7ae9.txt).
 //
 // y[n] = sum_k W[n, k] * x[k], W N x K fp16 K-contiguous (linear's weight), x fp16, y fp32. Every case reads the
 // whole weight once per launch from HBM: the launches rotate over enough copies of W to overflow L2. Cases:
