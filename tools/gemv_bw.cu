@@ -330,8 +330,9 @@ int main(int argc, char** argv) {
       if (K % (ks * 64) != 0) continue;
       char name[32];
 #define ITEM(U, ROT)                                                                                           \
-      CK(time_case([&](uint4* w) { gemv_item<U, ROT><<<sms, kThreads>>>((const char*)w, (const char*)x, y, N, K, ks); }, \
-                   &us, &e, ks));                                                                              \
+      CK(time_case([&](uint4* w) {                                                                             \
+                     gemv_item<U, ROT><<<sms, kThreads>>>((const char*)w, (const char*)x, y, N, K, ks);        \
+                   }, &us, &e, ks));                                                                           \
       std::snprintf(name, sizeof name, "item U=%d/%d%s", U, ks, ROT ? " rot" : "");                            \
       report(name, us, e);
       ITEM(2, false) ITEM(2, true) ITEM(4, false) ITEM(4, true)
