@@ -206,7 +206,7 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // before the outputs go out, so that the item's record splits into loads + mma and the epilogue / stores.
 // ROT: the slice's rounds of U chunks start at round (n0 / 16) mod rounds and wrap (the sum's order is free), so that
 // items running at once read different offsets of their weight rows. tools/gemv_bw.cu only (thirty-sixth session,
-// H200): no gain -- 4,096^2 and 11,008 x 4,096 within 1-3 %, 32,000 x 256 -7..+9 % -- so the worker keeps false.
+// H200): no gain -- 4,096^2 and 11,008 x 4,096 within 1-3 %, 32,000 x 256 -5..+10 % -- so the worker keeps false.
 template <bool BF16, bool TWO, u32 U, bool DUAL = false, bool ROT = false>
 __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane,
                                     u64* tk = nullptr) {
