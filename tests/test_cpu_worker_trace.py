@@ -81,3 +81,19 @@ def test_mm_shapes_parses_the_env_list(wt):
     assert wt.mm_shapes("") == ()
     with pytest.raises(ValueError):
         wt.mm_shapes("1x2")
+
+
+def test_claim_timeline_puts_claims_and_items_on_one_axis(wt, capsys):
+    """The timeline line (worker_trace.py claim_timeline): claims' exec start, items' start and end (an uncombined
+    item's outputs included, a combined item's combine not), claims' end, in us from the first claim's start."""
+    claims = [rec(0, 1, 1000, 4000, 40000), rec(1, 1, 1200, 4000, 30000)]  # exec from 4.0 / 4.2, ends 44.0 / 34.2
+    items = [(-2, 3, 0, 0, 25000, 10000, 500),     # starts 24.0, ends 34.5 (its outputs' 0.5 us included)
+             (-2, 4, 1, 1, 26000, 12000, 2000)]    # starts 25.0, ends 37.0 (its 2-us combine is the claim's)
+    line = wt.claim_timeline(claims, items)
+    assert "claims' exec start p50 4.2 / max 4.2" in line
+    assert "items start p50 25.0 / max 25.0, end p50 37.0 / max 37.0" in line
+    assert "claims end p50 44.0 / max 44.0" in line
+    wt.item_summary(claims + items)
+    assert "timeline (us from the first claim)" in capsys.readouterr().out
+    wt.item_summary(items)                          # items without claims: no timeline
+    assert "timeline" not in capsys.readouterr().out
