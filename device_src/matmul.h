@@ -204,10 +204,7 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
 // tk (the traced worker's unsplit items; else nullptr): lane 0 stores the time its K loop ended (every load consumed)
 // before the outputs go out, so that the item's record splits into loads + mma and the epilogue / stores.
-// ROT: the slice's rounds of U chunks start at round (n0 / 16) mod rounds and wrap (the sum's order is free), so that
-// items running at once read different offsets of their weight rows. tools/gemv_bw.cu only (thirty-sixth session,
-// H200): no gain -- 4,096^2 and 11,008 x 4,096 within 1-3 %, 32,000 x 256 -5..+10 % -- so the worker keeps false.
-template <bool BF16, bool TWO, u32 U, bool DUAL = false, bool ROT = false>
+template <bool BF16, bool TWO, u32 U, bool DUAL = false>
 __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane,
                                     u64* tk = nullptr) {
   static_assert(!(DUAL && TWO), "a dual item is one m8 tile");
@@ -237,13 +234,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
       for (u32 j = 0; j < 2; ++j)
 #pragma unroll
         for (u32 i = 0; i < 4; ++i) acc[v][j][i] = 0.0f;
-    constexpr u32 kstep = kMmChunk * 2 * U;
-    const u32 kb0 = (u32)k0 * 2;
-    u32 rounds = 1, r0 = 0;
-    if constexpr (ROT) rounds = (kb1 - kb0 + kstep - 1) / kstep, r0 = (u32)(n0 / kMmMmaCols) % rounds;
-    for (u32 kc0 = kb0, r = 0; kc0 < kb1; kc0 += kstep, ++r) {
-      u32 kc = kc0;
-      if constexpr (ROT) kc = kb0 + (r + r0 < rounds ? r + r0 : r + r0 - rounds) * kstep;
+    for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
       uint4 w[NW][U][2][2];
 #pragma unroll
       for (u32 v = 0; v < NW; ++v)

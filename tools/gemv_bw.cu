@@ -24,8 +24,9 @@
 //              the chunk from shared memory and refills the stage with the chunk s ahead (s x c: 8-48 KB per warp);
 //   item U=u/s  the worker's own mma item (matmul.h mm_mma, fp16, M = 1, u chunks of 64 k in flight) on every warp of
 //              SMs x 256 threads, items (tile of 16 columns, K slice) round-robin over the warps, K in s slices (the
-//              worker splits a 4,096^2 product in 4); "rot": the item's rounds of loads start at a rotated offset
-//              (mm_mma's ROT), so that items running at once read different offsets of their rows;
+//              worker splits a 4,096^2 product in 4). (A variant whose items started their rounds of loads at
+//              rotated offsets, so that items running at once read different offsets of their rows, ran in the
+//              thirty-sixth session -- no gain, EXPERIMENTS 5 -- and was removed.)
 //   copy       cudaMemcpyAsync of the same bytes device to device (bench_matmul.py's reference: weight bytes / time).
 // Prints per case: us per product, GB/s of weight read, % of the copy; and the largest error against a CPU
 // reference of one product (fp32 sums).
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) gemv_bulk(const uint4* __restrict__ 
 
 // The worker's mma item over every (tile, K slice): each writes its 16 partial sums to y[slice * N + n] (the host
 // adds the slices when it checks).
-template <gpuos::u32 U, bool ROT>
+template <gpuos::u32 U>
 __global__ void __launch_bounds__(kThreads) gemv_item(const char* w, const char* x, float* y, int N, int K, int ks) {
   __shared__ float part[kWarps][gpuos::kMmMmaCols];
   const gpuos::u32 lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = gridDim.x * kWarps;
@@ -207,8 +208,8 @@ __global__ void __launch_bounds__(kThreads) gemv_item(const char* w, const char*
   for (int it = blockIdx.x * kWarps + wid; it < items; it += nwarps) {
     const int tile = it / ks, kp = it - tile * ks;
     const gpuos::i64 n0 = (gpuos::i64)tile * gpuos::kMmMmaCols;
-    gpuos::mm_mma<false, false, U, false, ROT>(g, n0, (gpuos::i64)kp * kspan, (gpuos::i64)(kp + 1) * kspan,
-                                                part[wid], true, lane);
+    gpuos::mm_mma<false, false, U>(g, n0, (gpuos::i64)kp * kspan, (gpuos::i64)(kp + 1) * kspan, part[wid], true,
+                                   lane);
     __syncwarp();
     if (lane < gpuos::kMmMmaCols) y[(size_t)kp * N + n0 + lane] = part[wid][lane];
     __syncwarp();
@@ -329,13 +330,13 @@ int main(int argc, char** argv) {
     for (int ks : {1, 2, 4, 8}) {
       if (K % (ks * 64) != 0) continue;
       char name[32];
-#define ITEM(U, ROT)                                                                                           \
+#define ITEM(U)                                                                                                \
       CK(time_case([&](uint4* w) {                                                                             \
-                     gemv_item<U, ROT><<<sms, kThreads>>>((const char*)w, (const char*)x, y, N, K, ks);        \
+                     gemv_item<U><<<sms, kThreads>>>((const char*)w, (const char*)x, y, N, K, ks);             \
                    }, &us, &e, ks));                                                                           \
-      std::snprintf(name, sizeof name, "item U=%d/%d%s", U, ks, ROT ? " rot" : "");                            \
+      std::snprintf(name, sizeof name, "item U=%d/%d", U, ks);                                                 \
       report(name, us, e);
-      ITEM(2, false) ITEM(2, true) ITEM(4, false) ITEM(4, true)
+      ITEM(2) ITEM(4)
 #undef ITEM
     }
   int herr = 0;
