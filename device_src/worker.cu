@@ -184,7 +184,7 @@ struct FinishNote {
   u32 expected;   // global path: the tile's items
   u32 head;       // local path: 1 on the split 0 of a tile this claim combines
   u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
-  u32 tslot;      // the trace's record slot of this sub-op (trace_item)
+  u32 tslot;      // trace on: the index of this sub-op's record in the trace (item_rec; run_claim computes it)
   u16* pro;       // the running warp's prologue buffer (BlockFinish::pro; kFlagMmPrologue)
   u64 t0, t1;     // trace on: the sub-op's start and when its arguments were in shared memory (kept here, not in
                   // registers live across the dispatch: the untraced worker's spills stay as they were)
@@ -206,12 +206,17 @@ static_assert(kMaxWarps * kClaimPerWarp <= 32, "one lane of warp 0 per claimed d
 // One item's record in region kTraceItems (lane 0 of the warp that ran it; its ring slot is its own). No fence of
 // its own (a system-scope fence per item made the claims' tails several times longer): the host reads the records
 // after the batch's done word, which the claim's release and the last block's system fence order after them.
-// `slot`: FinishNote::tslot -- the ring index, or for the first kTraceLevelSlots resident descriptors of a level (a
-// replayed program's levels all count from 0) seq x kTraceLevelSlots + the index, so that small levels keep apart;
-// the rest of a large resident level keep their ring index (later levels overwrite them, as before).
+// `rec`: FinishNote::tslot, the record's index from the first region's start (item_slot); nothing here reads the
+// mapped host block (its per_block word is in WorkerArgs::trace_records).
 constexpr u32 kTraceLevelSlots = 61;
-__device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 slot) {
-  return (TraceRec*)(tb + 1) + (u64)kTraceItems * tb->per_block + slot % tb->per_block;
+__device__ __forceinline__ TraceRec* item_rec(TraceBuf* tb, u32 rec) { return (TraceRec*)(tb + 1) + rec; }
+// The record index of the sub-op at ring index ri (claim position idx + j of batch seq) in region kTraceItems: the
+// ring index modulo per_block, or for the first kTraceLevelSlots resident descriptors of a level (a replayed
+// program's levels all count from 0) seq x kTraceLevelSlots + the position, so that small levels keep apart; the
+// rest of a large resident level keep their ring index (later levels overwrite them, as before).
+__device__ __forceinline__ u32 item_slot(u32 per_block, bool resident, u32 seq, u32 pos, u32 ri) {
+  const u32 slot = resident && pos < kTraceLevelSlots ? seq * kTraceLevelSlots + pos : ri;
+  return kTraceItems * per_block + slot % per_block;
 }
 __device__ __noinline__ void trace_item(TraceBuf* tb, u32 slot, u32 ri, u64 t0, u64 t1, u64 t2, u32 k) {
   u32 sm;
@@ -485,8 +490,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
       FinishNote& n = fin->note[j];
       n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
-      n.tslot = resident && idx + j < kTraceLevelSlots ? seq * kTraceLevelSlots + idx + j
-                                                       : (c0 + j) % args.capacity;
+      n.tslot = tb ? item_slot(args.trace_records, resident != nullptr, seq, idx + j, (c0 + j) % args.capacity) : 0u;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
       n.pro = fin->pro[j % nwarps];  // descriptor j runs on warp j % nwarps
     }

@@ -48,6 +48,9 @@ EnvConfig read_env() {
   read_u32("GPUOS_CACHE_MAX_MB", c.cache_max_mb);
   if (const char* f = get("GPUOS_FAST_COMPILE")) c.fast_compile = std::string(f) == "0" ? "" : f;
   if (c.ptxas_opt > 3) c.ptxas_opt = 3;
+  // The trace's record indices are 32-bit (device_src/worker.cu item_slot): at most 2^20 records per block (258
+  // regions of 32-byte records: 8.6 GB of pinned memory already).
+  if (c.trace_records > (1u << 20)) c.trace_records = 1u << 20;
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
   c.worker_matmul = flag("GPUOS_WORKER_MATMUL");
   c.worker_attention = flag("GPUOS_WORKER_ATTENTION");

@@ -462,6 +462,7 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
   args.progs = progs_d_;
   args.trace = trace_d_;
+  args.trace_records = trace_d_ ? cfg_.trace_records : 0u;
   args.keep_blocks = grid_;
   args.refs = refs_d_;
   args.refs_dev = refs_dev_;
