@@ -245,7 +245,7 @@ __device__ __forceinline__ u32 lead_bits(u64 t_args, u64 t_entry, u64 t_pro, u64
          lead_units(t_first - t_pro, 4) << 24;
 }
 // The kind (ops.def) of a built-in op id; fused chains, injected ops and unknown ids: kKindEw.
-__device__ __forceinline__ u32 op_kind(u32 op) {
+__device__ __forceinline__ constexpr u32 op_kind(u32 op) {
   switch (op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
@@ -254,6 +254,14 @@ __device__ __forceinline__ u32 op_kind(u32 op) {
 #undef GPUOS_OP
     default: return kKindEw;
   }
+}
+// How many of ops.def's rows are of kind k.
+__device__ __forceinline__ constexpr u32 ops_of_kind(u32 k) {
+  u32 n = 0;
+#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) n += (kind) == k ? 1u : 0u;
+#include "device_src/ops.def"
+#undef GPUOS_OP
+  return n;
 }
 // Whether a sub-op may leave a FinishNote: a decode attention split over kv ranges, or a split-K matmul item that
 // may take the local path (kMmLocal; its global path finishes inside the item).
@@ -325,23 +333,33 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   }
   if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
   if (tb && lane == 0) note->t1 = globaltimer();
+  // Matmul and attention items (they record themselves) ahead of the switch over every other op id, whose tree of
+  // compares and branches they crossed before (cold code: 1.7 us from here to matmul_op's entry, H200,
+  // `worker_trace.py mm`, thirty-seventh session).
+  if (d.op == kOp_mm) {
+    matmul_op(d, refs, progs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace);
+    return;
+  }
+  if (d.op == kOp_sdpa) {
+    attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace);
+    return;
+  }
+  static_assert(op_kind(kOp_mm) == kKindMatmul && op_kind(kOp_sdpa) == kKindAttention &&
+                    ops_of_kind(kKindMatmul) == 1 && ops_of_kind(kKindAttention) == 1,
+                "ops.def: a second matmul / attention op needs its own case above");
   switch (d.op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
     if constexpr (kind == kKindEw) ew_builtin<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
-    else if constexpr (kind == kKindMatmul)                                                             \
-      matmul_op(d, refs, progs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
-    else attention_op(d, refs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace); \
     break;
 #include "device_src/ops.def"
 #undef GPUOS_OP
     default: break;  // the host validates op ids; an unknown id is never published
   }
-  // Every other kind's sub-op (matmul and attention items record themselves): k = 4 + its kind.
-  if (tb && lane == 0 && op_kind(d.op) != kKindMatmul && op_kind(d.op) != kKindAttention)
-    trace_item(tb, note->tslot, ri, note->t0, note->t1, globaltimer(), 4u + op_kind(d.op));
+  // Every other kind's sub-op: k = 4 + its kind.
+  if (tb && lane == 0) trace_item(tb, note->tslot, ri, note->t0, note->t1, globaltimer(), 4u + op_kind(d.op));
 }
 
 // ---------------------------------------------------------------- injected ops and the dual-slot alias
