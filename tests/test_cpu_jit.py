@@ -91,6 +91,15 @@ def test_traced_worker_is_a_build_of_its_own(cubins, tmp_path):
     assert traced[:4] == b"\x7fELF" and traced != cubins["sm_90"]
 
 
+def test_trace_records_are_capped():
+    """GPUOS_TRACE reads as given up to 2^20 records per block and as 2^20 above (the traced worker's record indices
+    are 32-bit: device_src/worker.cu item_slot, kTraceItems x per_block + slot)."""
+    for given, read in (("64", "64"), ("1048576", "1048576"), ("1048577", "1048576"), ("4000000000", "1048576")):
+        p = run_python("import gpuos_ext; print(gpuos_ext.config()['GPUOS_TRACE'])", env_extra={"GPUOS_TRACE": given})
+        assert p.returncode == 0, describe(p)
+        assert p.stdout.strip().splitlines()[-1] == read, (given, p.stdout)
+
+
 def test_fast_compile_is_a_build_of_its_own(cubins, tmp_path):
     """GPUOS_FAST_COMPILE picks the fast-compile mode of the whole worker -- ptxas's alone (ptxas-min, the default),
     NVRTC's (min: NVVM and ptxas), or 0 (off: the full ptxas): each a cubin of its own (its own cache key), all
