@@ -334,8 +334,8 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
   if (tb && lane == 0) note->t1 = globaltimer();
   // Matmul and attention items (they record themselves) ahead of the switch over every other op id, whose tree of
-  // compares and branches they crossed before (cold code: 1.7 us from here to matmul_op's entry, H200,
-  // `worker_trace.py mm`, thirty-seventh session).
+  // compares and branches they crossed before: from here to matmul_op's entry 1.57-1.60 us against 1.76 (H200,
+  // `worker_trace.py mm`, thirty-seventh session; the rest of it is not this switch).
   if (d.op == kOp_mm) {
     matmul_op(d, refs, progs, lane, ri, (float*)args.scratch, args.capacity, note, (TraceBuf*)args.trace);
     return;
