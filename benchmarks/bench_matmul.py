@@ -3,6 +3,7 @@
 
     python benchmarks/bench_matmul.py                # M 1,4,16,64 x N=K 1024,4096 x fp16,bf16
     python benchmarks/bench_matmul.py --quick        # M 1,16 x N=K 1024 x fp16
+    python benchmarks/bench_matmul.py --only M1-N4096-torch.float16 M16-N4096-torch.float16   # cases by label
 
 For each (M, N=K, dtype), L distinct weights W_i (N x K, the layout of nn.Linear; L sized so the weights exceed
 the L2 cache) and two patterns, each timed with CUDA events around the whole sequence (median of reps):

@@ -77,6 +77,20 @@ def test_plan_reps_keeps_or_trims():
     assert H.plan_reps(10.0, 20, 2, 1.0)[0] == 3  # never below min_reps
 
 
+def test_grid_cases_picked_by_label():
+    """--only of the micro-benchmark grids (bench_matmul, bench_attention): the cases whose label contains a part,
+    every case without it, a ValueError listing the labels when nothing matches."""
+    from benchmarks import bench_matmul
+    from benchmarks.harness.suite import select_cases
+    label = lambda m, nk, dt: f"M{m}-N{nk}-{dt}"  # noqa: E731 (bench_matmul's)
+    cases = bench_matmul.grid(False)
+    picked = select_cases(cases, label, ["M1-N4096-torch.float16", "M16-N4096-torch.float16"])
+    assert [(m, nk, dt) for m, nk, dt in picked] == [(1, 4096, torch.float16), (16, 4096, torch.float16)]
+    assert select_cases(cases, label, None) == cases and len(cases) == 16
+    with pytest.raises(ValueError, match="no case matches.*M64-N1024-torch.bfloat16"):
+        select_cases(cases, label, ["M3-"])
+
+
 def test_budget_part_never_outlives_its_parent():
     b = H.Budget(5.0)
     assert 4.0 < b.part(100.0).remaining() <= 5.0

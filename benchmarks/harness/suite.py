@@ -246,6 +246,18 @@ def peer_sweep(ctx: RunContext, workload: str, sizes: Sequence[Any], make_case: 
         release_memory(ctx.device)
 
 
+def select_cases(cases: list, label: Callable[..., str], only: Any) -> list:
+    """The cases of a grid whose label contains one of the strings of ``only`` (None: every case); a ValueError
+    naming the labels when none matches."""
+    if not only:
+        return list(cases)
+    picked = [c for c in cases if any(o in label(*c) for o in only)]
+    if not picked:
+        raise ValueError(f"--only {' '.join(only)}: no case matches; the cases are "
+                         + ", ".join(label(*c) for c in cases))
+    return picked
+
+
 def grid_main(doc: str, argv: Any, script: str, name: str, workload: str, grid: Callable[[bool], list],
               run: Callable[..., None], label: Callable[..., str]) -> int:
     """main() of a micro-benchmark grid (bench_matmul, bench_attention): ``--quick`` / ``--reps``, exit 0 without
@@ -255,15 +267,25 @@ def grid_main(doc: str, argv: Any, script: str, name: str, workload: str, grid: 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--only", nargs="+", metavar="PART",
+                   help="run only the cases whose label contains one of these (e.g. M1-N4096 for bench_matmul); "
+                        "the rows are printed, the results file is left as it is")
     a = p.parse_args(argv)
     if skip_without_cuda(script):
         return 0
+    try:
+        cases = select_cases(grid(a.quick), label, a.only)
+    except ValueError as e:
+        p.error(str(e))
     import gpuos
     gpuos.init()
     meta = env_metadata(name)
     print(env_line(meta), flush=True)
     rows: list = []
-    sweep(lambda *case: run(*case, a.reps, rows), grid(a.quick), rows, workload, label, after=release_memory)
+    sweep(lambda *case: run(*case, a.reps, rows), cases, rows, workload, label, after=release_memory)
+    if a.only:  # a subset of the grid does not replace the results file of the whole one
+        print(f"--only: {len(rows)} rows, benchmarks/results/{name}.json left as it is")
+        return 0
     path = write_results(name, meta, rows)
     print(f"results written to {path}")
     return 0
