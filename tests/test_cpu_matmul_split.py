@@ -100,3 +100,72 @@ def test_matmul_local_path_rule(ksplit, M, variant, warps, want):
     """Which split products sum a tile's K slices in shared memory (kMmLocal; core/record.cpp matmul_local): the
     partial (M x tile columns) fits a kLocalSlot of 268 floats and a block's warps hold every slice."""
     assert gpuos_ext._testing.matmul_local(ksplit, M, variant, warps) is want
+
+
+# --- a level's products share the grid (core/matmul_plan.h spread_level) ---
+
+def _cut(N, K, M, variant=MMA, **kw):
+    """(reserved, items, M, N, K) of a product as record_matmul cuts it alone."""
+    r, n = gpuos_ext._testing.matmul_cut(-(-N // COLS[variant]), K, M, variant, 8192, grid_warps=1056, **kw)
+    return (r, n, M, N, K)
+
+
+def _ks(reserved):
+    return max(1, (reserved >> 8) & 0xFF)
+
+
+def test_eight_independent_4096_products_are_unsplit():
+    # bench_matmul's flush of 8 products at M = 1: 4 slices each alone (1,024 items), 256 unsplit items together
+    p = _cut(4096, 4096, 1)
+    assert _ks(p[0]) == 4 and p[1] == 1024
+    cut = gpuos_ext._testing.spread_level([p] * 8)
+    assert cut == [(1, 256)] * 8, cut
+
+
+def test_a_product_alone_keeps_its_cut():
+    for p in (_cut(4096, 4096, 1), _cut(2048, 4096, 16), _cut(768, 256, 1, NCOL1)):
+        assert gpuos_ext._testing.spread_level([p]) == [p[:2]]
+
+
+def test_two_products_share_the_items():
+    p = _cut(4096, 4096, 1)
+    cut = gpuos_ext._testing.spread_level([p, p])
+    assert [(_ks(r), n) for r, n in cut] == [(2, 512)] * 2, cut
+
+
+def test_shares_follow_the_weight_size():
+    # a 4,096^2 product beside a 256^2 one (unsplit, 16 items): the big one keeps nearly all the items
+    big, small = _cut(4096, 4096, 1), _cut(256, 256, 1)
+    assert _ks(small[0]) == 1
+    cut = gpuos_ext._testing.spread_level([big, small])
+    assert cut[1] == small[:2] and cut[0] == big[:2], cut
+
+
+def test_spread_off_or_unsplittable_changes_nothing():
+    p = _cut(4096, 4096, 1)
+    assert gpuos_ext._testing.spread_level([p] * 8, items=0) == [p[:2]] * 8   # GPUOS_MM_SPREAD=0
+    assert gpuos_ext._testing.spread_level([p] * 8, items=1) == [p[:2]] * 8   # GPUOS_MM_ITEMS=1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_spread_only_ever_takes_slices_away(seed):
+    import random
+    rng = random.Random(seed)
+    ps = []
+    for _ in range(rng.randint(2, 12)):
+        variant = rng.choice([MMA, NCOL, NCOL1])
+        M = 1 if variant == NCOL1 else rng.choice([1, 4, 16])
+        ps.append(_cut(rng.choice([64, 256, 1000, 2048, 4096]), rng.choice([64, 256, 768, 3072, 4096]), M, variant))
+    cut = gpuos_ext._testing.spread_level(ps)
+    for (r0, n0, M, N, K), (r, n) in zip(ps, cut):
+        variant = r & 0xFF
+        assert variant == r0 & 0xFF and n <= n0 and _ks(r) <= _ks(r0)
+        ntile = -(-N // COLS[variant])
+        group = max(1, (r >> 16) & 0x7FFF)
+        assert n == -(-ntile // group) * _ks(r)                  # the item count the device's cut implies
+        if _ks(r) > 1:
+            need = -(-(16 + COLS[variant] * M) // 128)
+            assert _ks(r) >= need and K <= _ks(r) * kspan(K, _ks(r), UNIT[variant])
+            assert bool(r & (1 << 31)) == gpuos_ext._testing.matmul_local(_ks(r), M, variant)
+        elif n != n0:
+            assert not r & (1 << 31)

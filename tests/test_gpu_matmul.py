@@ -136,6 +136,50 @@ def test_split_k_tiles_one_claim_holds_are_summed_in_shared_memory(rt, dtype, ca
         _check(out, a, b, bias)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("M", [1, 16])
+def test_independent_products_of_a_level_share_the_grid(rt, dtype, M):
+    """Eight independent split-K products in one flush (one level): the flush re-cuts them with fewer K slices
+    (core/matmul_plan.h spread_level: the level's items are shared, not 1,024 per product); every output, with
+    and without bias, at two ring positions, equals torch, and the scratch stays clean for the next flush."""
+    N, K = 512, 4096  # 8 x 512 items alone: one flush of the 4,096-slot ring
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(40 + M)
+    ks_alone = gpuos_ext._testing.matmul_split(N // 16, K, M, 1, 8192)
+    assert ks_alone > 2, ks_alone
+    layouts = ["linear"] * 6 + ["rowmajor"] * 2
+    a = [torch.randn(M, K, generator=g, device=DEV).to(dt) for _ in layouts]
+    b = [_b(lay, K, N, dt, g) / 8 for lay in layouts]
+    bias = torch.randn(N, generator=g, device=DEV).to(dt)
+    for rep in range(2):
+        if rep:  # another ring position
+            gpuos.submit_add(a[0][:, :5], a[0][:, :5], torch.empty(M, 5, device=DEV, dtype=dt))
+        outs = [torch.full((M, N), float("nan"), device=DEV, dtype=dt) for _ in layouts]
+        before = gpuos.stats()["mm_respread"]
+        for i in range(len(layouts)):
+            gpuos.submit_matmul(a[i], b[i], outs[i], bias=bias if i % 3 == 0 else None)
+        gpuos.flush()
+        assert gpuos.stats()["mm_respread"] - before >= 6, "the level's products kept the cut each got alone"
+        for i in range(len(layouts)):
+            _check(outs[i], a[i], b[i], bias if i % 3 == 0 else None)
+
+
+def test_captured_independent_products_replay_with_the_level_cut(rt, worker_matmul):
+    """A captured step of six independent projections of one input (a level of split-K products): its image
+    re-cuts them as the live flush does; replays with new inputs equal eager."""
+    g = torch.Generator(device=DEV).manual_seed(77)
+    ws = [(torch.randn(1024, 4096, generator=g, device=DEV) / 64).half() for _ in range(6)]
+
+    def proj(x):
+        return [torch.nn.functional.linear(x, w) for w in ws]
+
+    prog = gpuos.capture(proj, torch.randn(1, 4096, generator=g, device=DEV).half())
+    for _ in range(3):
+        x = torch.randn(1, 4096, generator=g, device=DEV).half()
+        for got, ref in zip(prog(x), proj(x)):
+            torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("bias_shape", ["n", "1n", "mn", "m1"])
 def test_matmul_bias_alpha_beta(rt, dtype, bias_shape):

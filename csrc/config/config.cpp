@@ -65,6 +65,7 @@ EnvConfig read_env() {
   if (const char* w = get("GPUOS_WHOLE_BUILD")) c.whole_build = std::string(w) != "0";
   if (const char* j = get("GPUOS_JOIN_LEVELS")) c.join_levels = std::string(j) != "0";
   if (const char* a = get("GPUOS_LOCAL_COMBINE")) c.local_combine = std::string(a) != "0";
+  if (const char* m = get("GPUOS_MM_SPREAD")) c.mm_spread = std::string(m) != "0";
   if (const char* m = get("GPUOS_MM_EPILOGUE")) c.mm_epilogue = std::string(m) != "0";
   if (const char* m = get("GPUOS_MM_PROLOGUE")) c.mm_prologue = std::string(m) != "0";
   if (const char* h = get("CUDA_HOME")) c.cuda_home = h;
@@ -106,6 +107,7 @@ std::string describe_env_config() {
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
          "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) +
+         "\nGPUOS_MM_SPREAD=" + (c.mm_spread ? "1" : "0") +
          "\nGPUOS_ATTN_MIN_ROWS=" + std::to_string(c.attn_min_rows) +
          "\nGPUOS_LOCAL_COMBINE=" + (c.local_combine ? "1" : "0") +
          "\nGPUOS_MM_EPILOGUE=" + (c.mm_epilogue ? "1" : "0") +

@@ -211,6 +211,7 @@ bool Runtime::can_commit_level(bool resident) const {
 
 void Runtime::commit_level(std::vector<SubOp>& descs) {
   if (descs.empty()) return;
+  spread_products(descs);
   commit_ring(descs.data(), (uint32_t)descs.size());
   descs.clear();
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/hazards.h"
+#include "core/matmul_plan.h"
 #include "core/tape.h"
 #include "device_src/interp.h"
 #include "device_src/types.h"
@@ -55,6 +56,7 @@ struct Config {
   // program is ~100 such levels per decode step). 0: never.
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
+  bool mm_spread = true;     // a level's products share those items (spread_level; env GPUOS_MM_SPREAD)
   uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
   // A split tile that one claim holds whole is combined in shared memory, without global partials, counter or
   // fences: a captured attention's items in tile-major order (kAttnTileMajor), a split-K matmul's small partials
@@ -70,21 +72,6 @@ struct Config {
 // gpuos_ext._testing.attention_split).
 uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t min_rows,
                          uint32_t max_split = kAttnMaxSplit);
-// K slices of a worker matmul of `ntile` column tiles of path `variant` (kMmMma / kMmNcol / kMmNcol1) with M
-// rows, aiming at about `items` items, for a ring of `capacity` slots and blocks of `warps` warps (core/record.cpp;
-// gpuos_ext._testing.matmul_split).
-uint32_t matmul_split(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items,
-                      uint32_t warps);
-// Whether such a product's tiles may be summed in shared memory (kMmLocal) by a block of `warps` warps
-// (core/record.cpp; gpuos_ext._testing.matmul_local).
-bool matmul_local(uint32_t ksplit, int64_t M, uint32_t variant, uint32_t warps);
-// Column tiles per item of an unsplit tensor-core product of `ntile` tiles, for a worker grid of `grid_warps` warps
-// (gpuos_ext._testing.matmul_group).
-uint32_t matmul_group(int64_t ntile, uint32_t items, uint32_t grid_warps);
-// The path (kMmMma / kMmNcol / kMmNcol1 / kMmWarp, device_src/matmul.h) of an M x K by K x N product of dtype pdt
-// with operand dtypes adt / bdt and 2-D refs a_ref / b_ref (core/record.cpp).
-uint32_t matmul_variant(uint32_t adt, const TensorRef& a_ref, uint32_t bdt, const TensorRef& b_ref, uint32_t pdt,
-                        int64_t M, int64_t N, int64_t K);
 // Units (elements or rows) per descriptor of an op of `total` units while a program is captured: per_tile, or
 // less so that the op spreads over more warps (core/record.cpp; gpuos_ext._testing.capture_tile).
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
@@ -130,6 +117,7 @@ struct Operand {
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
   X(working_launches)   /* worker launches that ran a batch (the others: standbys that found nothing) */  \
   X(fused_subops)                                                                                         \
+  X(mm_respread)        /* worker matmuls whose K slices their level re-cut (core/matmul_plan.h spread_level) */ \
   X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
   X(programs)                                                                                             \
   X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */            \
@@ -177,6 +165,8 @@ class Runtime {
 
   int device() const { return device_; }
   const Config& config() const { return cfg_; }
+  // What spread_level needs to re-cut a level's products (core/matmul_plan.h; items 0 when GPUOS_MM_SPREAD=0).
+  MmSpread mm_spread() const;
 
   // Every record_* gives the sub-op its dependency level (the hazard model: 1 + the highest level of earlier
   // unpublished work it reads from or overwrites) and stages it there; flush() writes the levels into the ring
@@ -321,6 +311,7 @@ class Runtime {
     }
   }
   void commit_level(std::vector<SubOp>& descs);     // staged level -> ring, as one unpublished level
+  void spread_products(std::vector<SubOp>& descs);  // a staged level's products re-cut (spread_level)
   // n descriptors -> the ring (waiting for room), as one unpublished level (dma: delivered by DMA whatever its
   // size -- its TensorRefs are resident, read through the device translation).
   void commit_ring(const SubOp* descs, uint32_t n, bool dma = false);

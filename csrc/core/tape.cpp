@@ -141,14 +141,41 @@ uint32_t Tape::levels(size_t b, size_t e) const {
   return top;
 }
 
-TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max) {
+// Each level's products re-cut as a live flush cuts them (Runtime::spread_products): entry i's descriptor
+// `reserved` and units `total`.
+static void spread_entries(const Tape& tape, size_t b, const std::vector<uint32_t>& lv, uint32_t nlev,
+                           const MmSpread& s, std::vector<uint32_t>& reserved, std::vector<uint64_t>& total) {
+  std::vector<std::vector<size_t>> by_level(nlev + 1);
+  for (size_t i = 0; i < lv.size(); ++i) {
+    const TapeEntry& t = tape.entries[b + i];
+    if (level_splittable(t.proto) && t.per_tile == 1 && t.nref >= 3) by_level[lv[i]].push_back(i);
+  }
+  std::vector<LevelProduct> ps;
+  for (const std::vector<size_t>& ix : by_level) {
+    if (ix.size() < 2) continue;
+    ps.clear();
+    for (size_t i : ix) {
+      const TapeEntry& t = tape.entries[b + i];
+      ps.push_back({t.proto.reserved, t.total, t.refs[0].sizes[0], t.refs[0].sizes[1], t.refs[2].sizes[0]});
+    }
+    if (spread_level(ps, s) == 0) continue;
+    for (size_t k = 0; k < ix.size(); ++k) reserved[ix[k]] = ps[k].reserved, total[ix[k]] = ps[k].items;
+  }
+}
+
+TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max, const MmSpread* spread) {
   TapeImage im;
   const std::vector<uint32_t> lv = tape.entry_levels(b, e);
   uint32_t nlev = 0;
   for (uint32_t l : lv) nlev = std::max(nlev, l);
-  auto tiles = [](const TapeEntry& t) { return (t.total + t.per_tile - 1) / t.per_tile; };
+  std::vector<uint32_t> reserved(lv.size());
+  std::vector<uint64_t> total(lv.size());
+  for (size_t i = 0; i < lv.size(); ++i)
+    reserved[i] = tape.entries[b + i].proto.reserved, total[i] = tape.entries[b + i].total;
+  if (spread && spread->items > 1) spread_entries(tape, b, lv, nlev, *spread, reserved, total);
+  auto tiles = [&](size_t i) { return (total[i] + tape.entries[b + i].per_tile - 1) / tape.entries[b + i].per_tile; };
   std::vector<uint64_t> pos(nlev + 1, 0);  // pos[L]: next descriptor of level L + 1 (after the prefix sum)
-  for (size_t i = 0; i < lv.size(); ++i) pos[lv[i]] += tiles(tape.entries[b + i]);
+  for (size_t i = 0; i < lv.size(); ++i) pos[lv[i]] += tiles(i);
   for (uint32_t L = 1; L <= nlev; ++L) pos[L] += pos[L - 1];
   im.descs.resize(pos[nlev]);
   im.refmask.resize(pos[nlev]);
@@ -156,7 +183,8 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max) 
   std::set<uint32_t> ops;
   for (size_t i = 0; i < lv.size(); ++i) {
     TapeEntry t = tape.entries[b + i];
-    const uint64_t r0 = im.refs.size(), n = tiles(t);
+    t.proto.reserved = reserved[i], t.total = total[i];
+    const uint64_t r0 = im.refs.size(), n = tiles(i);
     uint64_t& p0 = pos[lv[i] - 1];
     uint64_t addr[4] = {0, 0, 0, 0};
     for (uint32_t k = 0; k < t.nref && k < 4; ++k) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/hazards.h"
+#include "core/matmul_plan.h"
 #include "device_src/interp.h"
 #include "device_src/types.h"
 
@@ -127,8 +128,9 @@ struct TapeImage {
   // the next replay writes every TensorRef site).
   void reset_sites(bool known);
 };
-// `piece_max`: the most descriptors of one batch (Runtime: half the ring).
-TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max);
+// `piece_max`: the most descriptors of one batch (Runtime: half the ring). `spread`: each level's products re-cut
+// as a live flush cuts them (spread_level; nullptr: as captured).
+TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max, const MmSpread* spread = nullptr);
 // A replay's pointer moves, as (byte offset into refs or descs, new value), sorted: the TensorRef sites whose
 // value differs from what the resident refs hold (site_now, updated here; a moved site outside every range goes
 // back to its captured value), and the descriptor sites inside a range that moved (delta != 0: a patched copy

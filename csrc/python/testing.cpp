@@ -64,6 +64,24 @@ void add_testing_module(py::module_& m) {
   t.def("matmul_group", &matmul_group, py::arg("ntile"), py::arg("items") = Config{}.mm_items,
         py::arg("grid_warps") = 0,
         "Column tiles per item of an unsplit tensor-core worker matmul.");
+  t.def("matmul_cut", [](int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items,
+                         uint32_t warps, uint32_t grid_warps, bool local) {
+        const MmCut c = matmul_cut(ntile, K, M, variant, capacity, items, warps, grid_warps, local);
+        return std::make_pair(c.reserved, c.items);
+      }, py::arg("ntile"), py::arg("K"), py::arg("M"), py::arg("variant"), py::arg("capacity"),
+      py::arg("items") = Config{}.mm_items, py::arg("warps") = 8, py::arg("grid_warps") = 0, py::arg("local") = true,
+      "(SubOp::reserved, items) Runtime::record_matmul gives a worker matmul alone.");
+  t.def("spread_level", [](const std::vector<std::tuple<uint32_t, uint64_t, int64_t, int64_t, int64_t>>& products,
+                           uint32_t items, uint32_t capacity, uint32_t warps, uint32_t grid_warps, bool local) {
+        std::vector<LevelProduct> ps;
+        for (const auto& [r, n, M, N, K] : products) ps.push_back({r, n, M, N, K});
+        spread_level(ps, MmSpread{items, capacity, warps, grid_warps, local});
+        std::vector<std::pair<uint32_t, uint64_t>> cut;
+        for (const LevelProduct& p : ps) cut.emplace_back(p.reserved, p.items);
+        return cut;
+      }, py::arg("products"), py::arg("items") = Config{}.mm_items, py::arg("capacity") = 8192, py::arg("warps") = 8,
+      py::arg("grid_warps") = 1056, py::arg("local") = true,
+      "A level's products, (reserved, items, M, N, K) each, re-cut as a flush re-cuts them: (reserved, items) each.");
   t.def("ref_offsets", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t e0) {
         if (sizes.size() != strides.size() || sizes.size() > kMaxDims)
           throw std::invalid_argument("ref_offsets: sizes and strides need one length, at most kMaxDims");

@@ -109,7 +109,8 @@ static void replay_range(CapturedTape& c, size_t b, size_t e, const Reloc& r) {
     auto it = c.images.find({b, e});
     if (it == c.images.end()) {  // first replay of the range: its image, resident on the device
       CapturedTape::Image img;
-      img.im = stage_image(c.tape, b, e, std::max<uint32_t>(1, rt.config().capacity / 2));
+      const MmSpread spread = rt.mm_spread();
+      img.im = stage_image(c.tape, b, e, std::max<uint32_t>(1, rt.config().capacity / 2), &spread);
       // On the replay's stream: the caching allocator orders a reuse of the memory after the replays.
       img.resident = at::empty({(int64_t)img.im.resident_bytes()},
                                at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)c.dev));
