@@ -119,7 +119,16 @@ def test_eight_independent_4096_products_are_unsplit():
     p = _cut(4096, 4096, 1)
     assert _ks(p[0]) == 4 and p[1] == 1024
     cut = gpuos_ext._testing.spread_level([p] * 8)
-    assert cut == [(1, 256)] * 8, cut
+    assert [(_ks(r), n) for r, n in cut] == [(1, 256)] * 8, cut
+
+
+def test_a_live_level_cuts_its_products_as_they_come():
+    # a live flush publishes its first 1,024 items while it records the rest: the first product is cut alone,
+    # each later one gets its share of the level's items so far
+    p = _cut(4096, 4096, 1)
+    cut = gpuos_ext._testing.level_cuts([p] * 8)
+    assert [(_ks(r), n) for r, n in cut] == [(4, 1024), (2, 512)] + [(1, 256)] * 6, cut
+    assert gpuos_ext._testing.level_cuts([p] * 8, items=0) == [p[:2]] * 8     # GPUOS_MM_SPREAD=0
 
 
 def test_a_product_alone_keeps_its_cut():
@@ -156,16 +165,16 @@ def test_spread_only_ever_takes_slices_away(seed):
         variant = rng.choice([MMA, NCOL, NCOL1])
         M = 1 if variant == NCOL1 else rng.choice([1, 4, 16])
         ps.append(_cut(rng.choice([64, 256, 1000, 2048, 4096]), rng.choice([64, 256, 768, 3072, 4096]), M, variant))
-    cut = gpuos_ext._testing.spread_level(ps)
-    for (r0, n0, M, N, K), (r, n) in zip(ps, cut):
-        variant = r & 0xFF
-        assert variant == r0 & 0xFF and n <= n0 and _ks(r) <= _ks(r0)
-        ntile = -(-N // COLS[variant])
-        group = max(1, (r >> 16) & 0x7FFF)
-        assert n == -(-ntile // group) * _ks(r)                  # the item count the device's cut implies
-        if _ks(r) > 1:
-            need = -(-(16 + COLS[variant] * M) // 128)
-            assert _ks(r) >= need and K <= _ks(r) * kspan(K, _ks(r), UNIT[variant])
-            assert bool(r & (1 << 31)) == gpuos_ext._testing.matmul_local(_ks(r), M, variant)
-        elif n != n0:
-            assert not r & (1 << 31)
+    for cut in (gpuos_ext._testing.spread_level(ps), gpuos_ext._testing.level_cuts(ps)):
+        for (r0, n0, M, N, K), (r, n) in zip(ps, cut):
+            variant = r & 0xFF
+            assert variant == r0 & 0xFF and n <= n0 and _ks(r) <= _ks(r0)
+            ntile = -(-N // COLS[variant])
+            group = max(1, (r >> 16) & 0x7FFF)
+            assert n == -(-ntile // group) * _ks(r)                  # the item count the device's cut implies
+            if _ks(r) > 1:
+                need = -(-(16 + COLS[variant] * M) // 128)
+                assert _ks(r) >= need and K <= _ks(r) * kspan(K, _ks(r), UNIT[variant])
+                assert bool(r & (1 << 31)) == gpuos_ext._testing.matmul_local(_ks(r), M, variant)
+            elif n != n0:
+                assert not r & (1 << 31)

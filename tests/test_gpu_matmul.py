@@ -139,8 +139,8 @@ def test_split_k_tiles_one_claim_holds_are_summed_in_shared_memory(rt, dtype, ca
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("M", [1, 16])
 def test_independent_products_of_a_level_share_the_grid(rt, dtype, M):
-    """Eight independent split-K products in one flush (one level): the flush re-cuts them with fewer K slices
-    (core/matmul_plan.h spread_level: the level's items are shared, not 1,024 per product); every output, with
+    """Eight independent split-K products in one flush (one level): the later ones get fewer K slices
+    (core/matmul_plan.h level_cut: the level's items are shared, not 1,024 per product); every output, with
     and without bias, at two ring positions, equals torch, and the scratch stays clean for the next flush."""
     N, K = 512, 4096  # 8 x 512 items alone: one flush of the 4,096-slot ring
     dt = DTYPES[dtype]
@@ -159,7 +159,8 @@ def test_independent_products_of_a_level_share_the_grid(rt, dtype, M):
         for i in range(len(layouts)):
             gpuos.submit_matmul(a[i], b[i], outs[i], bias=bias if i % 3 == 0 else None)
         gpuos.flush()
-        assert gpuos.stats()["mm_respread"] - before >= 6, "the level's products kept the cut each got alone"
+        # 512 items each alone: from the fourth on (> 1.5 x 1,024 items in the level) each gets its share
+        assert gpuos.stats()["mm_respread"] - before >= 3, "the level's products kept the cut each got alone"
         for i in range(len(layouts)):
             _check(outs[i], a[i], b[i], bias if i % 3 == 0 else None)
 

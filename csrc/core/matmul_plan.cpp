@@ -89,79 +89,42 @@ bool level_splittable(const SubOp& d) {
          (variant == kMmMma || variant == kMmNcol || variant == kMmNcol1);
 }
 
+namespace {
+double weight(const LevelProduct& p) { return (double)std::max<int64_t>(p.N, 1) * (double)std::max<int64_t>(p.K, 1); }
+// The cut of p as its share (weight w of the level's `total`) of s.items, if that is fewer items than p has.
+bool share_cut(LevelProduct& p, double total, const MmSpread& s) {
+  const uint32_t variant = p.reserved & 0xffu;
+  const int64_t tw = mm_cols(variant), ntile = (p.N + tw - 1) / tw;
+  const uint32_t share = (uint32_t)std::max<double>(1.0, std::floor((double)s.items * weight(p) / total + 0.5));
+  const MmCut c = matmul_cut(ntile, p.K, p.M, variant, s.capacity, share, s.warps, s.grid_warps, s.local);
+  if (c.items >= p.items) return false;
+  p.reserved = c.reserved, p.items = c.items;
+  return true;
+}
+bool crowded(uint64_t items, const MmSpread& s) { return s.items > 1 && items * 2 > (uint64_t)s.items * 3; }
+}  // namespace
+
 uint32_t spread_level(std::vector<LevelProduct>& ps, const MmSpread& s) {
-  if (ps.size() < 2 || s.items <= 1) return 0;
-  auto ntile = [](const LevelProduct& p) {
-    const int64_t tw = mm_cols(p.reserved & 0xffu);
-    return (p.N + tw - 1) / tw;
-  };
-  // Only a level clearly past one item per warp of the grid (about s.items): below 1.5x, fewer slices would
-  // leave warps idle for nothing (a 4,096^2 product beside a 256^2 one keeps its 4 slices).
   uint64_t recorded = 0;
-  auto weight = [](const LevelProduct& p) {
-    return (double)std::max<int64_t>(p.N, 1) * (double)std::max<int64_t>(p.K, 1);
-  };
-  double total = 0;  // the level's weight elements
+  double total = 0;
   for (const LevelProduct& p : ps) recorded += p.items, total += weight(p);
-  if (recorded * 2 <= (uint64_t)s.items * 3) return 0;
+  if (ps.size() < 2 || !crowded(recorded, s)) return 0;
   uint32_t changed = 0;
-  for (LevelProduct& p : ps) {
-    const int64_t nt = ntile(p);
-    const uint32_t share = (uint32_t)std::max<double>(1.0, std::floor((double)s.items * weight(p) / total + 0.5));
-    const MmCut c = matmul_cut(nt, p.K, p.M, p.reserved & 0xffu, s.capacity, share, s.warps, s.grid_warps, s.local);
-    if (c.items >= p.items) continue;  // fewer items only: the bounds the recorded cut met still hold
-    p.reserved = c.reserved, p.items = c.items;
-    ++changed;
-  }
+  for (LevelProduct& p : ps) changed += share_cut(p, total, s) ? 1 : 0;
   return changed;
+}
+
+MmCut level_cut(const MmCut& alone, const LevelProduct& p, LevelLoad& load, const MmSpread& s) {
+  load.items += alone.items, load.weight += weight(p);
+  LevelProduct q = p;
+  q.reserved = alone.reserved, q.items = alone.items;
+  if (!crowded(load.items, s) || !share_cut(q, load.weight, s)) return alone;
+  return {q.reserved, q.items};
 }
 
 MmSpread Runtime::mm_spread() const {
   const uint32_t warps = cfg_.threads_per_block / 32;
   return {cfg_.mm_spread ? cfg_.mm_items : 0u, cfg_.capacity, warps, burst_grid_ * warps, cfg_.local_combine};
-}
-
-// A staged level's descriptors: a product's items are consecutive (one piece of append_tiles), item i with
-// base i; its TensorRefs (out, a, b) are staged in refs_. A product cut over two pieces (more items than half the
-// ring: never split) shows fewer items than its cut and is left as it is.
-void Runtime::spread_products(std::vector<SubOp>& descs) {
-  const MmSpread s = mm_spread();
-  if (s.items <= 1 || descs.size() < 2) return;
-  auto ref = [&](uint64_t addr) -> const TensorRef& { return refs_[(addr - refs_d_) / sizeof(TensorRef)]; };
-  std::vector<LevelProduct> ps;
-  std::vector<std::pair<size_t, size_t>> at;  // each product's descriptors: first, count
-  for (size_t i = 0; i < descs.size();) {
-    const SubOp& d = descs[i];
-    size_t j = i + 1;
-    if (level_splittable(d) && d.base == 0) {
-      while (j < descs.size() && descs[j].out == d.out && descs[j].op == d.op && descs[j].base == j - i) ++j;
-      const TensorRef &o = ref(d.out), &b = ref(d.in[1]);
-      const uint32_t variant = d.reserved & 0xffu, ks = std::max<uint32_t>(1, (d.reserved >> 8) & 0xffu);
-      const uint32_t group = std::max<uint32_t>(1, (d.reserved >> 16) & 0x7fffu);
-      const int64_t tw = mm_cols(variant), nt = (o.sizes[1] + tw - 1) / tw;
-      if ((uint64_t)((nt + group - 1) / group) * ks == j - i) {
-        ps.push_back({d.reserved, j - i, o.sizes[0], o.sizes[1], b.sizes[0]});
-        at.emplace_back(i, j - i);
-      }
-    }
-    i = j;
-  }
-  const uint32_t changed = spread_level(ps, s);
-  if (changed == 0) return;
-  st_.mm_respread += changed;
-  std::vector<SubOp> out;
-  out.reserve(descs.size());
-  size_t i = 0;  // next descriptor of descs to copy
-  for (size_t p = 0; p < ps.size(); ++p) {
-    if (descs[at[p].first].reserved == ps[p].reserved) continue;  // kept: copied with what follows
-    out.insert(out.end(), descs.begin() + (ptrdiff_t)i, descs.begin() + (ptrdiff_t)at[p].first);
-    SubOp proto = descs[at[p].first];
-    proto.reserved = ps[p].reserved;
-    for (uint64_t t = 0; t < ps[p].items; ++t) out.push_back(tile_of(proto, t, 1, ps[p].items));
-    i = at[p].first + at[p].second;
-  }
-  out.insert(out.end(), descs.begin() + (ptrdiff_t)i, descs.end());
-  descs.swap(out);
 }
 
 }  // namespace gpuos

@@ -33,7 +33,7 @@ struct MmCut {
 MmCut matmul_cut(int64_t ntile, int64_t K, int64_t M, uint32_t variant, uint32_t capacity, uint32_t items,
                  uint32_t warps, uint32_t grid_warps, bool local);
 
-// What the level pass needs of the runtime (Runtime::mm_spread). items == 0: the pass is off (GPUOS_MM_SPREAD=0).
+// What the level rule needs of the runtime (Runtime::mm_spread). items == 0: off (GPUOS_MM_SPREAD=0).
 struct MmSpread {
   uint32_t items = 0, capacity = 0, warps = 0, grid_warps = 0;
   bool local = false;
@@ -44,16 +44,27 @@ struct LevelProduct {
   uint64_t items = 0;
   int64_t M = 0, N = 0, K = 0;
 };
-// Whether spread_level may re-cut a product whose descriptors look like `d`: a strided worker matmul on a
-// tile path (mma / ncol / ncol1), neither dual nor with a prologue (those are never split).
+// Whether spread_level may re-cut a product whose descriptors look like `d`: a strided worker matmul on a tile
+// path (mma / ncol / ncol1), neither dual nor with a prologue (those are never split).
 bool level_splittable(const SubOp& d);
-// The products of one dependency level share the grid: each aims at its share of about `s.items` items (by
-// weight size, N x K) instead of `s.items` alone, so that eight independent 4,096^2 products are 2,048
-// unsplit items rather than 8,192 K slices (H200, bench_matmul at M = 1: 81-90 % of copy against 51 %, the
-// thirty-eighth session with GPUOS_MM_ITEMS=256) while a product alone in its level keeps its slices. Only a
-// level whose products hold more than 1.5 x `s.items` items as recorded is re-cut, and a product only ever gets
-// fewer slices than it was recorded with (the scratch and ring bounds it met hold). Rewrites `reserved` /
-// `items` of the products it re-cuts; returns how many.
+// The products of a level share the grid: `s.items` items (about one per warp of the grid) is what a level
+// needs, not what each of its products needs. Eight independent 4,096^2 products cut alone are 8 x 1,024 K
+// slices, ~8 claims per block in turn, each paying its lead-in and tail; unsplit, 2,048 items (H200,
+// bench_matmul's flush of 8 products at M = 1 with GPUOS_MM_ITEMS=256: 81-90 % of copy against 51 %, thirty-
+// eighth session). So once a level's products hold more than 1.5 x `s.items` items as cut alone, each gets its
+// share of `s.items` (by weight, N x K) -- never more slices than alone, so the scratch and ring bounds its own
+// cut met still hold; below that, fewer slices would leave warps idle for nothing.
+//
+// spread_level: a whole level known at once (a program's image, core/tape.cpp stage_image). Rewrites
+// `reserved` / `items` of the products it re-cuts; returns how many.
 uint32_t spread_level(std::vector<LevelProduct>& ps, const MmSpread& s);
+// level_cut: a live flush, whose products are cut as they are recorded (a flush publishes its first 1,024 items
+// while it records the rest: Config::publish_min) -- the product's share with the level's products so far
+// (`load`, updated with it). Returns the cut, `alone` if the rule leaves it.
+struct LevelLoad {
+  uint64_t items = 0;  // items of the level's splittable products, as cut alone
+  double weight = 0;   // their weight elements
+};
+MmCut level_cut(const MmCut& alone, const LevelProduct& p, LevelLoad& load, const MmSpread& s);
 
 }  // namespace gpuos

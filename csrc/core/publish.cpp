@@ -168,6 +168,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     GPUOS_CU(driver().cuStreamBatchMemOp(stream, 1, &wt, 0));
     unwaited_seq_ = 0;
     hazards_.clear();  // the flush is whole: nothing recorded later joins its levels
+    level_mm_.clear();
     join_base_ = 0;
     st_.flushes++;
     if (on_publish_) on_publish_();
@@ -196,6 +197,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     join_base_ = hazards_.max_level();
   } else {
     hazards_.clear();
+    level_mm_.clear();
     join_base_ = 0;
   }
   return seq;
@@ -211,7 +213,6 @@ bool Runtime::can_commit_level(bool resident) const {
 
 void Runtime::commit_level(std::vector<SubOp>& descs) {
   if (descs.empty()) return;
-  spread_products(descs);
   commit_ring(descs.data(), (uint32_t)descs.size());
   descs.clear();
 }

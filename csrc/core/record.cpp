@@ -58,6 +58,15 @@ void Runtime::note_op_gen(uint32_t op) {
   if (g > pending_need_gen_) pending_need_gen_ = g;
 }
 
+uint32_t Runtime::staged_level(const Operand& out, const Operand* ins, uint32_t nin) const {
+  Access reads[kProgMaxInputs];
+  uint32_t nr = 0;
+  for (uint32_t k = 0; k < nin && k < kProgMaxInputs; ++k)
+    if (!ins[k].is_const) reads[nr++] = ins[k].access();
+  const uint32_t level = hazards_.level_of(out.access(), reads, nr);
+  return level <= join_base_ ? join_base_ : level;  // as append_tiles joins it
+}
+
 void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
                            const Operand& out, const Operand* ins, uint32_t nin) {
   // nin: up to 3 elementwise operands, or up to kProgMaxInputs leaves of a fused chain.
@@ -301,8 +310,15 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const int64_t tw = mm_cols(variant);
     const int64_t ntile = (N + tw - 1) / tw;
     const uint32_t warps = cfg_.threads_per_block / 32;
-    const MmCut cut = matmul_cut(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items, warps, burst_grid_ * warps,
-                                 cfg_.local_combine);
+    MmCut cut = matmul_cut(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items, warps, burst_grid_ * warps,
+                           cfg_.local_combine);
+    if (cfg_.mm_spread) {  // the level's products so far share the grid with it (core/matmul_plan.h)
+      const uint32_t level = staged_level(out, ins, 3);
+      if (level_mm_.size() <= level) level_mm_.resize(level + 1);
+      const MmCut alone = cut;
+      cut = level_cut(alone, LevelProduct{cut.reserved, cut.items, M, N, K}, level_mm_[level], mm_spread());
+      if (cut.items != alone.items) st_.mm_respread++;
+    }
     proto.reserved = cut.reserved;
     append_tiles(proto, cut.items, 1, refs, bias ? 4 : 3, out, ins, 3);
   }

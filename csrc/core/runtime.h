@@ -311,7 +311,6 @@ class Runtime {
     }
   }
   void commit_level(std::vector<SubOp>& descs);     // staged level -> ring, as one unpublished level
-  void spread_products(std::vector<SubOp>& descs);  // a staged level's products re-cut (spread_level)
   // n descriptors -> the ring (waiting for room), as one unpublished level (dma: delivered by DMA whatever its
   // size -- its TensorRefs are resident, read through the device translation).
   void commit_ring(const SubOp* descs, uint32_t n, bool dma = false);
@@ -351,6 +350,8 @@ class Runtime {
   // op larger than half the ring) and proto's pointer fields point at them.
   void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
                     const Operand& out, const Operand* ins, uint32_t nin);
+  // The level append_tiles gives a sub-op writing `out` and reading `ins` if nothing is published before it.
+  uint32_t staged_level(const Operand& out, const Operand* ins, uint32_t nin) const;
 
   int device_;
   bool lazy_loading_ = false;  // the context loads kernels on first launch (CUDA_MODULE_LOADING=LAZY)
@@ -399,6 +400,9 @@ class Runtime {
   // holds hazard level join_base_ + L.
   uint32_t join_base_ = 0;
   std::vector<SubOp> join_stage_;
+  // Per dependency level (index: the level append_tiles gives, join_base_ included), the splittable worker
+  // matmuls recorded into it since the hazards were last cleared (record_matmul: level_cut).
+  std::vector<LevelLoad> level_mm_;
   uint64_t staged_ = 0;                  // descriptors staged
   // heavy: matmul items in the level (they go by DMA: many warps reading the same pinned TensorRefs crawl; and
   // a level of >= kHeavyBurst of them launches on the burst grid).

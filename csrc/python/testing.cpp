@@ -81,7 +81,22 @@ void add_testing_module(py::module_& m) {
         return cut;
       }, py::arg("products"), py::arg("items") = Config{}.mm_items, py::arg("capacity") = 8192, py::arg("warps") = 8,
       py::arg("grid_warps") = 1056, py::arg("local") = true,
-      "A level's products, (reserved, items, M, N, K) each, re-cut as a flush re-cuts them: (reserved, items) each.");
+      "A level's products, (reserved, items, M, N, K) each as cut alone, re-cut as a program image re-cuts them:"
+      " (reserved, items) each.");
+  t.def("level_cuts", [](const std::vector<std::tuple<uint32_t, uint64_t, int64_t, int64_t, int64_t>>& products,
+                         uint32_t items, uint32_t capacity, uint32_t warps, uint32_t grid_warps, bool local) {
+        LevelLoad load;
+        const MmSpread s{items, capacity, warps, grid_warps, local};
+        std::vector<std::pair<uint32_t, uint64_t>> cut;
+        for (const auto& [r, n, M, N, K] : products) {
+          const MmCut c = level_cut(MmCut{r, n}, LevelProduct{r, n, M, N, K}, load, s);
+          cut.emplace_back(c.reserved, c.items);
+        }
+        return cut;
+      }, py::arg("products"), py::arg("items") = Config{}.mm_items, py::arg("capacity") = 8192, py::arg("warps") = 8,
+      py::arg("grid_warps") = 1056, py::arg("local") = true,
+      "Products (reserved, items, M, N, K as cut alone) recorded in turn into one level of a live flush: the cut"
+      " record_matmul gives each, (reserved, items).");
   t.def("ref_offsets", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t e0) {
         if (sizes.size() != strides.size() || sizes.size() > kMaxDims)
           throw std::invalid_argument("ref_offsets: sizes and strides need one length, at most kMaxDims");
