@@ -312,7 +312,9 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const uint32_t warps = cfg_.threads_per_block / 32;
     MmCut cut = matmul_cut(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items, warps, burst_grid_ * warps,
                            cfg_.local_combine);
-    if (cfg_.mm_spread) {  // the level's products so far share the grid with it (core/matmul_plan.h)
+    // The level's products so far share the grid with it (core/matmul_plan.h). Should append_tiles find the ring
+    // full and flush first, the product was cut for the level it leaves: fewer slices, never more.
+    if (cfg_.mm_spread) {
       const uint32_t level = staged_level(out, ins, 3);
       if (level_mm_.size() <= level) level_mm_.resize(level + 1);
       const MmCut alone = cut;

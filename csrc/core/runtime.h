@@ -56,7 +56,7 @@ struct Config {
   // program is ~100 such levels per decode step). 0: never.
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
-  bool mm_spread = true;     // a level's products share those items (spread_level; env GPUOS_MM_SPREAD)
+  bool mm_spread = true;     // a level's products share those items (level_cut; env GPUOS_MM_SPREAD)
   uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
   // A split tile that one claim holds whole is combined in shared memory, without global partials, counter or
   // fences: a captured attention's items in tile-major order (kAttnTileMajor), a split-K matmul's small partials
@@ -117,7 +117,7 @@ struct Operand {
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
   X(working_launches)   /* worker launches that ran a batch (the others: standbys that found nothing) */  \
   X(fused_subops)                                                                                         \
-  X(mm_respread)        /* worker matmuls whose K slices their level re-cut (core/matmul_plan.h spread_level) */ \
+  X(mm_respread)        /* worker matmuls recorded with fewer K slices: their level's share (level_cut) */   \
   X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
   X(programs)                                                                                             \
   X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */            \
@@ -165,7 +165,7 @@ class Runtime {
 
   int device() const { return device_; }
   const Config& config() const { return cfg_; }
-  // What spread_level needs to re-cut a level's products (core/matmul_plan.h; items 0 when GPUOS_MM_SPREAD=0).
+  // What level_cut / spread_level need to cut a level's products (core/matmul_plan.h; items 0: GPUOS_MM_SPREAD=0).
   MmSpread mm_spread() const;
 
   // Every record_* gives the sub-op its dependency level (the hazard model: 1 + the highest level of earlier
