@@ -4,8 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/runtime.h"
-#include "core/tape.h"
+#include "device_src/functors.h"  // kOp_* (ops.def)
 
 namespace gpuos {
 
@@ -120,11 +119,6 @@ MmCut level_cut(const MmCut& alone, const LevelProduct& p, LevelLoad& load, cons
   q.reserved = alone.reserved, q.items = alone.items;
   if (!crowded(load.items, s) || !share_cut(q, load.weight, s)) return alone;
   return {q.reserved, q.items};
-}
-
-MmSpread Runtime::mm_spread() const {
-  const uint32_t warps = cfg_.threads_per_block / 32;
-  return {cfg_.mm_spread ? cfg_.mm_items : 0u, cfg_.capacity, warps, burst_grid_ * warps, cfg_.local_combine};
 }
 
 }  // namespace gpuos

@@ -58,6 +58,11 @@ void Runtime::note_op_gen(uint32_t op) {
   if (g > pending_need_gen_) pending_need_gen_ = g;
 }
 
+MmSpread Runtime::mm_spread() const {
+  const uint32_t warps = cfg_.threads_per_block / 32;
+  return {cfg_.mm_spread ? cfg_.mm_items : 0u, cfg_.capacity, warps, burst_grid_ * warps, cfg_.local_combine};
+}
+
 uint32_t Runtime::staged_level(const Operand& out, const Operand* ins, uint32_t nin) const {
   Access reads[kProgMaxInputs];
   uint32_t nr = 0;
