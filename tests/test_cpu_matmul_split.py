@@ -178,3 +178,20 @@ def test_spread_only_ever_takes_slices_away(seed):
                 assert bool(r & (1 << 31)) == gpuos_ext._testing.matmul_local(_ks(r), M, variant)
             elif n != n0:
                 assert not r & (1 << 31)
+
+
+def test_a_program_image_recuts_each_level_whole():
+    # eight independent 4,096^2 products captured (cut alone: 4 slices, 1,024 items each) form one level of 8,192
+    # descriptors; the image re-cuts them together: 256 unsplit items each, 2,048 in the level
+    shapes = [(1, 4096, 4096)] * 8
+    runs, level_end = gpuos_ext._testing.tape_image_cuts(shapes)
+    assert [(_ks(r), n) for r, n in runs] == [(1, 256)] * 8 and level_end == [2048], (runs, level_end)
+    runs, level_end = gpuos_ext._testing.tape_image_cuts(shapes, spread=False)
+    assert [(_ks(r), n) for r, n in runs] == [(4, 1024)] * 8 and level_end == [8192]
+
+
+def test_a_program_image_keeps_a_chain_cut_alone():
+    # the same products each reading the one before: eight levels of one product, each keeps its 4 slices
+    runs, level_end = gpuos_ext._testing.tape_image_cuts([(1, 4096, 4096)] * 8, chain=True)
+    assert [(_ks(r), n) for r, n in runs] == [(4, 1024)] * 8
+    assert level_end == [1024 * (i + 1) for i in range(8)]

@@ -162,6 +162,36 @@ void add_testing_module(py::module_& m) {
       }, py::arg("first"), py::arg("span"), py::arg("blocks"),
       "The blocks of 0 .. blocks + 1 that claim a level of home (first, span) in a bounded grid of `blocks` "
       "(device_src/types.h home_has, what walk.h home_skips asks).");
+  t.def("tape_image_cuts", [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& shapes, bool chain,
+                              bool spread) {
+        // A tape of tensor-core products (M, N, K each, cut alone as record_matmul cuts them: 8 warps, 1,056 grid
+        // warps), independent (one level) or each reading the one before (a chain); its image staged with or
+        // without the level rule. Returns ((reserved, items) of each product's descriptors in image order,
+        // level_end).
+        const MmSpread s{Config{}.mm_items, 8192, 8, 1056, true};
+        Tape tape;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const auto [M, N, K] = shapes[i];
+          TapeEntry& t = tape.entries.emplace_back();
+          const MmCut c = matmul_cut((N + kMmMmaCols - 1) / kMmMmaCols, K, M, kMmMma, s.capacity, s.items, s.warps,
+                                     s.grid_warps, s.local);
+          t.proto.op = kOp_mm, t.proto.flags = kFlagStrided | (kFlagConst0 << 2), t.proto.reserved = c.reserved;
+          t.total = c.items, t.per_tile = 1, t.nref = 3;
+          for (uint32_t k = 0; k < 3; ++k) t.refs[k].ptr = (uint64_t)(i * 3 + k + 1) << 20, t.refs[k].ndim = 2;
+          t.refs[0].sizes[0] = M, t.refs[0].sizes[1] = N, t.refs[2].sizes[0] = K, t.refs[2].sizes[1] = N;
+          t.out = Access{(uintptr_t)(100 + i), 0, 64, {}};
+          t.nin = 2;
+          t.ins[0] = Access{(uintptr_t)(chain && i ? 99 + i : 1), 0, 64, {}};  // a: the input, or the product before
+          t.ins[1] = Access{(uintptr_t)(1000 + i), 0, 64, {}};                 // b: its own weight
+        }
+        const TapeImage im = stage_image(tape, 0, tape.entries.size(), s.capacity / 2, spread ? &s : nullptr);
+        std::vector<std::pair<uint32_t, uint64_t>> runs;
+        for (size_t d = 0; d < im.descs.size(); ++d)
+          if (d == 0 || im.descs[d].base == 0) runs.emplace_back(im.descs[d].reserved, 1);
+          else runs.back().second++;
+        return std::make_pair(runs, im.level_end);
+      }, py::arg("shapes"), py::arg("chain") = false, py::arg("spread") = true,
+      "A program image's cut of independent (or chained) tensor-core products: ((reserved, items) each, level_end).");
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused, attention and matmul-prologue entries (a FusedArgs between two
         // TensorRefs) over 6 storages, some of which move: the
