@@ -113,12 +113,10 @@ uint32_t spread_level(std::vector<LevelProduct>& ps, const MmSpread& s) {
   return changed;
 }
 
-MmCut level_cut(const MmCut& alone, const LevelProduct& p, LevelLoad& load, const MmSpread& s) {
-  load.items += alone.items, load.weight += weight(p);
-  LevelProduct q = p;
-  q.reserved = alone.reserved, q.items = alone.items;
-  if (!crowded(load.items, s) || !share_cut(q, load.weight, s)) return alone;
-  return {q.reserved, q.items};
+MmCut level_cut(LevelProduct p, LevelLoad& load, const MmSpread& s) {
+  load.items += p.items, load.weight += weight(p);
+  if (crowded(load.items, s)) share_cut(p, load.weight, s);
+  return {p.reserved, p.items};
 }
 
 }  // namespace gpuos

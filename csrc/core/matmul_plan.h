@@ -1,6 +1,6 @@
 // csrc/core/matmul_plan.h -- how a worker matmul is cut into items (device_src/matmul.h runs them): its path,
-// its K slices, its column tiles per item -- chosen per product when it is recorded (Runtime::record_matmul), and
-// again per dependency level once the level is whole (spread_level: the products of one level share the grid).
+// its K slices, its column tiles per item -- chosen per product (matmul_cut) and shared with the other products
+// of its dependency level (level_cut as a live flush records them, spread_level over a program image's level).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -59,12 +59,12 @@ bool level_splittable(const SubOp& d);
 // `reserved` / `items` of the products it re-cuts; returns how many.
 uint32_t spread_level(std::vector<LevelProduct>& ps, const MmSpread& s);
 // level_cut: a live flush, whose products are cut as they are recorded (a flush publishes its first 1,024 items
-// while it records the rest: Config::publish_min) -- the product's share with the level's products so far
-// (`load`, updated with it). Returns the cut, `alone` if the rule leaves it.
+// while it records the rest: Config::publish_min) -- the share of product `p` (its cut alone) with the level's
+// products so far (`load`, updated with it). Returns its cut: p's own if the rule leaves it.
 struct LevelLoad {
   uint64_t items = 0;  // items of the level's splittable products, as cut alone
   double weight = 0;   // their weight elements
 };
-MmCut level_cut(const MmCut& alone, const LevelProduct& p, LevelLoad& load, const MmSpread& s);
+MmCut level_cut(LevelProduct p, LevelLoad& load, const MmSpread& s);
 
 }  // namespace gpuos

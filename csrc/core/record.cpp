@@ -322,9 +322,9 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     if (cfg_.mm_spread) {
       const uint32_t level = staged_level(out, ins, 3);
       if (level_mm_.size() <= level) level_mm_.resize(level + 1);
-      const MmCut alone = cut;
-      cut = level_cut(alone, LevelProduct{cut.reserved, cut.items, M, N, K}, level_mm_[level], mm_spread());
-      if (cut.items != alone.items) st_.mm_respread++;
+      const uint64_t alone = cut.items;
+      cut = level_cut(LevelProduct{cut.reserved, cut.items, M, N, K}, level_mm_[level], mm_spread());
+      if (cut.items != alone) st_.mm_respread++;
     }
     proto.reserved = cut.reserved;
     append_tiles(proto, cut.items, 1, refs, bias ? 4 : 3, out, ins, 3);
@@ -333,13 +333,11 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
   maybe_publish_early();
 }
 
-bool Runtime::unsplit_mma(int64_t M, int64_t N, int64_t K, uint32_t& group, uint64_t& items) const {
-  const int64_t ntile = (N + kMmMmaCols - 1) / kMmMmaCols;
+bool Runtime::unsplit_mma(int64_t M, int64_t N, int64_t K, MmCut& cut) const {
   const uint32_t warps = cfg_.threads_per_block / 32;
-  if (matmul_split(ntile, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps) != 1) return false;
-  group = matmul_group(ntile, cfg_.mm_items, burst_grid_ * warps);
-  items = (uint64_t)((ntile + group - 1) / group);
-  return true;
+  cut = matmul_cut((N + kMmMmaCols - 1) / kMmMmaCols, K, M, kMmMma, cfg_.capacity, cfg_.mm_items, warps,
+                   burst_grid_ * warps, /*local=*/false);
+  return ((cut.reserved >> 8) & 0xffu) == 1;
 }
 
 bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, const Operand& a, const TensorRef& a_ref,
@@ -351,11 +349,10 @@ bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, c
     return false;
   // Both weights must take the tensor-core path, and the product must stay unsplit (the item holds a tile's
   // whole K: no partials of two products to meet in the scratch).
-  uint32_t group = 1;
-  uint64_t items = 0;
+  MmCut cut;
   if (matmul_variant(a.dtype, a_ref, b.dtype, b_ref, product_dtype, M, N, K) != kMmMma ||
       matmul_variant(a.dtype, a_ref, b2.dtype, b2_ref, product_dtype, M, N, K) != kMmMma ||
-      !unsplit_mma(M, N, K, group, items))
+      !unsplit_mma(M, N, K, cut))
     return false;
   SubOp proto{};
   proto.op = kOp_mm;
@@ -364,10 +361,10 @@ bool Runtime::record_matmul_dual(const Operand& out, const TensorRef& out_ref, c
   proto.dtype = out.dtype | (a.dtype << 8) | (b.dtype << 16) | (b2.dtype << 24);
   proto.scalar[0] = alpha;
   proto.scalar[1] = 0.0f;
-  proto.reserved = kMmMma | 1u << 8 | group << 16;
+  proto.reserved = cut.reserved;
   const TensorRef refs[4] = {out_ref, a_ref, b_ref, b2_ref};
   const Operand ins[3] = {a, b, b2};
-  append_tiles(proto, items, 1, refs, 4, out, ins, 3);
+  append_tiles(proto, cut.items, 1, refs, 4, out, ins, 3);
   st_.submitted++;
   maybe_publish_early();
   return true;
@@ -384,10 +381,9 @@ bool Runtime::record_matmul_prologue(const Operand& out, const TensorRef& out_re
   TensorRef a_ref{};
   a_ref.ndim = 2, a_ref.dtype = a_dtype, a_ref.sizes[0] = M, a_ref.sizes[1] = K, a_ref.strides[0] = K;
   a_ref.strides[1] = 1;
-  uint32_t group = 1;
-  uint64_t items = 0;
+  MmCut cut;
   if (matmul_variant(a_dtype, a_ref, b.dtype, b_ref, out.dtype, M, N, K) != kMmMma ||
-      !unsplit_mma(M, N, K, group, items))
+      !unsplit_mma(M, N, K, cut))
     return false;
   SubOp proto{};
   proto.op = kOp_mm;
@@ -395,7 +391,7 @@ bool Runtime::record_matmul_prologue(const Operand& out, const TensorRef& out_re
   proto.dtype = out.dtype | (a_dtype << 8) | (b.dtype << 16) | (out.dtype << 24);
   proto.scalar[0] = alpha;
   std::memcpy(&proto.scalar[1], &prog, sizeof(float));
-  proto.reserved = kMmMma | 1u << 8 | group << 16;
+  proto.reserved = cut.reserved;
   TensorRef refs[4];
   static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "a FusedArgs spans two slots");
   refs[0] = out_ref;
@@ -404,7 +400,7 @@ bool Runtime::record_matmul_prologue(const Operand& out, const TensorRef& out_re
   Operand ins[kProgMaxInputs];
   for (uint32_t k = 0; k < nread; ++k) ins[k] = reads[k];
   ins[nread] = b;
-  append_tiles(proto, items, 1, refs, 4, out, ins, nread + 1);
+  append_tiles(proto, cut.items, 1, refs, 4, out, ins, nread + 1);
   st_.submitted++;
   maybe_publish_early();
   return true;

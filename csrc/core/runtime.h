@@ -334,9 +334,9 @@ class Runtime {
   void maybe_adopt_generation();     // flush: take over a newer ready generation if no worker is resident
   void note_op_gen(uint32_t op);
   void make_current();
-  // A tensor-core product of M x K by K x N as record_matmul would take it unsplit: its column tiles per item and
-  // items; false if record_matmul would split K (the dual and prologue items hold a tile's whole K).
-  bool unsplit_mma(int64_t M, int64_t N, int64_t K, uint32_t& group, uint64_t& items) const;
+  // A tensor-core product of M x K by K x N as record_matmul would take it unsplit: its cut (column tiles per item,
+  // items); false if record_matmul would split K (the dual and prologue items hold a tile's whole K).
+  bool unsplit_mma(int64_t M, int64_t N, int64_t K, MmCut& cut) const;
   void fit_stack(CUfunction f);  // per-thread stack limit >= the worker's local memory (before any launch)
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
   bool record_ew_runs(const SubOp& proto, uint32_t arity, const Operand& out, const Operand* ins,

@@ -141,8 +141,8 @@ uint32_t Tape::levels(size_t b, size_t e) const {
   return top;
 }
 
-// Each level's products re-cut as a live flush cuts them (Runtime::spread_products): entry i's descriptor
-// `reserved` and units `total`.
+// Each level's products re-cut together (spread_level: the image knows its levels whole, a live flush cuts its
+// products as they come, level_cut): entry i's descriptor `reserved` and units `total`.
 static void spread_entries(const Tape& tape, size_t b, const std::vector<uint32_t>& lv, uint32_t nlev,
                            const MmSpread& s, std::vector<uint32_t>& reserved, std::vector<uint64_t>& total) {
   std::vector<std::vector<size_t>> by_level(nlev + 1);
@@ -173,7 +173,10 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max, 
   for (size_t i = 0; i < lv.size(); ++i)
     reserved[i] = tape.entries[b + i].proto.reserved, total[i] = tape.entries[b + i].total;
   if (spread && spread->items > 1) spread_entries(tape, b, lv, nlev, *spread, reserved, total);
-  auto tiles = [&](size_t i) { return (total[i] + tape.entries[b + i].per_tile - 1) / tape.entries[b + i].per_tile; };
+  auto tiles = [&](size_t i) {
+    const uint64_t per = tape.entries[b + i].per_tile;
+    return (total[i] + per - 1) / per;
+  };
   std::vector<uint64_t> pos(nlev + 1, 0);  // pos[L]: next descriptor of level L + 1 (after the prefix sum)
   for (size_t i = 0; i < lv.size(); ++i) pos[lv[i]] += tiles(i);
   for (uint32_t L = 1; L <= nlev; ++L) pos[L] += pos[L - 1];

@@ -89,7 +89,7 @@ void add_testing_module(py::module_& m) {
         const MmSpread s{items, capacity, warps, grid_warps, local};
         std::vector<std::pair<uint32_t, uint64_t>> cut;
         for (const auto& [r, n, M, N, K] : products) {
-          const MmCut c = level_cut(MmCut{r, n}, LevelProduct{r, n, M, N, K}, load, s);
+          const MmCut c = level_cut(LevelProduct{r, n, M, N, K}, load, s);
           cut.emplace_back(c.reserved, c.items);
         }
         return cut;
