@@ -103,6 +103,7 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   if (r == CUDA_SUCCESS) {
     try {
       fit_stack(f);  // drained: no worker resident or awaited
+      fit_stage(f);
     } catch (...) {
       d.cuModuleUnload(m);
       throw;
