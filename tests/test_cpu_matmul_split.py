@@ -195,3 +195,55 @@ def test_a_program_image_keeps_a_chain_cut_alone():
     runs, level_end = gpuos_ext._testing.tape_image_cuts([(1, 4096, 4096)] * 8, chain=True)
     assert [(_ks(r), n) for r, n in runs] == [(4, 1024)] * 8
     assert level_end == [1024 * (i + 1) for i in range(8)]
+
+
+# The weight stage (core/matmul_plan.h stage_flag): a tensor-core product of one tile per item may copy its weight
+# rows into shared memory while its claim waits for the level before -- never at a window's first level, never
+# when the level before (or a later one) writes the weight.
+MMA1 = 1 | 1 << 8  # kMmMma, unsplit, one tile per item
+STRIDED, DUAL, PROLOGUE = 1, 1 << 14, 1 << 15
+
+
+@pytest.mark.parametrize("level, wlevel, want", [
+    (1, 0, False),  # the batch before lies outside the window
+    (2, 0, True), (9, 0, True),
+    (2, 1, False), (3, 2, False),  # the level before writes the weight
+    (3, 1, True), (9, 7, True),
+    (3, 3, False), (3, 5, False),  # (a later write: never for a level the hazard model gave, still refused)
+])
+def test_stage_flag_follows_the_levels(level, wlevel, want):
+    assert gpuos_ext._testing.stage_flag(MMA1, STRIDED, level, wlevel) is want
+
+
+@pytest.mark.parametrize("reserved, flags", [
+    (0, STRIDED),                 # a warp tile (kMmWarp)
+    (2 | 1 << 8, STRIDED),        # ncol
+    (3 | 1 << 8, STRIDED),        # ncol1
+    (1 | 1 << 8 | 2 << 16, STRIDED),  # an mma item of two column tiles (an LM head's)
+    (MMA1, STRIDED | DUAL),       # two weights
+])
+def test_stage_flag_only_for_one_tile_mma_items(reserved, flags):
+    assert gpuos_ext._testing.stage_flag(reserved, flags, 3, 0) is False
+
+
+def test_stage_flag_split_and_prologue_items_qualify():
+    assert gpuos_ext._testing.stage_flag(1 | 4 << 8, STRIDED, 2, 0) is True  # 4 K slices
+    assert gpuos_ext._testing.stage_flag(MMA1, STRIDED | PROLOGUE, 2, 0) is True
+    # the flag is cleared where the rule refuses it, whatever the descriptor came with
+    assert gpuos_ext._testing.stage_flag(MMA1, STRIDED | 1 << 3, 1, 0) is False
+
+
+def test_a_program_image_stages_weights_by_its_own_levels():
+    # (out, reads, weight): x -> p1 -> p2 -> p3 with weights 10, 11, 12; a copy writes weight 12 at level 1 and
+    # weight 13 at level 2 (reading p1); p4 reads p3 through weight 13.
+    units = [
+        (1, [100], 10),   # p1 = x @ w10: level 1 -> no stage (the batch before is not the image's)
+        (20, [200], -1),  # w12 <- copy: level 1 (storage 20 stands for it below)
+        (2, [1], 11),     # p2: level 2, weight never written -> staged
+        (3, [2], 20),     # p3: level 3, its weight written at level 1 -> staged (not the level before)
+        (21, [1], -1),    # w13 <- copy of p1: level 2
+        (4, [3], 21),     # p4: level 4, weight written at level 2 -> staged
+        (5, [21], 21),    # p5 = w13 @ w13: level 3, its weight written at level 2 (the level before) -> not
+    ]
+    got = gpuos_ext._testing.tape_stage_flags(units)
+    assert got == [(1, False), (1, False), (2, True), (3, True), (2, False), (4, True), (3, False)], got

@@ -181,6 +181,76 @@ def test_captured_independent_products_replay_with_the_level_cut(rt, worker_matm
             torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("M", [1, 5, 16])
+def test_staged_chain_matches_torch(rt, dtype, M):
+    """A chain of dependent tensor-core products in one flush, each reading the one before: from the second on
+    each item's weight rows are staged in shared memory while its claim waits (kFlagMmStage; mm_staged counts the
+    flagged products) -- whole slices (K 256), the first bytes of longer ones (K 4,096 in split slices: the rest
+    from global memory), tails of N (1,000 columns) and of rows past the grid's stage; each output equals torch on
+    the inputs it read."""
+    dt = DTYPES[dtype]
+    g = torch.Generator(device=DEV).manual_seed(300 + M)
+    dims = [4096, 1000, 256, 4096, 1032, 512]
+    ws = [(torch.randn(n, k, generator=g, device=DEV) / math.sqrt(k)).to(dt) for k, n in zip(dims, dims[1:])]
+    x = torch.randn(M, dims[0], generator=g, device=DEV).to(dt)
+    for rep in range(2):
+        if rep:  # another ring position
+            gpuos.submit_add(x[:, :5], x[:, :5], torch.empty(M, 5, device=DEV, dtype=dt))
+        outs = [torch.full((M, w.shape[0]), float("nan"), device=DEV, dtype=dt) for w in ws]
+        before = gpuos.stats()["mm_staged"]
+        for i, w in enumerate(ws):
+            gpuos.submit_matmul(x if i == 0 else outs[i - 1], w.t(), outs[i])
+        gpuos.flush()
+        assert gpuos.stats()["mm_staged"] - before == len(ws) - 1, "every product after the first is flagged"
+        for i, w in enumerate(ws):
+            _check(outs[i], x if i == 0 else outs[i - 1], w.t())
+
+
+def test_staged_weight_written_by_the_flush(rt):
+    """A weight written by the worker in the same flush: a product at the level after its write reads it without
+    a stage (the level before writes it), a product two levels after with one (the write is in a batch before
+    the one it waits for; run_claim copies only once those have completed); both equal torch."""
+    g = torch.Generator(device=DEV).manual_seed(5)
+    N = K = 1024
+    w0, wa, wb = [(torch.randn(N, K, generator=g, device=DEV) / 32).half() for _ in range(3)]
+    w = torch.empty(N, K, device=DEV, dtype=torch.float16)
+    x = torch.randn(1, K, generator=g, device=DEV).half()
+    y1, y2, y3 = [torch.full((1, N), float("nan"), device=DEV, dtype=torch.float16) for _ in range(3)]
+    before = gpuos.stats()["mm_staged"]
+    gpuos.submit_add(wa, wb, w)              # level 1: writes w
+    gpuos.submit_matmul(x, w0.t(), y1)       # level 1
+    gpuos.submit_matmul(y1, w.t(), y2)       # level 2: w written by the level before -> no stage
+    gpuos.submit_matmul(y2, w.t(), y3)       # level 3: w written at level 1 -> staged
+    gpuos.flush()
+    assert gpuos.stats()["mm_staged"] - before == 1
+    wsum = wa + wb
+    _check(y1, x, w0.t())
+    _check(y2, y1, wsum.t())
+    _check(y3, y2, wsum.t())
+
+
+def test_captured_chain_replays_with_staged_weights(rt, worker_matmul):
+    """A captured chain of linears (a decode MLP's shape): the image flags every product after the first
+    (core/tape.cpp stage_image, its own levels); replays with new inputs -- and with a weight changed in place
+    between calls -- equal eager."""
+    g = torch.Generator(device=DEV).manual_seed(78)
+    ws = [(torch.randn(n, k, generator=g, device=DEV) / math.sqrt(k)).half()
+          for k, n in [(1024, 4096), (4096, 1024), (1024, 256), (256, 1024)]]
+
+    def mlp(x):
+        for w in ws:
+            x = torch.nn.functional.linear(x, w)
+        return x
+
+    prog = gpuos.capture(mlp, torch.randn(1, 1024, generator=g, device=DEV).half())
+    for call in range(4):
+        if call == 2:
+            ws[1].mul_(-0.5)  # in place, between calls: the next replay reads the new values
+        x = torch.randn(1, 1024, generator=g, device=DEV).half()
+        torch.testing.assert_close(prog(x), mlp(x), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("bias_shape", ["n", "1n", "mn", "m1"])
 def test_matmul_bias_alpha_beta(rt, dtype, bias_shape):
