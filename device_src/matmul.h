@@ -526,12 +526,10 @@ __device__ __forceinline__ MmPlace mm_place(const SubOp& d, i64 K) {
 
 // The weight stage (kFlagMmStage; worker.cu run_claim, while thread 0 waits for the level before): an mma item of
 // one column tile copies the first bytes of its K slice of each of its 16 weight rows -- up to `bytes` in all, whole
-// loop steps (kMmStageStep) per row -- into its warp's stage buffer `st` by cp.async (16 bytes per copy, L2 only),
-// row r at st + r * row; `nl` lanes copy (`l`: this one's index among them). The weight rows are read here only:
-// their loads into registers come after the wait, from shared memory (mm_mma). Returns the bytes per row (0:
-// nothing staged).
-__device__ __forceinline__ u32 mm_stage_issue(const SubOp& d, const TensorRef* refs, char* st, u32 bytes, u32 l,
-                                              u32 nl) {
+// loop steps (kMmStageStep) per row -- into its warp's stage buffer `st` by cp.async (16 bytes per lane and copy,
+// L2 only), row r at st + r * row. The weight rows are read here only: their loads into registers come after the
+// wait, from shared memory (mm_mma). Returns the bytes per row (0: nothing staged).
+__device__ __forceinline__ u32 mm_stage_issue(const SubOp& d, const TensorRef* refs, char* st, u32 bytes, u32 lane) {
   const u32 group = (d.reserved >> 16) & 0x7fffu;
   if ((d.reserved & 0xffu) != kMmMma || group > 1 || (d.flags & kFlagMmDual)) return 0;
   const TensorRef& rb = refs[(d.flags & kFlagMmPrologue) ? 3 : 2];
@@ -545,7 +543,7 @@ __device__ __forceinline__ u32 mm_stage_issue(const SubOp& d, const TensorRef* r
   for (u32 r = 0; r < kMmMmaCols; ++r) {
     if (pl.n0 + r >= N) break;
     const char* src = b + (u64)((pl.n0 + r) * rb.strides[1]) * 2;
-    for (u32 c = 16 * l; c < row; c += 16 * nl)
+    for (u32 c = 16 * lane; c < row; c += 16 * 32)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st_base + r * row + c),
                    "l"(__cvta_generic_to_global(src + c))
                    : "memory");

@@ -490,15 +490,15 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
 // levels before that one -- whose batches are those before dep. A block may claim this batch while such a batch
 // still runs (it passes batches whose claims are all taken), so the copy starts only once every batch before dep
 // has completed (done words land in seq order); else the item reads its weight from global memory as without a
-// stage. Lanes `first`..31 copy: warp 0's lane 0 is thread 0, the one waiting (its other lanes copy meanwhile).
+// stage. Not warp 0: its thread 0 is the one waiting.
 __device__ __forceinline__ void stage_first(const WorkerArgs& args, const DevCtl* dc, const SubOp& d,
-                                            const TensorRef* refs, u32 dep, u32 lane, u32 first, FinishNote* note) {
-  const u32 mask = 0xffffffffu << first;
+                                            const TensorRef* refs, u32 dep, u32 lane, FinishNote* note) {
+  __syncwarp();  // prefetch_refs' TensorRefs (the warp's slots in shared memory) before they are read
   u32 ok = 0;
-  if (lane == first) ok = seq_reached(ld_vol(&dc->done[(dep - 1) & (kMaxBatches - 1)]), dep - 1) ? 1u : 0u;
-  if (__shfl_sync(mask, ok, first) == 0) return;
-  const u32 row = mm_stage_issue(d, refs, (char*)note->stage, args.stage_bytes, lane - first, 32 - first);
-  if (lane == first) note->srow = row;
+  if (lane == 0) ok = seq_reached(ld_vol(&dc->done[(dep - 1) & (kMaxBatches - 1)]), dep - 1) ? 1u : 0u;
+  if (__shfl_sync(0xffffffffu, ok, 0) == 0) return;
+  const u32 row = mm_stage_issue(d, refs, (char*)note->stage, args.stage_bytes, lane);
+  if (lane == 0) note->srow = row;
 }
 
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
@@ -549,10 +549,9 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     if (lane == 0) fin->split = split;
   }
   if (warp < k) prefetch_refs(sdesc[warp], wrefs, cached, lane, rd);
-  __syncwarp();  // the warp's TensorRefs (its slots in shared memory) before stage_first reads them
   if (threadIdx.x == 0) wait_prev(args, dc, hc, p, s_batch[7]);
-  else if (warp < k && args.stage_bytes != 0 && (sdesc[warp].flags & kFlagMmStage))
-    stage_first(args, dc, sdesc[warp], wrefs, s_batch[7], lane, warp == 0 ? 1u : 0u, &fin->note[warp]);
+  else if (warp != 0 && warp < k && args.stage_bytes != 0 && (sdesc[warp].flags & kFlagMmStage))
+    stage_first(args, dc, sdesc[warp], wrefs, s_batch[7], lane, &fin->note[warp]);
   __syncthreads();
   const u64 t_loaded = tb && threadIdx.x == 0 ? globaltimer() : 0;
   const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
