@@ -191,7 +191,7 @@ std::string Runtime::describe() const {
          (cfg_.burst_min ? " (" + std::to_string(burst_grid_) + " blocks for flushes of >= " +
                                std::to_string(cfg_.burst_min) + " sub-ops)" : std::string()) +
          ", worker local memory " + std::to_string(worker_local_bytes_) + " B/thread (stack limit " +
-         std::to_string(stack_limit_) + " B), weight stage " + std::to_string(stage_bytes_) + " B/warp, " +
+         std::to_string(stack_limit_) + " B), " +
          (lazy_loading_ ? "lazy module loading (publications behind busy streams drain the worker first)"
                         : "eager module loading");
 }
