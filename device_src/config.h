@@ -60,9 +60,6 @@ constexpr u32 kMmDualMaxRows = 8;      // most activation rows of a dual item (o
 constexpr u32 kMmPrologueElems = 1024;
 constexpr u32 kMmChunk = 64;           // K per tensor-core chunk (4 mma k16 steps)
 constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256, kMmNcol1Cols = 64;
-// The weight stage (kFlagMmStage): a staged row prefix is whole steps of mm_mma's loop over K (U = 2 chunks of
-// 16-bit values: 256 bytes), so a warp's stage buffer holds kMmMmaCols rows of a multiple of this.
-constexpr u32 kMmStageStep = kMmChunk * 2 * 2;
 // SubOp::reserved of an mm sub-op: variant | ksplit << 8 | tiles << 16 (15 bits) (variant 0: a column tile of the per-warp
 // paths; tiles: column tiles per item of an unsplit mma product, 0 = 1 -- an LM head of 2,000-3,142 tiles of 16
 // columns was that many items, each paying a claim's round trips for 8 KB of weights).

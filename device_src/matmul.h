@@ -204,32 +204,13 @@ __device__ __forceinline__ void mm_mma16816(float* c, u32 a0, u32 a1, u32 a2, u3
 // Byte offsets along K are 32-bit (the host keeps K * 2 < 2^31 on this path).
 // tk (the traced worker's unsplit items; else nullptr): lane 0 stores the time its K loop ended (every load consumed)
 // before the outputs go out, so that the item's record splits into loads + mma and the epilogue / stores.
-// st, srow (kFlagMmStage; nullptr, 0 otherwise): the first srow bytes of the slice of each of the tile's 16 weight
-// rows are in this warp's stage (shared memory, row r at st + r * srow; mm_stage_issue) -- the loop reads them there,
-// then the rest of the slice from global memory.
-template <bool B>
-struct MmTag {
-  static constexpr bool value = B;
-};
-__device__ __forceinline__ uint4 mm_lds16(const char* p, bool live) {
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (live)
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"((u32)__cvta_generic_to_shared(p)));
-  return v;
-}
 template <bool BF16, bool TWO, u32 U, bool DUAL = false>
 __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local, u32 lane,
-                                    u64* tk = nullptr, const char* st = nullptr, u32 srow = 0) {
+                                    u64* tk = nullptr) {
   static_assert(!(DUAL && TWO), "a dual item is one m8 tile");
-  static_assert(kMmStageStep % (kMmChunk * 2 * U) == 0, "a staged prefix is whole steps of the loop");
   const u32 q = lane >> 2, t = lane & 3u;
   const bool w0 = n0 + q < g.N, w1 = n0 + q + 8 < g.N;
   const u32 kb1 = (u32)k1 * 2, koff = 32 * t;  // bytes: end of the slice, this lane's offset in a chunk
-  const u32 ks = (u32)k0 * 2 + (DUAL ? 0u : srow);  // end of the staged prefix (a dual item is never staged)
-  const char* sp0 = st + (i64)(q * srow + koff) - (i64)k0 * 2;  // + o: the stage's copy of row q's byte o
-  const char* sp1 = sp0 + 8 * srow;
   const i64 M = g.M, as0 = g.as0;
   for (i64 m0 = 0; m0 < M; m0 += TWO ? 16 : 8) {
     const bool xa = m0 + q < M, xb = TWO && m0 + q + 8 < M;
@@ -253,10 +234,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
       for (u32 j = 0; j < 2; ++j)
 #pragma unroll
         for (u32 i = 0; i < 4; ++i) acc[v][j][i] = 0.0f;
-    // One pass over bytes [kbeg, kend) of the slice, the weight read from the stage (STAGED) or global memory.
-    auto pass = [&](auto staged, u32 kbeg, u32 kend) {
-    constexpr bool STAGED = decltype(staged)::value;
-    for (u32 kc = kbeg; kc < kend; kc += kMmChunk * 2 * U) {
+    for (u32 kc = (u32)k0 * 2; kc < kb1; kc += kMmChunk * 2 * U) {
       uint4 w[NW][U][2][2];
 #pragma unroll
       for (u32 v = 0; v < NW; ++v)
@@ -265,14 +243,9 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 #pragma unroll
           for (u32 h = 0; h < 2; ++h) {
             const u32 o = kc + u * kMmChunk * 2 + h * 16;
-            const bool in = o + koff < kend;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
-            if constexpr (STAGED) {
-              w[v][u][0][h] = mm_lds16(sp0 + o, in && w0);
-              w[v][u][1][h] = mm_lds16(sp1 + o, in && w1);
-            } else {
-              w[v][u][0][h] = mm_ld16_stream(wp[v][0] + o, in && w0);
-              w[v][u][1][h] = mm_ld16_stream(wp[v][1] + o, in && w1);
-            }
+            const bool in = o + koff < kb1;  // k1 - k0 and K are multiples of 8: a vector is wholly in or out
+            w[v][u][0][h] = mm_ld16_stream(wp[v][0] + o, in && w0);
+            w[v][u][1][h] = mm_ld16_stream(wp[v][1] + o, in && w1);
           }
       uint4 x0[U][2], x1[U][2];  // the activations' chunks too, before any mma waits on a load
 #pragma unroll
@@ -280,7 +253,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 #pragma unroll
         for (u32 h = 0; h < 2; ++h) {
           const u32 o = kc + u * kMmChunk * 2 + h * 16;
-          const bool in = o + koff < kend;
+          const bool in = o + koff < kb1;
           x0[u][h] = mm_ld16(xpa + o, in && xa);
           x1[u][h] = TWO ? mm_ld16(xpb + o, in && xb) : make_uint4(0u, 0u, 0u, 0u);
         }
@@ -297,13 +270,6 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
               mm_mma16816<BF16>(acc[v][1], a0, a1, a2, a3, mm_word(x1[u], 2 * s), mm_word(x1[u], 2 * s + 1));
           }
         }
-    }
-    };
-    if constexpr (!DUAL) {
-      if (ks > (u32)k0 * 2) pass(MmTag<true>{}, (u32)k0 * 2, ks);
-      pass(MmTag<false>{}, ks, kb1);
-    } else {
-      pass(MmTag<false>{}, (u32)k0 * 2, kb1);
     }
     if (tk && lane == 0) *tk = globaltimer();
     // Accumulator i of m8 tile j: column n0 + q (+ 8 for i >= 2), row m0 + 8j + 2t (+ 1 for odd i).
@@ -331,7 +297,7 @@ __device__ __noinline__ void mm_mma(const MmArgs& g, i64 n0, i64 k0, i64 k1, flo
 // `worker_trace.py mm`; 50 % of copy in bench_matmul), and 4 spilled at 128 registers (the cap is 255 since
 // the thirty-second session: U 4 not measured at 255).
 __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64 k1, float* part, bool local,
-                                            u32 lane, u64* tk = nullptr, const char* st = nullptr, u32 srow = 0) {
+                                            u32 lane, u64* tk = nullptr) {
   if (g.b2) {  // a dual item (unsplit, M <= kMmDualMaxRows)
     if (g.dta == kBF16) mm_mma<true, false, 2, true>(g, n0, k0, k1, part, local, lane, tk);
     else mm_mma<false, false, 2, true>(g, n0, k0, k1, part, local, lane, tk);
@@ -339,11 +305,11 @@ __device__ __forceinline__ void mm_mma_tile(const MmArgs& g, i64 n0, i64 k0, i64
   }
   const bool two = g.M > 8;
   if (g.dta == kBF16)
-    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, local, lane, tk, st, srow)
-        : mm_mma<true, false, 2>(g, n0, k0, k1, part, local, lane, tk, st, srow);
+    two ? mm_mma<true, true, 2>(g, n0, k0, k1, part, local, lane, tk)
+        : mm_mma<true, false, 2>(g, n0, k0, k1, part, local, lane, tk);
   else
-    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, local, lane, tk, st, srow)
-        : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane, tk, st, srow);
+    two ? mm_mma<false, true, 2>(g, n0, k0, k1, part, local, lane, tk)
+        : mm_mma<false, false, 2>(g, n0, k0, k1, part, local, lane, tk);
 }
 
 // Whether a's rows can be read as 16-byte vectors along K (unit stride, a's dtype b's, aligned rows); otherwise the
@@ -506,52 +472,6 @@ __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
   return ks ? ks : 1u;
 }
 
-// Where an mma / ncol item works: columns [n0, n0 + its tile width) over K slice kp, [k0, k1), of a product with K
-// rows of b (d.base: tile * ksplit + slice). An unsplit item (ksplit 1: most decode products) takes no division:
-// the dispatch up to the item's first load was ~400 dependent instructions more than the item alone
-// (tools/warp_bench.cu kinds 12 / 9 under ncu, H200: 1,114 against 775 instructions per call, 1.2 us), three of its
-// four divisions here.
-struct MmPlace {
-  i64 n0, k0, k1;
-  u32 kp;
-};
-__device__ __forceinline__ MmPlace mm_place(const SubOp& d, i64 K) {
-  const u32 variant = d.reserved & 0xffu, ksplit = mm_ksplit(d), tw = mm_cols(variant);
-  if (ksplit == 1) return {(i64)d.base * tw, 0, K, 0u};
-  const u32 tile = d.base / ksplit, kp = d.base - tile * ksplit;
-  const i64 kspan = mm_kspan(K, ksplit, mm_unit(variant));
-  const i64 k0 = kp * kspan;
-  return {(i64)tile * tw, k0, k0 + kspan < K ? k0 + kspan : K, kp};
-}
-
-// The weight stage (kFlagMmStage; worker.cu run_claim, while thread 0 waits for the level before): an mma item of
-// one column tile copies the first bytes of its K slice of each of its 16 weight rows -- up to `bytes` in all, whole
-// loop steps (kMmStageStep) per row -- into its warp's stage buffer `st` by cp.async (16 bytes per lane and copy,
-// L2 only), row r at st + r * row. The weight rows are read here only: their loads into registers come after the
-// wait, from shared memory (mm_mma). Returns the bytes per row (0: nothing staged).
-__device__ __forceinline__ u32 mm_stage_issue(const SubOp& d, const TensorRef* refs, char* st, u32 bytes, u32 lane) {
-  const u32 group = (d.reserved >> 16) & 0x7fffu;
-  if ((d.reserved & 0xffu) != kMmMma || group > 1 || (d.flags & kFlagMmDual)) return 0;
-  const TensorRef& rb = refs[(d.flags & kFlagMmPrologue) ? 3 : 2];
-  const i64 K = rb.sizes[0], N = refs[0].sizes[1];
-  const MmPlace pl = mm_place(d, K);
-  const u32 slice = (u32)(pl.k1 - pl.k0) * 2, cap = bytes / kMmMmaCols / kMmStageStep * kMmStageStep;
-  const u32 row = slice < cap ? slice : cap;
-  if (row == 0) return 0;
-  const u32 st_base = (u32)__cvta_generic_to_shared(st);
-  const char* b = (const char*)rb.ptr + (u64)pl.k0 * 2;
-  for (u32 r = 0; r < kMmMmaCols; ++r) {
-    if (pl.n0 + r >= N) break;
-    const char* src = b + (u64)((pl.n0 + r) * rb.strides[1]) * 2;
-    for (u32 c = 16 * lane; c < row; c += 16 * 32)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st_base + r * row + c),
-                   "l"(__cvta_generic_to_global(src + c))
-                   : "memory");
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  return row;
-}
-
 // The local path's sum (run_claim's finish phase): the warp that ran slice 0 of a tile -- its TensorRefs still in
 // its slots -- adds the tile's ksplit partials, which the claim's consecutive descriptors left in shared memory
 // (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs.
@@ -616,14 +536,21 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
     }
     return;
   }
-  if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit (mm_place)
+  if (variant != kMmWarp) {  // an item: tile d.base / ksplit, K slice d.base % ksplit
+    // An unsplit item (ksplit 1: most decode products) takes no division: the dispatch up to the item's first load
+    // was ~400 dependent instructions more than the item alone (tools/warp_bench.cu kinds 12 / 9 under ncu, H200:
+    // 1,114 against 775 instructions per call, 1.2 us), three of its four divisions here.
     const u32 tw = mm_cols(variant);
-    const MmPlace pl = mm_place(d, g.K);
-    const u32 kp = pl.kp;
-    const i64 n0 = pl.n0, k0 = pl.k0, k1 = pl.k1;
+    u32 kp = 0;
+    i64 n0 = (i64)d.base * tw, k0 = 0, k1 = g.K;
     bool local = false;
     float* part = nullptr;
     if (ksplit > 1) {
+      const u32 tile = d.base / ksplit;
+      kp = d.base - tile * ksplit;
+      const i64 kspan = mm_kspan(g.K, ksplit, mm_unit(variant));
+      n0 = (i64)tile * tw;
+      k0 = kp * kspan, k1 = k0 + kspan < g.K ? k0 + kspan : g.K;
       // The tile's items are consecutive in the ring: its scratch is that of the first one's slot -- unless the
       // claim holds all of them with one descriptor per warp (kMmLocal: the host saw the partial fit a slot).
       // Ring arithmetic without a division: ri, c0 < capacity and kp < ksplit <= capacity.
@@ -635,12 +562,7 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
     const u64 t0 = tb ? globaltimer() : 0;
     u64 tk = 0;  // as above (unsplit items only: a split item's exec is its finish)
     if (variant == kMmMma) {
-      if (note->srow) {  // this warp's stage holds the weight rows' first bytes: the copies before they are read
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncwarp();
-      }
-      mm_mma_tile(g, n0, k0, k1, part, local, lane, kTraceSubops && tb && !part ? &tk : nullptr, note->stage,
-                  note->srow);
+      mm_mma_tile(g, n0, k0, k1, part, local, lane, kTraceSubops && tb && !part ? &tk : nullptr);
     } else if (variant == kMmNcol1) {
       if (g.dtb == kBF16) mm_ncol1<true>(g, n0, k0, k1, part, local, lane, mm_ncol_avec(g));
       else mm_ncol1<false>(g, n0, k0, k1, part, local, lane, mm_ncol_avec(g));

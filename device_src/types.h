@@ -84,11 +84,6 @@ constexpr u32 kFlagMmDual = 1u << 14;
 // scalar[1]. Each item first runs the row program over a's M rows of K into its warp's shared buffer
 // (kMmPrologueElems), then multiplies that (matmul.h mm_prologue; Runtime::record_matmul_prologue).
 constexpr u32 kFlagMmPrologue = 1u << 15;
-// op mm: the weight stage (matmul.h mm_stage_issue). No unit of the level before writes this item's weight, and no
-// unit of any level further back does unless it precedes the level before in the same flush (core/matmul_plan.h
-// stage_flag): so while thread 0 of the claiming block waits for the level before, the warp may copy its first
-// item's weight rows into shared memory once every batch before that level's has completed (run_claim checks).
-constexpr u32 kFlagMmStage = 1u << 3;
 
 // One sub-op tile. Elementwise: out[base .. base+n) = op(in0, in1, in2; scalar0, scalar1) over the linear
 // index of out's shape. Reduction: rows [base, base+n) of the input's last-dim rows (refs always).
@@ -236,9 +231,6 @@ struct WorkerArgs {
   u32 trace_records;  // TraceBuf::per_block when tracing (a copy in the kernel's parameters: a traced item must
                       // not read the mapped host block after its last timestamp -- ~1,000 such reads at once
                       // stretched every claim's tail by 10-20 us, thirty-seventh session)
-  u32 stage_bytes;    // each warp's weight stage in the launch's dynamic shared memory (kFlagMmStage; a multiple
-                      // of kMmStageStep x kMmMmaCols); 0: no stage
-  u32 pad;
 };
 
 // WorkerArgs::standby. kStandbyGated: the launch waited on the side stream for a ready word (HostCtl::standby):
@@ -339,7 +331,7 @@ static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill e
 static_assert(sizeof(AttnArgs) == sizeof(TensorRef), "AttnArgs fills exactly one TensorRef arena slot");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 112, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 104, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

@@ -185,9 +185,7 @@ struct FinishNote {
   u32 head;       // local path: 1 on the split 0 of a tile this claim combines
   u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
   u32 tslot;      // trace on: the index of this sub-op's record in the trace (item_rec; run_claim computes it)
-  u32 srow;       // kFlagMmStage: bytes per weight row in the running warp's stage (0: not staged; stage_first)
   u16* pro;       // the running warp's prologue buffer (BlockFinish::pro; kFlagMmPrologue)
-  const char* stage;  // the running warp's stage buffer (WorkerArgs::stage_bytes of dynamic shared memory)
   u64 t0, t1;     // trace on: the sub-op's start and when its arguments were in shared memory (kept here, not in
                   // registers live across the dispatch: the untraced worker's spills stay as they were)
 };
@@ -485,27 +483,11 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
   }
 }
 
-// The weight stage (kFlagMmStage) of warp `warp`'s first descriptor, while thread 0 waits for batch `dep`: the host
-// saw no unit of the level before write the weight, nor any unit since the flush's hazard window began except in
-// levels before that one -- whose batches are those before dep. A block may claim this batch while such a batch
-// still runs (it passes batches whose claims are all taken), so the copy starts only once every batch before dep
-// has completed (done words land in seq order); else the item reads its weight from global memory as without a
-// stage. Not warp 0: its thread 0 is the one waiting.
-__device__ __forceinline__ void stage_first(const WorkerArgs& args, const DevCtl* dc, const SubOp& d,
-                                            const TensorRef* refs, u32 dep, u32 lane, FinishNote* note) {
-  __syncwarp();  // prefetch_refs' TensorRefs (the warp's slots in shared memory) before they are read
-  u32 ok = 0;
-  if (lane == 0) ok = seq_reached(ld_vol(&dc->done[(dep - 1) & (kMaxBatches - 1)]), dep - 1) ? 1u : 0u;
-  if (__shfl_sync(0xffffffffu, ok, 0) == 0) return;
-  const u32 row = mm_stage_issue(d, refs, (char*)note->stage, args.stage_bytes, lane);
-  if (lane == 0) note->srow = row;
-}
-
 // Run one claimed chunk (every thread of the block): descriptors into shared memory, wait for the previous
 // level, execute one sub-op per warp, then count the chunk off; the block that finishes the batch signals.
 __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, SubOp* sdesc,
                           TensorRef* wrefs, u64* cached, const u64* s_claim, const u32* s_batch, u32* s_alias,
-                          BlockFinish* fin, char* s_stage) {
+                          BlockFinish* fin) {
   const SubOp* ring = (const SubOp*)args.ring;
   const SubOp* ring_dev = (const SubOp*)args.ring_dev;
   const u32 nwarps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -529,8 +511,6 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
       n.tslot = tb ? item_slot(args.trace_records, resident != nullptr, seq, idx + j, (c0 + j) % args.capacity) : 0u;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
       n.pro = fin->pro[j % nwarps];  // descriptor j runs on warp j % nwarps
-      n.srow = 0;
-      n.stage = s_stage + (u64)(j % nwarps) * args.stage_bytes;
     }
   }
   for (u32 j = threadIdx.x; j < k * 4; j += blockDim.x) {
@@ -550,8 +530,6 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   }
   if (warp < k) prefetch_refs(sdesc[warp], wrefs, cached, lane, rd);
   if (threadIdx.x == 0) wait_prev(args, dc, hc, p, s_batch[7]);
-  else if (warp != 0 && warp < k && args.stage_bytes != 0 && (sdesc[warp].flags & kFlagMmStage))
-    stage_first(args, dc, sdesc[warp], wrefs, s_batch[7], lane, &fin->note[warp]);
   __syncthreads();
   const u64 t_loaded = tb && threadIdx.x == 0 ? globaltimer() : 0;
   const u8* alias = (bver & kAliasActive) ? (const u8*)s_alias : nullptr;
@@ -594,7 +572,6 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
   __shared__ u32 s_cmd, s_batch[8], s_alias[64];  // the claim's batch: count, start, source, alias version, size,
                                                   // bdesc (low, high)
   __shared__ __align__(16) BlockFinish s_fin;
-  extern __shared__ __align__(16) char s_stage[];  // WorkerArgs::stage_bytes per warp (the launch's dynamic size)
   HostCtl* hc = (HostCtl*)args.host_ctl;
   DevCtl* dc = (DevCtl*)args.dev_ctl;
   const u32 warp = threadIdx.x / 32;
@@ -614,6 +591,6 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
     if (threadIdx.x == 0) s_cmd = claim_next(args, dc, hc, w, p, blockDim.x / 32, &s_claim, s_batch);
     __syncthreads();
     if (s_cmd == kCmdExit) return;
-    run_claim(args, dc, hc, p, sdesc, srefs[warp], cached, &s_claim, s_batch, s_alias, &s_fin, s_stage);
+    run_claim(args, dc, hc, p, sdesc, srefs[warp], cached, &s_claim, s_batch, s_alias, &s_fin);
   }
 }

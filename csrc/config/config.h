@@ -23,7 +23,6 @@ struct EnvConfig {
   uint32_t mm_items = 1024;       // GPUOS_MM_ITEMS: about this many items per worker matmul (K slices; <= 1: none)
   bool mm_spread = true;          // GPUOS_MM_SPREAD=0: a level's split products keep the cut each got alone (the
                                   // A/B of core/matmul_plan.h level_cut / spread_level)
-  uint32_t mm_stage = 32768;      // GPUOS_MM_STAGE: most bytes of each warp's weight stage (Runtime::fit_stage); 0: off
   uint32_t attn_min_rows = 64;    // GPUOS_ATTN_MIN_ROWS: fewest kv positions per KV split of decode attention
   bool local_combine = true;      // GPUOS_LOCAL_COMBINE=0: a split tile (captured attention, split-K matmul) that one
                                   // claim holds whole is still combined through global partials and a counter (A/B)

@@ -103,7 +103,6 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   if (r == CUDA_SUCCESS) {
     try {
       fit_stack(f);  // drained: no worker resident or awaited
-      fit_stage(f);
     } catch (...) {
       d.cuModuleUnload(m);
       throw;

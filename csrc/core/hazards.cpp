@@ -104,11 +104,6 @@ uint32_t Hazards::level_of(const Access& w, const Access* reads, uint32_t n) con
   return lev;
 }
 
-uint32_t Hazards::write_level(const Access& a) const {
-  const Entry* e = find(a.storage);
-  return e && meets(a, e->wlo, e->whi, e->wp) ? e->wlev : 0u;
-}
-
 void Hazards::note(const Access& w, const Access* reads, uint32_t n, uint32_t level) {
   for (uint32_t k = 0; k < n; ++k) {
     Entry& e = slot(reads[k].storage);

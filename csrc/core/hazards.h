@@ -41,8 +41,6 @@ class Hazards {
   uint32_t level_of(const Access& w, const Access* reads, uint32_t n) const;
   // Record the unit at `level`.
   void note(const Access& w, const Access* reads, uint32_t n, uint32_t level);
-  // The highest level of a noted write that `a` meets (0: none).
-  uint32_t write_level(const Access& a) const;
   // Does any noted unit read or write `storage`?
   bool touches(uintptr_t storage) const { return find(storage) != nullptr; }
   uint32_t max_level() const { return max_level_; }

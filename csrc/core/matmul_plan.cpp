@@ -88,17 +88,6 @@ bool level_splittable(const SubOp& d) {
          (variant == kMmMma || variant == kMmNcol || variant == kMmNcol1);
 }
 
-uint32_t stage_flag(const SubOp& p, uint32_t level, uint32_t wlevel) {
-  const uint32_t group = (p.reserved >> 16) & 0x7fffu;
-  const bool ok = p.op == kOp_mm && (p.flags & kFlagStrided) && !(p.flags & kFlagMmDual) &&
-                  (p.reserved & 0xffu) == kMmMma && group <= 1 && level >= 2 && wlevel + 1 < level;
-  return ok ? p.flags | kFlagMmStage : p.flags & ~kFlagMmStage;
-}
-
-uint32_t matmul_weight_input(const SubOp& p, uint32_t nin) {
-  return (p.flags & kFlagMmPrologue) && nin > 0 ? nin - 1 : 1u;
-}
-
 namespace {
 double weight(const LevelProduct& p) { return (double)std::max<int64_t>(p.N, 1) * (double)std::max<int64_t>(p.K, 1); }
 // The cut of p as its share (weight w of the level's `total`) of s.items, if that is fewer items than p has.

@@ -67,16 +67,4 @@ struct LevelLoad {
 };
 MmCut level_cut(LevelProduct p, LevelLoad& load, const MmSpread& s);
 
-// The weight stage (kFlagMmStage; device_src/matmul.h mm_stage_issue): `p`'s flags with the bit set when a product
-// at dependency `level` (1-based, of the flush's or the image's hazard window) whose weight was last written in the
-// window at level `wlevel` (0: not written there) may have its weight read while its claim waits for the level
-// before -- not at level 1 (the batch before lies outside the window: an earlier flush's last level may write the
-// weight), nor when the level before writes it -- and with the bit cleared otherwise. Only tensor-core items of one
-// column tile, not dual (the worker stages nothing else). The worker also waits for every batch before the level
-// before to complete before it copies (worker.cu stage_first).
-uint32_t stage_flag(const SubOp& p, uint32_t level, uint32_t wlevel);
-// Which of a matmul's operands (append_tiles' `ins`, `nin` of them) is its weight: 1 (a, b, bias), or the last of a
-// prologue's (its row program's inputs, then b).
-uint32_t matmul_weight_input(const SubOp& p, uint32_t nin);
-
 }  // namespace gpuos

@@ -471,11 +471,9 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.scratch = scratch_d_;
   args.standby = !gate ? 0u : standby_first_look() ? kStandbyGated | kStandbyFirstLook : kStandbyGated;
   args.handover = cfg_.handover_queue;
-  args.stage_bytes = stage_bytes_;
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");
-  const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1,
-                                      stage_bytes_ * (cfg_.threads_per_block / 32), side_, params, nullptr);
+  const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
   if (r != CUDA_SUCCESS) {
     // No worker runs: say so, or every later publication would trust a worker that does not exist and every
     // wait would time out. The batches stay published; the next publication launches a worker for them.

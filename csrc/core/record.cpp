@@ -118,10 +118,6 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
     if (level > hazards_.max_level() && hazards_.max_level() > 0) st_.levels_split++;
     const bool join = level <= join_base_;
     if (join) level = join_base_;
-    if (proto.op == kOp_mm && nin > 1) {  // the weight stage's flag, for the level this piece lands in
-      proto.flags = stage_flag(proto, level, hazards_.write_level(ins[matmul_weight_input(proto, nin)].access()));
-      if (proto.flags & kFlagMmStage) st_.mm_staged++;
-    }
     const uint32_t sl = join ? 0 : level - join_base_;  // stage level (0: join_stage_)
     if (sl > stage_levels_) {
       stage_levels_ = sl;

@@ -25,7 +25,6 @@ Config config_from_env() {
   c.dma_levels = e.dma_levels;
   c.mm_items = e.mm_items;
   c.mm_spread = e.mm_spread;
-  c.mm_stage = e.mm_stage;
   c.attn_min_rows = e.attn_min_rows;
   c.local_combine = e.local_combine;
   c.home_levels = e.home_levels;
@@ -79,7 +78,6 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   GPUOS_CU(d.cuModuleLoadData(&module_, image.data()));
   GPUOS_CU(d.cuModuleGetFunction(&worker_fn_, module_, "gpuos_worker"));
   fit_stack(worker_fn_);
-  fit_stage(worker_fn_);
   GPUOS_CU(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING));
   int loading = 0;  // CU_MODULE_EAGER_LOADING = 1, CU_MODULE_LAZY_LOADING = 2
   GPUOS_CU(d.cuModuleGetLoadingMode(&loading));
@@ -156,26 +154,6 @@ void Runtime::fit_stack(CUfunction f) {
   if (local > 0 && (size_t)local > cur) GPUOS_CU(d.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, (size_t)local));
   worker_local_bytes_ = local;
   GPUOS_CU(d.cuCtxGetLimit(&stack_limit_, CU_LIMIT_STACK_SIZE));
-}
-
-// Each warp's weight stage (kFlagMmStage) in the worker's dynamic shared memory: Config::mm_stage bytes at most, in
-// whole units of kMmMmaCols rows x kMmStageStep, as much as the block's opt-in limit leaves beside the static shared
-// memory (H100 / H200: 227 KB per block, ~43 KB static, 8 warps: 20 KB each); 0 when no unit fits or mm_stage is 0.
-// Per function: every generation's module is sized when it is loaded.
-void Runtime::fit_stage(CUfunction f) {
-  const Driver& d = driver();
-  const uint32_t warps = cfg_.threads_per_block / 32, unit = kMmStageStep * kMmMmaCols;
-  int optin = 0, fixed = 0;
-  uint32_t per_warp = 0;
-  if (cfg_.mm_stage >= unit && warps > 0 &&
-      d.cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_dev_) == CUDA_SUCCESS &&
-      d.cuFuncGetAttribute(&fixed, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS && optin > fixed) {
-    per_warp = std::min<uint32_t>(cfg_.mm_stage, (uint32_t)(optin - fixed) / warps) / unit * unit;
-    if (per_warp != 0 && d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                              (int)(per_warp * warps)) != CUDA_SUCCESS)
-      per_warp = 0;
-  }
-  stage_bytes_ = per_warp;
 }
 
 void Runtime::make_current() {

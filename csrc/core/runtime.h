@@ -57,9 +57,6 @@ struct Config {
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
   bool mm_spread = true;     // a level's products share those items (level_cut; env GPUOS_MM_SPREAD)
-  // Most bytes of each warp's weight stage (kFlagMmStage: an mma item's weight rows copied into shared memory while
-  // its claim waits for the level before; Runtime::fit_stage sizes it to the device). 0: off (env GPUOS_MM_STAGE).
-  uint32_t mm_stage = 32768;
   uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
   // A split tile that one claim holds whole is combined in shared memory, without global partials, counter or
   // fences: a captured attention's items in tile-major order (kAttnTileMajor), a split-K matmul's small partials
@@ -121,7 +118,6 @@ struct Operand {
   X(working_launches)   /* worker launches that ran a batch (the others: standbys that found nothing) */  \
   X(fused_subops)                                                                                         \
   X(mm_respread)        /* worker matmuls recorded with fewer K slices: their level's share (level_cut) */   \
-  X(mm_staged)          /* worker matmul pieces recorded with the weight stage's flag (matmul_plan.h stage_flag) */ \
   X(index_faults)       /* data-movement sub-ops seen (by stats()) to have met an index out of range */      \
   X(programs)                                                                                             \
   X(program_replays)    /* tape ranges staged again by Runtime::replay (programs, issue #17) */            \
@@ -342,7 +338,6 @@ class Runtime {
   // items); false if record_matmul would split K (the dual and prologue items hold a tile's whole K).
   bool unsplit_mma(int64_t M, int64_t N, int64_t K, MmCut& cut) const;
   void fit_stack(CUfunction f);  // per-thread stack limit >= the worker's local memory (before any launch)
-  void fit_stage(CUfunction f);  // the weight stage's dynamic shared memory (stage_bytes_; before any launch)
   uint32_t merge_refs(const Operand* ops, int nops, TensorRef* out_refs);
   bool record_ew_runs(const SubOp& proto, uint32_t arity, const Operand& out, const Operand* ins,
                       const TensorRef* refs, int nt, uint32_t m, int64_t numel);
@@ -373,7 +368,6 @@ class Runtime {
   std::string name_;
   int worker_local_bytes_ = 0;  // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES of the active worker
   size_t stack_limit_ = 0;      // CU_LIMIT_STACK_SIZE after fit_stack
-  uint32_t stage_bytes_ = 0;    // WorkerArgs::stage_bytes of the active worker (fit_stage; 0: no stage)
 
   TraceBuf* trace_ = nullptr;  // pinned, mapped (Config::trace_records > 0)
   CUdeviceptr trace_d_ = 0;

@@ -119,20 +119,15 @@ void relocate(TapeEntry& e, const Reloc& rel) {
   for_each_pointer(e, [&](u64& p, PointerField) { p = rel(p); });
 }
 
-std::vector<uint32_t> Tape::entry_levels(size_t b, size_t e, std::vector<uint32_t>* wlevels) const {
+std::vector<uint32_t> Tape::entry_levels(size_t b, size_t e) const {
   Hazards h;
   std::vector<uint32_t> lv;
   Access reads[kProgMaxInputs];
-  if (wlevels) wlevels->clear();
   for (size_t i = b; i < e && i < entries.size(); ++i) {
     const TapeEntry& t = entries[i];
     uint32_t nr = 0;
     for (uint32_t k = 0; k < t.nin; ++k)
       if (!t.in_const[k]) reads[nr++] = t.ins[k];
-    if (wlevels) {
-      const bool mm = t.proto.op == kOp_mm && t.nin > 1;
-      wlevels->push_back(mm ? h.write_level(t.ins[matmul_weight_input(t.proto, t.nin)]) : 0u);
-    }
     const uint32_t l = h.level_of(t.out, reads, nr);
     h.note(t.out, reads, nr, l);
     lv.push_back(l);
@@ -170,8 +165,7 @@ static void spread_entries(const Tape& tape, size_t b, const std::vector<uint32_
 
 TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max, const MmSpread* spread) {
   TapeImage im;
-  std::vector<uint32_t> wl;
-  const std::vector<uint32_t> lv = tape.entry_levels(b, e, &wl);
+  const std::vector<uint32_t> lv = tape.entry_levels(b, e);
   uint32_t nlev = 0;
   for (uint32_t l : lv) nlev = std::max(nlev, l);
   std::vector<uint32_t> reserved(lv.size());
@@ -193,7 +187,6 @@ TapeImage stage_image(const Tape& tape, size_t b, size_t e, uint32_t piece_max, 
   for (size_t i = 0; i < lv.size(); ++i) {
     TapeEntry t = tape.entries[b + i];
     t.proto.reserved = reserved[i], t.total = total[i];
-    if (t.proto.op == kOp_mm && t.nin > 1) t.proto.flags = stage_flag(t.proto, lv[i], wl[i]);
     const uint64_t r0 = im.refs.size(), n = tiles(i);
     uint64_t& p0 = pos[lv[i] - 1];
     uint64_t addr[4] = {0, 0, 0, 0};

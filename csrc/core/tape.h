@@ -37,10 +37,8 @@ struct Tape {
   std::vector<TapeEntry> entries;
   // Dependency levels of entries [b, e) as the runtime gives them when they are staged alone (hazards.h).
   uint32_t levels(size_t b, size_t e) const;
-  // The level (1-based) of each entry of [b, e) under the same rule (levels() is their maximum); `wlevels`
-  // (optional): for a matmul entry the level its weight was last written at in [b, entry) (0: not), else 0
-  // (matmul_plan.h stage_flag).
-  std::vector<uint32_t> entry_levels(size_t b, size_t e, std::vector<uint32_t>* wlevels = nullptr) const;
+  // The level (1-based) of each entry of [b, e) under the same rule (levels() is their maximum).
+  std::vector<uint32_t> entry_levels(size_t b, size_t e) const;
 };
 
 // Byte ranges whose pointers move by `delta` at replay. Ranges must not overlap (the caller checks).

@@ -32,9 +32,6 @@ constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122;
 constexpr int CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3;
-constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
-constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
-constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 constexpr int CU_LIMIT_STACK_SIZE = 0;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
 constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
@@ -89,7 +86,6 @@ struct Driver {
   X(cuModuleUnload, "cuModuleUnload", CUresult (*)(CUmodule))                                           \
   X(cuModuleGetFunction, "cuModuleGetFunction", CUresult (*)(CUfunction*, CUmodule, const char*))       \
   X(cuFuncGetAttribute, "cuFuncGetAttribute", CUresult (*)(int*, int, CUfunction))                      \
-  X(cuFuncSetAttribute, "cuFuncSetAttribute", CUresult (*)(CUfunction, int, int))                       \
   X(cuCtxGetLimit, "cuCtxGetLimit", CUresult (*)(size_t*, int))                                         \
   X(cuCtxSetLimit, "cuCtxSetLimit", CUresult (*)(int, size_t))                                          \
   X(cuLaunchKernel, "cuLaunchKernel",                                                                   \

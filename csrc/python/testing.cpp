@@ -192,49 +192,6 @@ void add_testing_module(py::module_& m) {
         return std::make_pair(runs, im.level_end);
       }, py::arg("shapes"), py::arg("chain") = false, py::arg("spread") = true,
       "A program image's cut of independent (or chained) tensor-core products: ((reserved, items) each, level_end).");
-  t.def("stage_flag", [](uint32_t reserved, uint32_t flags, uint32_t level, uint32_t wlevel) {
-        SubOp p{};
-        p.op = kOp_mm, p.flags = flags, p.reserved = reserved;
-        return (stage_flag(p, level, wlevel) & kFlagMmStage) != 0;
-      }, py::arg("reserved"), py::arg("flags"), py::arg("level"), py::arg("wlevel"),
-      "Whether a worker matmul (descriptor reserved / flags) at dependency `level` whose weight was last written at "
-      "`wlevel` (0: not in the window) gets the weight stage's flag (core/matmul_plan.h stage_flag).");
-  t.def("tape_stage_flags", [](const std::vector<std::tuple<int64_t, std::vector<int64_t>, int64_t>>& units) {
-        // A tape of units (out storage, read storages, weight storage): a unit with a weight (>= 0) is a tensor-core
-        // product of one tile per item (reads: its activations), the others copies. Returns, per unit in order,
-        // (its level in the image, whether its descriptors carry kFlagMmStage).
-        Tape tape;
-        for (const auto& [out, reads, w] : units) {
-          TapeEntry& t = tape.entries.emplace_back();
-          t.total = 1, t.per_tile = 1;
-          t.proto.scalar[0] = (float)(tape.entries.size() - 1);  // which unit a descriptor is
-          t.out = Access{(uintptr_t)out, 0, 64, {}};
-          t.nin = 0;
-          for (int64_t r : reads)
-            if (t.nin < 2) t.ins[t.nin++] = Access{(uintptr_t)r, 0, 64, {}};
-          if (w >= 0) {
-            t.proto.op = kOp_mm, t.proto.flags = kFlagStrided | (kFlagConst0 << 2), t.proto.reserved = kMmMma | 1u << 8;
-            t.nref = 3;
-            if (t.nin == 0) t.ins[t.nin++] = Access{(uintptr_t)9999, 0, 64, {}};
-            t.ins[1] = Access{(uintptr_t)w, 0, 64, {}}, t.nin = 2;
-          } else {
-            t.proto.op = kOp_copy;
-          }
-        }
-        const std::vector<uint32_t> lv = tape.entry_levels(0, tape.entries.size());
-        const TapeImage im = stage_image(tape, 0, tape.entries.size(), 4096, nullptr);
-        std::vector<std::pair<uint32_t, bool>> out;
-        for (size_t i = 0; i < units.size(); ++i) {
-          bool flag = false;  // the image is level-major: entry i's descriptor among its level's
-          const uint32_t b = lv[i] >= 2 ? im.level_end[lv[i] - 2] : 0u;
-          for (uint32_t d = b; d < im.level_end[lv[i] - 1]; ++d)
-            if (im.descs[d].scalar[0] == (float)i) flag = (im.descs[d].flags & kFlagMmStage) != 0;
-          out.emplace_back(lv[i], flag);
-        }
-        return out;
-      }, py::arg("units"),
-      "Units (out storage, read storages, weight storage or -1) staged as a program image: (level, weight stage flag) "
-      "of each.");
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused, attention and matmul-prologue entries (a FusedArgs between two
         // TensorRefs) over 6 storages, some of which move: the
