@@ -195,3 +195,54 @@ def test_a_program_image_keeps_a_chain_cut_alone():
     runs, level_end = gpuos_ext._testing.tape_image_cuts([(1, 4096, 4096)] * 8, chain=True)
     assert [(_ks(r), n) for r, n in runs] == [(4, 1024)] * 8
     assert level_end == [1024 * (i + 1) for i in range(8)]
+
+
+# --- a live level re-cut whole before it is committed (Runtime::respread_stage, core/matmul_plan.h respread_descs) ---
+
+def _runs(descs):
+    """[(kind, reserved, count)] of consecutive descriptors of one kind (-1: another sub-op, i: product i), checking
+    that each product's bases run 0, 1, ... and the other sub-ops' keep their order."""
+    runs, other = [], 0
+    for kind, reserved, base in descs:
+        if kind < 0:
+            assert base == other, (base, other)
+            other += 1
+        if runs and runs[-1][0] == kind and (kind < 0 or runs[-1][1] == reserved):
+            runs[-1][2] += 1
+        else:
+            runs.append([kind, reserved, 1])
+        if kind >= 0:
+            assert base == runs[-1][2] - 1, (kind, base)
+    return [tuple(r) for r in runs]
+
+
+def test_a_live_level_is_recut_whole_before_it_is_committed():
+    # bench_matmul's flush of 8 x 4,096^2 at M = 1, recorded as level_cut cuts them (1,024, 512, then 256 each):
+    # the first two are re-cut to the level's share, the rest keep theirs; 2,048 items in all (was 3,072)
+    p = _cut(4096, 4096, 1)
+    recorded = [(r, n, *p[2:]) for r, n in gpuos_ext._testing.level_cuts([p] * 8)]
+    dropped, descs = gpuos_ext._testing.respread_descs(recorded, [0] * 8)
+    assert dropped == 1024, dropped
+    assert [(k, _ks(r), n) for k, r, n in _runs(descs)] == [(i, 1, 256) for i in range(8)]
+
+
+def test_recut_keeps_the_other_sub_ops_of_the_level_in_place():
+    # elementwise sub-ops recorded between the products (the same level): untouched, in order, between the same
+    # products; every product's descriptors are its new items 0..n-1 with its new cut
+    p = _cut(4096, 4096, 1)
+    recorded = [(r, n, *p[2:]) for r, n in gpuos_ext._testing.level_cuts([p] * 4)]
+    dropped, descs = gpuos_ext._testing.respread_descs(recorded, [3, 0, 5, 1, 2])
+    want = gpuos_ext._testing.spread_level(recorded)
+    runs = _runs(descs)
+    assert [k for k, _, _ in runs] == [-1, 0, 1, -1, 2, -1, 3, -1], runs
+    assert [(r, n) for k, r, n in runs if k >= 0] == want
+    assert [n for k, _, n in runs if k < 0] == [3, 5, 1, 2]
+    assert dropped == sum(r[1] for r in recorded) - sum(n for _, n in want)
+
+
+def test_recut_of_a_level_the_rule_leaves_changes_nothing():
+    # one product, or a level under 1.5 x the items: the descriptors stay as recorded
+    for products in ([_cut(4096, 4096, 1)], [_cut(1024, 1024, 1), _cut(256, 256, 1)]):
+        dropped, descs = gpuos_ext._testing.respread_descs(products, [1, 2])
+        assert dropped == 0
+        assert [(k, r, n) for k, r, n in _runs(descs) if k >= 0] == [(i, p[0], p[1]) for i, p in enumerate(products)]
