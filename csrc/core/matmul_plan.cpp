@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/tape.h"             // tile_of
 #include "device_src/functors.h"  // kOp_* (ops.def)
 
 namespace gpuos {
@@ -112,27 +111,6 @@ uint32_t spread_level(std::vector<LevelProduct>& ps, const MmSpread& s) {
   uint32_t changed = 0;
   for (LevelProduct& p : ps) changed += share_cut(p, total, s) ? 1 : 0;
   return changed;
-}
-
-uint64_t respread_descs(std::vector<SubOp>& descs, const std::vector<size_t>& begins, std::vector<LevelProduct>& ps,
-                        const MmSpread& s) {
-  const std::vector<LevelProduct> was = ps;
-  if (begins.size() != ps.size() || spread_level(ps, s) == 0) return 0;
-  std::vector<SubOp> out;
-  out.reserve(descs.size());
-  size_t next = 0;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const size_t b = begins[i];
-    out.insert(out.end(), descs.begin() + (ptrdiff_t)next, descs.begin() + (ptrdiff_t)b);
-    SubOp proto = descs[b];
-    proto.reserved = ps[i].reserved;
-    for (uint64_t j = 0; j < ps[i].items; ++j) out.push_back(tile_of(proto, j, 1, ps[i].items));
-    next = b + was[i].items;
-  }
-  out.insert(out.end(), descs.begin() + (ptrdiff_t)next, descs.end());
-  const uint64_t dropped = descs.size() - out.size();
-  descs.swap(out);
-  return dropped;
 }
 
 MmCut level_cut(LevelProduct p, LevelLoad& load, const MmSpread& s) {

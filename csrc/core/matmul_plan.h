@@ -2,7 +2,6 @@
 // its K slices, its column tiles per item -- chosen per product (matmul_cut) and shared with the other products
 // of its dependency level (level_cut as a live flush records them, spread_level over a program image's level).
 #pragma once
-#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -67,12 +66,5 @@ struct LevelLoad {
   double weight = 0;   // their weight elements
 };
 MmCut level_cut(LevelProduct p, LevelLoad& load, const MmSpread& s);
-// respread_descs: a live flush's level once it is whole, before it is committed (Runtime::respread_stage: the
-// products recorded before the level showed its size kept a larger cut). `descs` holds the level's descriptors;
-// product i's items (one unit each: base 0 .. ps[i].items - 1) begin at begins[i] (increasing). spread_level
-// re-cuts `ps`; each re-cut product's descriptors become its new items (its first descriptor's other fields), the
-// other sub-ops' stay as they were, in order. Returns the descriptors dropped (only ever fewer items).
-uint64_t respread_descs(std::vector<SubOp>& descs, const std::vector<size_t>& begins, std::vector<LevelProduct>& ps,
-                        const MmSpread& s);
 
 }  // namespace gpuos

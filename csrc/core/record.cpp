@@ -67,14 +67,29 @@ void Runtime::respread_stage(size_t li) {
   if (li >= stage_mm_.size()) return;
   std::vector<StagedMm>& mm = stage_mm_[li];
   std::vector<LevelProduct> ps;
-  std::vector<size_t> begins;
-  for (const StagedMm& m : mm) ps.push_back(m.p), begins.push_back(m.begin);
-  if (ps.size() >= 2) {
-    const uint64_t dropped = respread_descs(stage_[li], begins, ps, mm_spread());
-    for (size_t i = 0; i < mm.size(); ++i) st_.mm_respread += ps[i].items != mm[i].p.items ? 1 : 0;
+  for (const StagedMm& m : mm) ps.push_back(m.p);
+  if (ps.size() >= 2 && spread_level(ps, mm_spread()) > 0) {
+    // Rebuild the level: each re-cut product's descriptors (contiguous, in record order) as its new items, the
+    // other sub-ops' as they were. Only ever fewer items (spread_level), so the ring and scratch bounds hold.
+    std::vector<SubOp>& v = stage_[li];
+    std::vector<SubOp> out;
+    out.reserve(v.size());
+    size_t next = 0;
+    for (size_t i = 0; i < mm.size(); ++i) {
+      const size_t b = mm[i].begin;
+      out.insert(out.end(), v.begin() + (ptrdiff_t)next, v.begin() + (ptrdiff_t)b);
+      SubOp proto = v[b];
+      proto.reserved = ps[i].reserved;
+      for (uint64_t j = 0; j < ps[i].items; ++j) out.push_back(tile_of(proto, j, 1, ps[i].items));
+      next = b + mm[i].p.items;
+      if (ps[i].items != mm[i].p.items) st_.mm_respread++;
+    }
+    out.insert(out.end(), v.begin() + (ptrdiff_t)next, v.end());
+    const uint64_t dropped = v.size() - out.size();
     staged_ -= dropped;
     pending_subops_ -= std::min(pending_subops_, dropped);
     st_.subops -= std::min(st_.subops, dropped);
+    v.swap(out);
   }
   mm.clear();
 }

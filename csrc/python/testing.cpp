@@ -192,41 +192,6 @@ void add_testing_module(py::module_& m) {
         return std::make_pair(runs, im.level_end);
       }, py::arg("shapes"), py::arg("chain") = false, py::arg("spread") = true,
       "A program image's cut of independent (or chained) tensor-core products: ((reserved, items) each, level_end).");
-  t.def("respread_descs", [](const std::vector<std::tuple<uint32_t, uint64_t, int64_t, int64_t, int64_t>>& products,
-                             const std::vector<uint32_t>& others) {
-        // A staged level: before product i, others[i] other sub-ops (copies, base = their running number), then the
-        // product's items (scalar[0] = i); re-cut as flush() re-cuts it (Runtime::respread_stage; the runtime's
-        // defaults, as _testing.spread_level). Returns (dropped, [(kind: -1 other / i product, reserved, base)]).
-        std::vector<SubOp> descs;
-        std::vector<size_t> begins;
-        std::vector<LevelProduct> ps;
-        uint32_t other = 0;
-        for (size_t i = 0; i < products.size(); ++i) {
-          for (uint32_t k = 0; k < (i < others.size() ? others[i] : 0u); ++k) {
-            SubOp d{};
-            d.op = kOp_copy, d.base = other++, d.n = 1;
-            descs.push_back(d);
-          }
-          const auto [r, n, M, N, K] = products[i];
-          begins.push_back(descs.size());
-          ps.push_back({r, n, M, N, K});
-          SubOp proto{};
-          proto.op = kOp_mm, proto.flags = kFlagStrided, proto.reserved = r, proto.scalar[0] = (float)i;
-          for (uint64_t j = 0; j < n; ++j) descs.push_back(tile_of(proto, j, 1, n));
-        }
-        for (uint32_t k = 0; k < (others.size() > products.size() ? others[products.size()] : 0u); ++k) {
-          SubOp d{};
-          d.op = kOp_copy, d.base = other++, d.n = 1;
-          descs.push_back(d);
-        }
-        const uint64_t dropped = respread_descs(descs, begins, ps, MmSpread{Config{}.mm_items, 8192, 8, 1056, true});
-        std::vector<std::tuple<int64_t, uint32_t, uint32_t>> out;
-        for (const SubOp& d : descs)
-          out.emplace_back(d.op == kOp_mm ? (int64_t)d.scalar[0] : -1, d.reserved, d.base);
-        return std::make_pair(dropped, out);
-      }, py::arg("products"), py::arg("others"),
-      "A staged level of products (reserved, items, M, N, K as recorded) between other sub-ops (others[i] before "
-      "product i, others[-1] after the last) re-cut together: (dropped, [(product index or -1, reserved, base)]).");
   t.def("tape_image_check", [](uint64_t seed, uint32_t n) {
         // A random tape of plain, TensorRef, fused, attention and matmul-prologue entries (a FusedArgs between two
         // TensorRefs) over 6 storages, some of which move: the
