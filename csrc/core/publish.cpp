@@ -186,10 +186,7 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     levels_.back().join = beside;
   }
   do {
-    while (li < stage_levels_ && can_commit_level()) {
-      respread_stage(li);
-      commit_level(stage_[li++]);
-    }
+    while (li < stage_levels_ && can_commit_level()) commit_level(stage_[li++]);
     seq = publish(stream, early, li == stage_levels_);
   } while (li < stage_levels_);
   stage_levels_ = 0;

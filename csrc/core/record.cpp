@@ -58,42 +58,6 @@ void Runtime::note_op_gen(uint32_t op) {
   if (g > pending_need_gen_) pending_need_gen_ = g;
 }
 
-bool Runtime::holding_mm_level() const {
-  return cfg_.mm_spread && stage_levels_ == 1 && !stage_mm_.empty() && !stage_mm_[0].empty() &&
-         pending_subops_ < cfg_.capacity / 2;
-}
-
-void Runtime::respread_stage(size_t li) {
-  if (li >= stage_mm_.size()) return;
-  std::vector<StagedMm>& mm = stage_mm_[li];
-  std::vector<LevelProduct> ps;
-  for (const StagedMm& m : mm) ps.push_back(m.p);
-  if (ps.size() >= 2 && spread_level(ps, mm_spread()) > 0) {
-    // Rebuild the level: each re-cut product's descriptors (contiguous, in record order) as its new items, the
-    // other sub-ops' as they were. Only ever fewer items (spread_level), so the ring and scratch bounds hold.
-    std::vector<SubOp>& v = stage_[li];
-    std::vector<SubOp> out;
-    out.reserve(v.size());
-    size_t next = 0;
-    for (size_t i = 0; i < mm.size(); ++i) {
-      const size_t b = mm[i].begin;
-      out.insert(out.end(), v.begin() + (ptrdiff_t)next, v.begin() + (ptrdiff_t)b);
-      SubOp proto = v[b];
-      proto.reserved = ps[i].reserved;
-      for (uint64_t j = 0; j < ps[i].items; ++j) out.push_back(tile_of(proto, j, 1, ps[i].items));
-      next = b + mm[i].p.items;
-      if (ps[i].items != mm[i].p.items) st_.mm_respread++;
-    }
-    out.insert(out.end(), v.begin() + (ptrdiff_t)next, v.end());
-    const uint64_t dropped = v.size() - out.size();
-    staged_ -= dropped;
-    pending_subops_ -= std::min(pending_subops_, dropped);
-    st_.subops -= std::min(st_.subops, dropped);
-    v.swap(out);
-  }
-  mm.clear();
-}
-
 MmSpread Runtime::mm_spread() const {
   const uint32_t warps = cfg_.threads_per_block / 32;
   return {cfg_.mm_spread ? cfg_.mm_items : 0u, cfg_.capacity, warps, burst_grid_ * warps, cfg_.local_combine};
@@ -109,7 +73,7 @@ uint32_t Runtime::staged_level(const Operand& out, const Operand* ins, uint32_t 
 }
 
 void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
-                           const Operand& out, const Operand* ins, uint32_t nin, StagePlace* whole) {
+                           const Operand& out, const Operand* ins, uint32_t nin) {
   // nin: up to 3 elementwise operands, or up to kProgMaxInputs leaves of a fused chain.
   static_assert(kProgMaxInputs >= 3, "read slots");
   if (nin > kProgMaxInputs) throw std::logic_error("gpuos internal error: more inputs than a fused chain holds");
@@ -160,7 +124,6 @@ void Runtime::append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const
       if (stage_.size() < sl) stage_.resize(sl);
     }
     std::vector<SubOp>& v = join ? join_stage_ : stage_[sl - 1];
-    if (whole) *whole = {tile == 0 && piece == tiles_total ? sl : 0, v.size()};
     for (uint32_t t = 0; t < piece; ++t, ++tile) v.push_back(tile_of(proto, tile, per_tile, total));
     staged_ += piece;
     pending_subops_ += piece;
@@ -364,12 +327,7 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
       if (cut.items != alone) st_.mm_respread++;
     }
     proto.reserved = cut.reserved;
-    StagePlace at;
-    append_tiles(proto, cut.items, 1, refs, bias ? 4 : 3, out, ins, 3, &at);
-    if (cfg_.mm_spread && at.sl != 0 && level_splittable(proto)) {
-      if (stage_mm_.size() < at.sl) stage_mm_.resize(at.sl);
-      stage_mm_[at.sl - 1].push_back({at.begin, LevelProduct{cut.reserved, cut.items, M, N, K}});
-    }
+    append_tiles(proto, cut.items, 1, refs, bias ? 4 : 3, out, ins, 3);
   }
   st_.submitted++;
   maybe_publish_early();

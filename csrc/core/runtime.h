@@ -305,20 +305,12 @@ class Runtime {
   template <class Full>
   void wait_oldest_while(Full full, const char* what, const char* broken);
   void maybe_publish_early() {
-    if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min && !holding_mm_level()) {
+    if (cfg_.publish_min && pending_subops_ >= cfg_.publish_min) {
       st_.early_publishes++;
       flush(record_stream(), /*early=*/true);
     }
   }
   void commit_level(std::vector<SubOp>& descs);     // staged level -> ring, as one unpublished level
-  // All that is staged is one level that holds splittable matmul products recorded whole (stage_mm_), under half
-  // the ring: the next op may add a product to it, so an early publication waits -- for an op of another level, the
-  // bound or the flush's end -- and flush() cuts the level's products together (respread_stage). A flush of several
-  // levels (a chain, a decode step) publishes early as before: its first level waits for one more op at most.
-  bool holding_mm_level() const;
-  // Stage level li's products re-cut together before it is committed (core/matmul_plan.h spread_level, as a program
-  // image's levels are): a live flush's first products were cut before the level showed its size (level_cut).
-  void respread_stage(size_t li);
   // n descriptors -> the ring (waiting for room), as one unpublished level (dma: delivered by DMA whatever its
   // size -- its TensorRefs are resident, read through the device translation).
   void commit_ring(const SubOp* descs, uint32_t n, bool dma = false);
@@ -356,13 +348,8 @@ class Runtime {
   // Stage ceil(total / per_tile) tiles of `proto` at the level the hazard model gives (out written, the
   // non-constant ins read); with nref > 0, refs[0..nref) go to the TensorRef arena (again for every piece of an
   // op larger than half the ring) and proto's pointer fields point at them.
-  // `whole` (optional): where the sub-op's descriptors went when they went into one stage level in one piece --
-  // its stage level (1-based) and first index there -- else sl 0.
-  struct StagePlace {
-    size_t sl = 0, begin = 0;
-  };
   void append_tiles(SubOp proto, uint64_t total, uint64_t per_tile, const TensorRef* refs, uint32_t nref,
-                    const Operand& out, const Operand* ins, uint32_t nin, StagePlace* whole = nullptr);
+                    const Operand& out, const Operand* ins, uint32_t nin);
   // The level append_tiles gives a sub-op writing `out` and reading `ins` if nothing is published before it.
   uint32_t staged_level(const Operand& out, const Operand* ins, uint32_t nin) const;
 
@@ -416,13 +403,6 @@ class Runtime {
   // Per dependency level (index: the level append_tiles gives, join_base_ included), the splittable worker
   // matmuls recorded into it since the hazards were last cleared (record_matmul: level_cut).
   std::vector<LevelLoad> level_mm_;
-  // Per stage level (parallel to stage_), the splittable products recorded whole into it: where their descriptors
-  // begin in stage_[L-1] and their cut (respread_stage).
-  struct StagedMm {
-    size_t begin = 0;
-    LevelProduct p;
-  };
-  std::vector<std::vector<StagedMm>> stage_mm_;
   uint64_t staged_ = 0;                  // descriptors staged
   // heavy: matmul items in the level (they go by DMA: many warps reading the same pinned TensorRefs crawl; and
   // a level of >= kHeavyBurst of them launches on the burst grid).
