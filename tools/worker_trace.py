@@ -22,7 +22,9 @@ how long after the level before ended its first claim started, and the blocks th
 (every sub-op, in the worker built for GPUOS_TRACE), each level group's lead-in, sub-op load / exec and tail. `attn` (one Llama-shape
 decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
 at 1,024^2; env MM_SHAPES="MxNxK,...", MM_WEIGHTS: weights cycled through, 1 for L2-hot), `mmC` (matmul_chain:
-decode-shaped linears captured as programs, hf's per-level report): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
+decode-shaped linears captured as programs, hf's per-level report), `mmL` (a live chain of MML_L, default 3,
+dependent 4,096^2 products in one flush: per level, its first claim, exec start, items and claims' end against the
+level before's end -- level_timeline): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
 and the tile's combine / split finish. `attnL` (ATTN_KV, ATTN_L: 4,096, 16): bench_attention's one flush of L
 attentions -- its early publications, joined batches and items (this tool's ring has 65,536 slots, the bench's
 the default 4,096). `attnC` (ATTN_KVS: 128,4096; ATTN_L): bench_attention's gpuos_program_chain row -- L attentions
@@ -41,6 +43,9 @@ import gpuos_ext
 # `hf` and `attn` import the benchmarks package: the repository root on sys.path (a pip-installed gpuos does not
 # put it there).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+CAPACITY = 65536  # the ring this tool's runtime is made with (main): level_timeline maps ring indices to batches
 
 
 def pct(v, q):
@@ -540,6 +545,63 @@ def matmul_items(sizes=((1, 4096, 4096), (16, 4096, 4096), (1, 1024, 1024)), wei
             print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
+def level_timeline(recs, capacity):
+    """Per traced batch of a chain (one level each), on one axis from the level before's last claim end (us; the
+    first level from its own first claim): its first claim, its claims' exec start (descriptors in and the level
+    before complete), its items' start and end, its claims' end -- p50 / max each. Items go to a batch by their ring
+    index (the batch's fill record gives its ring start and count). Records as gpuos_ext.worker_trace returns them."""
+    recs, _ = split_items(recs)
+    fills = {r[1]: (r[2], r[3]) for r in recs if r[0] == -1}
+    claims = [r for r in recs if r[0] >= 0]
+    items = [r for r in recs if r[0] == -2 and r[3] in (0, 1)]
+    q = lambda v: f"{pct(v, .5):+.1f} / {max(v):+.1f}" if v else "-"  # noqa: E731
+    prev_end = None
+    for seq in sorted({r[1] for r in claims}):
+        cl = [r for r in claims if r[1] == seq]
+        start, count = fills.get(seq, (None, 0))
+        its = [r for r in items if start is not None and (r[2] - start) % capacity < count]
+        origin = prev_end if prev_end is not None else min(r[4] for r in cl)
+        rel = lambda ts: [(t - origin) / 1e3 for t in ts]  # noqa: E731
+        ends = [r[4] + r[5] + r[6] for r in cl]
+        print(f"  level seq {seq} ({len(cl)} claims, {len(its)} items), us from "
+              f"{'the level before ends' if prev_end is not None else 'its first claim'}: first claim "
+              f"{min(rel(r[4] for r in cl)):+.1f}; exec start {q(rel(r[4] + r[5] for r in cl))}; items start "
+              f"{q(rel(r[4] for r in its))}, end {q(rel(r[4] + r[5] + (0 if r[3] else r[6]) for r in its))}; "
+              f"claims end {q(rel(ends))}")
+        prev_end = max(ends)
+
+
+def matmul_levels(L=3, shape=(1, 4096, 4096), weights=2):
+    """`mmL`: a chain of L dependent worker matmuls in one live flush (fp16, x @ w.t(); M x N x K the first entry of
+    MM_SHAPES, N == K; env MML_L), one product per level, each rep on another set of `weights` weights: where a
+    chained level's time goes (level_timeline) -- bench_matmul's chain rows stream at ~50 % of copy against ~80 % for
+    a level of independent products (DEVELOPING Next 5 (b)). GPUOS_PUBLISH_MIN=0: the flush published whole."""
+    m, n, kk = (mm_shapes(os.environ.get("MM_SHAPES", "")) or (shape,))[0]
+    if n != kk:
+        raise ValueError(f"mmL chains products: N ({n}) must equal K ({kk})")
+    L = int(os.environ.get("MML_L", L))
+    ws = [torch.randn(n, kk, device="cuda", dtype=torch.float16) / kk ** 0.5 for _ in range(L * weights)]
+    x = torch.randn(m, kk, device="cuda", dtype=torch.float16)
+    outs = [torch.empty(m, n, device="cuda", dtype=torch.float16) for _ in range(L)]
+    it = [0]
+
+    def record():
+        it[0] += 1
+        cur = x
+        for i in range(L):
+            gpuos.submit_matmul(cur, ws[(it[0] % weights) * L + i].t(), outs[i])
+            cur = outs[i]
+    recs, dropped, t_flush_ns, host_ms, flush_ms = traced(record, reps=2 * weights)
+    summarise(f"mmL chain of {L} x M {m} N {n} K {kk} fp16", recs, t_flush_ns, L * n * kk * 2, host_ms, flush_ms)
+    level_timeline(recs, CAPACITY)
+    ref = x
+    for i in range(L):
+        ref = (ref.float() @ ws[(it[0] % weights) * L + i].float().t()).half()
+    torch.testing.assert_close(outs[-1].float(), ref.float(), rtol=3e-2, atol=3e-2)
+    if dropped:
+        print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
+
+
 def matmul_chain():
     """`mmC`: decode-shaped matmuls captured as programs (fp16, M = 1, no bias), one call traced each
     (program_levels): `chain` MMC_L (default 8) dependent K 256 -> N 256 linears then an LM head (N MMC_VOCAB,
@@ -669,7 +731,7 @@ def calls(n_calls=20):
 
 def main():
     os.environ.setdefault("GPUOS_TRACE", "4096")  # read when the runtime starts (gpuos.init below)
-    gpuos.init(capacity=65536, threads_per_block=int(os.environ.get("TPB", "256")))
+    gpuos.init(capacity=CAPACITY, threads_per_block=int(os.environ.get("TPB", "256")))
     print(gpuos.runtime_info(), flush=True)
     want = set(sys.argv[1:])
     n = 1000
@@ -709,6 +771,8 @@ def main():
         matmul_items()
     if on("mmC"):
         matmul_chain()
+    if on("mmL"):
+        matmul_levels()
     if on("attn"):
         attention()
     if on("attnL"):
