@@ -97,3 +97,20 @@ def test_claim_timeline_puts_claims_and_items_on_one_axis(wt, capsys):
     assert "timeline (us from the first claim)" in capsys.readouterr().out
     wt.item_summary(items)                          # items without claims: no timeline
     assert "timeline" not in capsys.readouterr().out
+
+
+def test_level_timeline_puts_each_level_on_the_axis_of_the_one_before(wt, capsys):
+    # batch 5 fills ring slots 100-101, batch 6 slots 4095 and 0 (the ring wraps at 4,096); ns throughout
+    recs = [rec(-1, 5, 0, 0, 0, idx=100, k=2), rec(-1, 6, 0, 0, 0, idx=4095, k=2)]
+    recs += [rec(0, 5, 0, 1000, 5000), rec(1, 5, 100, 900, 5400)]      # level 5 ends at 6,400
+    recs += [rec(0, 6, 6100, 900, 4000)]                                # claimed before that end, runs 7,000-11,000
+    recs += [(-2, 3, i, 0, 2000, 3000, 0) for i in (100, 101)]          # level 5's items: 2,000-5,000
+    recs += [(-2, 4, i, 0, 7500, 2500, 0) for i in (4095, 0)]           # level 6's: 7,500-10,000
+    recs += [(-2, 4, 7, 0, 1, 1, 0)]                                    # another batch's item: in neither level
+    wt.level_timeline(recs, 4096)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2, out
+    assert "level seq 5 (2 claims, 2 items), us from its first claim: first claim +0.0; exec start +1.0 / +1.0; " \
+           "items start +2.0 / +2.0, end +5.0 / +5.0; claims end +6.4 / +6.4" in out[0], out[0]
+    assert "level seq 6 (1 claims, 2 items), us from the level before ends: first claim -0.3; exec start +0.6 / " \
+           "+0.6; items start +1.1 / +1.1, end +3.6 / +3.6; claims end +4.6 / +4.6" in out[1], out[1]
