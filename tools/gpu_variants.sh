@@ -10,8 +10,8 @@
 # CMDS, separated by ';': w7 (W7's program and CUDA-graph rows, GPUOS_BENCH_MODELS: default the two small
 # static-cache models; each model's settle waits for its whole build, ~90 s of NVRTC per model and variant: export
 # GPUOS_WHOLE_BUILD=0 for a quicker A/B of the linked images only), mm (tools/worker_trace.py mm: MM_SHAPES, MM_WEIGHTS, TPB), hf (worker_trace.py hf), or any
-# other shell command (run in the repository root with the variant's .so on PYTHONPATH; join its parts with &&,
-# since ; separates commands).
+# other shell command (run in the repository root with the variant's .so on PYTHONPATH and its name in $GV_NAME; join
+# its parts with &&, since ; separates commands). GV_PICK: the regex of the lines such a command's summary shows.
 # Logs: $OUT/<command #>_<variant #>_<name>.log, their summary lines on stdout. CALL_LIMIT (default 560 s from
 # the script's start, the builds included): a run starts only with RUN_MIN (default 60) s left, and is cut at the limit.
 # GV_DRY=1: apply and reverse each variant's patches, no build and no run (checks that they apply and that the
@@ -82,12 +82,13 @@ for c in "${!cmds[@]}"; do
     left=$(( LIMIT - $(elapsed) ))
     [ "$left" -lt "${RUN_MIN:-60}" ] && { say "no time left for '$cmd' on $name"; continue; }
     cp "$SO_DIR/$name/$so_name" .
+    export GV_NAME=$name  # a command may run on one variant only: [ "$GV_NAME" = main ] && ...
     log="$LOGS/${c}_${i}_$name.log"
     case "$cmd" in
       w7) run=(python3 "${W7_ROWS[@]}" --out-dir "$LOGS/w7_${i}_$name"); pick="GPUOS vs best peer|median" ;;
       mm) run=(python3 tools/worker_trace.py mm); pick="^mm |items: duration|after the split" ;;
       hf) run=(python3 tools/worker_trace.py hf); pick="span|item medians|levels" ;;
-      *) run=(bash -c "$cmd"); pick="passed|failed|error|Error" ;;
+      *) run=(bash -c "$cmd"); pick=${GV_PICK:-"passed|failed|error|Error"} ;;
     esac
     timeout "$left" "${run[@]}" > "$log" 2>&1
     say "$cmd on $name: rc=$?"
