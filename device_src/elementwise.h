@@ -126,12 +126,20 @@ __device__ __forceinline__ u32 ew_vec(const SubOp& d, u32 lane) {
   return nv * per;
 }
 
-// The element loops, past the first `done` elements (ew_vec's): contiguous (mixed dtypes, unaligned, or the
-// vectors' tail) and strided; `apply(x0, x1, x2, s0, s1)` is the op on one element. `d`: the descriptor in
-// registers (through a generic reference -- it lives in shared memory -- the compiler must reload its fields
-// after every global store).
-template <u32 A, class Apply>
-__device__ __forceinline__ void ew_elems(const SubOp& d, const TensorRef* refs, u32 lane, u32 done, Apply apply) {
+// A built-in elementwise sub-op: its 16-byte vector loop (ew_vec), then its element loops for the rest (mixed
+// dtypes, unaligned, the vectors' tail, strided), one copy per op. __noinline__: one out-of-line function per op
+// keeps the worker's NVRTC/ptxas time bounded (inlining every op into the dispatch switch made one huge function:
+// ~50 s to compile on a 2-core machine). The element loops were shared per arity from the thirty-fifth to the
+// fortieth session (the op through a switch, one call per element: ptxas 47 -> 29 s at -O1); under ptxas's
+// fast-compile mode that no longer saves time (7.5 s shared, 7.7 s per op), and per op they are faster (H200,
+// tools/ew_paths.py, 16M elements, one call: mixed fp16 + fp32 add 446 -> 327 us, strided add 780 -> 630, sin
+// 664 -> 551, fp16 mul 768 -> 661; the vector loop 208 / 211).
+template <class F, u32 A>
+__device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 lane) {
+  // The descriptor in registers: through a generic reference (it lives in shared memory), the compiler must
+  // reload its fields after every global store.
+  const SubOp d = ds;
+  const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
   const u32 dto = d.dtype & 0xffu;
   const float s0 = d.scalar[0], s1 = d.scalar[1];
   if (!(d.flags & kFlagStrided)) {  // contiguous: mixed dtypes, unaligned, or the vectors' tail
@@ -151,7 +159,7 @@ __device__ __forceinline__ void ew_elems(const SubOp& d, const TensorRef* refs, 
 #pragma unroll
         for (u32 k = 0; k < A; ++k)
           x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[u][k]) : bits_value(raw[u][k], dt_of(d, k + 1));
-        store_f32((void*)d.out, dto, (i64)d.base + i0 + 32 * u, apply(x[0], x[1], x[2], s0, s1));
+        store_f32((void*)d.out, dto, (i64)d.base + i0 + 32 * u, F::apply(x[0], x[1], x[2], s0, s1));
       }
     }
     return;
@@ -182,20 +190,9 @@ __device__ __forceinline__ void ew_elems(const SubOp& d, const TensorRef* refs, 
 #pragma unroll
       for (u32 k = 0; k < A; ++k)
         x[k] = (d.flags & (kFlagConst0 << k)) ? bits_f32(raw[u][k]) : bits_value(raw[u][k], dt_of(d, k + 1));
-      store_f32((void*)refs[0].ptr, dto, off[0].v[u], apply(x[0], x[1], x[2], s0, s1));
+      store_f32((void*)refs[0].ptr, dto, off[0].v[u], F::apply(x[0], x[1], x[2], s0, s1));
     }
   }
-}
-
-// An elementwise sub-op with functor F: the 16-byte vector path, then the element loops, all F's own code -- the
-// injected ops' (user_exec, their linked objects). The worker's built-in ops share one copy of the element loops
-// per arity instead (worker.cu ew_builtin).
-template <class F, u32 A>
-__device__ __noinline__ void ew_op(const SubOp& ds, const TensorRef* refs, u32 lane) {
-  const SubOp d = ds;
-  const u32 done = (d.flags & kFlagVec) ? ew_vec<F, A>(d, lane) : 0u;
-  ew_elems<A>(d, refs, lane, done,
-              [](float a, float b, float c, float s0, float s1) { return F::apply(a, b, c, s0, s1); });
 }
 
 // ---------------------------------------------------------------- fused chains: operand offsets, tier 2

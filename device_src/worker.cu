@@ -282,45 +282,6 @@ __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 slot, u64 t0, u64 t1
 #include "device_src/dataops.h"
 namespace gpuos {
 
-// ---------------------------------------------------------------- built-in elementwise ops
-// A built-in op's functor on one element, by op id (ops.def's elementwise rows; any other id gives NaN and is
-// never published). One out-of-line copy of every functor, called per element by the shared element loops below.
-__device__ __noinline__ float ew_apply(u32 op, float a, float b, float c, float s0, float s1) {
-  switch (op) {
-#define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
-  case id:                                                              \
-    return EwCall<functor, kind>::call(a, b, c, s0, s1);
-#include "device_src/ops.def"
-#undef GPUOS_OP
-    default: return m_nan();
-  }
-}
-// The element loops of every built-in op of arity A (mixed dtypes, unaligned, the vectors' tail, strided), the op
-// applied through ew_apply: one copy per arity instead of one per op. Per op they were half of ptxas's work on
-// the whole worker (2-core machine, sm_90, -O1: 47 s, 29 s with them shared), on paths no decode step runs hot
-// (fused chains have their own loops; the 16-byte vector loop stays per op). Their cost, H200, 16M elements:
-// mixed dtypes 304 -> 373 us, strided 592-614 -> 670-685 us (a call per element); DEVELOPING *The background
-// whole build*.
-template <u32 A>
-__device__ __noinline__ void ew_rest(const SubOp& ds, const TensorRef* refs, u32 lane, u32 done) {
-  const SubOp d = ds;
-  const u32 op = d.op;
-  ew_elems<A>(d, refs, lane, done, [op](float a, float b, float c, float s0, float s1) {
-    return ew_apply(op, a, b, c, s0, s1);
-  });
-}
-// A built-in elementwise sub-op: its own 16-byte vector loop (ew_vec), then the shared element loops for the rest.
-template <class F, u32 A>
-__device__ __noinline__ void ew_builtin(const SubOp& ds, const TensorRef* refs, u32 lane) {
-  u32 done = 0;
-  if (ds.flags & kFlagVec) {
-    const SubOp d = ds;
-    done = ew_vec<F, A>(d, lane);
-    if (done >= d.n) return;
-  }
-  ew_rest<A>(ds, refs, lane, done);
-}
-
 __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64* cached, u32 lane,
                                            const Program* progs, i64 rd, u32 ri, const WorkerArgs& args,
                                            FinishNote* note) {
@@ -350,7 +311,7 @@ __device__ __forceinline__ void exec_subop(const SubOp& d, TensorRef* refs, u64*
   switch (d.op) {
 #define GPUOS_OP(id, name, arity, kind, functor, ns, snames, d0, d1, aten) \
   case id:                                                              \
-    if constexpr (kind == kKindEw) ew_builtin<functor, arity>(d, refs, lane); \
+    if constexpr (kind == kKindEw) ew_op<functor, arity>(d, refs, lane); \
     else if constexpr (kind == kKindReduce) reduce_op<functor>(d, refs, lane); \
     else if constexpr (kind == kKindData) data_op(d, refs, lane, (HostCtl*)args.host_ctl); \
     break;

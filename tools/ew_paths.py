@@ -1,12 +1,12 @@
 """The built-in elementwise ops' paths, GPU-bound: one `gpuos_ext.submit` of 4,096^2 elements per path, timed with
 CUDA events around submit + flush(sync=True), median of 12; each result checked against torch.
 
-    python tools/ew_paths.py      # on a GPU machine (device_src/worker.cu ew_builtin / ew_rest)
+    python tools/ew_paths.py      # on a GPU machine (device_src/elementwise.h ew_op)
 
 Paths: the 16-byte vector loop (fp16 add: every operand contiguous, aligned, of the output's dtype), the contiguous
-element loop (mixed fp16 + fp32 add), the strided element loop (a transposed operand: add, sin, fp16 mul). The
-element loops are shared by every built-in op of one arity (thirty-fifth session: 11-23 % slower than per-op
-copies, for a whole compile ~37 % shorter); an A/B of them runs this once per variant (tools/gpu_variants.sh).
+element loop (mixed fp16 + fp32 add), the strided element loop (a transposed operand: add, sin, fp16 mul). Every
+op has its own loops again since the fortieth session (shared per arity before: 14-27 % slower); an A/B of them runs
+this once per variant (tools/gpu_variants.sh).
 """
 import os
 import sys
