@@ -10,7 +10,10 @@ the L2 cache) and two patterns, each timed with CUDA events around the whole seq
     independent  y_i = x @ W_i.t() for every i: cuBLAS runs them in turn; the worker gets them as one flush
                  (one level: its warps run them concurrently)
     chain        x_{i+1} = x_i @ W_i.t(): every product depends on the previous one (levels), as in a model
-Configs: cublas (torch.mm with out=, what eager runs), gpuos_worker (gpuos.submit_matmul + one flush).
+Configs: cublas (torch.mm with out=, what eager runs), gpuos_worker (gpuos.submit_matmul + one flush: the host
+records and publishes every item while the worker runs, so a live chain also shows the host's cost per descriptor),
+gpuos_program (the same products as F.linear captured once with gpuos.capture and replayed: one doorbell per call,
+the levels walked on the device -- the worker's own rate; matmul-only programs have nothing for tier 2 to specialize).
 Rows (BENCH_SCHEMA.md, workload "MM"): per-product GPU µs ("value", unit "us"), the weights' bytes per second
 ("gbps" field), and a "copy" row per size: a device-to-device copy of the same bytes (the HBM reference).
 Goal (issue #16): worker at M = 1 reads weights at >= 70 % of the copy's rate, and at M <= 16 takes <= 1.2x
@@ -30,6 +33,7 @@ WORKLOAD = "MM"
 
 def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
     import torch
+    import torch.nn.functional as F
     import gpuos
     dev = "cuda"
     esz = torch.tensor([], dtype=dtype).element_size()
@@ -62,29 +66,48 @@ def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
             cur = o
         gpuos.flush()
 
-    # correctness first: the worker's independent products against cuBLAS's
+    def linear_ind(x):
+        return [F.linear(x, w) for w in ws]
+
+    def linear_chain(x):
+        for w in ws:
+            x = F.linear(x, w)
+        return x
+    prog_ind = H.capture_program(gpuos, linear_ind, (x,), torch.cuda.synchronize)[0]
+    prog_chain = H.capture_program(gpuos, linear_chain, (x,), torch.cuda.synchronize)[0]
+
+    # correctness first: the worker's products (live and replayed) against cuBLAS's
+    close = lambda a, b: torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # noqa: E731
+    cublas_chain()
+    ref_chain = outs[-1].clone()
     cublas_ind()
     ref = [o.clone() for o in outs]
     for o in outs:
         o.fill_(float("nan"))
     worker_ind()
     torch.cuda.synchronize()
-    correct = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=2e-2) for o, r in zip(outs, ref))
+    correct = all(close(o, r) for o, r in zip(outs, ref))
+    correct_prog = all(close(o, r) for o, r in zip(prog_ind(x), ref)) and close(prog_chain(x), ref_chain)
     src = torch.empty(wbytes // esz, device=dev, dtype=dtype)
     dst = torch.empty_like(src)
     copy_ms = H.events_ms(lambda: dst.copy_(src), reps)
     copy_gbps = wbytes / (copy_ms * 1e-3) / 1e9
     rows.append(H.value_row(WORKLOAD, "copy", copy_ms * 1e3 / L, "us", size=size) | {"gbps": round(copy_gbps, 1)})
-    for pattern, fns in (("independent", (cublas_ind, worker_ind)), ("chain", (cublas_chain, worker_chain))):
-        for config, fn in zip(("cublas", "gpuos_worker"), fns):
+    prog_fields = {pattern: {"levels": sum(p.info()["levels"]), "fallbacks": len(p.info()["fallbacks"])}
+                   for pattern, p in (("independent", prog_ind), ("chain", prog_chain))}
+    n0 = len(rows)
+    for pattern, fns in (("independent", (cublas_ind, worker_ind, lambda: prog_ind(x))),
+                         ("chain", (cublas_chain, worker_chain, lambda: prog_chain(x)))):
+        for config, fn in zip(("cublas", "gpuos_worker", "gpuos_program"), fns):
             ms = H.events_ms(fn, reps)
             gbps = wbytes / (ms * 1e-3) / 1e9
             rows.append(H.value_row(WORKLOAD, config, ms * 1e3 / L, "us", size=f"{size}-{pattern}")
                         | {"gbps": round(gbps, 1), "of_copy": round(gbps / copy_gbps, 3), "products": L,
-                           "correct": correct})
+                           "correct": correct_prog if config == "gpuos_program" else correct}
+                        | (prog_fields[pattern] if config == "gpuos_program" else {}))
     print(f"{size}: copy {copy_gbps:.0f} GB/s; " + "; ".join(
         f"{r['config']} {r['size'].rsplit('-', 1)[-1]} {r['value']:.2f} us ({r['of_copy']:.0%} of copy)"
-        for r in rows[-4:]), flush=True)
+        for r in rows[n0:]), flush=True)
 
 
 def grid(quick: bool) -> list:

@@ -1006,6 +1006,25 @@ def test_queue_full_chain_across_automatic_flushes(small_ring):
     assert_close(x * 1, expected)
 
 
+def test_flush_publishes_before_waiting_for_ring_room(small_ring):
+    """A flush whose levels do not fit the ring beside the batches still in flight publishes the levels it has
+    committed before it waits for room for the next, so the worker runs them meanwhile (room_publishes); every
+    level's result is kept."""
+    rt = small_ring
+    n = 10_000  # 3 tiles per level: 60 dependent levels, 180 descriptors through 64 slots
+    x = ga(n)
+    vs = [ga(n) for _ in range(60)]
+    expected = x.clone()
+    for v in vs:
+        expected = expected + v
+    before = rt.stats()["room_publishes"]
+    for v in vs:
+        rt.submit_add(x, v, x)
+    rt.flush(sync=True)
+    assert_close(x, expected)
+    assert rt.stats()["room_publishes"] > before, "every level was committed before the first was published"
+
+
 def test_single_subop_larger_than_ring(small_ring):
     rt = small_ring
     n = 1_000_000  # 245 tiles > 64 slots

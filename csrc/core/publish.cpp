@@ -140,6 +140,11 @@ void Runtime::ensure_ref_room(uint32_t nref) {
                     "TensorRef arena accounting broken (nothing in flight, no room)");
 }
 
+bool Runtime::ring_room(uint32_t ndesc) {
+  retire();
+  return desc_head_ + ndesc - desc_tail_ <= cfg_.capacity;
+}
+
 void Runtime::wait_ring_room(uint32_t ndesc) {
   retire();
   wait_oldest_while([&] { return desc_head_ + ndesc - desc_tail_ > cfg_.capacity; }, "room in the descriptor ring",
@@ -186,7 +191,17 @@ uint32_t Runtime::flush(CUstream stream, bool early) {
     levels_.back().join = beside;
   }
   do {
-    while (li < stage_levels_ && can_commit_level()) commit_level(stage_[li++]);
+    while (li < stage_levels_ && can_commit_level()) {
+      // A level that has to wait for room in the ring goes in a publication after those committed before it, so
+      // that the worker runs them while the host waits. Committing every level first left the worker idle from
+      // the first wait to the flush's end: a chain of 8 products of 1,024 items through the default 4,096-slot
+      // ring, H200, 42-44 us per product live against 31-32 us as a program (fortieth session).
+      if (!levels_.empty() && !ring_room((uint32_t)stage_[li].size())) {
+        st_.room_publishes++;
+        break;
+      }
+      commit_level(stage_[li++]);
+    }
     seq = publish(stream, early, li == stage_levels_);
   } while (li < stage_levels_);
   stage_levels_ = 0;

@@ -111,6 +111,7 @@ struct Operand {
   X(joined_batches)     /* batches that ran beside the one before them (kReadyJoin: Config::join_levels) */  \
   X(full_queue_flushes)                                                                                   \
   X(room_waits)                                                                                           \
+  X(room_publishes)     /* flush publications cut short so a level waiting for ring room runs behind them */ \
   X(levels_split)       /* sub-ops that opened a new dependency level (levels beyond the first) */        \
   X(dma_batches)                                                                                          \
   X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
@@ -296,6 +297,7 @@ class Runtime {
   void ensure_ref_room(uint32_t nref);
   // Room for ndesc descriptors in the ring, waiting for published batches only (never publishes).
   void wait_ring_room(uint32_t ndesc);
+  bool ring_room(uint32_t ndesc);  // whether ndesc descriptors fit now (after retiring what is done; no wait)
   // Until n more levels can join one publication (can_commit_level's bound on batches in flight), waiting for the
   // oldest batches.
   void wait_batch_room(size_t n);
