@@ -146,8 +146,7 @@ bool Runtime::ring_room(uint32_t ndesc) {
 }
 
 void Runtime::wait_ring_room(uint32_t ndesc) {
-  retire();
-  wait_oldest_while([&] { return desc_head_ + ndesc - desc_tail_ > cfg_.capacity; }, "room in the descriptor ring",
+  wait_oldest_while([&] { return !ring_room(ndesc); }, "room in the descriptor ring",
                     "ring accounting broken (nothing in flight, no room)");
 }
 
