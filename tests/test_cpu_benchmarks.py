@@ -561,3 +561,12 @@ def test_goals_and_speedup_table():
                            mark=" (sm)")
     assert soft[-1][7:9] == ["2.00x (sm)", "-"]
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+@pytest.mark.parametrize("tool", ["matmul_host", "ew_paths"])
+def test_gpu_measuring_tools_without_cuda_say_so(tool):
+    """The device-only measuring tools (DEVELOPING *Next*) exit 0 with a message on a machine without a GPU."""
+    res = _run(f"tools/{tool}.py")
+    assert res.returncode == 0, res.stderr
+    assert f"{tool}: no CUDA GPU" in res.stdout

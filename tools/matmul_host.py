@@ -1,0 +1,106 @@
+"""Where a live chain of worker matmuls spends its time: the host's recording and publication against the device.
+
+    python tools/matmul_host.py             # on a GPU machine; env MH_M (rows, default 1), MH_NK (4,096), MH_L (8)
+
+L dependent (chain) or independent x @ W_i.t() products, fp16, N = K = MH_NK, each pattern three ways in one process:
+cuBLAS (torch.mm), live (gpuos.submit_matmul per product + one flush: the host stages, copies and publishes every
+item while the worker runs) and a program (the same products as F.linear, gpuos.capture'd once and replayed: one
+doorbell per call). Per product: the host's time to return from the call (no sync) and the GPU time (CUDA events),
+the sub-ops the runtime wrote, and for the live rows the publication's host time split as the runtime's own
+counters split it (publish_copy_ns: the descriptors' DMA, publish_launch_ns: worker launches, publish_memop_ns:
+the ready words). Host ~ GPU on a live row means the host bounds it. Two rounds: the GPU's state drifts within a
+call (bench_matmul's cuBLAS 56-97 % of copy on one H200), so compare rows of one round.
+
+Fortieth session (H200, M = 1, 4,096^2, L = 8): live chain host 35 / GPU 37-38 us per product (host-bound), the
+program 30-31 us, cuBLAS 25-26 us in that round (DEVELOPING *Next* 5).
+"""
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import gpuos  # noqa: E402
+
+PUBLISH = ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("matmul_host: no CUDA GPU; nothing to measure")
+        return 0
+    import torch.nn.functional as F
+    gpuos.init()
+    gpuos.set_worker_matmul(True)
+    M, NK, L = (int(os.environ.get(k, d)) for k, d in (("MH_M", "1"), ("MH_NK", "4096"), ("MH_L", "8")))
+    reps, dt = 12, torch.float16
+    ws = [torch.randn(NK, NK, device="cuda", dtype=dt) / NK ** 0.5 for _ in range(L)]
+    x = torch.randn(M, NK, device="cuda", dtype=dt)
+    outs = [torch.empty(M, NK, device="cuda", dtype=dt) for _ in range(L)]
+    src = torch.empty(L * NK * NK, device="cuda", dtype=dt)
+    dst = torch.empty_like(src)
+
+    def timed(fn):
+        host, gpu = [], []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            e1.record()
+            torch.cuda.synchronize()
+            host.append((t1 - t0) * 1e6 / L)
+            gpu.append(e0.elapsed_time(e1) * 1e3 / L)
+        return statistics.median(host), statistics.median(gpu)
+
+    def live(chain):
+        def run():
+            cur = x
+            for w, o in zip(ws, outs):
+                gpuos.submit_matmul(cur, w.t(), o)
+                cur = o if chain else x
+            gpuos.flush()
+        return run
+
+    def cublas(chain):
+        def run():
+            cur = x
+            for w, o in zip(ws, outs):
+                torch.mm(cur, w.t(), out=o)
+                cur = o if chain else x
+        return run
+
+    def linear_chain(x):
+        for w in ws:
+            x = F.linear(x, w)
+        return x
+    progs = {True: gpuos.capture(linear_chain, x), False: gpuos.capture(lambda x: [F.linear(x, w) for w in ws], x)}
+    torch.testing.assert_close(progs[True](x).float(), linear_chain(x).float(), rtol=3e-2, atol=3e-2)
+    print(f"matmul_host: M {M}, N = K {NK}, {L} products, fp16; program levels: chain "
+          f"{progs[True].info()['levels']}, independent {progs[False].info()['levels']}")
+    for rnd in range(2):
+        _, copy_us = timed(lambda: dst.copy_(src))
+        cells = []
+        for chain in (True, False):
+            for name, fn in (("cublas", cublas(chain)), ("live", live(chain)), ("program", lambda: progs[chain](x))):
+                s0 = gpuos.stats()
+                h, g = timed(fn)
+                s1 = gpuos.stats()
+                per = reps * L
+                cell = (f"{'chain' if chain else 'indep'} {name}: host {h:.1f} gpu {g:.2f} us ({copy_us / g:.0%} of copy)"
+                        f", {(s1['subops'] - s0['subops']) / per:.0f} sub-ops")
+                if name == "live":
+                    pubs = max(1, s1["publications"] - s0["publications"])
+                    cell += ", per publication (us): " + " / ".join(
+                        f"{(s1[k] - s0[k]) / pubs / 1e3:.1f}" for k in PUBLISH) + " (all / copy / launch / memop)"
+                cells.append(cell)
+        print(f"round {rnd}: copy {copy_us:.2f} us per product's bytes; " + "; ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
