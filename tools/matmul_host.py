@@ -1,6 +1,7 @@
 """Where a live chain of worker matmuls spends its time: the host's recording and publication against the device.
 
     python tools/matmul_host.py             # on a GPU machine; env MH_M (rows, default 1), MH_NK (4,096), MH_L (8)
+    MH_ITEMS=1024,512,1024,512 python tools/matmul_host.py   # one round per GPUOS_MM_ITEMS value, in one process
 
 L dependent (chain) or independent x @ W_i.t() products, fp16, N = K = MH_NK, each pattern three ways in one process:
 cuBLAS (torch.mm), live (gpuos.submit_matmul per product + one flush: the host stages, copies and publishes every
@@ -9,11 +10,14 @@ doorbell per call). Per product: the host's time to return from the call (no syn
 the sub-ops the runtime wrote, and for the live rows the publication's host time split as the runtime's own
 counters split it (publish_copy_ns: the descriptors' DMA, publish_launch_ns: worker launches, publish_memop_ns:
 the ready words). Host ~ GPU on a live row means the host bounds it. Two rounds: the GPU's state drifts within a
-call (bench_matmul's cuBLAS 56-97 % of copy on one H200), so compare rows of one round.
+call (bench_matmul's cuBLAS 56-97 % of copy on one H200), so compare rows of one round. MH_ITEMS: instead, one
+round per value of GPUOS_MM_ITEMS (the runtime shut down and started again with it, the programs captured anew),
+so that settings are compared in one process, alternated (the fortieth session compared them across processes).
 
 Fortieth session (H200, M = 1, 4,096^2, L = 8): live chain host 35 / GPU 37-38 us per product (host-bound), the
 program 30-31 us, cuBLAS 25-26 us in that round (DEVELOPING *Next* 5).
 """
+import gc
 import os
 import statistics
 import sys
@@ -78,11 +82,10 @@ def main() -> int:
         for w in ws:
             x = F.linear(x, w)
         return x
-    progs = {True: gpuos.capture(linear_chain, x), False: gpuos.capture(lambda x: [F.linear(x, w) for w in ws], x)}
-    torch.testing.assert_close(progs[True](x).float(), linear_chain(x).float(), rtol=3e-2, atol=3e-2)
-    print(f"matmul_host: M {M}, N = K {NK}, {L} products, fp16; program levels: chain "
-          f"{progs[True].info()['levels']}, independent {progs[False].info()['levels']}")
-    for rnd in range(2):
+    def one_round(label):
+        progs = {True: gpuos.capture(linear_chain, x),
+                 False: gpuos.capture(lambda x: [F.linear(x, w) for w in ws], x)}
+        torch.testing.assert_close(progs[True](x).float(), linear_chain(x).float(), rtol=3e-2, atol=3e-2)
         _, copy_us = timed(lambda: dst.copy_(src))
         cells = []
         for chain in (True, False):
@@ -98,7 +101,18 @@ def main() -> int:
                     cell += ", per publication (us): " + " / ".join(
                         f"{(s1[k] - s0[k]) / pubs / 1e3:.1f}" for k in PUBLISH) + " (all / copy / launch / memop)"
                 cells.append(cell)
-        print(f"round {rnd}: copy {copy_us:.2f} us per product's bytes; " + "; ".join(cells), flush=True)
+        print(f"{label}: copy {copy_us:.2f} us per product's bytes; program levels: chain {progs[True].info()['levels']}"
+              f", independent {progs[False].info()['levels']}; " + "; ".join(cells), flush=True)
+
+    print(f"matmul_host: M {M}, N = K {NK}, {L} products, fp16")
+    items = [v for v in os.environ.get("MH_ITEMS", "").split(",") if v]
+    for rnd, v in enumerate(items or ["", ""]):
+        if v:
+            os.environ["GPUOS_MM_ITEMS"] = v
+            gc.collect()  # the last round's programs released while their runtime is up
+            gpuos.shutdown()
+            gpuos.init()
+        one_round(f"round {rnd}" + (f" GPUOS_MM_ITEMS={v}" if v else ""))
     return 0
 
 
