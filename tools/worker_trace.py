@@ -22,7 +22,8 @@ how long after the level before ended its first claim started, and the blocks th
 (every sub-op, in the worker built for GPUOS_TRACE), each level group's lead-in, sub-op load / exec and tail. `attn` (one Llama-shape
 decode attention per flush at KV 2,048 and 8,192) and `mm` (one worker matmul per flush, M = 1 / 16 at 4,096^2, M = 1
 at 1,024^2; env MM_SHAPES="MxNxK,...", MM_WEIGHTS: weights cycled through, 1 for L2-hot), `mmC` (matmul_chain:
-decode-shaped linears captured as programs, hf's per-level report), `mmL` (a live chain of MML_L, default 3,
+decode-shaped linears captured as programs, hf's per-level report; MMC_H / MMC_VARIANTS=links: a program chain of
+large products), `mmL` (a live chain of MML_L, default 3,
 dependent 4,096^2 products in one flush: per level, its first claim, exec start, items and claims' end against the
 level before's end -- level_timeline): where a batch of items goes -- claims, and per item (GPUOS_TRACE's item records) its duration, its SM
 and the tile's combine / split finish. `attnL` (ATTN_KV, ATTN_L: 4,096, 16): bench_attention's one flush of L
@@ -604,34 +605,43 @@ def matmul_levels(L=3, shape=(1, 4096, 4096), weights=2):
 
 def matmul_chain():
     """`mmC`: decode-shaped matmuls captured as programs (fp16, M = 1, no bias), one call traced each
-    (program_levels): `chain` MMC_L (default 8) dependent K 256 -> N 256 linears then an LM head (N MMC_VOCAB,
-    default 32,000: Llama-small's, 2,000 column tiles run as 1,000 items of two -- Runtime's matmul_group; 16,000
-    gives one tile per item); `alone` the LM head alone; `f32` its output cast to fp32 (the step's
-    logits[:, -1].float()); `cold` 12 programs of as many heads (together larger than the L2 cache) called in turn,
-    the traced one's weights evicted by the others. Env MMC_VARIANTS (default all, comma-separated). Thirty-first
-    session (H200, one-tile items, traced worker): a tile costs 6.6-7.4 us in every variant, as in `mm`'s one flush
-    -- the same items in a program, behind 8 or 60 other levels, fp32 out or weights out of L2."""
+    (program_levels): `chain` MMC_L (default 8) dependent K MMC_H -> N MMC_H (default 256) linears then an LM head
+    (N MMC_VOCAB, default 32,000: Llama-small's, 2,000 column tiles run as 1,000 items of two -- Runtime's
+    matmul_group; 16,000 gives one tile per item); `alone` the LM head alone; `f32` its output cast to fp32 (the
+    step's logits[:, -1].float()); `cold` 12 programs of as many heads (together larger than the L2 cache) called in
+    turn, the traced one's weights evicted by the others; `links` the chain without its head (not in the default
+    set: `MMC_H=4096 MMC_L=4 MMC_VARIANTS=links` is a program chain of large products, one per level, with no host
+    publication between them -- DEVELOPING *Next* 5; `mmL` traces the live one). Env MMC_VARIANTS (comma-separated;
+    default chain,alone,f32,cold). Thirty-first session (H200, one-tile items, traced worker): a tile costs 6.6-7.4
+    us in every variant, as in `mm`'s one flush -- the same items in a program, behind 8 or 60 other levels, fp32
+    out or weights out of L2."""
     import torch.nn.functional as F
     from benchmarks.harness import suite as H
-    L, vocab, h = int(os.environ.get("MMC_L", "8")), int(os.environ.get("MMC_VOCAB", "32000")), 256
+    L, vocab = int(os.environ.get("MMC_L", "8")), int(os.environ.get("MMC_VOCAB", "32000"))
+    h = int(os.environ.get("MMC_H", "256"))
+    want = os.environ.get("MMC_VARIANTS", "chain,alone,f32,cold").split(",")
     x = torch.randn(1, h, device="cuda", dtype=torch.float16)
     ws = [torch.randn(h, h, device="cuda", dtype=torch.float16) / h ** 0.5 for _ in range(L)]
-    heads = [torch.randn(vocab, h, device="cuda", dtype=torch.float16) / h ** 0.5 for _ in range(12)]
+    n_heads = 0 if want == ["links"] else 12  # `links` alone: no LM heads allocated (12 x vocab x h)
+    heads = [torch.randn(vocab, h, device="cuda", dtype=torch.float16) / h ** 0.5 for _ in range(n_heads)]
 
-    def chain(x):
+    def links(x):
         for w in ws:
             x = F.linear(x, w)
-        return F.linear(x, heads[0])
+        return x
+
+    def chain(x):
+        return F.linear(links(x), heads[0])
 
     def head_fn(i, f32):
         return (lambda x: F.linear(x, heads[i]).float()) if f32 else (lambda x: F.linear(x, heads[i]))
     variants = {
-        "chain": (f"mmC {L} linears 256 + LM head {vocab}", [chain]),
+        "links": (f"mmC {L} linears {h} (no head)", [links]),
+        "chain": (f"mmC {L} linears {h} + LM head {vocab}", [chain]),
         "alone": (f"mmC LM head {vocab} alone", [head_fn(0, False)]),
         "f32": (f"mmC LM head {vocab} alone, fp32 output", [head_fn(0, True)]),
         "cold": (f"mmC LM head {vocab}, 12 heads in turn (weights not in L2)", [head_fn(i, False) for i in range(12)]),
     }
-    want = os.environ.get("MMC_VARIANTS", ",".join(variants)).split(",")
     unknown = [k for k in want if k not in variants]
     if unknown:
         raise ValueError(f"MMC_VARIANTS: unknown {unknown}; choose from {list(variants)}")
