@@ -31,9 +31,43 @@ NAME = "matmul"
 WORKLOAD = "MM"
 
 
+def sequences(ws, x, outs) -> dict:
+    """The timed sequences over the weights `ws` (each N x K) from x (M x K) into `outs`: {(pattern, config): fn}
+    for pattern independent / chain and config cublas (torch.mm with out=) / gpuos_worker (gpuos.submit_matmul, then
+    one flush). tools/matmul_host.py times the same ones."""
+    import torch
+    import gpuos
+
+    def run(chain, submit, flush):
+        def fn():
+            cur = x
+            for w, o in zip(ws, outs):
+                submit(cur, w.t(), o)
+                cur = o if chain else x
+            flush()
+        return fn
+    impls = (("cublas", lambda a, b, o: torch.mm(a, b, out=o), lambda: None),
+             ("gpuos_worker", gpuos.submit_matmul, gpuos.flush))
+    return {(p, c): run(p == "chain", submit, flush) for p in ("independent", "chain") for c, submit, flush in impls}
+
+
+def linears(ws, chain: bool):
+    """The same products as F.linear, to capture as a program: x -> [x @ W_i.t() for each W_i], or the chain's
+    last output."""
+    import torch.nn.functional as F
+
+    def independent(x):
+        return [F.linear(x, w) for w in ws]
+
+    def chained(x):
+        for w in ws:
+            x = F.linear(x, w)
+        return x
+    return chained if chain else independent
+
+
 def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
     import torch
-    import torch.nn.functional as F
     import gpuos
     dev = "cuda"
     esz = torch.tensor([], dtype=dtype).element_size()
@@ -44,67 +78,40 @@ def run_size(M: int, NK: int, dtype, reps: int, rows: list) -> None:
     size = f"M{M}-N{NK}-K{NK}-{str(dtype).split('.')[-1]}"
     wbytes = L * NK * NK * esz
 
-    def cublas_ind():
-        for w, o in zip(ws, outs):
-            torch.mm(x, w.t(), out=o)
-
-    def worker_ind():
-        for w, o in zip(ws, outs):
-            gpuos.submit_matmul(x, w.t(), o)
-        gpuos.flush()
-
-    def cublas_chain():
-        cur = x
-        for w, o in zip(ws, outs):
-            torch.mm(cur, w.t(), out=o)
-            cur = o
-
-    def worker_chain():
-        cur = x
-        for w, o in zip(ws, outs):
-            gpuos.submit_matmul(cur, w.t(), o)
-            cur = o
-        gpuos.flush()
-
-    def linear_ind(x):
-        return [F.linear(x, w) for w in ws]
-
-    def linear_chain(x):
-        for w in ws:
-            x = F.linear(x, w)
-        return x
-    prog_ind = H.capture_program(gpuos, linear_ind, (x,), torch.cuda.synchronize)[0]
-    prog_chain = H.capture_program(gpuos, linear_chain, (x,), torch.cuda.synchronize)[0]
+    seqs = sequences(ws, x, outs)
+    progs = {p: H.capture_program(gpuos, linears(ws, chain=p == "chain"), (x,), torch.cuda.synchronize)[0]
+             for p in ("independent", "chain")}
 
     # correctness first: the worker's products (live and replayed) against cuBLAS's
     close = lambda a, b: torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # noqa: E731
-    cublas_chain()
+    seqs["chain", "cublas"]()
     ref_chain = outs[-1].clone()
-    cublas_ind()
+    seqs["independent", "cublas"]()
     ref = [o.clone() for o in outs]
     for o in outs:
         o.fill_(float("nan"))
-    worker_ind()
+    seqs["independent", "gpuos_worker"]()
     torch.cuda.synchronize()
     correct = all(close(o, r) for o, r in zip(outs, ref))
-    correct_prog = all(close(o, r) for o, r in zip(prog_ind(x), ref)) and close(prog_chain(x), ref_chain)
+    correct_prog = (all(close(o, r) for o, r in zip(progs["independent"](x), ref))
+                    and close(progs["chain"](x), ref_chain))
     src = torch.empty(wbytes // esz, device=dev, dtype=dtype)
     dst = torch.empty_like(src)
     copy_ms = H.events_ms(lambda: dst.copy_(src), reps)
     copy_gbps = wbytes / (copy_ms * 1e-3) / 1e9
     rows.append(H.value_row(WORKLOAD, "copy", copy_ms * 1e3 / L, "us", size=size) | {"gbps": round(copy_gbps, 1)})
-    prog_fields = {pattern: {"levels": sum(p.info()["levels"]), "fallbacks": len(p.info()["fallbacks"])}
-                   for pattern, p in (("independent", prog_ind), ("chain", prog_chain))}
     n0 = len(rows)
-    for pattern, fns in (("independent", (cublas_ind, worker_ind, lambda: prog_ind(x))),
-                         ("chain", (cublas_chain, worker_chain, lambda: prog_chain(x)))):
-        for config, fn in zip(("cublas", "gpuos_worker", "gpuos_program"), fns):
+    for pattern in ("independent", "chain"):
+        prog = progs[pattern]
+        for config in ("cublas", "gpuos_worker", "gpuos_program"):
+            fn = (lambda: prog(x)) if config == "gpuos_program" else seqs[pattern, config]
             ms = H.events_ms(fn, reps)
             gbps = wbytes / (ms * 1e-3) / 1e9
             rows.append(H.value_row(WORKLOAD, config, ms * 1e3 / L, "us", size=f"{size}-{pattern}")
                         | {"gbps": round(gbps, 1), "of_copy": round(gbps / copy_gbps, 3), "products": L,
                            "correct": correct_prog if config == "gpuos_program" else correct}
-                        | (prog_fields[pattern] if config == "gpuos_program" else {}))
+                        | ({"levels": sum(prog.info()["levels"]), "fallbacks": len(prog.info()["fallbacks"])}
+                           if config == "gpuos_program" else {}))
     print(f"{size}: copy {copy_gbps:.0f} GB/s; " + "; ".join(
         f"{r['config']} {r['size'].rsplit('-', 1)[-1]} {r['value']:.2f} us ({r['of_copy']:.0%} of copy)"
         for r in rows[n0:]), flush=True)

@@ -562,7 +562,6 @@ def test_goals_and_speedup_table():
     assert soft[-1][7:9] == ["2.00x (sm)", "-"]
 
 
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 @pytest.mark.parametrize("tool", ["matmul_host", "ew_paths"])
 def test_gpu_measuring_tools_without_cuda_say_so(tool):
@@ -570,3 +569,26 @@ def test_gpu_measuring_tools_without_cuda_say_so(tool):
     res = _run(f"tools/{tool}.py")
     assert res.returncode == 0, res.stderr
     assert f"{tool}: no CUDA GPU" in res.stdout
+
+
+def test_matmul_sequences_compute_the_products():
+    """bench_matmul's timed sequences (which tools/matmul_host.py shares) and its F.linear forms: the independent
+    products of x and the chain, on the CPU through the cuBLAS config's torch.mm."""
+    from benchmarks.bench_matmul import linears, sequences
+    g = torch.Generator().manual_seed(3)
+    ws = [torch.randn(8, 8, generator=g) for _ in range(3)]
+    x = torch.randn(2, 8, generator=g)
+    outs = [torch.empty(2, 8) for _ in range(3)]
+    seqs = sequences(ws, x, outs)
+    assert sorted(seqs) == [("chain", "cublas"), ("chain", "gpuos_worker"), ("independent", "cublas"),
+                            ("independent", "gpuos_worker")]
+    ref = x
+    for w in ws:
+        ref = ref @ w.t()
+    seqs["chain", "cublas"]()
+    torch.testing.assert_close(outs[-1], ref)
+    torch.testing.assert_close(linears(ws, chain=True)(x), ref)
+    seqs["independent", "cublas"]()
+    for o, w, y in zip(outs, ws, linears(ws, chain=False)(x)):
+        torch.testing.assert_close(o, x @ w.t())
+        torch.testing.assert_close(y, x @ w.t())

@@ -35,7 +35,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("matmul_host: no CUDA GPU; nothing to measure")
         return 0
-    import torch.nn.functional as F
+    from benchmarks.bench_matmul import linears, sequences
     gpuos.init()
     gpuos.set_worker_matmul(True)
     M, NK, L = (int(os.environ.get(k, d)) for k, d in (("MH_M", "1"), ("MH_NK", "4096"), ("MH_L", "8")))
@@ -61,48 +61,31 @@ def main() -> int:
             gpu.append(e0.elapsed_time(e1) * 1e3 / L)
         return statistics.median(host), statistics.median(gpu)
 
-    def live(chain):
-        def run():
-            cur = x
-            for w, o in zip(ws, outs):
-                gpuos.submit_matmul(cur, w.t(), o)
-                cur = o if chain else x
-            gpuos.flush()
-        return run
+    seqs = sequences(ws, x, outs)  # bench_matmul's: (pattern, "cublas" / "gpuos_worker") -> fn
 
-    def cublas(chain):
-        def run():
-            cur = x
-            for w, o in zip(ws, outs):
-                torch.mm(cur, w.t(), out=o)
-                cur = o if chain else x
-        return run
-
-    def linear_chain(x):
-        for w in ws:
-            x = F.linear(x, w)
-        return x
     def one_round(label):
-        progs = {True: gpuos.capture(linear_chain, x),
-                 False: gpuos.capture(lambda x: [F.linear(x, w) for w in ws], x)}
-        torch.testing.assert_close(progs[True](x).float(), linear_chain(x).float(), rtol=3e-2, atol=3e-2)
+        progs = {p: gpuos.capture(linears(ws, chain=p == "chain"), x) for p in ("chain", "independent")}
+        torch.testing.assert_close(progs["chain"](x).float(), linears(ws, chain=True)(x).float(), rtol=3e-2,
+                                   atol=3e-2)
         _, copy_us = timed(lambda: dst.copy_(src))
         cells = []
-        for chain in (True, False):
-            for name, fn in (("cublas", cublas(chain)), ("live", live(chain)), ("program", lambda: progs[chain](x))):
+        for pattern in ("chain", "independent"):
+            for name, fn in (("cublas", seqs[pattern, "cublas"]), ("live", seqs[pattern, "gpuos_worker"]),
+                             ("program", lambda: progs[pattern](x))):
                 s0 = gpuos.stats()
                 h, g = timed(fn)
                 s1 = gpuos.stats()
                 per = reps * L
-                cell = (f"{'chain' if chain else 'indep'} {name}: host {h:.1f} gpu {g:.2f} us ({copy_us / g:.0%} of copy)"
+                cell = (f"{pattern} {name}: host {h:.1f} gpu {g:.2f} us ({copy_us / g:.0%} of copy)"
                         f", {(s1['subops'] - s0['subops']) / per:.0f} sub-ops")
                 if name == "live":
                     pubs = max(1, s1["publications"] - s0["publications"])
                     cell += ", per publication (us): " + " / ".join(
                         f"{(s1[k] - s0[k]) / pubs / 1e3:.1f}" for k in PUBLISH) + " (all / copy / launch / memop)"
                 cells.append(cell)
-        print(f"{label}: copy {copy_us:.2f} us per product's bytes; program levels: chain {progs[True].info()['levels']}"
-              f", independent {progs[False].info()['levels']}; " + "; ".join(cells), flush=True)
+        levels = {p: prog.info()["levels"] for p, prog in progs.items()}
+        print(f"{label}: copy {copy_us:.2f} us per product's bytes; program levels {levels}; " + "; ".join(cells),
+              flush=True)
 
     print(f"matmul_host: M {M}, N = K {NK}, {L} products, fp16")
     items = [v for v in os.environ.get("MH_ITEMS", "").split(",") if v]
