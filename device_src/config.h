@@ -66,7 +66,7 @@ constexpr u32 kMmMmaCols = 16, kMmNcolCols = 256, kMmNcol1Cols = 64;
 // kMmNcol1: the ncol path at M = 1 (64-column tiles, matmul.h mm_ncol1).
 constexpr u32 kMmWarp = 0, kMmMma = 1, kMmNcol = 2, kMmNcol1 = 3;
 // ... and bit kMmLocal: a split product whose partial fits kLocalSlot: a tile whose K slices one claim holds whole
-// (one descriptor per warp) is summed in shared memory by the warp that ran slice 0 (matmul.h mm_local_combine),
+// (one descriptor per warp) is summed in shared memory by the slice that finishes last (matmul.h mm_finish_local),
 // the other tiles meet in the scratch as above.
 constexpr u32 kMmLocal = 1u << 31;
 // K per item: ceil(K / ksplit) rounded up to whole slice units (host and device agree through this function): a

@@ -472,19 +472,31 @@ __device__ __forceinline__ u32 mm_ksplit(const SubOp& d) {
   return ks ? ks : 1u;
 }
 
-// The local path's sum (run_claim's finish phase): the warp that ran slice 0 of a tile -- its TensorRefs still in
-// its slots -- adds the tile's ksplit partials, which the claim's consecutive descriptors left in shared memory
-// (`part`: slice 0's slot, slice s at part + s * kLocalSlot), in slice order, and writes the outputs.
-__device__ __noinline__ void mm_local_combine(const SubOp& d, const TensorRef* refs, u32 lane, const float* part,
-                                              const Program* progs) {
-  const MmArgs g = mm_args(d, refs, progs);
-  const u32 ksplit = mm_ksplit(d), tw = mm_cols(d.reserved & 0xffu);
-  const i64 n0 = (i64)(d.base / ksplit) * tw;
+// The local path's finish (kMmLocal: the claim holds the tile's ksplit K slices, one descriptor per warp): this
+// item's partial is in its shared-memory slot, slice s's at slot0 + s * kLocalSlot. The last slice to arrive (the
+// tile's counter: `arrived`, in its slice 0's FinishNote) adds the tile's partials in slice order and writes the
+// outputs, as the global path's last item does (mm_finish) -- with the MmArgs this item already holds, and without
+// the block barriers, ballots and second mm_args of the finish phase that the slice-0 warp's combine needed (a
+// program chain of 4,096^2 products: the combine 2 us and the tail 4.4 us of a 27-us level, H200,
+// `worker_trace.py mmC`, forty-first session). Returns whether this item finished the tile.
+__device__ __noinline__ bool mm_finish_local(const MmArgs& g, const float* slot0, u32* arrived, u32 tw, u32 ksplit,
+                                             i64 n0, u32 lane) {
+  __syncwarp();  // every lane's partial stores before lane 0's release
+  u32 old = 0;
+  if (lane == 0) {
+    __threadfence_block();  // release: this slice's partial before its count
+    old = atomicAdd(arrived, 1u);
+    __threadfence_block();  // acquire (the last slice): the other slices' partials before they are read
+  }
+  __syncwarp();
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old != ksplit - 1) return false;
   mm_epilogue(g, tw, n0, lane, [&](u32 e) {
     float v = 0.0f;
-    for (u32 s = 0; s < ksplit; ++s) v += part[s * kLocalSlot + e];
+    for (u32 s = 0; s < ksplit; ++s) v += slot0[s * kLocalSlot + e];
     return v;
   }, [](u32) {});
+  return true;
 }
 
 // A prologue's activations (kFlagMmPrologue): the row program whose FusedArgs are in refs[1..2] (its id: the bits
@@ -511,9 +523,9 @@ __device__ __noinline__ void mm_prologue(const SubOp& d, TensorRef* refs, const 
 
 // refs, progs: as mm_args. ri: the sub-op's ring index (its scratch); scratch, capacity: WorkerArgs::scratch /
 // capacity;
-// note: the claim's place and this descriptor's shared-memory slot (the local path leaves head = 1 on slice 0 of
-// a tile the claim holds whole); tb: the trace (nullptr: off), where each mma / ncol item records its own and its
-// split finish's duration.
+// note: the claim's place and this descriptor's shared-memory slot (the local path: a tile the claim holds whole,
+// its counter in its slice 0's note); tb: the trace (nullptr: off), where each mma / ncol item records its own and
+// its split finish's duration.
 __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Program* progs, u32 lane, u32 ri,
                                        float* scratch, u32 capacity, FinishNote* note, TraceBuf* tb) {
   const u64 t_entry = kTraceSubops && tb ? globaltimer() : 0;
@@ -570,8 +582,11 @@ __device__ __noinline__ void matmul_op(const SubOp& d, TensorRef* refs, const Pr
       mm_ncol(g, n0, k0, k1, part, local, lane);
     }
     const u64 t1 = tb ? globaltimer() : 0;
-    if (local && lane == 0) note->head = kp == 0;
-    const bool finished = part && !local && mm_finish(g, part, tw, ksplit, n0, lane);
+    // A split tile's last item writes its outputs: from the shared-memory slots (local: slice 0's slot and note are
+    // kp before this item's -- the claim's descriptors are consecutive) or from the scratch.
+    const bool finished = part && (local ? mm_finish_local(g, part - kp * kLocalSlot, &(note - kp)->arrived, tw, ksplit,
+                                                           n0, lane)
+                                         : mm_finish(g, part, tw, ksplit, n0, lane));
     if (tb && lane == 0)
       trace_item(tb, note->tslot, ri, t0, tk ? tk : t1, tk ? t1 : globaltimer(),
                  (finished ? 1u : 0u) | lead_bits(note->t1, t_entry, t_pro, t0));

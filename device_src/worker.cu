@@ -173,18 +173,20 @@ __device__ __forceinline__ void prefetch_refs(const SubOp& d, TensorRef* refs, u
   else if (d.flags & kFlagStrided) fetch_refs(d, refs, cached, lane, rd);
 }
 
-// A split item's note for run_claim's finish phase (shared memory, one per descriptor of the claim). run_claim
-// sets local / c0 / ck before the items run; an item leaves either its tile's counter (global path) or, when the
-// claim holds its whole tile (attention in kAttnTileMajor order, a kMmLocal matmul's K slices), head = 1 on the
-// tile's split 0 (local path: partials in shared memory, combined by that warp after the claim's barrier -- no
-// counter, fence or L2 round trip).
+// A split item's note (shared memory, one per descriptor of the claim). run_claim sets local / c0 / ck and zeroes
+// the counts before the items run. Decode attention leaves either its tile's counter (global path) or, when the
+// claim holds its whole tile (kAttnTileMajor order), head = 1 on the tile's split 0 (local path: partials in shared
+// memory, combined by that warp in run_claim's finish phase -- no counter, fence or L2 round trip). A kMmLocal
+// matmul tile's K slices count themselves off in their slice 0's `arrived` and the last one combines at once
+// (matmul.h mm_finish_local: no finish phase); a matmul's global path finishes inside its item too.
 struct FinishNote {
-  u64 counter;    // global path: device address of the tile's u32 counter (0: nothing to count)
+  u64 counter;    // global path (attention): device address of the tile's u32 counter (0: nothing to count)
   float* local;   // this descriptor's partial slot in BlockFinish::local_part, or nullptr (no local path here)
-  u32 expected;   // global path: the tile's items
-  u32 head;       // local path: 1 on the split 0 of a tile this claim combines
+  u32 expected;   // global path (attention): the tile's items
+  u32 head;       // local path (attention): 1 on the split 0 of a tile this claim combines
   u32 c0, ck;     // the claim: its first descriptor's ring index and its number of descriptors
   u32 tslot;      // trace on: the index of this sub-op's record in the trace (item_rec; run_claim computes it)
+  u32 arrived;    // local matmul path, on a tile's slice 0: how many of its K slices have left their partial
   u16* pro;       // the running warp's prologue buffer (BlockFinish::pro; kFlagMmPrologue)
   u64 t0, t1;     // trace on: the sub-op's start and when its arguments were in shared memory (kept here, not in
                   // registers live across the dispatch: the untraced worker's spills stay as they were)
@@ -263,12 +265,9 @@ __device__ __forceinline__ constexpr u32 ops_of_kind(u32 k) {
 #undef GPUOS_OP
   return n;
 }
-// Whether a sub-op may leave a FinishNote: a decode attention split over kv ranges, or a split-K matmul item that
-// may take the local path (kMmLocal; its global path finishes inside the item).
-__device__ __forceinline__ bool may_split(const SubOp& d) {
-  const u32 kind = op_kind(d.op);
-  return kind == kKindAttention || (kind == kKindMatmul && (d.reserved & kMmLocal) != 0);
-}
+// Whether a sub-op may leave a FinishNote for the finish phase: a decode attention split over kv ranges (a split-K
+// matmul item finishes its tile inside the item on either path: mm_finish, mm_finish_local).
+__device__ __forceinline__ bool may_split(const SubOp& d) { return op_kind(d.op) == kKindAttention; }
 // The finish phase's time for the item at ring index ri (its record, written before the claim's barrier).
 __device__ __noinline__ void trace_finish(TraceBuf* tb, u32 slot, u64 t0, u64 t1) {
   TraceRec* rec = item_rec(tb, slot);
@@ -407,17 +406,14 @@ __device__ __forceinline__ void finish_phase(const WorkerArgs& args, const SubOp
     if (lane == 0) fin->todo = todo, fin->ltodo = ltodo;
   }
   __syncthreads();
-  // Local path: the warp that ran a tile's split 0 (attention) or K slice 0 (matmul) combines it from shared
-  // memory (its TensorRefs are still in its slots: one descriptor per warp), then a barrier orders the outputs
-  // before the claim's release.
+  // Local path: the warp that ran a tile's split 0 combines it from shared memory (its TensorRefs are still in its
+  // slots: one descriptor per warp), then a barrier orders the outputs before the claim's release.
   const u32 ltodo = fin->ltodo;
   if (ltodo != 0) {  // block-uniform
     if (ltodo & (1u << warp)) {
       const u32 ri = (u32)((first + warp) % args.capacity);
       const u64 tf = tb ? globaltimer() : 0;
-      if (op_kind(sdesc[warp].op) == kKindMatmul)
-        mm_local_combine(sdesc[warp], wrefs, lane, &fin->local_part[warp][0], (const Program*)args.progs);
-      else attn_local_combine(sdesc[warp], wrefs, lane, ri, args.capacity, &fin->local_part[warp][0]);
+      attn_local_combine(sdesc[warp], wrefs, lane, ri, args.capacity, &fin->local_part[warp][0]);
       if (tb && lane == 0) trace_finish(tb, fin->note[warp].tslot, tf, globaltimer());
     }
     __syncthreads();
@@ -468,7 +464,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
     const u32 c0 = (u32)(((u64)start + idx) % args.capacity);
     for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
       FinishNote& n = fin->note[j];
-      n.counter = 0, n.expected = 0, n.head = 0, n.c0 = c0, n.ck = k;
+      n.counter = 0, n.expected = 0, n.head = 0, n.arrived = 0, n.c0 = c0, n.ck = k;
       n.tslot = tb ? item_slot(args.trace_records, resident != nullptr, seq, idx + j, (c0 + j) % args.capacity) : 0u;
       n.local = k <= nwarps && j < kMaxWarps ? fin->local_part[j] : nullptr;
       n.pro = fin->pro[j % nwarps];  // descriptor j runs on warp j % nwarps

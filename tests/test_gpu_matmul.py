@@ -112,7 +112,7 @@ def test_split_k_products_share_a_level_and_leave_the_scratch_clean(rt, dtype, l
 @pytest.mark.parametrize("case", ["mma_m1", "mma_m16", "ncol_m1"])
 def test_split_k_tiles_one_claim_holds_are_summed_in_shared_memory(rt, dtype, case):
     """K slices <= a block's warps and a partial that fits a shared-memory slot (kMmLocal): a tile whose slices one
-    claim holds whole is summed by the warp that ran slice 0 (mm_local_combine), with the bias; a product placed
+    claim holds whole is summed by the slice that finishes last (mm_finish_local), with the bias; a product placed
     after an odd number of sub-ops has tiles across two claims, which meet in the scratch as before. Both, with
     the same weight, equal torch; every output column is written (NaN start)."""
     layout, M = {"mma_m1": ("linear", 1), "mma_m16": ("linear", 16), "ncol_m1": ("rowmajor", 1)}[case]
