@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 
-def _run(*args, timeout=60):
-    return subprocess.run([sys.executable, *args], cwd=str(REPO), env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+def _run(*args, timeout=60, env=None):
+    return subprocess.run([sys.executable, *args], cwd=str(REPO), env={**ENV, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -563,12 +563,26 @@ def test_goals_and_speedup_table():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-@pytest.mark.parametrize("tool", ["matmul_host", "ew_paths"])
+@pytest.mark.parametrize("tool", ["matmul_host", "ew_paths", "sched_model_probe"])
 def test_gpu_measuring_tools_without_cuda_say_so(tool):
     """The device-only measuring tools (DEVELOPING *Next*) exit 0 with a message on a machine without a GPU."""
     res = _run(f"tools/{tool}.py")
     assert res.returncode == 0, res.stderr
     assert f"{tool}: no CUDA GPU" in res.stdout
+
+
+def test_sched_model_probe_on_the_cpu():
+    """tools/sched_model_probe.py's own check (PROBE_CPU=1: eager and the do-nothing mode on W7's Llama-small, on
+    the CPU): it counts the step's aten ops, times both configs and profiles the mode's run."""
+    pytest.importorskip("transformers")
+    res = _run("tools/sched_model_probe.py", timeout=300,
+               env={"PROBE_CPU": "1", "PROBE_STEPS": "2", "PROBE_RUNS": "1", "PROBE_TOP": "5"})
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    ops = float(out.split(" aten ops per step")[0].split()[-1])
+    assert ops > 100, out  # a decode step of 4 layers: a few hundred aten ops
+    assert "  eager " in out and "  noop_mode " in out and "us per aten op" in out, out
+    assert "by tottime" in out and "by cumulative" in out, out
 
 
 def test_matmul_sequences_compute_the_products():

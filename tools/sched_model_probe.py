@@ -1,0 +1,169 @@
+"""Where a Hugging Face decode step's time goes under the live scheduler (issue #16, acceptance 3: >= 1.0x eager).
+
+    python tools/sched_model_probe.py [label]      # on a GPU machine; default llama-small-fp16-sdpa-static
+    env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows)
+
+W7's model of that label (benchmarks/bench_models.py: random weights, teacher-forced tokens), the same steps in one
+process under each config; per config, medians over the runs of: the host time of one step (until the model's
+forward returned) and the whole run per step (synchronized at the end; the scheduler's exit flush included), and
+what each config adds per aten op of the step (counted once by a counting mode):
+  eager          no mode
+  noop_mode      a TorchDispatchMode that runs every op as it comes: PyTorch's cost of a Python mode written the
+                 usual way (a class method, which PyTorch wraps in a Dynamo-disable call per op)
+  noop_raw       the same bound as an instance attribute (no wrapper), as the scheduler binds its dispatch
+  sched          gpuos.scheduler_context(), the worker's matmul and attention off (matmuls / SDPA stay eager)
+  sched_worker   the same with both on (bench_models' gpuos_scheduler_worker)
+Then sched_worker's gpuos.stats() per step (intercepted ops, flushes by cause, launches, host publication time),
+and cProfile over one sched_worker run: the top functions by own time and by cumulative time -- the model's
+Python, the scheduler's Python handlers, PyTorch's mode machinery. (The C++ dispatch -- sched_dispatch -- is not a
+Python frame: it shows as the time of the frames that call into it.)
+PROBE_CPU=1 runs eager and noop_mode on the CPU (no gpuos): a check of the probe itself on a machine without a GPU.
+"""
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+import types as _types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from benchmarks import bench_models as BM  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+
+
+def _run_op(self, func, types, args=(), kwargs=None):
+    return func(*args, **(kwargs or {}))
+
+
+class NoopMode(TorchDispatchMode):
+    __torch_dispatch__ = _run_op
+
+
+class NoopRawMode(TorchDispatchMode):
+    """NoopMode without the Dynamo-disable wrapper PyTorch puts around a subclass's __torch_dispatch__ (an eval-frame
+    switch per op): bound as an instance attribute, as the scheduler binds its C++ sched_dispatch."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.__torch_dispatch__ = _types.MethodType(_run_op, self)
+
+
+class CountMode(TorchDispatchMode):
+    """NoopMode that counts the aten ops it sees."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_steps(d, cache, ctx, device: str) -> tuple:
+    """One run of d.steps teacher-forced steps inside ctx(): (median host us per step, us per step in all)."""
+    if d.spec.cache == "static":
+        BM.rewind_static(cache)
+    elif cache.get_seq_length() > BM.PROMPT:
+        cache.crop(BM.PROMPT - cache.get_seq_length())
+    host = []
+    sync(device)
+    t_all = time.perf_counter()
+    with torch.no_grad(), ctx():
+        for i in range(d.steps):
+            t0 = time.perf_counter()
+            BM.step_logits(d.model, d.forced[i], cache, d.positions[i], d.cache_kw)
+            host.append(time.perf_counter() - t0)
+    sync(device)
+    return statistics.median(host) * 1e6, (time.perf_counter() - t_all) / d.steps * 1e6
+
+
+def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
+    out = {}
+    for k in ("ops_intercepted", "front_ops", "submitted", "subops", "batches", "flushes", "publications",
+              "worker_launches", "gated_launches", "working_launches", "dma_batches", "early_publishes"):
+        if k in s1:
+            out[k] = round((s1[k] - s0.get(k, 0)) / steps, 2)
+    for k in ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns"):
+        if k in s1:
+            out[k.replace("_ns", "_us")] = round((s1[k] - s0.get(k, 0)) / steps / 1e3, 1)
+    for k in ("flushes_by_cause", "fallback_ops"):
+        if isinstance(s1.get(k), dict):
+            a = s0.get(k) or {}
+            out[k] = {n: round((v - a.get(n, 0)) / steps, 2) for n, v in s1[k].items() if v != a.get(n, 0)}
+    return out
+
+
+def profile(d, cache, ctx, device: str, top: int) -> str:
+    pr = cProfile.Profile()
+    pr.enable()
+    run_steps(d, cache, ctx, device)
+    pr.disable()
+    buf = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        buf.write(f"--- top {top} by {key} (one run of {d.steps} steps) ---\n")
+        pstats.Stats(pr, stream=buf).strip_dirs().sort_stats(key).print_stats(top)
+    return "\n".join(line[:200] for line in buf.getvalue().splitlines() if line.strip())
+
+
+def main() -> int:
+    label = sys.argv[1] if len(sys.argv) > 1 else "llama-small-fp16-sdpa-static"
+    steps, runs = int(os.environ.get("PROBE_STEPS", "16")), int(os.environ.get("PROBE_RUNS", "3"))
+    top = int(os.environ.get("PROBE_TOP", "25"))
+    cpu = os.environ.get("PROBE_CPU") == "1"
+    if not cpu and not torch.cuda.is_available():
+        print("sched_model_probe: no CUDA GPU here; nothing to measure (PROBE_CPU=1 checks the probe on the CPU)")
+        return 0
+    device = "cpu" if cpu else "cuda"
+    configs = {"eager": contextlib.nullcontext, "noop_mode": NoopMode, "noop_raw": NoopRawMode}
+    gpuos = None
+    if not cpu:
+        import gpuos
+        gpuos.init()
+
+        def sched(worker: bool):
+            @contextlib.contextmanager
+            def ctx():
+                with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context():
+                    yield
+            return ctx
+        configs |= {"sched": sched(False), "sched_worker": sched(True)}
+    case = BM.make_case(label, steps, device)
+    d = case.data
+    cache = BM._cached(case)
+    print(f"sched_model_probe {label}: {steps} steps per run, {runs} runs per config, device {device} "
+          f"({torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}), sdpa: {BM.SDPA_NOTE}")
+    counter = CountMode()
+    run_steps(d, cache, lambda: counter, device)
+    ops = counter.ops / steps
+    print(f"  {ops:.1f} aten ops per step (a counting TorchDispatchMode)")
+    totals = {}
+    for name, ctx in configs.items():
+        run_steps(d, cache, ctx, device)  # warm: first compiles, generations, allocator
+        res = [run_steps(d, cache, ctx, device) for _ in range(runs)]
+        host, total = statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
+        totals[name] = total
+        extra = f", {(total - totals['eager']) / ops:+.1f} us per aten op" if name != "eager" else ""
+        print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({totals['eager'] / total:.2f}x "
+              f"eager{extra})", flush=True)
+    if gpuos is not None:
+        s0 = gpuos.stats()
+        run_steps(d, cache, configs["sched_worker"], device)
+        print("sched_worker per step:", per_step_stats(s0, gpuos.stats(), steps))
+    print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
