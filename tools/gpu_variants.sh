@@ -16,6 +16,9 @@
 # the script's start, the builds included): a run starts only with RUN_MIN (default 60) s left, and is cut at the limit.
 # GV_DRY=1: apply and reverse each variant's patches, no build and no run (checks that they apply and that the
 # tree comes back; tests/test_cpu_gpu_variants.py).
+# GV_KEEP=NAME: that variant's .so, stripped, goes to $OUT/so/ for the next calls' CARRY_SO (tools/gpu_check.sh
+# tests1 / tests2: the GPU suite on the variant without a build), and the logs are packed into $OUT/logs.tgz at
+# the end -- the device tool returns at most 8 files, and a call's logs left the .so out (forty-first session).
 set -u
 T0=$(date +%s)
 LOGS=${OUT:-gpu_logs}
@@ -68,6 +71,21 @@ for i in "${!names[@]}"; do
 done
 [ "$(tree_sum)" = "$before" ] || { say "ERROR: the tree differs from before the variants"; exit 1; }
 [ -n "${GV_DRY:-}" ] && exit 0
+if [ -n "${GV_KEEP:-}" ]; then
+  if [ -d "$SO_DIR/$GV_KEEP" ]; then
+    mkdir -p "$LOGS/so" && cp "$SO_DIR/$GV_KEEP"/_gpuos_C*.so "$LOGS/so/" && strip -g "$LOGS/so/"_gpuos_C*.so &&
+      say "kept $GV_KEEP's .so in $LOGS/so/ (CARRY_SO)"
+  else
+    say "GV_KEEP=$GV_KEEP: no such variant"
+  fi
+fi
+# Everything under $LOGS but so/ into logs.tgz (GV_KEEP's calls: the .so must come back).
+pack_logs() {
+  local items
+  items=$(cd "$LOGS" && find . -mindepth 1 -maxdepth 1 ! -name so ! -name logs.tgz -printf "%P\n")
+  [ -z "$items" ] && return 0
+  (cd "$LOGS" && tar czf logs.tgz $items && rm -rf $items) && say "logs packed into $LOGS/logs.tgz"
+}
 # The last build leaves its .so in the root: every run below copies its variant's over it.
 so_name=$(basename "$(ls "$SO_DIR/${names[0]}"/_gpuos_C*.so)")
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -95,3 +113,5 @@ for c in "${!cmds[@]}"; do
     grep -E "$pick" "$log" | cut -c1-200 | head -12
   done
 done
+[ -n "${GV_KEEP:-}" ] && pack_logs
+exit 0
