@@ -154,13 +154,18 @@ def rewind_static(cache, length: int = PROMPT) -> None:
             n.fill_(length)
 
 
-def decode(d, cache, step=step_logits):
-    """STEPS teacher-forced steps from the prompt: (argmax per step, logits per step)."""
-    import torch
+def reset_cache(d, cache) -> None:
+    """Back to the prompt: a dynamic cache cropped to it, a static one's write position rewound to it."""
     if d.spec.cache == "dynamic" and cache.get_seq_length() > PROMPT:
         cache.crop(PROMPT - cache.get_seq_length())  # negative: drop that many tokens (every version takes it)
     if d.spec.cache == "static":
         rewind_static(cache)
+
+
+def decode(d, cache, step=step_logits):
+    """STEPS teacher-forced steps from the prompt: (argmax per step, logits per step)."""
+    import torch
+    reset_cache(d, cache)
     out = []
     with torch.no_grad():
         for i in range(d.steps):

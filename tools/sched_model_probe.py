@@ -73,10 +73,7 @@ def sync(device: str) -> None:
 
 def run_steps(d, cache, ctx, device: str) -> tuple:
     """One run of d.steps teacher-forced steps inside ctx(): (median host us per step, us per step in all)."""
-    if d.spec.cache == "static":
-        BM.rewind_static(cache)
-    elif cache.get_seq_length() > BM.PROMPT:
-        cache.crop(BM.PROMPT - cache.get_seq_length())
+    BM.reset_cache(d, cache)
     host = []
     sync(device)
     t_all = time.perf_counter()
@@ -90,19 +87,13 @@ def run_steps(d, cache, ctx, device: str) -> tuple:
 
 
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
-    out = {}
-    for k in ("ops_intercepted", "front_ops", "submitted", "subops", "batches", "flushes", "publications",
-              "worker_launches", "gated_launches", "working_launches", "dma_batches", "early_publishes"):
-        if k in s1:
-            out[k] = round((s1[k] - s0.get(k, 0)) / steps, 2)
-    for k in ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns"):
-        if k in s1:
-            out[k.replace("_ns", "_us")] = round((s1[k] - s0.get(k, 0)) / steps / 1e3, 1)
-    for k in ("flushes_by_cause", "fallback_ops"):
-        if isinstance(s1.get(k), dict):
-            a = s0.get(k) or {}
-            out[k] = {n: round((v - a.get(n, 0)) / steps, 2) for n, v in s1[k].items() if v != a.get(n, 0)}
-    return out
+    """bench_models' per-step figures of the scheduler, with the record and publication counters beside them."""
+    counters = [k for k in ("ops_intercepted", "front_ops", "subops", "flushes", "publications", "gated_launches",
+                            "working_launches", "dma_batches") if k in s0 and k in s1]
+    return {**BM.per_step_stats(s0, s1, steps), **BM.counts_per_step(s0, s1, steps, counters),
+            **{k[:-3] + "_us_per_step": round((s1[k] - s0[k]) / steps / 1e3, 1)
+               for k in ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns")
+               if k in s0 and k in s1}}
 
 
 def profile(d, cache, ctx, device: str, top: int) -> str:
