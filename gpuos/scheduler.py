@@ -36,6 +36,14 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
             aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.unbind.int,
             aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
 _HEAVY = _handler_base.HEAVY
+# Torch callables that only make views of their first argument (never a copy, no data read): the front runs them
+# below the dispatch modes when that argument is a plain CUDA tensor, no other argument holds a tensor and a
+# GpuosScheduler is the innermost mode (csrc/sched/dispatch.cpp view_of_plain_cuda). Tensor.split / unflatten are
+# Python methods over TensorBase's (the front sees those, not TensorBase's), so both kinds are in the set.
+_FRONT_VIEWS = list({f: None for name in ("view", "transpose", "t", "unsqueeze", "squeeze", "permute", "expand",
+                                          "unbind", "split", "chunk", "select", "unflatten", "swapaxes")
+                     for f in (getattr(torch._C.TensorBase, name, None), getattr(torch.Tensor, name, None),
+                               getattr(torch, name, None)) if f is not None})
 
 
 class _Stats:
@@ -448,6 +456,7 @@ def _refresh_user_handlers() -> None:
         _USER_KEYS.add(ov)
     _ext.sched_set_fast({ov: spec for ov, spec in _FAST.items() if ov not in _USER_KEYS})
     _ext.sched_set_front(_front_table(), GpuosScheduler)
+    _ext.sched_set_nodata([ov for ov in _NO_DATA if ov not in _HANDLERS], _FRONT_VIEWS)
 
 
 def _front_table() -> dict:
@@ -469,6 +478,7 @@ def _front_table() -> dict:
 
 _ext.sched_set_fast(_FAST)
 _ext.sched_set_front(_front_table(), GpuosScheduler)
+_ext.sched_set_nodata([ov for ov in _NO_DATA if ov not in _HANDLERS], _FRONT_VIEWS)
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,

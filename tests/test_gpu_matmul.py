@@ -33,6 +33,13 @@ def _b(layout, K, N, dtype, g):
     return torch.randn(2 * K, 2 * N, generator=g, device=DEV).to(dtype)[::2, ::2]
 
 
+def _live_items():
+    """The K-slice budget of a product recorded outside a capture, as the runtime read it (GPUOS_MM_ITEMS_LIVE;
+    0: GPUOS_MM_ITEMS): the cut submit_matmul's products get (a program's image cuts with GPUOS_MM_ITEMS)."""
+    c = gpuos_ext.config()
+    return int(c["GPUOS_MM_ITEMS_LIVE"]) or int(c["GPUOS_MM_ITEMS"])
+
+
 def _check(out, a, b, bias=None, alpha=1.0, beta=1.0):
     ref = alpha * (a.float() @ b.float())
     if bias is not None:
@@ -119,7 +126,7 @@ def test_split_k_tiles_one_claim_holds_are_summed_in_shared_memory(rt, dtype, ca
     N, K = (2048, 4096) if layout == "linear" else (512, 64)
     tw = 16 if layout == "linear" else 64          # the ncol1 item's 64-column tiles at M = 1
     variant = 1 if layout == "linear" else 3
-    ks = gpuos_ext._testing.matmul_split(-(-N // tw), K, M, variant, 4096)
+    ks = gpuos_ext._testing.matmul_split(-(-N // tw), K, M, variant, 4096, items=_live_items())
     assert ks > 1 and gpuos_ext._testing.matmul_local(ks, M, variant), ks
     dt = DTYPES[dtype]
     g = torch.Generator(device=DEV).manual_seed(M + K)
@@ -145,7 +152,7 @@ def test_independent_products_of_a_level_share_the_grid(rt, dtype, M):
     N, K = 512, 4096  # 8 x 512 items alone: one flush of the 4,096-slot ring
     dt = DTYPES[dtype]
     g = torch.Generator(device=DEV).manual_seed(40 + M)
-    ks_alone = gpuos_ext._testing.matmul_split(N // 16, K, M, 1, 8192)
+    ks_alone = gpuos_ext._testing.matmul_split(N // 16, K, M, 1, 8192, items=_live_items())
     assert ks_alone > 2, ks_alone
     layouts = ["linear"] * 6 + ["rowmajor"] * 2
     a = [torch.randn(M, K, generator=g, device=DEV).to(dt) for _ in layouts]

@@ -168,6 +168,25 @@ def test_wrap_captures_per_signature_and_bounds_its_cache(rt):
     assert w.info()["cached"] == 2
 
 
+def test_wrap_replays_a_signature_hit_through_the_cpp_call(rt, monkeypatch):
+    """Sizes that alternate (W6's loop): a call whose signature is cached but is not the last call's program takes
+    that program's C++ call (gpuos_ext.ProgramCall), not the Python replay path (``Program._run``); results equal
+    eager and no capture repeats."""
+    w = gpuos.wrap(lambda a, b: torch.sigmoid(torch.relu(a + b) * 2.0), cache_size=4)
+    xs = {n: (torch.randn(n, device=DEV), torch.randn(n, device=DEV)) for n in (1024, 1280, 1536)}
+    for n in xs:  # captures
+        w(*xs[n])
+    assert all(p.info()["fast_call"] for p in w.programs.values())
+    runs = []
+    real_run = gpuos.programs.Program._run
+    monkeypatch.setattr(gpuos.programs.Program, "_run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    for i in range(12):
+        n = (1024, 1280, 1536)[(2 * i) % 3]
+        a, b = xs[n]
+        torch.testing.assert_close(w(a, b), torch.sigmoid(torch.relu(a + b) * 2.0))
+    assert w.captures == 3 and not runs, f"{len(runs)} of 12 calls took the Python replay path"
+
+
 @contextlib.contextmanager
 def worker_tasks_on():
     """The worker's matmul and attention tasks on (restored after)."""

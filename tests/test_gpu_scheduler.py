@@ -643,6 +643,50 @@ def test_front_hands_on_what_others_must_see(rt):
     assert_close(big, x * 3, rtol=0, atol=0)
 
 
+def test_front_runs_views_of_plain_cuda_tensors_below_the_modes(rt):
+    """Views of a plain CUDA tensor (Tensor.view, t, transpose, unsqueeze, permute, expand, select, split, chunk,
+    unbind, unflatten, swapaxes, squeeze) under the scheduler run below the dispatch modes (csrc/sched/dispatch.cpp
+    view_of_plain_cuda): a mode entered before the scheduler does not see them, nothing flushes, and views of a
+    deferred result read its values. A view given as an aten overload still goes through the modes (the
+    dispatch path's no-data set runs it without a flush)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.funcs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.funcs.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = randn(4, 6)
+    seen = Seen()
+    with seen, gpuos.scheduler_context(auto_flush_ms=0):
+        y = x * 2  # deferred
+        f0 = gpuos.stats()["flushes"]
+        views = [y.view(6, 4), y.t(), y.transpose(0, 1), torch.transpose(y, 0, 1), y.unsqueeze(0),
+                 torch.unsqueeze(y, 1), y.permute(1, 0), y.expand(2, 4, 6), y.select(0, 1), *y.split(2),
+                 *torch.chunk(y, 2, dim=1), *y.unbind(0), y.unflatten(1, (2, 3)), y.swapaxes(0, 1),
+                 y.unsqueeze(0).squeeze(0)]
+        assert gpuos.stats()["flushes"] == f0, "a view flushed"
+        below = list(seen.funcs)
+        v2 = torch.ops.aten.view.default(y, [6, 4])  # the dispatch path
+        assert gpuos.stats()["flushes"] == f0, "aten.view flushed"
+        w = views[0] + 1  # recorded on a view of a deferred result
+    assert not below, f"the outer mode saw {below}"
+    assert "view" in seen.funcs
+    ref = x * 2
+    expect = [ref.view(6, 4), ref.t(), ref.t(), ref.t(), ref.unsqueeze(0), ref.unsqueeze(1), ref.t(),
+              ref.expand(2, 4, 6), ref[1], *ref.split(2), *ref.chunk(2, dim=1), *ref.unbind(0),
+              ref.unflatten(1, (2, 3)), ref.t(), ref]
+    assert len(views) == len(expect)
+    for got, want in zip(views, expect):
+        assert_close(got, want, rtol=0, atol=0)
+    assert_close(v2, ref.view(6, 4), rtol=0, atol=0)
+    assert_close(w, ref.view(6, 4) + 1, rtol=0, atol=0)
+
+
 def test_front_under_inference_mode_and_with_grad_inputs(rt):
     w = randn(500).requires_grad_(True)
     x = randn(500)

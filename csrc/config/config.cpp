@@ -38,6 +38,7 @@ EnvConfig read_env() {
   read_u32("GPUOS_DMA_MIN", c.dma_min);
   read_u32("GPUOS_DMA_LEVELS", c.dma_levels);
   read_u32("GPUOS_MM_ITEMS", c.mm_items);
+  read_u32("GPUOS_MM_ITEMS_LIVE", c.mm_items_live);
   read_u32("GPUOS_HOME_LEVELS", c.home_levels);
   read_u32("GPUOS_ATTN_MIN_ROWS", c.attn_min_rows);
   read_u32("GPUOS_HANDOVER_QUEUE", c.handover_queue);
@@ -107,6 +108,7 @@ std::string describe_env_config() {
          "\nGPUOS_TIMEOUT_S=" + num(c.timeout_s) + "\nGPUOS_TRACE=" + std::to_string(c.trace_records) +
          "\nGPUOS_DMA_MIN=" + std::to_string(c.dma_min) +
          "\nGPUOS_DMA_LEVELS=" + std::to_string(c.dma_levels) + "\nGPUOS_MM_ITEMS=" + std::to_string(c.mm_items) +
+         "\nGPUOS_MM_ITEMS_LIVE=" + std::to_string(c.mm_items_live) +
          "\nGPUOS_MM_SPREAD=" + (c.mm_spread ? "1" : "0") +
          "\nGPUOS_ATTN_MIN_ROWS=" + std::to_string(c.attn_min_rows) +
          "\nGPUOS_LOCAL_COMBINE=" + (c.local_combine ? "1" : "0") +

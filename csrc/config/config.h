@@ -21,6 +21,8 @@ struct EnvConfig {
   uint32_t dma_min = 128;         // GPUOS_DMA_MIN: levels of >= this many descriptors go by copy engine
   uint32_t dma_levels = 4;        // GPUOS_DMA_LEVELS: flushes of >= this many levels go by one copy (0: never)
   uint32_t mm_items = 1024;       // GPUOS_MM_ITEMS: about this many items per worker matmul (K slices; <= 1: none)
+  uint32_t mm_items_live = 512;   // GPUOS_MM_ITEMS_LIVE: the same for a product recorded outside a capture (its
+                                  // descriptors copied per publication; 0: mm_items)
   bool mm_spread = true;          // GPUOS_MM_SPREAD=0: a level's split products keep the cut each got alone (the
                                   // A/B of core/matmul_plan.h level_cut / spread_level)
   uint32_t attn_min_rows = 64;    // GPUOS_ATTN_MIN_ROWS: fewest kv positions per KV split of decode attention

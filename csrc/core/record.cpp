@@ -315,8 +315,8 @@ void Runtime::record_matmul(const Operand& out, const TensorRef& out_ref, const 
     const int64_t tw = mm_cols(variant);
     const int64_t ntile = (N + tw - 1) / tw;
     const uint32_t warps = cfg_.threads_per_block / 32;
-    MmCut cut = matmul_cut(ntile, K, M, variant, cfg_.capacity, cfg_.mm_items, warps, burst_grid_ * warps,
-                           cfg_.local_combine);
+    MmCut cut = matmul_cut(ntile, K, M, variant, cfg_.capacity, tape_ ? cfg_.mm_items : cfg_.mm_items_live, warps,
+                           burst_grid_ * warps, cfg_.local_combine);
     // The level's products so far share the grid with it (core/matmul_plan.h). Should append_tiles find the ring
     // full and flush first, the product was cut for the level it leaves: fewer slices, never more.
     if (cfg_.mm_spread) {

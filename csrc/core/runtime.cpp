@@ -24,6 +24,7 @@ Config config_from_env() {
   c.dma_min = e.dma_min;
   c.dma_levels = e.dma_levels;
   c.mm_items = e.mm_items;
+  c.mm_items_live = e.mm_items_live ? e.mm_items_live : e.mm_items;
   c.mm_spread = e.mm_spread;
   c.attn_min_rows = e.attn_min_rows;
   c.local_combine = e.local_combine;

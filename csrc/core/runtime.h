@@ -56,6 +56,11 @@ struct Config {
   // program is ~100 such levels per decode step). 0: never.
   uint32_t dma_levels = 4;
   uint32_t mm_items = 1024;  // K slices of worker matmuls: about this many items per product (env GPUOS_MM_ITEMS)
+  // ... for a product recorded outside a capture (env GPUOS_MM_ITEMS_LIVE): a live flush copies its descriptors and
+  // publishes each level as it is recorded, ~35 us of host per 4,096^2 product at 1,024 items, ~17-24 at 512 (GPU
+  // 30.6-32.9 against 36.1-40.4 us), while a program's image pays no copy and runs 1,024 faster (24.8 against 27.6
+  // us; tools/matmul_host.py MH_ITEMS, H200, forty-first session).
+  uint32_t mm_items_live = 512;
   bool mm_spread = true;     // a level's products share those items (level_cut; env GPUOS_MM_SPREAD)
   uint32_t attn_min_rows = 64;  // fewest kv positions per KV split of decode attention (env GPUOS_ATTN_MIN_ROWS)
   // A split tile that one claim holds whole is combined in shared memory, without global partials, counter or

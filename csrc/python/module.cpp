@@ -297,6 +297,10 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("sched_set_fast", &sched_set_fast, py::arg("table"),
         "Replace sched_dispatch's table {OpOverload: (op_id, mode, nin, d0, d1, scalars, number_ok)}; scalars: 0 "
         "none, 1 alpha, 2 rounding_mode must be None.");
+  m.def("sched_set_nodata", &sched_set_nodata, py::arg("overloads"), py::arg("front_views"),
+        "Replace the calls that read no tensor data: overloads sched_dispatch runs at once (views, metadata, "
+        "allocation), and torch callables sched_function runs below the dispatch modes (views of plain CUDA "
+        "tensors).");
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });

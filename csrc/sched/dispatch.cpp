@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ops/op_table.h"
 #include "sched/deferred.h"
@@ -107,6 +108,22 @@ bool read_threshold(PyObject* sched, int64_t& thr) {
   return !(thr == -1 && PyErr_Occurred());
 }
 
+// Calls that read no tensor data, run at once without the scheduler's Python (sched_set_nodata): in sched_dispatch the
+// overloads of gpuos/scheduler.py's _NO_DATA that no handler took (views, metadata, allocation: GpuosScheduler._eager
+// runs them as they come, after two Python frames), in sched_function the view callables (Tensor.view, transpose,
+// ...) below the dispatch modes: a view under a dispatch mode costs PyTorch's boxing and a Python call (~3-4 us per
+// op on the CPU machine, forty-first session), ~150-220 of them per step of a small HF decoder.
+using KeySet = std::unordered_set<PyObject*>;  // keys: strong references
+KeySet g_nodata, g_front_views;
+
+void set_key_set(KeySet& dst, py::iterable keys) {
+  KeySet t;
+  for (auto k : keys) t.insert(k.ptr());
+  for (PyObject* k : t) Py_INCREF(k);
+  for (PyObject* k : dst) Py_DECREF(k);
+  dst.swap(t);
+}
+
 // sched_dispatch(mode, func, types, args=(), kwargs=None)
 PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
   const SchedNames& nm = names();
@@ -116,6 +133,8 @@ PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* func = a[1];
   PyObject* args = n > 3 ? a[3] : nullptr;
   PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
+  if (args && PyTuple_Check(args) && (!kwargs || PyDict_Check(kwargs)) && g_nodata.count(func))
+    return PyObject_Call(func, args, kwargs);  // reads no data: no flush, nothing to record
   auto it = g_fast.find(func);
   if (it == g_fast.end() || !args || !PyTuple_Check(args) || (kwargs && !PyDict_Check(kwargs)))
     return call_mode(mode, s_py, a + 1, (size_t)n - 1);
@@ -224,6 +243,31 @@ bool plain_cuda_tensor(PyObject* o) {
   return ks.has(c10::DispatchKey::CUDA) && (ks & allowed) == ks;
 }
 
+// A view call whose only tensor is its first argument, a plain CUDA tensor: its other arguments (dims, sizes, a
+// dtype) hold no tensor -- a tensor there (narrow's start, a size given as a tensor) would have its value read on
+// the host, which must wait for the deferred ops that write it (the dispatch path's flush).
+bool view_of_plain_cuda(PyObject* args, PyObject* kwargs) {
+  auto has_tensor = [](PyObject* o) {
+    if (THPVariable_Check(o)) return true;
+    if (PyList_Check(o) || PyTuple_Check(o)) {
+      PyObject* seq = o;
+      const Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+      for (Py_ssize_t j = 0; j < m; ++j)
+        if (THPVariable_Check(PySequence_Fast_GET_ITEM(seq, j))) return true;
+    }
+    return false;
+  };
+  const Py_ssize_t na = PyTuple_GET_SIZE(args);
+  if (na < 1 || !plain_cuda_tensor(PyTuple_GET_ITEM(args, 0))) return false;
+  for (Py_ssize_t i = 1; i < na; ++i)
+    if (has_tensor(PyTuple_GET_ITEM(args, i))) return false;
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (kwargs && PyDict_Next(kwargs, &pos, &k, &v))
+    if (has_tensor(v)) return false;
+  return true;
+}
+
 // sched_function(front, func, types, args=(), kwargs=None)
 PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject *s_alpha = names().alpha, *s_rmode = names().rmode;
@@ -231,6 +275,14 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* func = a[1];
   PyObject* args = n > 3 ? a[3] : nullptr;
   PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
+  if (args && PyTuple_Check(args) && (!kwargs || PyDict_Check(kwargs)) && g_front_views.count(func) &&
+      view_of_plain_cuda(args, kwargs) && front_scheduler() != nullptr) {
+    // A view of a plain CUDA tensor under a GpuosScheduler: below the dispatch modes (its _eager would run it as it
+    // comes: no data read, no flush). Another tensor argument, another mode or autocast: the path below.
+    c10::impl::ExcludeDispatchKeyGuard no_modes(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    return PyObject_Call(func, args, kwargs);
+  }
   auto it = g_front.find(func);
   PyObject* sched = nullptr;
   if (it != g_front.end() && args && PyTuple_Check(args) && PyTuple_GET_SIZE(args) == (Py_ssize_t)it->second.nin &&
@@ -299,6 +351,10 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
 // Publish every device's deferred ops (cause counted). Returns the raw streams published on.
 
 void sched_set_fast(py::dict table) { set_spec_table(g_fast, table, "sched_set_fast"); }
+void sched_set_nodata(py::iterable overloads, py::iterable front_views) {
+  set_key_set(g_nodata, overloads);
+  set_key_set(g_front_views, front_views);
+}
 std::vector<std::string> sched_fast_ops() { return spec_table_names(g_fast); }
 std::vector<std::string> sched_front_ops() { return spec_table_names(g_front); }
 

@@ -13,6 +13,7 @@ namespace gpuos {
 PyObject* sched_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n);
 PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n);
 void sched_set_fast(pybind11::dict table);
+void sched_set_nodata(pybind11::iterable overloads, pybind11::iterable front_views);
 void sched_set_front(pybind11::dict table, pybind11::object sched_type);
 std::vector<std::string> sched_fast_ops();
 std::vector<std::string> sched_front_ops();
