@@ -19,6 +19,11 @@
   call staging entry by entry), median of calls each started on an idle GPU; small programs and W7's llama-small /
   gpt2-small static decode steps.
 
+* callcost: a call's fixed cost (forty-second session): programs of k mean-subtract rounds on a 16 x 256 tensor
+  (k = 0: a fused elementwise chain), one call then a device sync (its latency: a resident worker's idle timeout
+  is in it), and 1,000 calls back to back (us per call; the host's per-call p10 / p50 / p90 -- a p90 near
+  GPUOS_IDLE_US is the host blocked in a standby launch while the resident worker waits out its idle time; the
+  spans between CUDA events recorded between calls); launches per call; the CUDA graph of k = 1 / 8.
 * loop: W5's block called back to back as bench_mlp's loop does (outputs kept or dropped; one doorbell per run
   or per level): us per call until a device sync / the stream's last event, host us per call, stats per call.
 
@@ -384,8 +389,63 @@ def loop_probe():
         out({"probe": "loop", "size": size, "cudagraph_us_per_call": round(gpu_us(g.replay, reps=1000), 1)})
 
 
+def _q(v, p):
+    v = sorted(v)
+    return round(v[min(len(v) - 1, int(p * len(v)))], 1)
+
+
+def callcost_probe():
+    x = torch.randn(16, 256, device="cuda")
+
+    def rounds(k):
+        def f(t):
+            for _ in range(k):
+                t = (t - t.mean(-1, keepdim=True)) * 0.5
+            return t
+        return f if k else (lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0))
+    for k in (0, 1, 2, 4, 8):
+        f = rounds(k)
+        prog = gpuos.capture(f, x)
+        torch.testing.assert_close(prog(x), f(x), rtol=1e-4, atol=1e-5)
+        for _ in range(50):
+            prog(x)
+        torch.cuda.synchronize()
+        single = []
+        for _ in range(200):
+            t = time.perf_counter()
+            prog(x)
+            torch.cuda.synchronize()
+            single.append((time.perf_counter() - t) * 1e6)
+        n = 1000
+        evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        host = []
+        s0 = gpuos.stats()
+        t0 = time.perf_counter()
+        for i in range(n):
+            evs[i].record()
+            t = time.perf_counter()
+            prog(x)
+            host.append((time.perf_counter() - t) * 1e6)
+        evs[n].record()
+        th = time.perf_counter()
+        torch.cuda.synchronize()
+        td = time.perf_counter()
+        s1 = gpuos.stats()
+        span = [evs[i].elapsed_time(evs[i + 1]) * 1e3 for i in range(n)]
+        out({"probe": "callcost", "rounds": k, "levels": prog.info()["levels"], "single_call_us": _q(single, .5),
+             "back_to_back_us": round((td - t0) * 1e6 / n, 1), "host_us": round((th - t0) * 1e6 / n, 1),
+             "host_p10_p50_p90": [_q(host, .1), _q(host, .5), _q(host, .9)],
+             "span_p10_p50_p90": [_q(span, .1), _q(span, .5), _q(span, .9)],
+             **{key: round((s1[key] - s0[key]) / n, 3) for key in ("worker_launches", "working_launches")}})
+    for k in (1, 8):
+        f = rounds(k)
+        g = graph_of(lambda: f(x))
+        out({"probe": "callcost", "rounds": k, "cudagraph_us": round(gpu_us(g.replay, reps=1000), 1)})
+
+
 PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
-          "mix": mix_probe, "hf": hf_probe, "host": host_probe, "loop": loop_probe}
+          "mix": mix_probe, "hf": hf_probe, "host": host_probe, "loop": loop_probe,
+          "callcost": callcost_probe}
 
 
 def main(names=tuple(PROBES)):
