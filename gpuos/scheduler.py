@@ -454,6 +454,12 @@ def _refresh_user_handlers() -> None:
             continue  # an aten name torch does not have: nothing to intercept
         _HANDLERS[ov] = _user_handler(row["id"], row["arity"])
         _USER_KEYS.add(ov)
+    _push_tables()
+
+
+def _push_tables() -> None:
+    """The C++ dispatch's tables (sched/dispatch.cpp): the fast overloads and the front's callables no user handler
+    took, and the no-data overloads no handler took."""
     _ext.sched_set_fast({ov: spec for ov, spec in _FAST.items() if ov not in _USER_KEYS})
     _ext.sched_set_front(_front_table(), GpuosScheduler)
     _ext.sched_set_nodata([ov for ov in _NO_DATA if ov not in _HANDLERS], _FRONT_VIEWS)
@@ -476,9 +482,7 @@ def _front_table() -> dict:
     return table
 
 
-_ext.sched_set_fast(_FAST)
-_ext.sched_set_front(_front_table(), GpuosScheduler)
-_ext.sched_set_nodata([ov for ov in _NO_DATA if ov not in _HANDLERS], _FRONT_VIEWS)
+_push_tables()
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
