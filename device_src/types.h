@@ -227,7 +227,7 @@ struct WorkerArgs {
   u64 refs;       // TensorRef* arena (device pointer of the pinned block) that descriptors point into
   u64 refs_dev;   // its device-memory mirror: batches flagged kReadyDevRing read their TensorRefs here
   u64 scratch;    // float[(capacity + kMmMaxSplit) * kMmScratchPerSlot], zeroed: split-K matmul partials
-  u32 handover;   // standby launches queued behind this one at which it leaves once idle and covered (0: never)
+  u32 handover;   // standby launches queued behind this one at which it leaves once idle (0: never)
   u32 trace_records;  // TraceBuf::per_block when tracing (a copy in the kernel's parameters: a traced item must
                       // not read the mapped host block after its last timestamp -- ~1,000 such reads at once
                       // stretched every claim's tail by 10-20 us, thirty-seventh session)

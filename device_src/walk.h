@@ -174,12 +174,14 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
   if (!want_yield && idle != 0 && args.handover != 0) {
     // Every publication behind busy stream work (each call of a program loop: the previous call's stream wait)
     // queues a standby launch behind this resident worker, gated on its last ready word; they cannot start while
-    // it runs. With args.handover (Config::handover_queue) of them queued and the newest covering the batch this worker waits for, leave
-    // now instead of after idle_ns: otherwise the side stream's queue fills, the host blocks in cuLaunchKernel
-    // and every call waits out the idle timeout (W5's loop: ~240 us per call, fifteenth session). Leaving
-    // covered is always allowed (the exit path below re-checks it after the Dekker handshake).
+    // it runs. With args.handover (Config::handover_queue) of them queued, leave once idle instead of after
+    // idle_ns: the exit path below still stays while a published batch is neither run nor covered by a later
+    // standby. Requiring the newest standby to cover the batch this worker waits for (before the forty-second
+    // session) never held in a loop that runs ahead of the GPU: the host blocked in cuLaunchKernel after ~7
+    // queued launches, before publishing that batch, and every ~7 calls waited out the idle time (a one-level
+    // program: 57-61 us per call back to back at GPUOS_IDLE_US=200 and any handover queue, 31 us at 20; H200).
     const u64 sb = ld_vol64(&hc->standby);
-    if ((int)((u32)(sb >> 32) - args.gen) >= (int)args.handover && (int)((u32)sb - next) >= 0) idle = 0;
+    if ((int)((u32)(sb >> 32) - args.gen) >= (int)args.handover) idle = 0;
   }
   if (!want_yield && globaltimer() - p.t_idle < idle) return kCmdRun;
   // Dekker handshake: announce exit, then re-read what the host has published. The host stores

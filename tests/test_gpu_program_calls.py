@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 
 import gpuos
 import gpuos_ext
+from _helpers import describe, run_python
 
 from test_gpu_programs import decode_block, random_case, worker_tasks_on
 
@@ -307,3 +308,40 @@ def test_cpp_call_leaves_other_cases_to_the_python_path(rt):
     kw = gpuos.capture(lambda a, s=2.0: a * s, x, s=3.0)
     assert not kw.info()["fast_call"]
     torch.testing.assert_close(kw(y, s=3.0), y * 3.0)
+
+
+def test_back_to_back_calls_do_not_wait_out_the_idle_time():
+    """Program calls back to back run ahead of the device: each queues a gated standby launch behind the resident
+    worker, and the host blocks in cuLaunchKernel once several are queued. An idle worker with a standby queued
+    behind it leaves at once (device_src/walk.h poll_step), not after idle_us. This is tools/program_probe.py
+    callcost's first row, with every worker idling idle_us (200 us): before the fix (it needed the newest standby
+    to cover the batch the worker waited for), every ~7th call's host time held one idle timeout, p90 263 us; with
+    it 61-71 us (H200, forty-third session). At an idle time of 20 ms the old rule did not show (300 calls passed
+    under 0.3 s on the old build), so the test measures at the default."""
+    r = run_python('''
+        import time, torch, gpuos
+        gpuos.init()
+        x = torch.randn(16, 256, device="cuda")
+        f = lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0)
+        prog = gpuos.capture(f, x)
+        for _ in range(50):
+            prog(x)
+        torch.cuda.synchronize()
+        s0 = gpuos.stats()
+        host, outs = [], []
+        for _ in range(1000):
+            t = time.perf_counter()
+            outs.append(prog(x))
+            host.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+        ref = f(x)
+        assert all(torch.allclose(o, ref) for o in outs)
+        host.sort()
+        print("RESULT", host[900] * 1e6, gpuos.stats()["gated_launches"] - s0["gated_launches"])
+    ''', env_extra={"GPUOS_IDLE_US": "200", "GPUOS_PROGRAM_IDLE_US": "-1"}, timeout=300)
+    assert r.returncode == 0, describe(r)
+    p90, gated = [float(v) for v in r.stdout.split("RESULT")[1].split()[:2]]
+    if gated < 500:
+        pytest.skip(f"the loop did not run ahead of this device ({gated:.0f} gated launches in 1,000 calls)")
+    assert p90 < 150, (f"1,000 calls back to back: host p90 {p90:.0f} us with {gated:.0f} standbys queued: "
+                       "idle workers waited out idle_us (200 us) instead of leaving to the queued standby")

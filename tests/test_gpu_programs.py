@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import gpuos
+from _helpers import describe, run_python
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -324,3 +325,38 @@ def test_hf_static_decode_program_equals_eager(rt, label):
         assert B.token_mismatches(toks, case.ref[0], case.ref[1], case.tol) == [], (toks, case.ref[0])
         torch.testing.assert_close(logits, case.ref[1], **case.tol)
     assert prep.extra["segments_per_step"] >= 1 and prep.extra["subops_per_step"] > 0
+
+
+def test_a_program_calls_worker_idles_program_idle_us():
+    """A worker a program call launches idles GPUOS_PROGRAM_IDLE_US (20 us), a live flush's idle_us: a device sync
+    waits for the resident worker's exit (DESIGN F3), so with idle_us at 20 ms one call then a sync takes far less
+    than 20 ms, and one live flush then a sync at least 20 ms. (Every call paid idle_us before: one small call then
+    a sync took ~250 us at the default 200, ~67 us at 20; H200, forty-second session.)"""
+    r = run_python('''
+        import statistics, time, torch, gpuos, gpuos_ext
+        gpuos.init()
+        assert gpuos_ext.config()["GPUOS_PROGRAM_IDLE_US"] == "20", gpuos_ext.config()
+        x = torch.randn(16, 256, device="cuda")
+        prog = gpuos.capture(lambda t: t * 2.0 + 1.0, x)
+        torch.cuda.synchronize()  # the capture's own worker (a live flush: idle_us) leaves
+        lat = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            y = prog(x)
+            torch.cuda.synchronize()
+            lat.append(time.perf_counter() - t0)
+        torch.testing.assert_close(y, x * 2.0 + 1.0)
+        a = torch.randn(1000, device="cuda")
+        out = torch.empty_like(a)
+        t0 = time.perf_counter()
+        gpuos.submit_add(a, a, out)
+        gpuos.flush()
+        torch.cuda.synchronize()
+        live = time.perf_counter() - t0
+        torch.testing.assert_close(out, a + a)
+        print("RESULT", statistics.median(lat), live)
+    ''', env_extra={"GPUOS_IDLE_US": "20000"}, timeout=300)
+    assert r.returncode == 0, describe(r)
+    call, live = [float(v) for v in r.stdout.split("RESULT")[1].split()[:2]]
+    assert call < 0.01, f"one program call then a sync took {call * 1e3:.1f} ms: its worker idled idle_us (20 ms)"
+    assert live >= 0.019, f"a live flush then a sync took {live * 1e3:.1f} ms: its worker should idle idle_us (20 ms)"

@@ -11,6 +11,7 @@ struct EnvConfig {
   // Runtime (init() arguments win where given): 0 / empty = the built-in default.
   uint32_t worker_blocks = 0;     // GPUOS_WORKER_BLOCKS: persistent grid (0: about a quarter of the SMs)
   double idle_us = -1.0;          // GPUOS_IDLE_US (< 0: init()'s argument)
+  double program_idle_us = 20.0;  // GPUOS_PROGRAM_IDLE_US: the same for a worker a program call launches (< 0: idle_us)
   uint32_t burst_min = 2048;      // GPUOS_BURST_MIN: flushes of >= this many sub-ops launch on the burst grid
   uint32_t burst_blocks = 0;      // GPUOS_BURST_BLOCKS (0: every SM)
   uint32_t publish_min = 1024;    // GPUOS_PUBLISH_MIN: publish during recording after this many sub-ops
@@ -34,7 +35,7 @@ struct EnvConfig {
                                   // instead of running as their prologue (sched/prologue.cpp; the A/B)
   uint32_t home_levels = 1;       // GPUOS_HOME_LEVELS: a program level's home blocks per claim (core/tape.cpp
                                   // piece_homes); 0: every block claims every level (no homes; the A/B)
-  uint32_t handover_queue = 8;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind a covered idle worker at
+  uint32_t handover_queue = 1;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind an idle worker at
                                   // which it leaves at once (walk.h poll_step; 0: only after idle_us)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)
   uint32_t ptxas_opt = 1;        // GPUOS_PTXAS_OPT: ptxas -O level of every NVRTC compile (0..3; compile time vs code)

@@ -474,7 +474,8 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   args.ring_dev = ring_dev_;
   args.capacity = cfg_.capacity;
   args.gen = ++launches_;
-  args.idle_ns = (uint64_t)(cfg_.idle_us * 1000.0);
+  args.idle_ns = (uint64_t)((program_launches_ && cfg_.program_idle_us >= 0 ? cfg_.program_idle_us : cfg_.idle_us) *
+                            1000.0);
   args.progs = progs_d_;
   args.trace = trace_d_;
   args.trace_records = trace_d_ ? cfg_.trace_records : 0u;

@@ -15,6 +15,7 @@ Config config_from_env() {
   Config c;
   c.worker_blocks = e.worker_blocks;
   if (e.idle_us >= 0) c.idle_us = e.idle_us;
+  c.program_idle_us = e.program_idle_us;
   c.burst_min = e.burst_min;
   c.burst_blocks = e.burst_blocks;
   c.publish_min = e.publish_min;

@@ -48,6 +48,10 @@ struct Config {
   // GPUOS_JOIN_LEVELS=0: off.)
   bool join_levels = true;
   double idle_us = 200.0;          // worker exits after this long with nothing published
+  // ... when a program call launched it (< 0: idle_us). A device sync waits for a resident worker's exit: one small
+  // program call then torch.cuda.synchronize() took ~250 us at 200, ~67 us at 20, and calls back to back 57-61 /
+  // 31 us (H200, forty-second session, tools/program_probe.py callcost); a live flush's worker keeps idle_us.
+  double program_idle_us = 20.0;
   double timeout_s = 60.0;         // every GPU wait
   uint32_t trace_records = 0;      // > 0: claim trace, this many records per block (env GPUOS_TRACE)
   uint32_t dma_min = 128;          // levels of >= this many descriptors reach the device by one async copy
@@ -70,7 +74,7 @@ struct Config {
   // A program's levels get home blocks (ProgLevel::home): every level of one kind of work on the same few SMs, whose
   // instruction caches keep its code; this many blocks per claim of the level (env GPUOS_HOME_LEVELS; 0: off).
   uint32_t home_levels = 1;
-  uint32_t handover_queue = 8;  // queued standby launches at which a covered idle worker leaves (GPUOS_HANDOVER_QUEUE)
+  uint32_t handover_queue = 1;  // queued standby launches at which an idle worker leaves (GPUOS_HANDOVER_QUEUE)
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
@@ -242,6 +246,12 @@ class Runtime {
   void prepare_image(TapeImage& im, uint64_t resident);
   void replay_image(TapeImage& im, const Reloc& rel);
   void note_call_ns(uint64_t ns) { st_.program_call_ns += ns; }  // sched/program.cpp ProgramCall (under mu)
+  // While one lives (a program call's replay and flush, under mu), worker launches idle Config::program_idle_us.
+  struct ProgramLaunches {
+    Runtime& rt;
+    explicit ProgramLaunches(Runtime& r) : rt(r) { rt.program_launches_ = true; }
+    ~ProgramLaunches() { rt.program_launches_ = false; }
+  };
   // Id of `p` in the device program table, uploading it on first use; -1 when the table is full.
   int32_t program_id(const Program& p);
   // Publish everything pending on `stream` and make the stream wait for it (and for earlier early
@@ -372,6 +382,7 @@ class Runtime {
   int sms_ = 0, cc_major_ = 0, cc_minor_ = 0;
   uint32_t grid_ = 0, burst_grid_ = 0;
   uint32_t launched_grid_ = 0;  // grid of the last worker launch (the resident one while worker_state says so)
+  bool program_launches_ = false;  // ProgramLaunches: a program call publishes
   std::string name_;
   int worker_local_bytes_ = 0;  // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES of the active worker
   size_t stack_limit_ = 0;      // CU_LIMIT_STACK_SIZE after fit_stack

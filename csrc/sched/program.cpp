@@ -105,6 +105,7 @@ static void replay_range(CapturedTape& c, size_t b, size_t e, const Reloc& r) {
     throw std::runtime_error("gpuos: a program was called while another capture runs on cuda:" +
                              std::to_string(c.dev) + ". Fix: call captured programs outside gpuos.capture().");
   if (!deferred_of(c.dev).ops.empty()) sched_publish(c.dev, rt, "program");
+  Runtime::ProgramLaunches launches(rt);
   if (tape_images()) {
     auto it = c.images.find({b, e});
     if (it == c.images.end()) {  // first replay of the range: its image, resident on the device
