@@ -440,7 +440,14 @@ def callcost_probe():
     for k in (1, 8):
         f = rounds(k)
         g = graph_of(lambda: f(x))
-        out({"probe": "callcost", "rounds": k, "cudagraph_us": round(gpu_us(g.replay, reps=1000), 1)})
+        single = []
+        for _ in range(200):  # the graph's replay then a sync: what a program's single_call_us compares with
+            t = time.perf_counter()
+            g.replay()
+            torch.cuda.synchronize()
+            single.append((time.perf_counter() - t) * 1e6)
+        out({"probe": "callcost", "rounds": k, "cudagraph_us": round(gpu_us(g.replay, reps=1000), 1),
+             "cudagraph_single_call_us": _q(single, .5)})
 
 
 PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
