@@ -23,7 +23,10 @@
   (k = 0: a fused elementwise chain), one call then a device sync (its latency: a resident worker's idle timeout
   is in it), and 1,000 calls back to back (us per call; the host's per-call p10 / p50 / p90 -- a p90 near
   GPUOS_IDLE_US is the host blocked in a standby launch while the resident worker waits out its idle time; the
-  spans between CUDA events recorded between calls); launches per call; the CUDA graph of k = 1 / 8.
+  spans between CUDA events recorded between calls); launches per call; the CUDA graph of k = 1 / 8 (back to back,
+  and one replay then a sync). single_split_us: one call's medians until it returns (host), until the caller's
+  stream has passed it (stream), until the device sync (sync: the worker's exit in it), and the GPU time between
+  events around it on the caller's stream (event_span).
 * loop: W5's block called back to back as bench_mlp's loop does (outputs kept or dropped; one doorbell per run
   or per level): us per call until a device sync / the stream's last event, host us per call, stats per call.
 
@@ -416,6 +419,25 @@ def callcost_probe():
             prog(x)
             torch.cuda.synchronize()
             single.append((time.perf_counter() - t) * 1e6)
+        # The same single call split: until the call returns (host), until the caller's stream has passed it (an
+        # event after it, synchronized: the output is ready), until the device sync (the worker's exit); and the
+        # GPU time between events recorded before and after it on the caller's stream.
+        parts = {"host": [], "stream": [], "sync": [], "event_span": []}
+        for _ in range(200):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            t = time.perf_counter()
+            prog(x)
+            t_host = time.perf_counter()
+            e1.record()
+            e1.synchronize()
+            t_stream = time.perf_counter()
+            torch.cuda.synchronize()
+            t_sync = time.perf_counter()
+            parts["host"].append((t_host - t) * 1e6)
+            parts["stream"].append((t_stream - t) * 1e6)
+            parts["sync"].append((t_sync - t) * 1e6)
+            parts["event_span"].append(e0.elapsed_time(e1) * 1e3)
         n = 1000
         evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
         host = []
@@ -433,6 +455,7 @@ def callcost_probe():
         s1 = gpuos.stats()
         span = [evs[i].elapsed_time(evs[i + 1]) * 1e3 for i in range(n)]
         out({"probe": "callcost", "rounds": k, "levels": prog.info()["levels"], "single_call_us": _q(single, .5),
+             "single_split_us": {key: _q(v, .5) for key, v in parts.items()},
              "back_to_back_us": round((td - t0) * 1e6 / n, 1), "host_us": round((th - t0) * 1e6 / n, 1),
              "host_p10_p50_p90": [_q(host, .1), _q(host, .5), _q(host, .9)],
              "span_p10_p50_p90": [_q(span, .1), _q(span, .5), _q(span, .9)],
