@@ -198,6 +198,16 @@ def test_home_levels_setting_is_a_count_of_blocks_per_claim(value):
     assert p.stdout.split() == [value or "1"], describe(p)
 
 
+@pytest.mark.parametrize("value,shown", [(None, "20"), ("5", "5"), ("-1", "(idle_us)")])
+def test_program_idle_setting_is_reported(value, shown):
+    """GPUOS_PROGRAM_IDLE_US, the idle time of a worker a program call launches (default 20 us; negative: idle_us),
+    is read and shown by the settings report, and the hand-over queue's default is one launch."""
+    code = "import gpuos_ext; c = gpuos_ext.config(); print(c['GPUOS_PROGRAM_IDLE_US'], c['GPUOS_HANDOVER_QUEUE'])"
+    p = run_python(code, {} if value is None else {"GPUOS_PROGRAM_IDLE_US": value}, timeout=120)
+    assert p.returncode == 0, describe(p)
+    assert p.stdout.split() == [shown, "1"], describe(p)
+
+
 def test_claim_size_is_a_warp_multiple_between_one_and_four_per_warp():
     """device_src/types.h claim_size (walk.h claim_next's claim, piece_homes' home span): one sub-op per warp until a
     batch has four claims per block of the grid, then more per warp, at most kClaimPerWarp (4)."""
