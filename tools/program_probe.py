@@ -397,6 +397,17 @@ def _q(v, p):
     return round(v[min(len(v) - 1, int(p * len(v)))], 1)
 
 
+def _call_then_sync_us(fn, reps=200):
+    """Host us of `fn()` then torch.cuda.synchronize(), `reps` times."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e6)
+    return times
+
+
 def callcost_probe():
     x = torch.randn(16, 256, device="cuda")
 
@@ -413,12 +424,7 @@ def callcost_probe():
         for _ in range(50):
             prog(x)
         torch.cuda.synchronize()
-        single = []
-        for _ in range(200):
-            t = time.perf_counter()
-            prog(x)
-            torch.cuda.synchronize()
-            single.append((time.perf_counter() - t) * 1e6)
+        single = _call_then_sync_us(lambda: prog(x))
         # The same single call split: until the call returns (host), until the caller's stream has passed it (an
         # event after it, synchronized: the output is ready), until the device sync (the worker's exit); and the
         # GPU time between events recorded before and after it on the caller's stream.
@@ -463,14 +469,8 @@ def callcost_probe():
     for k in (1, 8):
         f = rounds(k)
         g = graph_of(lambda: f(x))
-        single = []
-        for _ in range(200):  # the graph's replay then a sync: what a program's single_call_us compares with
-            t = time.perf_counter()
-            g.replay()
-            torch.cuda.synchronize()
-            single.append((time.perf_counter() - t) * 1e6)
         out({"probe": "callcost", "rounds": k, "cudagraph_us": round(gpu_us(g.replay, reps=1000), 1),
-             "cudagraph_single_call_us": _q(single, .5)})
+             "cudagraph_single_call_us": _q(_call_then_sync_us(g.replay), .5)})  # what single_call_us compares with
 
 
 PROBES = {"chain": chain_probe, "wide": wide_probe, "walk": walk_probe, "norm": norm_probe, "matmul": matmul_probe,
