@@ -256,6 +256,10 @@ constexpr u32 kTraceItem = 0xfffffffeu;  // TraceRec::block of a sub-op record: 
                                          // also combined its tile's splits, load_ns = the item, exec_ns = the
                                          // combine; fused chains k = 2 (tier 2) / 3 (interpreter), other kinds
                                          // k = 4 + kind: load_ns = arguments fetched, exec_ns = the rest
+constexpr u32 kTraceLaunch = 0xfffffffdu;  // TraceRec::block of a launch record (the poller's region): seq = the
+                                           // launch's gen; k = 0 its start (idx = the first batch it looks for,
+                                           // load_ns = WorkerArgs::standby), k = 1 its exit (idx = the first batch
+                                           // it did not fill; k = 3 if it ran work)
 struct TraceRec {
   u64 t0;         // %globaltimer (ns) at the claim (fill record: when the poller filled the batch's slot)
   u32 load_ns;    // claim -> its descriptors in shared memory and the previous batch complete

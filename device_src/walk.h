@@ -168,9 +168,10 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
   const bool first_look = (args.standby & kStandbyFirstLook) && !p.filled_any && p.spins == 0;
   if ((++p.spins & 31u) != 0 && !first_look) return kCmdRun;
   if (p.spins == 32) st_vol(&hc->polling_seq, next);
-  const bool want_yield = ld_vol(&hc->yield_request) != 0;
-  // A standby that finds nothing published (a resident worker ran its batch) leaves at once.
+  // A standby that finds nothing published (a resident worker ran its batch) leaves at once: it does not read the
+  // yield word (a pinned round trip on every standby's way out).
   u64 idle = args.standby && !p.filled_any ? 0 : args.idle_ns;
+  const bool want_yield = idle != 0 && ld_vol(&hc->yield_request) != 0;
   if (!want_yield && idle != 0 && args.handover != 0) {
     // Every publication behind busy stream work (each call of a program loop: the previous call's stream wait)
     // queues a standby launch behind this resident worker, gated on its last ready word; they cannot start while
@@ -202,6 +203,7 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
     st_vol(&hc->worker_exited, args.gen);
     if (p.filled_any) st_vol(&hc->working_launches, ld_vol(&hc->working_launches) + 1u);
     __threadfence();
+    trace_launch(args, p.filled_any ? 3u : 1u, next);
     return kCmdExit;
   }
   // Published but not ready, and no later standby covers it: stream work before the flush is still running.

@@ -363,22 +363,32 @@ __device__ __forceinline__ void exec_routed(const SubOp& d, TensorRef* refs, u64
 }
 
 // ---------------------------------------------------------------- claiming
-// Append one claim record to region `r` of the trace (thread 0 of one block: no other writer of the region).
-__device__ __noinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u64 t2, u32 seq, u32 idx, u32 k) {
+// Append one record to region `r` of the trace (thread 0 of one block: no other writer of the region).
+__device__ __noinline__ void trace_put(TraceBuf* tb, u32 r, u32 block, u64 t0, u32 load_ns, u32 exec_ns, u32 seq,
+                                       u32 idx, u32 k) {
   if (r > kTraceBlocks) return;
   const u32 n = ld_vol(&tb->count[r]);
   if (n < tb->per_block) {
     TraceRec* rec = (TraceRec*)(tb + 1) + (u64)r * tb->per_block + n;
     rec->t0 = t0;
-    rec->load_ns = (u32)(t1 - t0);
-    rec->exec_ns = (u32)(t2 - t1);
-    rec->block = r == kTraceBlocks ? kTraceOpen : r;
+    rec->load_ns = load_ns;
+    rec->exec_ns = exec_ns;
+    rec->block = block;
     rec->seq = seq;
     rec->idx = idx;
     rec->k = k;
     __threadfence_system();
   }
   st_vol(&tb->count[r], n + 1);
+}
+// A claim record of block r (region kTraceBlocks: the poller's batch fills, kTraceOpen).
+__device__ __forceinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u64 t2, u32 seq, u32 idx, u32 k) {
+  trace_put(tb, r, r == kTraceBlocks ? kTraceOpen : r, t0, (u32)(t1 - t0), (u32)(t2 - t1), seq, idx, k);
+}
+// A launch record (kTraceLaunch) in the poller's region: its start (what 0) or exit (what 1 | 2 if it ran work).
+__device__ __forceinline__ void trace_launch(const WorkerArgs& args, u32 what, u32 idx) {
+  if (args.trace)
+    trace_put((TraceBuf*)args.trace, kTraceBlocks, kTraceLaunch, globaltimer(), args.standby, 0, args.gen, idx, what);
 }
 
 }  // namespace gpuos
@@ -542,6 +552,7 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
       p.next = w.cur;
       st_vol(&hc->worker_state, kWorkerRunning);
       st_vol(&hc->worker_started, args.gen);
+      trace_launch(args, 0, w.cur);
     }
   }
   for (;;) {

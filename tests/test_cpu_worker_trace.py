@@ -114,3 +114,18 @@ def test_level_timeline_puts_each_level_on_the_axis_of_the_one_before(wt, capsys
            "items start +2.0 / +2.0, end +5.0 / +5.0; claims end +6.4 / +6.4" in out[0], out[0]
     assert "level seq 6 (1 claims, 2 items), us from the level before ends: first claim -0.3; exec start +0.6 / " \
            "+0.6; items start +1.1 / +1.1, end +3.6 / +3.6; claims end +4.6 / +4.6" in out[1], out[1]
+
+
+def test_launch_timeline_pairs_starts_and_exits(wt):
+    # launch records: (-3, gen, idx, 0 start / 1 exit / 3 exit after running work, t0, standby flags, 0)
+    recs = [(-3, 7, 10, 0, 1000, 0, 0), (-3, 7, 12, 3, 51000, 0, 0),      # gen 7 ran work for 50 us
+            (-3, 8, 12, 0, 57000, 3, 0), (-3, 8, 12, 1, 63000, 3, 0),     # a standby: 6 us, found nothing
+            (-3, 9, 12, 0, 69000, 3, 0), (-3, 9, 12, 1, 77000, 3, 0),     # another: 8 us
+            (-3, 10, 12, 0, 80000, 3, 0),                                  # started, not exited yet: not counted
+            rec(0, 11, 2000, 10, 10), rec(-1, 11, 0, 0, 0)]                # claims and fills: ignored
+    t = wt.launch_timeline(recs)
+    assert t["launches"] == 3 and t["ran_work"] == 1
+    assert t["life_working_us"] == 50.0 and t["life_idle_us"] == 7.0
+    assert t["gap_exit_to_next_start_us"] == 6.0  # 57 - 51, 69 - 63, 80 - 77 us: the median
+    empty = wt.launch_timeline([])
+    assert empty["launches"] == 0 and empty["life_idle_us"] != empty["life_idle_us"]  # nan

@@ -12,7 +12,8 @@ level ending (before its block's atomicSub) to the first claim of the next level
 `rows` (dependent RMSNorms under the scheduler, row fusion on and off) splits a row program's level the same way.
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
 cost per op kind. `calls` (W5's MLP block captured as a program and called 20 times back to back: per call the exec span of its
-levels, the handoffs inside it and the gap before the next call; env CALLS_SIZE (W5 size), CALLS_IMAGES=0
+levels, the handoffs inside it and the gap before the next call, and the worker launches (launch_timeline); env
+CALLS_SIZE (W5 size, or ew: program_probe callcost's one-level program), CALLS_N (calls, default 20), CALLS_IMAGES=0
 (replays staged entry by entry instead of from tape images)). `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
 needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
@@ -680,6 +681,27 @@ def attention_chain(kv=128, L=16):
         print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
+def launch_timeline(recs):
+    """The worker launches of a trace (records of block -3): how many, how many ran work, the median lifetime (start
+    to exit, us) of those that ran work and of those that found nothing (standbys whose batch a resident worker ran),
+    and the median gap from one launch's exit to the next one's start (the side stream: its gated wait, the launch)."""
+    start, end = {}, {}
+    for blk, gen, _idx, k, t0, _flags, _e in recs:
+        if blk == -3:
+            if k == 0:
+                start[gen] = t0
+            else:
+                end[gen] = (t0, k == 3)
+    both = sorted(g for g in start if g in end)
+    med = lambda v: round(statistics.median(v), 1) if v else float("nan")  # noqa: E731
+    work = [(end[g][0] - start[g]) / 1e3 for g in both if end[g][1]]
+    idle = [(end[g][0] - start[g]) / 1e3 for g in both if not end[g][1]]
+    gaps = [(start[g + 1] - end[g][0]) / 1e3 for g in both if g + 1 in start]
+    return {"launches": len(both), "ran_work": len(work), "life_working_us": med(work), "life_idle_us": med(idle),
+            "gap_exit_to_next_start_us": med(gaps), "gap_p90_us": round(sorted(gaps)[int(.9 * len(gaps))], 1) if gaps else
+            float("nan")}
+
+
 def calls(n_calls=20):
     """W5's MLP block (1x256 fp16, worker matmul) captured as a program and called n_calls times back to back,
     one trace: per call, the device span of its levels, the handoffs inside it, and the gap before the next call
@@ -689,19 +711,24 @@ def calls(n_calls=20):
     from benchmarks.harness import suite as H
     gpuos_ext._testing.set_tape_images(os.environ.get("CALLS_IMAGES", "1") != "0")  # 0: entry-by-entry replays
     gpuos_ext._testing.set_program_runs(os.environ.get("CALLS_RUNS", "1") != "0")  # 0: a ready word per level
-    case = M.make_case(os.environ.get("CALLS_SIZE", "1x256"), 10, "cuda")
-    d = case.data
-    prog, _ = H.capture_program(gpuos, lambda x: M.mlp_block(x, *M._weights(d)), (d.x,), torch.cuda.synchronize)
+    size = os.environ.get("CALLS_SIZE", "1x256")
+    if size == "ew":  # callcost's one-level program (program_probe.py): a fused chain on 16 x 256 fp32
+        x = torch.randn(16, 256, device="cuda")
+        prog = gpuos.capture(lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0), x)
+    else:
+        d = M.make_case(size, 10, "cuda").data
+        x = d.x
+        prog, _ = H.capture_program(gpuos, lambda t: M.mlp_block(t, *M._weights(d)), (x,), torch.cuda.synchronize)
     nlev = sum(prog.info()["levels"])
     for _ in range(5):
-        prog(d.x)
+        prog(x)
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
     gpuos_ext.worker_trace()  # reset
     s0 = gpuos.stats()
     t0 = time.perf_counter()
     for _ in range(n_calls):
-        prog(d.x)
+        prog(x)
     host_us = (time.perf_counter() - t0) * 1e6 / n_calls
     s1 = gpuos.stats()
     per = {k: (s1[k] - s0[k]) / n_calls / (1e3 if k.endswith("_ns") else 1)
@@ -710,13 +737,14 @@ def calls(n_calls=20):
     torch.cuda.synchronize()
     gpuos.flush(sync=True)
     recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"]
-    fill = {r[1]: r[4] for r in recs if r[0] < 0}
+    fill = {r[1]: r[4] for r in recs if r[0] == -1}
     span = {}
     for blk, seq, _i, _k, t, load, exe in recs:
         if blk >= 0:
             a, b = span.get(seq, (1 << 62, 0))
             span[seq] = (min(a, t + load), max(b, t + load + exe))
     seqs = sorted(span)
+    print(f"calls {size} launches: {launch_timeline(recs)}", flush=True)
     if len(seqs) != nlev * n_calls:
         print(f"calls: {len(seqs)} traced batches for {n_calls} calls of {nlev} levels; skipped")
         return
@@ -731,11 +759,11 @@ def calls(n_calls=20):
             if nxt in fill:
                 waits.append((fill[nxt] - span[ss[-1]][1]) / 1e3)
     med = statistics.median
-    print(f"calls {case.size} (images {int(gpuos_ext._testing.tape_images())}): {nlev} levels per call, host {host_us:.1f} us per call; per call (median): exec "
+    print(f"calls {size} (images {int(gpuos_ext._testing.tape_images())}): {nlev} levels per call, host {host_us:.1f} us per call; per call (median): exec "
           f"{med(execs):.1f} us, handoffs inside {med(hands):.1f} us, gap to the next call {med(gaps):.1f} us "
           f"(of which until its first batch was filled {med(waits) if waits else float('nan'):.1f} us); "
           f"wall per call {(span[seqs[-1]][1] - span[seqs[0]][0]) / 1e3 / n_calls:.1f} us", flush=True)
-    print(f"calls {case.size} per call (runs {int(gpuos_ext._testing.program_runs())}): "
+    print(f"calls {size} per call (runs {int(gpuos_ext._testing.program_runs())}): "
           + ", ".join(f"{k.replace('_ns', '_us')} {v:.1f}" for k, v in per.items()), flush=True)
 
 
@@ -750,7 +778,7 @@ def main():
         return not want or s in want
 
     if on("calls"):
-        calls()
+        calls(int(os.environ.get("CALLS_N", "20")))
         if want == {"calls"}:
             return
     if on("w3"):

@@ -212,14 +212,18 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         recs = rt->take_trace(&dropped);
       }
       py::list l;
-      for (const TraceRec& r : recs)
-        l.append(py::make_tuple(r.block == kTraceOpen ? -1 : r.block == kTraceItem ? -2 : (int64_t)r.block, r.seq,
-                                r.idx, r.k, r.t0, r.load_ns, r.exec_ns));
+      for (const TraceRec& r : recs) {
+        const int64_t b = r.block == kTraceOpen     ? -1
+                          : r.block == kTraceItem   ? -2
+                          : r.block == kTraceLaunch ? -3
+                                                    : (int64_t)r.block;
+        l.append(py::make_tuple(b, r.seq, r.idx, r.k, r.t0, r.load_ns, r.exec_ns));
+      }
       d[py::int_(dev)] = py::dict(py::arg("records") = l, py::arg("dropped") = dropped);
     }
     return d;
   }, "Claim trace since the last call, per device: {'records': [(block, seq, idx, k, t0_ns, load_ns, exec_ns)], "
-     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch; block -2 = one sub-op (seq = its SM, idx = its ring index; a decode-attention or split-matmul item: k = 1 if it also combined / finished its tile, load_ns = the item, exec_ns = the combine / finish; a fused chain: k = 2 tier 2 / 3 interpreter, any other: k = 4 + its kind; load_ns = its arguments fetched, exec_ns = the rest). Needs GPUOS_TRACE=<records "
+     "'dropped': n}; block -1 = the poller filling batch seq's slot (idx = ring start, k = count); load_ns includes the wait for the previous batch; block -2 = one sub-op (seq = its SM, idx = its ring index; a decode-attention or split-matmul item: k = 1 if it also combined / finished its tile, load_ns = the item, exec_ns = the combine / finish; a fused chain: k = 2 tier 2 / 3 interpreter, any other: k = 4 + its kind; load_ns = its arguments fetched, exec_ns = the rest); block -3 = a worker launch (seq = its gen; k = 0 its start: idx = the first batch it looks for, load_ns = its standby flags; k = 1 its exit, 3 if it ran work: idx = the first batch it did not fill). Needs GPUOS_TRACE=<records "
      "per block> before init; call after flush(sync=True). See tools/worker_trace.py.");
   m.def("runtime_info", [] {
     py::dict d;
