@@ -328,7 +328,7 @@ nsm = torch.cuda.get_device_properties(0).multi_processor_count
 for name, recs in (("ATT", att), ("MM", mm), ("UNS", uns)):
     print(name, ok, len(recs), len({r[2] for r in recs}), sum(r[3] & 0xff for r in recs),
           all(0 <= r[1] < nsm and r[4] > 0 and r[5] > 0 for r in recs),
-          all(r[6] > 0 for r in recs if r[3] & 0xff), len(gpuos.worker_trace()[0]["records"]),
+          all(r[6] > 0 for r in recs if r[3] & 0xff), sum(r[0] != -3 for r in gpuos.worker_trace()[0]["records"]),
           sum(1 for r in recs if r[3] >> 8), sum(1 for r in recs if r[6] > 0))
 """
 
@@ -355,7 +355,8 @@ def test_worker_trace_item_records():
         if name == "UNS":
             assert emitted >= 1, line             # the outputs' time after the K loop
         assert valid == "True" and timed == "True", line
-        assert after == 0, line                   # worker_trace() takes the item records too
+        assert after == 0, line                   # worker_trace() takes the item records too (a launch record of
+                                                  # the idle worker's exit may come after it)
         assert led >= 1, line                     # the items' dispatch times (tools/worker_trace.py item_lead)
 
 
