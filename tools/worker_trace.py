@@ -696,10 +696,10 @@ def launch_timeline(recs):
     med = lambda v: round(statistics.median(v), 1) if v else float("nan")  # noqa: E731
     work = [(end[g][0] - start[g]) / 1e3 for g in both if end[g][1]]
     idle = [(end[g][0] - start[g]) / 1e3 for g in both if not end[g][1]]
-    gaps = [(start[g + 1] - end[g][0]) / 1e3 for g in both if g + 1 in start]
+    gaps = sorted((start[g + 1] - end[g][0]) / 1e3 for g in both if g + 1 in start)
     return {"launches": len(both), "ran_work": len(work), "life_working_us": med(work), "life_idle_us": med(idle),
-            "gap_exit_to_next_start_us": med(gaps), "gap_p90_us": round(sorted(gaps)[int(.9 * len(gaps))], 1) if gaps else
-            float("nan")}
+            "gap_exit_to_next_start_us": med(gaps),
+            "gap_p90_us": round(gaps[int(.9 * len(gaps))], 1) if gaps else float("nan")}
 
 
 def calls(n_calls=20):
