@@ -120,7 +120,10 @@ struct HostCtl {
   // Worker launches that ran at least one batch (the poller's block, at its exit; launches are serial on the
   // side stream): against RuntimeStats::worker_launches, how many were standbys that found nothing and left.
   u32 working_launches;
-  u32 reserved[6];
+  // Kicks (WorkerArgs::standby & kStandbyKicks): bumped by the host at each generation handover, after every
+  // published batch completed; a kick launched before it (its epoch in the standby word) exits at once.
+  u32 module_epoch;
+  u32 reserved[5];
   u32 done[kMaxBatches];  // done[seq % kMaxBatches] = seq once the batch has completed
 };
 
@@ -207,7 +210,9 @@ struct DevCtl {
   u32 ring_pos;                // ring index where the next batch starts (batches are contiguous)
   u32 shrink;                  // = launch gen: blocks >= WorkerArgs::keep_blocks leave (poller: stuck on a batch
                                // published but not ready, maybe behind stream work that needs their SMs)
-  u32 reserved[28];
+  u32 owner;                   // kicks: the gen of the launch that polls (fills slots), 0: none (walk.h take_token)
+  u32 kicks_done;              // kicks that have exited (the host waits for all of them before freeing this)
+  u32 reserved[26];
   AliasCtl alias;              // dual-slot alias table (zero = every op on slot 0)
 };
 
@@ -239,6 +244,16 @@ struct WorkerArgs {
 // program loop runs one such launch per call on the side stream (Runtime::publish, step 1b), and each cost ~90 us
 // of device time before (W5 1x256, 1,000 calls, H200: 174 vs 84 us per call; _testing.set_standby_first_look).
 constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
+// Kicks (Config::kicks; docs/design/programs.md *Kicks*). kStandbyKicks: the runtime covers every publication with a
+// kick instead of a gated standby, so the poller role is a token (DevCtl::owner) and a resident worker leaves after
+// idle_ns whatever is published. kStandbyKick: this launch is a kick -- one block on the publishing stream, behind
+// its ready words: it exits at once unless it takes the token; with it, it runs what has landed and exits. The
+// module epoch (HostCtl::module_epoch) it was launched under sits above kStandbyEpochShift.
+constexpr u32 kStandbyKick = 4, kStandbyKicks = 8, kStandbyEpochShift = 8;
+// A kick's claim, fill and launch records go to the trace region of the last traced block (a worker's grid never reaches
+// it), not to block 0's and the poller's, which a worker running beside the kick writes (the regions' counts are
+// plain stores: one writer each).
+constexpr u32 kTraceKicks = 255;
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
 // per claim it ran to its own region (no atomics on host memory), then bumps count[b]; the poller's batch
@@ -249,6 +264,7 @@ constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
 // FinishNote::tslot (worker.cu item_rec: a resident level's first 61 by the level's seq, so that a replayed
 // program's levels keep apart).
 constexpr u32 kTraceBlocks = 256;    // blocks traced (block index >= this: not traced)
+static_assert(kTraceKicks < kTraceBlocks, "the kicks' trace region is one of the traced blocks'");
 constexpr u32 kTraceItems = kTraceBlocks + 1, kTraceRegions = kTraceBlocks + 2;
 constexpr u32 kTraceOpen = 0xffffffffu;  // TraceRec::block of a batch-filling record
 constexpr u32 kTraceItem = 0xfffffffeu;  // TraceRec::block of a sub-op record: seq = the SM, idx = the ring

@@ -35,6 +35,7 @@ struct Poller {     // block 0 thread 0's additional state
   u64 prog = 0;
   u32 early_for = 0;  // the batch block 0 last filled ahead for while claiming it (claim_next)
   bool filled_any = false, idle = false;
+  bool holder = true;  // kicks: this launch holds the poller token (DevCtl::owner); always true without kicks
   u32 spins = 0;
   u64 t_idle = 0;
 };
@@ -48,14 +49,16 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   const u32 count = hi & ~kReadyFlags;
   const bool resident = (hi & kReadyResident) != 0;  // descriptors at bdesc[slot]: no ring slots
   if (desc) dc->bdesc[slot] = desc;
-  const u32 start = resident ? 0u : dc->ring_pos;
+  // Volatile: with kicks the poller role moves between launches running at once (another SM's L1 may hold an
+  // old copy of what the previous holder wrote).
+  const u32 start = resident ? 0u : ld_vol(&dc->ring_pos);
   if (!resident) dc->ring_pos = (u32)(((u64)start + count) % args.capacity);
   dc->bstart[slot] = start;
   dc->bcount[slot] = count;
   dc->bsrc[slot] = resident ? 2u : (hi & kReadyDevRing) ? 1u : 0u;
   dc->remaining[slot] = count;
   dc->bhome[slot] = home;
-  dc->bdep[slot] = (hi & kReadyJoin) ? dc->bdep[(seq - 1) & (kMaxBatches - 1)] : seq - 1;  // seq - 1: filled before
+  dc->bdep[slot] = (hi & kReadyJoin) ? ld_vol(&dc->bdep[(seq - 1) & (kMaxBatches - 1)]) : seq - 1;  // filled before
   dc->alias.bver[slot] = ld_vol(&dc->alias.ver);  // the batch runs wholly on this alias version
   // A plain store: a block still adding to the slot's previous claim word (a batch that completed long ago)
   // either lands before it (and finds that batch exhausted) or after (and holds a real claim on this one).
@@ -65,7 +68,7 @@ __device__ __forceinline__ void fill_batch(const WorkerArgs& args, DevCtl* dc, u
   if (count == 0) dc->done[slot] = seq, st_vol(&((HostCtl*)args.host_ctl)->done[slot], seq);
   if (args.trace) {
     const u64 t = globaltimer();
-    trace_claim((TraceBuf*)args.trace, kTraceBlocks, t, t, t, seq, start, count);
+    trace_put((TraceBuf*)args.trace, poller_region(args), kTraceOpen, t, 0, 0, seq, start, count);
   }
 }
 
@@ -117,10 +120,81 @@ __device__ __noinline__ void fill_program(const WorkerArgs& args, DevCtl* dc, Po
   p.idle = false;
 }
 
+// ---------------------------------------------------------------- kicks (docs/design/programs.md *Kicks*)
+// The poller token: take it (the fill position the last holder left in next_seq comes with it) ...
+__device__ __forceinline__ bool take_token(const WorkerArgs& args, DevCtl* dc, Poller& p) {
+  if (atomicCAS(&dc->owner, 0u, args.gen) != 0u) return false;
+  __threadfence();
+  p.next = ld_vol(&dc->next_seq);
+  p.holder = true;
+  p.idle = false;
+  return true;
+}
+// ... and give it back, then look at the next ready word again: a kick that found the token held before the
+// release exited, and its ready word landed before it ran, so this look sees it. Returns whether this launch holds
+// the token again (a batch landed: it polls on).
+__device__ __noinline__ bool give_token(const WorkerArgs& args, DevCtl* dc, Poller& p) {
+  st_vol(&dc->next_seq, p.next);
+  __threadfence();
+  atomicExch(&dc->owner, 0u);
+  p.holder = false;
+  __threadfence();
+  const u64 r = ld_vol64(&dc->ready[p.next & (kMaxBatches - 1)]);
+  return (u32)r == p.next && take_token(args, dc, p);
+}
+
+// This launch is over (the poller's decision; the caller has set worker_state where it should). `next`: the first
+// batch not filled, kept for the next launch unless the token's hand-over already did.
+__device__ u32 leave(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, const Poller& p, u32 next) {
+  if (args.standby & kStandbyKick) {  // one block: its threads see kCmdExit; no exit word, no worker state
+    atomicAdd(&dc->kicks_done, 1u);
+    trace_launch(args, p.filled_any ? 3u : 1u, next);
+    return kCmdExit;
+  }
+  if (!(args.standby & kStandbyKicks)) dc->next_seq = next;
+  st_vol(&dc->exit_flag, args.gen);
+  st_vol(&hc->worker_exited, args.gen);
+  if (p.filled_any) st_vol(&hc->working_launches, ld_vol(&hc->working_launches) + 1u);
+  __threadfence();
+  trace_launch(args, p.filled_any ? 3u : 1u, next);
+  return kCmdExit;
+}
+
+// The idle poller with kicks: a kick leaves at once (giving the token back), the resident worker after idle_ns or
+// a yield request -- whatever is published: every published batch has a kick behind its ready word. Not holding
+// the token (a kick holds it; this worker's blocks claim what it fills), the worker takes it when it can.
+__device__ __noinline__ u32 kicks_idle(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p) {
+  const bool kick = (args.standby & kStandbyKick) != 0;
+  if (!kick) {
+    if (!p.holder && take_token(args, dc, p)) return kCmdRun;
+    if (!p.idle) {
+      p.idle = true;
+      p.spins = 0;
+      p.t_idle = globaltimer();
+    }
+    if ((++p.spins & 31u) != 0) return kCmdRun;
+    if (p.spins == 32) st_vol(&hc->polling_seq, p.next);
+    if (ld_vol(&hc->yield_request) == 0 && globaltimer() - p.t_idle < args.idle_ns) return kCmdRun;
+    st_vol(&hc->worker_state, kWorkerExiting);
+    __threadfence_system();
+  }
+  if (p.holder && give_token(args, dc, p)) {
+    if (!kick) {
+      st_vol(&hc->worker_state, kWorkerRunning);
+      __threadfence_system();
+    }
+    return kCmdRun;
+  }
+  return leave(args, dc, hc, p, p.next);
+}
+
 // One step of the poller: fill the next batches whose ready words have landed (or the rest of a program run);
 // otherwise, once every filled batch has completed, the idle logic (yield, exit). Returns kCmdExit when this
 // launch is over (never inside a program run: its batches are published, host_published covers them).
-__device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p) {
+// `claim_held`: this block holds a claim (wait_prev, run_claim): a worker without the token only tries to take it
+// (the holder's own exit waits for every filled batch to complete, its claims among them).
+__device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p, bool claim_held = false) {
+  if (!p.holder) return claim_held ? (take_token(args, dc, p), kCmdRun) : kicks_idle(args, dc, hc, p);
   if (p.prog_left) {
     fill_program(args, dc, p);
     return kCmdRun;
@@ -157,6 +231,7 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
     return kCmdRun;
   }
   if (!seq_reached(ld_vol(&dc->done[(next - 1) & (kMaxBatches - 1)]), next - 1)) return kCmdRun;  // work left
+  if (args.standby & kStandbyKicks) return kicks_idle(args, dc, hc, p);
   if (!p.idle) {
     p.idle = true;
     p.spins = 0;
@@ -197,15 +272,7 @@ __device__ u32 poll_step(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller
   const bool covered = (u32)(sb >> 32) > args.gen && (int)((u32)sb - next) >= 0;
   // (host_published may lag: a publication stores it after checking its stream, and a resident worker can
   // run the batch first -- not ahead of what ran is "nothing published".)
-  if ((int)(ld_vol(&hc->host_published) - (next - 1)) <= 0 || covered) {
-    dc->next_seq = next;
-    st_vol(&dc->exit_flag, args.gen);
-    st_vol(&hc->worker_exited, args.gen);
-    if (p.filled_any) st_vol(&hc->working_launches, ld_vol(&hc->working_launches) + 1u);
-    __threadfence();
-    trace_launch(args, p.filled_any ? 3u : 1u, next);
-    return kCmdExit;
-  }
+  if ((int)(ld_vol(&hc->host_published) - (next - 1)) <= 0 || covered) return leave(args, dc, hc, p, next);
   // Published but not ready, and no later standby covers it: stream work before the flush is still running.
   // Stay; check again later. A burst grid gives back the SMs beyond the bounded grid: that stream work may be
   // a kernel that cannot fit beside a worker block, and the batch's ready write waits for it (a deadlock if
@@ -328,7 +395,7 @@ __device__ __forceinline__ void wait_prev(const WorkerArgs& args, DevCtl* dc, Ho
   for (;;) {
     const u32 r = ld_vol(&dc->remaining[ps]), dn = ld_vol(&dc->done[ps]);
     if ((plain && r == 0) || seq_reached(dn, dep)) break;
-    if (blockIdx.x == 0) poll_step(args, dc, hc, p);
+    if (blockIdx.x == 0) poll_step(args, dc, hc, p, true);
   }
   fence_acq_rel();  // acquire: the previous level's writes before this level's loads
 }

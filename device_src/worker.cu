@@ -381,14 +381,21 @@ __device__ __noinline__ void trace_put(TraceBuf* tb, u32 r, u32 block, u64 t0, u
   }
   st_vol(&tb->count[r], n + 1);
 }
-// A claim record of block r (region kTraceBlocks: the poller's batch fills, kTraceOpen).
+// A claim record of block r (region kTraceBlocks: the resident poller's batch fills, kTraceOpen).
 __device__ __forceinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u64 t2, u32 seq, u32 idx, u32 k) {
   trace_put(tb, r, r == kTraceBlocks ? kTraceOpen : r, t0, (u32)(t1 - t0), (u32)(t2 - t1), seq, idx, k);
+}
+// The region of a launch's poller records (batch fills, launch records): kTraceBlocks, or a kick's own region
+// (kTraceKicks): a kick that holds the poller token fills batches while the resident worker's block 0 writes its
+// launch records, and a region has one writer.
+__device__ __forceinline__ u32 poller_region(const WorkerArgs& args) {
+  return (args.standby & kStandbyKick) ? kTraceKicks : kTraceBlocks;
 }
 // A launch record (kTraceLaunch) in the poller's region: its start (what 0) or exit (what 1 | 2 if it ran work).
 __device__ __forceinline__ void trace_launch(const WorkerArgs& args, u32 what, u32 idx) {
   if (args.trace)
-    trace_put((TraceBuf*)args.trace, kTraceBlocks, kTraceLaunch, globaltimer(), args.standby, 0, args.gen, idx, what);
+    trace_put((TraceBuf*)args.trace, poller_region(args), kTraceLaunch, globaltimer(), args.standby, 0, args.gen, idx,
+              what);
 }
 
 }  // namespace gpuos
@@ -510,7 +517,9 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   // Release: every warp's writes (ordered before thread 0's fence by the barrier: fences are cumulative) before
   // the count. One fence per block, not one per warp.
   if (threadIdx.x == 0) {
-    if (tb && blockIdx.x < kTraceBlocks) trace_claim(tb, blockIdx.x, t_claim, t_loaded, globaltimer(), seq, idx, k);
+    if (tb && blockIdx.x < kTraceBlocks)
+      trace_claim(tb, (args.standby & kStandbyKick) ? kTraceKicks : blockIdx.x, t_claim, t_loaded, globaltimer(), seq,
+                  idx, k);
     fence_acq_rel();
     const u32 old = atomicSub(&dc->remaining[slot], k);
     if (old == k) {  // this block finished the batch: signal once, the next level's blocks first
@@ -518,7 +527,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
       if (s_batch[7] != seq - 1) {
         const u32 ps = (seq - 1) & (kMaxBatches - 1);
         while (!seq_reached(ld_vol(&dc->done[ps]), seq - 1))
-          if (blockIdx.x == 0) poll_step(args, dc, hc, p);
+          if (blockIdx.x == 0) poll_step(args, dc, hc, p, true);
       }
       __threadfence();
       st_vol(&dc->done[slot], seq);
@@ -548,13 +557,25 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
   Poller p;
   if (threadIdx.x == 0) {
     w.cur = ld_vol(&dc->next_seq);  // every batch before it completed before the previous launch exited
+    s_cmd = kCmdRun;
     if (blockIdx.x == 0) {
       p.next = w.cur;
-      st_vol(&hc->worker_state, kWorkerRunning);
-      st_vol(&hc->worker_started, args.gen);
       trace_launch(args, 0, w.cur);
+      if (args.standby & kStandbyKick) {
+        // A kick: launched under an older module (a handover since: its batches all completed) or behind a
+        // launch that holds the token (it will see this kick's ready words) -- nothing to do.
+        const bool stale = ((args.standby >> kStandbyEpochShift) ^ ld_vol(&hc->module_epoch)) &
+                           (0xffffffffu >> kStandbyEpochShift);
+        if (stale || !take_token(args, dc, p)) s_cmd = leave(args, dc, hc, p, p.next);
+      } else {
+        if (args.standby & kStandbyKicks) p.holder = take_token(args, dc, p);  // else a kick polls: take it later
+        st_vol(&hc->worker_state, kWorkerRunning);
+        st_vol(&hc->worker_started, args.gen);
+      }
     }
   }
+  __syncthreads();
+  if (s_cmd == kCmdExit) return;
   for (;;) {
     if (threadIdx.x == 0) s_cmd = claim_next(args, dc, hc, w, p, blockDim.x / 32, &s_claim, s_batch);
     __syncthreads();

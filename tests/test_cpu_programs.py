@@ -208,6 +208,16 @@ def test_program_idle_setting_is_reported(value, shown):
     assert p.stdout.split() == [shown, "1"], describe(p)
 
 
+@pytest.mark.parametrize("value,shown", [(None, "1"), ("1", "1"), ("0", "0")])
+def test_kicks_setting_is_reported(value, shown):
+    """GPUOS_KICKS (a kick behind every publication's ready words instead of a gated standby; default on) is read
+    and shown by the settings report."""
+    p = run_python("import gpuos_ext; print(gpuos_ext.config()['GPUOS_KICKS'])",
+                   {"GPUOS_KICKS": "" if value is None else value}, timeout=120)  # "": unset
+    assert p.returncode == 0, describe(p)
+    assert p.stdout.split() == [shown], describe(p)
+
+
 def test_claim_size_is_a_warp_multiple_between_one_and_four_per_warp():
     """device_src/types.h claim_size (walk.h claim_next's claim, piece_homes' home span): one sub-op per warp until a
     batch has four claims per block of the grid, then more per warp, at most kClaimPerWarp (4)."""

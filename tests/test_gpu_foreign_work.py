@@ -256,7 +256,7 @@ O = [torch.full((128,), float("nan"), device="cuda") for _ in X]
 gpuos.flush(sync=True)
 torch.cuda.synchronize()  # the init's worker has left: every launch below starts and exits in the trace
 gpuos.worker_trace()
-l0 = gpuos.stats()["worker_launches"]
+l0 = gpuos.stats()["worker_launches"] + gpuos.stats()["kicks"]
 for x, o in zip(X, O):
     gpuos.submit_reduce("sum", x, o)
 gpuos.flush(sync=True)
@@ -270,14 +270,14 @@ worked = sum(1 for r in tr["records"] if r[0] == -3 and r[3] == 3)
 ok = all(torch.allclose(o, x.sum(-1), rtol=1e-5, atol=1e-4) for x, o in zip(X, O))
 print("TRACE", ok, tr["dropped"], sum(r[3] for r in opens), sum(r[3] for r in claims), len(opens),
       gpuos.stats()["subops"], gpuos.stats()["early_publishes"], len(gpuos.worker_trace()[0]["records"]))
-print("LAUNCHES", gpuos.stats()["worker_launches"] - l0, len(starts), starts == exits, worked)
+print("LAUNCHES", gpuos.stats()["worker_launches"] + gpuos.stats()["kicks"] - l0, len(starts), starts == exits, worked)
 """
 
 
 def test_worker_trace_accounts_for_every_sub_op():
     """GPUOS_TRACE: one record per batch opening and per claim; the claims of every batch cover exactly the
     batch's descriptors (none lost, none run twice), across early publications (300 x 8 tiles > 1,024); one start
-    and one exit record per worker launch."""
+    and one exit record per worker launch and per kick."""
     env = {"GPUOS_TRACE": "512"}
     if os.environ.get("GPUOS_CACHE_DIR"):
         env["GPUOS_CACHE_DIR"] = os.environ["GPUOS_CACHE_DIR"]
@@ -290,7 +290,8 @@ def test_worker_trace_accounts_for_every_sub_op():
     assert opened == claimed == subops == 2400, line  # 300 reductions x 8 tiles of 16 rows
     assert early >= 1 and nopen >= 2, line  # published in several batches while recording
     assert after == 0, line  # worker_trace() resets
-    # Launch records (block -3): each launch of the flush starts and exits once, and one of them ran the work.
+    # Launch records (block -3): each launch of the flush (worker launches and kicks) starts and exits once, and
+    # one of them ran the work.
     lline = [ln for ln in r.stdout.splitlines() if ln.startswith("LAUNCHES")][-1]
     launches, starts, paired, worked = lline.split()[1:]
     assert int(launches) >= 1 and int(starts) == int(launches) and paired == "True" and int(worked) >= 1, lline

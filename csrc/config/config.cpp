@@ -54,6 +54,7 @@ EnvConfig read_env() {
   // regions of 32-byte records: 8.6 GB of pinned memory already).
   if (c.trace_records > (1u << 20)) c.trace_records = 1u << 20;
   c.forbid_compile = flag("GPUOS_FORBID_COMPILE");
+  if (const char* v = get("GPUOS_KICKS")) c.kicks = std::string(v) != "0";  // default on
   c.worker_matmul = flag("GPUOS_WORKER_MATMUL");
   c.worker_attention = flag("GPUOS_WORKER_ATTENTION");
   if (!flag("GPUOS_DISABLE_CACHE")) {
@@ -117,6 +118,7 @@ std::string describe_env_config() {
          "\nGPUOS_MM_EPILOGUE=" + (c.mm_epilogue ? "1" : "0") +
          "\nGPUOS_MM_PROLOGUE=" + (c.mm_prologue ? "1" : "0") +
          "\nGPUOS_HOME_LEVELS=" + std::to_string(c.home_levels) +
+         "\nGPUOS_KICKS=" + (c.kicks ? "1" : "0") +
          "\nGPUOS_HANDOVER_QUEUE=" + std::to_string(c.handover_queue) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +

@@ -89,6 +89,9 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   const Driver& d = driver();
   make_current();
   HandoverTimes t;
+  // Kicks: a kick still queued from the old module exits once it sees the new epoch (HostCtl::module_epoch), so
+  // the batches it covers must have completed first (their kicks, or the resident worker, run them).
+  if (cfg_.kicks && last_seq_) wait_seq(last_seq_, "a handover: every batch published before it");
   t.drain_us = drain_worker(why);
   const auto t1 = std::chrono::steady_clock::now();
   const std::shared_ptr<const std::string> image = generation_image(gen, arch_);
@@ -124,6 +127,7 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   module_ = m;
   worker_fn_ = f;
   active_gen_ = gen;
+  __atomic_store_n(&hc_->module_epoch, ++module_epoch_ & (0xffffffffu >> kStandbyEpochShift), __ATOMIC_SEQ_CST);
   st_.handovers++;
   t.load_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count();
   return t;

@@ -406,7 +406,15 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   //     wedged with a worker waiting for a ready word that never landed while a fresh thread's first cuBLAS
   //     call waited for the device). A resident worker leaves after idle_us once such a standby covers its
   //     batch (HostCtl::standby). host_published is not stored yet: a resident worker may still idle out.
-  {
+  if (cfg_.kicks) {
+    // Kicks: the cover of these batches is the kick behind their ready words on this stream; a worker launch,
+    // when none runs, is ungated (it may leave after its idle time whatever is published).
+    ScopedNs launching(st_.publish_launch_ns);
+    launch_kick(stream);
+    __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    maybe_launch_worker(grid);
+  } else {
     ScopedNs launching(st_.publish_launch_ns);
     bool covered = false;
     {
@@ -467,24 +475,10 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   }
   __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);
-  WorkerArgs args{};
-  args.host_ctl = hc_d_;
-  args.dev_ctl = dc_d_;
-  args.ring = ring_d_;
-  args.ring_dev = ring_dev_;
-  args.capacity = cfg_.capacity;
-  args.gen = ++launches_;
-  args.idle_ns = (uint64_t)((program_launches_ && cfg_.program_idle_us >= 0 ? cfg_.program_idle_us : cfg_.idle_us) *
-                            1000.0);
-  args.progs = progs_d_;
-  args.trace = trace_d_;
-  args.trace_records = trace_d_ ? cfg_.trace_records : 0u;
-  args.keep_blocks = grid_;
-  args.refs = refs_d_;
-  args.refs_dev = refs_dev_;
-  args.scratch = scratch_d_;
-  args.standby = !gate ? 0u : standby_first_look() ? kStandbyGated | kStandbyFirstLook : kStandbyGated;
-  args.handover = cfg_.handover_queue;
+  WorkerArgs args = worker_args(++launches_, cfg_.kicks ? kStandbyKicks
+                                             : !gate ? 0u
+                                             : standby_first_look() ? kStandbyGated | kStandbyFirstLook
+                                                                    : kStandbyGated);
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(worker)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
@@ -499,6 +493,52 @@ void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
   launched_grid_ = grid;
   st_.worker_launches++;
   if (grid != grid_) st_.burst_launches++;
+}
+
+WorkerArgs Runtime::worker_args(uint32_t gen, uint32_t standby) const {
+  WorkerArgs args{};
+  args.host_ctl = hc_d_;
+  args.dev_ctl = dc_d_;
+  args.ring = ring_d_;
+  args.ring_dev = ring_dev_;
+  args.capacity = cfg_.capacity;
+  args.gen = gen;
+  args.idle_ns = (uint64_t)((program_launches_ && cfg_.program_idle_us >= 0 ? cfg_.program_idle_us : cfg_.idle_us) *
+                            1000.0);
+  args.progs = progs_d_;
+  args.trace = trace_d_;
+  args.trace_records = trace_d_ ? cfg_.trace_records : 0u;
+  args.keep_blocks = grid_;
+  args.refs = refs_d_;
+  args.refs_dev = refs_dev_;
+  args.scratch = scratch_d_;
+  args.standby = standby;
+  args.handover = cfg_.handover_queue;
+  return args;
+}
+
+void Runtime::launch_kick(CUstream stream) {
+  const Driver& d = driver();
+  WorkerArgs args = worker_args(++launches_, kStandbyKicks | kStandbyKick | (module_epoch_ << kStandbyEpochShift));
+  void* params[] = {&args};
+  PhaseMark pm(phase_, "cuLaunchKernel(kick)");
+  const CUresult r = d.cuLaunchKernel(worker_fn_, 1, 1, 1, cfg_.threads_per_block, 1, 1, 0, stream, params, nullptr);
+  if (r != CUDA_SUCCESS) {
+    // The batches stay published with no cover: a worker launch (ungated) runs them if none is resident.
+    --launches_;
+    __atomic_store_n(&hc_->worker_state, kWorkerExiting, __ATOMIC_SEQ_CST);
+    throw_cuda(r, "cuLaunchKernel(kick)", __FILE__, __LINE__);
+  }
+  ++kicks_launched_;
+  st_.kicks++;
+}
+
+void Runtime::wait_kicks(const char* what) {
+  if (!cfg_.kicks || kicks_launched_ == 0) return;
+  // The control stream waits for the count, the host for the control stream (with the timeout).
+  CUstreamBatchMemOpParams wt = wait_geq(dc_d_ + __builtin_offsetof(DevCtl, kicks_done), kicks_launched_);
+  GPUOS_CU(driver().cuStreamBatchMemOp(ctl_, 1, &wt, 0));
+  sync_ctl((std::string("the kicks launched on the publishing streams to exit (") + what + ")").c_str());
 }
 
 std::string Runtime::snapshot() const {
@@ -533,6 +573,7 @@ void Runtime::shutdown(CUstream stream) {
   make_current();
   if (has_pending()) flush(stream);
   if (last_seq_) wait_seq(last_seq_, "shutdown: pending work");
+  wait_kicks("shutdown");  // a kick still queued reads DevCtl, freed below
   inflight_.clear();
   // Ask the worker to leave now that nothing is published, and wait for the side stream to drain (F3:
   // freeing memory while it is resident would block).

@@ -31,6 +31,7 @@ Config config_from_env() {
   c.local_combine = e.local_combine;
   c.home_levels = e.home_levels;
   c.handover_queue = e.handover_queue;
+  c.kicks = e.kicks;
   return c;
 }
 
@@ -73,6 +74,9 @@ Runtime::Runtime(int device, const Config& cfg, StreamFn stream_fn)
   // one level 1.4x faster on an H200 and one attention per level 9-14 % slower: DEVELOPING, Next on the GPU 4.)
   burst_grid_ = std::max(grid_, std::min<uint32_t>(cfg_.burst_blocks ? cfg_.burst_blocks : (uint32_t)sms_,
                                                    (uint32_t)sms_ * kWorkerBlocksPerSm));
+  // Kicks: one SM stays free of the burst grid, so that a kick (one worker block on the publishing stream) starts
+  // beside a worker on it instead of waiting for its idle exit.
+  if (cfg_.kicks && sms_ > 1) burst_grid_ = std::max(grid_, std::min<uint32_t>(burst_grid_, (uint32_t)sms_ - 1));
 
   // Module: worker + every op, one generation (a device function pointer is valid only inside its module): the
   // newest ready one (inject/registry.h). Loaded before any worker runs: a module load waits for resident kernels.

@@ -75,6 +75,11 @@ struct Config {
   // instruction caches keep its code; this many blocks per claim of the level (env GPUOS_HOME_LEVELS; 0: off).
   uint32_t home_levels = 1;
   uint32_t handover_queue = 1;  // queued standby launches at which an idle worker leaves (GPUOS_HANDOVER_QUEUE)
+  // Every publication launches a kick on its stream behind its ready words (one block of the worker kernel: it runs
+  // what has landed if no launch holds the poller token) instead of a gated standby on the side stream; a resident
+  // worker then leaves after its idle time whatever is published (docs/design/programs.md *Kicks*; GPUOS_KICKS=0:
+  // the gated standbys, as before the forty-fifth session).
+  bool kicks = true;
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
@@ -125,6 +130,7 @@ struct Operand {
   X(dma_batches)                                                                                          \
   X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
+  X(kicks)              /* kicks launched on publishing streams (Config::kicks) */                        \
   X(working_launches)   /* worker launches that ran a batch (the others: standbys that found nothing) */  \
   X(fused_subops)                                                                                         \
   X(mm_respread)        /* worker matmuls recorded with fewer K slices: their level's share (level_cut) */   \
@@ -342,6 +348,10 @@ class Runtime {
   // Launch a worker on the side stream; gate != 0: after the side stream waits for batch `gate`'s ready word
   // (a standby: HostCtl::standby names it, so a resident worker stuck before it may leave).
   void launch_worker(uint32_t grid, uint32_t gate);
+  // Config::kicks: one block of the worker kernel on `stream`, behind the ready words just enqueued there.
+  void launch_kick(CUstream stream);
+  WorkerArgs worker_args(uint32_t gen, uint32_t standby) const;  // a launch's parameters
+  void wait_kicks(const char* what);  // until every kick launched has exited (DevCtl::kicks_done), with timeout
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream
   std::string gen_startup_image();   // image of the newest ready generation for this GPU (sets active_gen_)
   void gen_init();                   // alias table from the registry (constructor)
@@ -448,6 +458,8 @@ class Runtime {
   std::deque<InFlight> inflight_;
   uint32_t last_seq_ = 0;
   uint32_t launches_ = 0;
+  uint32_t kicks_launched_ = 0;  // Config::kicks: kicks launched (against DevCtl::kicks_done)
+  uint32_t module_epoch_ = 0;    // Config::kicks: handovers so far (HostCtl::module_epoch)
   // Which blocking driver call or wait a thread of this runtime is in ("" when none): read by snapshot().
   std::atomic<const char*> phase_{""};
   struct PhaseMark {
