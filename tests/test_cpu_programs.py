@@ -218,6 +218,16 @@ def test_kicks_setting_is_reported(value, shown):
     assert p.stdout.split() == [shown], describe(p)
 
 
+@pytest.mark.parametrize("value,shown", [(None, "0"), ("64", "64")])
+def test_kick_alone_setting_is_reported(value, shown):
+    """GPUOS_KICK_ALONE (publications of at most that many sub-ops run by their kick alone; default 0: off) is read
+    and shown by the settings report."""
+    p = run_python("import gpuos_ext; print(gpuos_ext.config()['GPUOS_KICK_ALONE'])",
+                   {"GPUOS_KICK_ALONE": "" if value is None else value}, timeout=120)  # "": unset
+    assert p.returncode == 0, describe(p)
+    assert p.stdout.split() == [shown], describe(p)
+
+
 def test_claim_size_is_a_warp_multiple_between_one_and_four_per_warp():
     """device_src/types.h claim_size (walk.h claim_next's claim, piece_homes' home span): one sub-op per warp until a
     batch has four claims per block of the grid, then more per warp, at most kClaimPerWarp (4)."""

@@ -101,6 +101,21 @@ def test_live_scheduler_with_kicks():
     assert out["ok"] and out["gated"] == 0 and out["kicks"] == out["publications"] > 0, out
 
 
+def test_small_publications_run_by_their_kicks_alone():
+    """GPUOS_KICK_ALONE: a publication of at most that many sub-ops launches no worker -- its kick (one block on
+    the caller's stream) runs it. 300 calls: right results, one kick each, no worker launch at all."""
+    out = _result(run_python(_LOOP, env_extra=_env(GPUOS_KICK_ALONE="100000"), timeout=170))
+    assert out["ok"] and out.get("shutdown") and out["setting"] == "1", out
+    assert out["kicks"] == 300 and out["worker_launches"] == 0 and out["gated_launches"] == 0, out
+
+
+def test_live_scheduler_with_kicks_alone():
+    """The live scheduler's flushes behind eager matmuls, every publication run by its kick alone: results equal
+    eager, nothing waits for a worker that was never launched."""
+    out = _result(run_python(_LIVE, env_extra=_env(GPUOS_KICK_ALONE="100000"), timeout=170))
+    assert out["ok"] and out["gated"] == 0 and out["kicks"] == out["publications"] > 0, out
+
+
 def test_program_loop_with_standbys():
     """GPUOS_KICKS=0 (the gated standbys of the sessions before kicks): the same 300 calls are right, no kick is
     launched, the calls that found the stream busy queued gated standbys, and shutdown() completes."""

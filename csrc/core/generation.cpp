@@ -90,9 +90,15 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   make_current();
   HandoverTimes t;
   // Kicks: a kick still queued from the old module exits once it sees the new epoch (HostCtl::module_epoch), so
-  // the batches it covers must have completed first (their kicks, or the resident worker, run them).
+  // the batches it covers must have completed first (their kicks, or the resident worker, run them). The epoch
+  // moves before the module load: a kick that started before it is resident during the load, which waits for it
+  // (F3: nothing can land for it to run, the runtime's lock holds every publication); one that starts after it
+  // exits at once. (Bumped after the load, a kick delayed past the load could take the token in between and run
+  // the new module's first batch with the old module's code.) A failed load keeps the old module: the kicks
+  // launched after it carry the new epoch, and every older one had nothing left to cover.
   if (cfg_.kicks && last_seq_) wait_seq(last_seq_, "a handover: every batch published before it");
   t.drain_us = drain_worker(why);
+  __atomic_store_n(&hc_->module_epoch, ++module_epoch_ & (0xffffffffu >> kStandbyEpochShift), __ATOMIC_SEQ_CST);
   const auto t1 = std::chrono::steady_clock::now();
   const std::shared_ptr<const std::string> image = generation_image(gen, arch_);
   CUmodule m = nullptr;
@@ -127,7 +133,6 @@ Runtime::HandoverTimes Runtime::handover(uint32_t gen, const char* why) {
   module_ = m;
   worker_fn_ = f;
   active_gen_ = gen;
-  __atomic_store_n(&hc_->module_epoch, ++module_epoch_ & (0xffffffffu >> kStandbyEpochShift), __ATOMIC_SEQ_CST);
   st_.handovers++;
   t.load_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count();
   return t;
@@ -146,6 +151,9 @@ void Runtime::maybe_adopt_generation() {
   const uint32_t latest = g_latest_ready_gen.load(std::memory_order_relaxed);
   if (latest <= active_gen_ || latest == failed_load_gen_) return;
   if (driver().cuStreamQuery(side_) != CUDA_SUCCESS) return;  // a worker is still resident or queued
+  // Kicks: the handover waits for every published batch; one held back by stream work waits for its kick, and
+  // an adoption must not hold the lock through that (the next flush adopts it).
+  if (cfg_.kicks && last_seq_ && !seq_done(last_seq_)) return;
   try {
     handover(latest, "idle exit");
   } catch (const std::exception&) {

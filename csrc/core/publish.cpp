@@ -400,21 +400,23 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   unwaited_seq_ = last_seq_;
   const uint32_t grid =
       cfg_.burst_min && (early || heavy || publishing_subops >= cfg_.burst_min) ? burst_grid_ : grid_;
-  // 1b. Stream work still ahead of the ready words (the stream is not idle): the worker that runs them is a
-  //     launch gated on the last word (a wait on the side stream, then the launch), so no kernel of ours sits
-  //     resident while that work runs -- it may need the device free of resident kernels (the regression test
-  //     wedged with a worker waiting for a ready word that never landed while a fresh thread's first cuBLAS
-  //     call waited for the device). A resident worker leaves after idle_us once such a standby covers its
-  //     batch (HostCtl::standby). host_published is not stored yet: a resident worker may still idle out.
+  // 1b. Kicks (Config::kicks, the default): the cover of these batches is the kick behind their ready words on
+  //     this stream; a worker launch, when none runs, is ungated (it may leave after its idle time whatever is
+  //     published). A small publication may go without one (Config::kick_alone): its kick runs it alone.
   if (cfg_.kicks) {
-    // Kicks: the cover of these batches is the kick behind their ready words on this stream; a worker launch,
-    // when none runs, is ungated (it may leave after its idle time whatever is published).
     ScopedNs launching(st_.publish_launch_ns);
     launch_kick(stream);
     __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    maybe_launch_worker(grid);
+    if (cfg_.kick_alone == 0 || early || heavy || publishing_subops > cfg_.kick_alone) maybe_launch_worker(grid);
   } else {
+    // 1b. Standbys (GPUOS_KICKS=0): stream work still ahead of the ready words (the stream is not idle): the
+    //     worker that runs them is a launch gated on the last word (a wait on the side stream, then the launch),
+    //     so no kernel of ours sits resident while that work runs -- it may need the device free of resident
+    //     kernels (the regression test wedged with a worker waiting for a ready word that never landed while a
+    //     fresh thread's first cuBLAS call waited for the device). A resident worker leaves after idle_us once
+    //     such a standby covers its batch (HostCtl::standby). host_published is not stored yet: a resident
+    //     worker may still idle out.
     ScopedNs launching(st_.publish_launch_ns);
     bool covered = false;
     {

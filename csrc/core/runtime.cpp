@@ -32,6 +32,7 @@ Config config_from_env() {
   c.home_levels = e.home_levels;
   c.handover_queue = e.handover_queue;
   c.kicks = e.kicks;
+  c.kick_alone = e.kick_alone;
   return c;
 }
 

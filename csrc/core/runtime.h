@@ -80,6 +80,9 @@ struct Config {
   // worker then leaves after its idle time whatever is published (docs/design/programs.md *Kicks*; GPUOS_KICKS=0:
   // the gated standbys, as before the forty-fifth session).
   bool kicks = true;
+  // With kicks: a publication of at most this many sub-ops and no heavy level launches no worker when none is
+  // resident -- its kick runs it alone, one block on the caller's stream (GPUOS_KICK_ALONE; 0: off).
+  uint32_t kick_alone = 0;
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
