@@ -147,8 +147,9 @@ __device__ __noinline__ bool give_token(const WorkerArgs& args, DevCtl* dc, Poll
 // batch not filled, kept for the next launch unless the token's hand-over already did.
 __device__ u32 leave(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, const Poller& p, u32 next) {
   if (args.standby & kStandbyKick) {  // one block: its threads see kCmdExit; no exit word, no worker state
-    atomicAdd(&dc->kicks_done, 1u);
     trace_launch(args, p.filled_any ? 3u : 1u, next);
+    __threadfence_system();  // its last record before the count shutdown() waits for (it frees the trace next)
+    atomicAdd(&dc->kicks_done, 1u);
     return kCmdExit;
   }
   if (!(args.standby & kStandbyKicks)) dc->next_seq = next;

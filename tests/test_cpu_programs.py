@@ -208,22 +208,15 @@ def test_program_idle_setting_is_reported(value, shown):
     assert p.stdout.split() == [shown, "1"], describe(p)
 
 
-@pytest.mark.parametrize("value,shown", [(None, "1"), ("1", "1"), ("0", "0")])
-def test_kicks_setting_is_reported(value, shown):
-    """GPUOS_KICKS (a kick behind every publication's ready words instead of a gated standby; default on) is read
-    and shown by the settings report."""
-    p = run_python("import gpuos_ext; print(gpuos_ext.config()['GPUOS_KICKS'])",
-                   {"GPUOS_KICKS": "" if value is None else value}, timeout=120)  # "": unset
-    assert p.returncode == 0, describe(p)
-    assert p.stdout.split() == [shown], describe(p)
-
-
-@pytest.mark.parametrize("value,shown", [(None, "0"), ("64", "64")])
-def test_kick_alone_setting_is_reported(value, shown):
-    """GPUOS_KICK_ALONE (publications of at most that many sub-ops run by their kick alone; default 0: off) is read
-    and shown by the settings report."""
-    p = run_python("import gpuos_ext; print(gpuos_ext.config()['GPUOS_KICK_ALONE'])",
-                   {"GPUOS_KICK_ALONE": "" if value is None else value}, timeout=120)  # "": unset
+@pytest.mark.parametrize("name,value,shown", [("GPUOS_KICKS", None, "1"), ("GPUOS_KICKS", "1", "1"),
+                                              ("GPUOS_KICKS", "0", "0"), ("GPUOS_KICK_ALONE", None, "0"),
+                                              ("GPUOS_KICK_ALONE", "64", "64")])
+def test_kick_settings_are_reported(name, value, shown):
+    """GPUOS_KICKS (a kick behind every publication's ready words instead of a gated standby; default on) and
+    GPUOS_KICK_ALONE (publications of at most that many sub-ops run by their kick alone; default 0: off) are read and
+    shown by the settings report."""
+    p = run_python(f"import gpuos_ext; print(gpuos_ext.config()[{name!r}])",
+                   {name: "" if value is None else value}, timeout=120)  # "": unset
     assert p.returncode == 0, describe(p)
     assert p.stdout.split() == [shown], describe(p)
 
