@@ -236,6 +236,7 @@ struct WorkerArgs {
   u32 trace_records;  // TraceBuf::per_block when tracing (a copy in the kernel's parameters: a traced item must
                       // not read the mapped host block after its last timestamp -- ~1,000 such reads at once
                       // stretched every claim's tail by 10-20 us, thirty-seventh session)
+  u32 kick_first, kick_last;  // a kick with kStandbyKickWait: the first and last batch of its publication
 };
 
 // WorkerArgs::standby. kStandbyGated: the launch waited on the side stream for a ready word (HostCtl::standby):
@@ -250,9 +251,16 @@ constexpr u32 kStandbyGated = 1, kStandbyFirstLook = 2;
 // its ready words: it exits at once unless it takes the token; with it, it runs what has landed and exits. The
 // module epoch (HostCtl::module_epoch) it was launched under sits above kStandbyEpochShift.
 constexpr u32 kStandbyKick = 4, kStandbyKicks = 8, kStandbyEpochShift = 8;
+// kStandbyKickWait (Config::kick_wait, GPUOS_KICK_WAIT): a kick that finds the token held stays until its
+// publication's last batch (WorkerArgs::kick_last) is done, running claims -- its stream then passes its wait word
+// at once, where the stream's wait on the done word is otherwise released late (the caller's stream round trip,
+// *Kicks* in docs/design/programs.md). It waits only for batches already filled (runnable by its own block, so it
+// depends on no other stream's progress), and for the fill at most kKickFillWaitNs; otherwise it leaves as before.
+constexpr u32 kStandbyKickWait = 16;
+constexpr u64 kKickFillWaitNs = 20000;
 // A kick's claim, fill and launch records go to the trace region of the last traced block (a worker's grid never reaches
 // it), not to block 0's and the poller's, which a worker running beside the kick writes (the regions' counts are
-// plain stores: one writer each).
+// plain stores: one writer each; kicks alive at once on several streams share it, and may lose records).
 constexpr u32 kTraceKicks = 255;
 
 // Claim trace (GPUOS_TRACE=<records per block>; tools/worker_trace.py): thread 0 of block b appends one record
@@ -351,7 +359,7 @@ static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill e
 static_assert(sizeof(AttnArgs) == sizeof(TensorRef), "AttnArgs fills exactly one TensorRef arena slot");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 104, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 112, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

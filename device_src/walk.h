@@ -166,6 +166,18 @@ __device__ u32 leave(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, const Poll
 // the token (a kick holds it; this worker's blocks claim what it fills), the worker takes it when it can.
 __device__ __noinline__ u32 kicks_idle(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Poller& p) {
   const bool kick = (args.standby & kStandbyKick) != 0;
+  if (kick && !p.holder && (args.standby & kStandbyKickWait)) {  // a waiting kick (types.h kStandbyKickWait)
+    const u32 last = args.kick_last, sl = last & (kMaxBatches - 1);
+    if (seq_reached(ld_vol(&dc->done[sl]), last)) return leave(args, dc, hc, p, p.next);
+    if (take_token(args, dc, p)) return kCmdRun;  // free: poll (the holder waits for what it fills)
+    if (!p.idle) {
+      p.idle = true;
+      p.t_idle = globaltimer();
+    }
+    if (ld_vol(&dc->bseq[sl]) != last && globaltimer() - p.t_idle > kKickFillWaitNs)
+      return leave(args, dc, hc, p, p.next);  // not filled yet: maybe behind another stream's ready word
+    return kCmdRun;
+  }
   if (!kick) {
     if (!p.holder && take_token(args, dc, p)) return kCmdRun;
     if (!p.idle) {

@@ -563,10 +563,18 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
       trace_launch(args, 0, w.cur);
       if (args.standby & kStandbyKick) {
         // A kick: launched under an older module (a handover since: its batches all completed) or behind a
-        // launch that holds the token (it will see this kick's ready words) -- nothing to do.
+        // launch that holds the token (it will see this kick's ready words) -- nothing to do, unless it waits
+        // for its batches (kStandbyKickWait: it runs claims meanwhile).
         const bool stale = ((args.standby >> kStandbyEpochShift) ^ ld_vol(&hc->module_epoch)) &
                            (0xffffffffu >> kStandbyEpochShift);
-        if (stale || !take_token(args, dc, p)) s_cmd = leave(args, dc, hc, p, p.next);
+        if (stale) {
+          s_cmd = leave(args, dc, hc, p, p.next);
+        } else if (!take_token(args, dc, p)) {
+          p.holder = false;  // a waiting kick runs claims until its batches are done (kicks_idle), from its first
+          // (next_seq moves only when the token does: it may lag far behind while one worker holds it)
+          if (!(args.standby & kStandbyKickWait)) s_cmd = leave(args, dc, hc, p, p.next);
+          else if ((int)(args.kick_first - w.cur) > 0) w.cur = args.kick_first;
+        }
       } else {
         if (args.standby & kStandbyKicks) p.holder = take_token(args, dc, p);  // else a kick polls: take it later
         st_vol(&hc->worker_state, kWorkerRunning);

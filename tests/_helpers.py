@@ -8,8 +8,9 @@ import textwrap
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: env vars that change runtime behaviour; stripped from subprocess environments unless given (not GPUOS_KICKS and
-#: GPUOS_KICK_ALONE: `GPUOS_KICKS=0 pytest` runs the whole suite, child processes included, with standbys)
+#: env vars that change runtime behaviour; stripped from subprocess environments unless given (not GPUOS_KICKS,
+#: GPUOS_KICK_ALONE, GPUOS_KICK_WAIT: `GPUOS_KICKS=0 pytest` runs the whole suite, child processes included, with
+#: standbys)
 GPUOS_ENV_VARS = ["GPUOS_CACHE_DIR", "GPUOS_CACHE_MAX_MB", "GPUOS_DISABLE_CACHE", "GPUOS_FORBID_COMPILE",
                   "GPUOS_NVRTC_PATH", "GPUOS_TIMEOUT_S", "GPUOS_WORKER_BLOCKS", "GPUOS_IDLE_US", "GPUOS_BURST_MIN", "GPUOS_BURST_BLOCKS",
                   "GPUOS_PUBLISH_MIN", "GPUOS_TRACE", "GPUOS_DMA_MIN", "GPUOS_DMA_LEVELS", "GPUOS_MM_ITEMS",

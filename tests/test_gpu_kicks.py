@@ -124,12 +124,29 @@ def test_program_loop_with_standbys():
     assert out["kicks"] == 0 and out["kick_starts"] == 0 and out["gated_launches"] > 0, out
 
 
+def test_program_loop_with_waiting_kicks():
+    """GPUOS_KICK_WAIT=1: a kick that finds the worker holding the token stays until its call's batches are done,
+    running claims. 300 calls: right results, one kick each, the resident worker kept, shutdown() completes."""
+    out = _result(run_python(_LOOP, env_extra=_env(GPUOS_KICK_WAIT="1", GPUOS_TRACE="4096"), timeout=170))
+    assert out["ok"] and out.get("shutdown") and out["setting"] == "1", out
+    assert out["kicks"] == 300 and out["gated_launches"] == 0 and out["worker_launches"] < 100, out
+    assert out["kick_starts"] == out["kick_exits"] == 300, out
+
+
+def test_live_scheduler_with_waiting_kicks():
+    """The live scheduler's flushes behind eager matmuls with waiting kicks: results equal eager."""
+    out = _result(run_python(_LIVE, env_extra=_env(GPUOS_KICK_WAIT="1"), timeout=170))
+    assert out["ok"] and out["gated"] == 0 and out["kicks"] == out["publications"] > 0, out
+
+
 @pytest.mark.watchdog(200)
-def test_publication_beside_device_wide_blocking_calls_with_standbys():
-    """The wedge regression of test_gpu_reliability.py (which runs with kicks, the default) with GPUOS_KICKS=0: three
-    publishing threads beside a thread that frees memory, synchronizes and starts threads that run their first GEMM
-    -- every thread finishes, results are right, shutdown() completes."""
-    proc = run_python(_DEVICE_WIDE_CHILD, env_extra=_env(kicks="0", GPUOS_TIMEOUT_S="10", GPUOS_IDLE_US="20"),
+@pytest.mark.parametrize("setting", [dict(kicks="0"), dict(GPUOS_KICK_WAIT="1")], ids=["standbys", "waiting_kicks"])
+def test_publication_beside_device_wide_blocking_calls(setting):
+    """The wedge regression of test_gpu_reliability.py (which runs with kicks, the default) with GPUOS_KICKS=0 and
+    with waiting kicks (a kick that stays on its stream until its batches are done): three publishing threads beside
+    a thread that frees memory, synchronizes and starts threads that run their first GEMM -- every thread finishes,
+    results are right, shutdown() completes."""
+    proc = run_python(_DEVICE_WIDE_CHILD, env_extra=_env(GPUOS_TIMEOUT_S="10", GPUOS_IDLE_US="20", **setting),
                       timeout=170)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GPUOS_RESULT ")]
     assert lines, "the child printed no result (a wedge: see every thread's stack below)\n" + describe(proc)

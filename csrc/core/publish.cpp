@@ -280,6 +280,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // TensorRefs are reclaimed batch by batch (retire): only the flush's last batch may release the refs recorded
   // for the flush, which earlier levels and later publications of it still read.
   const uint64_t held_refs = inflight_.empty() ? ref_tail_ : inflight_.back().ref_end;
+  const uint32_t first_seq = last_seq_ + 1;  // this publication's first batch
   uint64_t publishing_subops = 0;
   bool heavy = false;
   for (const Level& lv : publishing) {
@@ -405,7 +406,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   //     published). A small publication may go without one (Config::kick_alone): its kick runs it alone.
   if (cfg_.kicks) {
     ScopedNs launching(st_.publish_launch_ns);
-    launch_kick(stream);
+    launch_kick(stream, cfg_.kick_wait && !early, first_seq);
     __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (cfg_.kick_alone == 0 || early || heavy || publishing_subops > cfg_.kick_alone) maybe_launch_worker(grid);
@@ -519,9 +520,12 @@ WorkerArgs Runtime::worker_args(uint32_t gen, uint32_t standby) const {
   return args;
 }
 
-void Runtime::launch_kick(CUstream stream) {
+void Runtime::launch_kick(CUstream stream, bool wait, uint32_t first) {
   const Driver& d = driver();
-  WorkerArgs args = worker_args(++launches_, kStandbyKicks | kStandbyKick | (module_epoch_ << kStandbyEpochShift));
+  WorkerArgs args = worker_args(++launches_, kStandbyKicks | kStandbyKick | (wait ? kStandbyKickWait : 0u) |
+                                                 (module_epoch_ << kStandbyEpochShift));
+  args.kick_first = first;
+  args.kick_last = last_seq_;
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(kick)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, 1, 1, 1, cfg_.threads_per_block, 1, 1, 0, stream, params, nullptr);

@@ -33,6 +33,7 @@ Config config_from_env() {
   c.handover_queue = e.handover_queue;
   c.kicks = e.kicks;
   c.kick_alone = e.kick_alone;
+  c.kick_wait = e.kick_wait;
   return c;
 }
 

@@ -83,6 +83,9 @@ struct Config {
   // With kicks: a publication of at most this many sub-ops and no heavy level launches no worker when none is
   // resident -- its kick runs it alone, one block on the caller's stream (GPUOS_KICK_ALONE; 0: off).
   uint32_t kick_alone = 0;
+  // With kicks: a kick that finds the poller token held stays, running claims, until its publication's batches are
+  // done, so that its stream passes the wait after it at once (device_src/types.h kStandbyKickWait; GPUOS_KICK_WAIT).
+  bool kick_wait = false;
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
@@ -351,8 +354,10 @@ class Runtime {
   // Launch a worker on the side stream; gate != 0: after the side stream waits for batch `gate`'s ready word
   // (a standby: HostCtl::standby names it, so a resident worker stuck before it may leave).
   void launch_worker(uint32_t grid, uint32_t gate);
-  // Config::kicks: one block of the worker kernel on `stream`, behind the ready words just enqueued there.
-  void launch_kick(CUstream stream);
+  // Config::kicks: one block of the worker kernel on `stream`, behind the ready words just enqueued there; `wait`:
+  // it stays until batch last_seq_ is done, running claims from batch `first` on (Config::kick_wait; not for an
+  // early publication).
+  void launch_kick(CUstream stream, bool wait, uint32_t first);
   WorkerArgs worker_args(uint32_t gen, uint32_t standby) const;  // a launch's parameters
   void wait_kicks(const char* what);  // until every kick launched has exited (DevCtl::kicks_done), with timeout
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream
