@@ -148,7 +148,7 @@ __device__ __noinline__ bool give_token(const WorkerArgs& args, DevCtl* dc, Poll
 __device__ u32 leave(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, const Poller& p, u32 next) {
   if (args.standby & kStandbyKick) {  // one block: its threads see kCmdExit; no exit word, no worker state
     trace_launch(args, p.filled_any ? 3u : 1u, next);
-    __threadfence_system();  // its last record before the count shutdown() waits for (it frees the trace next)
+    if (args.trace) __threadfence_system();  // its last record before the count shutdown() waits for (then frees)
     atomicAdd(&dc->kicks_done, 1u);
     return kCmdExit;
   }
