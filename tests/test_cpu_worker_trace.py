@@ -127,5 +127,22 @@ def test_launch_timeline_pairs_starts_and_exits(wt):
     assert t["launches"] == 3 and t["ran_work"] == 1
     assert t["life_working_us"] == 50.0 and t["life_idle_us"] == 7.0
     assert t["gap_exit_to_next_start_us"] == 6.0  # 57 - 51, 69 - 63, 80 - 77 us: the median
+    assert t["kicks"] == 0 and t["kick_life_us"] != t["kick_life_us"]  # nan
     empty = wt.launch_timeline([])
     assert empty["launches"] == 0 and empty["life_idle_us"] != empty["life_idle_us"]  # nan
+
+
+def test_launch_timeline_keeps_kicks_apart(wt):
+    # kicks (standby flag 'kick' of gpuos_ext.launch_flags()) interleave with the side stream's launches by gen: their
+    # lives are reported apart, and the side stream's gaps go from one worker launch to the next one
+    kick = wt.gpuos_ext.launch_flags()["kick"]
+    kicks = wt.gpuos_ext.launch_flags()["kicks"]
+    recs = [(-3, 1, 0, 0, 0, kicks, 0), (-3, 1, 5, 3, 100000, kicks, 0),                # the worker: 100 us, ran work
+            (-3, 2, 0, 0, 10000, kick | kicks, 0), (-3, 2, 0, 1, 13000, kick | kicks, 0),  # a kick: 3 us, nothing
+            (-3, 3, 0, 0, 20000, kick | kicks, 0), (-3, 3, 0, 1, 24000, kick | kicks, 0),  # 4 us
+            (-3, 4, 0, 0, 30000, kick | kicks, 0), (-3, 4, 1, 3, 40000, kick | kicks, 0),  # took the token: 10 us
+            (-3, 5, 5, 0, 104000, kicks, 0), (-3, 5, 5, 1, 124000, kicks, 0)]              # the next worker launch
+    t = wt.launch_timeline(recs)
+    assert t["launches"] == 2 and t["ran_work"] == 1 and t["life_working_us"] == 100.0 and t["life_idle_us"] == 20.0
+    assert t["gap_exit_to_next_start_us"] == 4.0 and t["gap_p90_us"] == 4.0  # 104 - 100 us
+    assert t["kicks"] == 3 and t["kicks_filled"] == 1 and t["kick_life_us"] == 4.0 and t["kick_life_p90_us"] == 10.0

@@ -43,8 +43,9 @@ outs = [prog(t) for t in xs]
 torch.cuda.synchronize()
 s1 = gpuos.stats()
 recs = gpuos_ext.worker_trace()[torch.cuda.current_device()]["records"] if gpuos_ext.config()["GPUOS_TRACE"] != "0" else []
-kick_starts = sum(1 for r in recs if r[0] == -3 and r[3] == 0 and r[5] & 4)
-kick_exits = sum(1 for r in recs if r[0] == -3 and r[3] != 0 and r[5] & 4)
+KICK = gpuos_ext.launch_flags()["kick"]
+kick_starts = sum(1 for r in recs if r[0] == -3 and r[3] == 0 and r[5] & KICK)
+kick_exits = sum(1 for r in recs if r[0] == -3 and r[3] != 0 and r[5] & KICK)
 ok = all(torch.allclose(o, f(t), rtol=1e-5, atol=1e-6) for o, t in zip(outs, xs))
 d = {k: s1[k] - s0[k] for k in ("kicks", "worker_launches", "gated_launches", "batches")}
 print("KICKS", json.dumps(dict(ok=ok, setting=kicks, kick_starts=kick_starts, kick_exits=kick_exits, **d)))

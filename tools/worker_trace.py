@@ -681,25 +681,38 @@ def attention_chain(kv=128, L=16):
         print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
-def launch_timeline(recs):
-    """The worker launches of a trace (records of block -3): how many, how many ran work, the median lifetime (start
-    to exit, us) of those that ran work and of those that found nothing (standbys whose batch a resident worker ran),
-    and the median gap from one launch's exit to the next one's start (the side stream: its gated wait, the launch)."""
-    start, end = {}, {}
-    for blk, gen, _idx, k, t0, _flags, _e in recs:
+def launch_timeline(recs, kick_flag=None):
+    """The launches of a trace (records of block -3). Worker launches (the side stream): how many, how many ran work,
+    the median lifetime (start to exit, us) of those that ran work and of those that found nothing (standbys whose
+    batch a resident worker ran), and the median gap from one launch's exit to the next one's start (the side
+    stream: its gated wait, the launch). Kicks (standby flag `kick` of gpuos_ext.launch_flags(): one block on a
+    publishing stream) apart: how many, how many took the poller token and filled a batch, their median and p90
+    lifetime."""
+    if kick_flag is None:
+        kick_flag = gpuos_ext.launch_flags()["kick"]
+    start, end, kick = {}, {}, set()
+    for blk, gen, _idx, k, t0, flags, _e in recs:
         if blk == -3:
+            if flags & kick_flag:
+                kick.add(gen)
             if k == 0:
                 start[gen] = t0
             else:
                 end[gen] = (t0, k == 3)
     both = sorted(g for g in start if g in end)
     med = lambda v: round(statistics.median(v), 1) if v else float("nan")  # noqa: E731
-    work = [(end[g][0] - start[g]) / 1e3 for g in both if end[g][1]]
-    idle = [(end[g][0] - start[g]) / 1e3 for g in both if not end[g][1]]
-    gaps = sorted((start[g + 1] - end[g][0]) / 1e3 for g in both if g + 1 in start)
-    return {"launches": len(both), "ran_work": len(work), "life_working_us": med(work), "life_idle_us": med(idle),
-            "gap_exit_to_next_start_us": med(gaps),
-            "gap_p90_us": round(gaps[int(.9 * len(gaps))], 1) if gaps else float("nan")}
+    p90 = lambda v: round(sorted(v)[int(.9 * len(v))], 1) if v else float("nan")  # noqa: E731
+    life = lambda gs, worked: [(end[g][0] - start[g]) / 1e3 for g in gs if end[g][1] == worked]  # noqa: E731
+    launches = [g for g in both if g not in kick]
+    kicks = [g for g in both if g in kick]
+    nxt = sorted(g for g in start if g not in kick)  # the side stream's launches in order (the last may still run)
+    gaps = [(start[b] - end[a][0]) / 1e3 for a, b in zip(nxt, nxt[1:]) if a in end]
+    work = life(launches, True)
+    kick_life = life(kicks, True) + life(kicks, False)
+    return {"launches": len(launches), "ran_work": len(work), "life_working_us": med(work),
+            "life_idle_us": med(life(launches, False)), "gap_exit_to_next_start_us": med(gaps), "gap_p90_us": p90(gaps),
+            "kicks": len(kicks), "kicks_filled": len(life(kicks, True)), "kick_life_us": med(kick_life),
+            "kick_life_p90_us": p90(kick_life)}
 
 
 def calls(n_calls=20):

@@ -364,6 +364,11 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
                     py::arg("max_dims") = kMaxDims, py::arg("first_user_op") = kFirstUserOp,
                     py::arg("tile_elems") = kTileElems);
   }, "Limits of the interpreter, the op id space and tensors (device_src/config.h, interp.h).");
+  m.def("launch_flags", [] {
+    return py::dict(py::arg("gated") = kStandbyGated, py::arg("first_look") = kStandbyFirstLook,
+                    py::arg("kick") = kStandbyKick, py::arg("kicks") = kStandbyKicks,
+                    py::arg("kick_wait") = kStandbyKickWait, py::arg("epoch_shift") = kStandbyEpochShift);
+  }, "WorkerArgs::standby's flags (device_src/types.h): what a launch record of the claim trace carries.");
   m.def("sched_reasons", [] {
     py::dict d;
 #define GPUOS_REASON(n, name) d[py::int_(n)] = #name;
