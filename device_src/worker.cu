@@ -385,12 +385,13 @@ __device__ __noinline__ void trace_put(TraceBuf* tb, u32 r, u32 block, u64 t0, u
 __device__ __forceinline__ void trace_claim(TraceBuf* tb, u32 r, u64 t0, u64 t1, u64 t2, u32 seq, u32 idx, u32 k) {
   trace_put(tb, r, r == kTraceBlocks ? kTraceOpen : r, t0, (u32)(t1 - t0), (u32)(t2 - t1), seq, idx, k);
 }
-// The region of a launch's poller records (batch fills, launch records): kTraceBlocks, or a kick's own region
-// (kTraceKicks): a kick that holds the poller token fills batches while the resident worker's block 0 writes its
-// launch records, and a region has one writer.
-__device__ __forceinline__ u32 poller_region(const WorkerArgs& args) {
-  return (args.standby & kStandbyKick) ? kTraceKicks : kTraceBlocks;
+// The trace region of a launch's records that would go to region r (a block's claims; kTraceBlocks: batch fills and
+// launch records): a kick's all go to its own region (kTraceKicks), since a kick that holds the poller token fills
+// batches while the resident worker's block 0 writes its launch records, and a region has one writer.
+__device__ __forceinline__ u32 trace_region(const WorkerArgs& args, u32 r) {
+  return (args.standby & kStandbyKick) ? kTraceKicks : r;
 }
+__device__ __forceinline__ u32 poller_region(const WorkerArgs& args) { return trace_region(args, kTraceBlocks); }
 // A launch record (kTraceLaunch) in the poller's region: its start (what 0) or exit (what 1 | 2 if it ran work).
 __device__ __forceinline__ void trace_launch(const WorkerArgs& args, u32 what, u32 idx) {
   if (args.trace)
@@ -518,8 +519,7 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   // the count. One fence per block, not one per warp.
   if (threadIdx.x == 0) {
     if (tb && blockIdx.x < kTraceBlocks)
-      trace_claim(tb, (args.standby & kStandbyKick) ? kTraceKicks : blockIdx.x, t_claim, t_loaded, globaltimer(), seq,
-                  idx, k);
+      trace_claim(tb, trace_region(args, blockIdx.x), t_claim, t_loaded, globaltimer(), seq, idx, k);
     fence_acq_rel();
     const u32 old = atomicSub(&dc->remaining[slot], k);
     if (old == k) {  // this block finished the batch: signal once, the next level's blocks first

@@ -47,10 +47,11 @@ KICK = gpuos_ext.launch_flags()["kick"]
 kick_starts = sum(1 for r in recs if r[0] == -3 and r[3] == 0 and r[5] & KICK)
 kick_exits = sum(1 for r in recs if r[0] == -3 and r[3] != 0 and r[5] & KICK)
 ok = all(torch.allclose(o, f(t), rtol=1e-5, atol=1e-6) for o, t in zip(outs, xs))
-d = {k: s1[k] - s0[k] for k in ("kicks", "worker_launches", "gated_launches", "batches")}
-print("KICKS", json.dumps(dict(ok=ok, setting=kicks, kick_starts=kick_starts, kick_exits=kick_exits, **d)))
+res = dict(ok=ok, setting=kicks, kick_starts=kick_starts, kick_exits=kick_exits,
+           **{k: s1[k] - s0[k] for k in ("kicks", "worker_launches", "gated_launches", "batches")})
+print("KICKS", json.dumps(res))
 gpuos.shutdown()
-print("KICKS", json.dumps(dict(ok=ok, setting=kicks, shutdown=True, kick_starts=kick_starts, kick_exits=kick_exits, **d)))
+print("KICKS", json.dumps(dict(res, shutdown=True)))
 """
 
 

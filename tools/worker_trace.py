@@ -702,17 +702,17 @@ def launch_timeline(recs, kick_flag=None):
     both = sorted(g for g in start if g in end)
     med = lambda v: round(statistics.median(v), 1) if v else float("nan")  # noqa: E731
     p90 = lambda v: round(sorted(v)[int(.9 * len(v))], 1) if v else float("nan")  # noqa: E731
-    life = lambda gs, worked: [(end[g][0] - start[g]) / 1e3 for g in gs if end[g][1] == worked]  # noqa: E731
+    life = lambda g: (end[g][0] - start[g]) / 1e3  # noqa: E731
     launches = [g for g in both if g not in kick]
     kicks = [g for g in both if g in kick]
     nxt = sorted(g for g in start if g not in kick)  # the side stream's launches in order (the last may still run)
     gaps = [(start[b] - end[a][0]) / 1e3 for a, b in zip(nxt, nxt[1:]) if a in end]
-    work = life(launches, True)
-    kick_life = life(kicks, True) + life(kicks, False)
+    work = [life(g) for g in launches if end[g][1]]
+    kick_life = [life(g) for g in kicks]
     return {"launches": len(launches), "ran_work": len(work), "life_working_us": med(work),
-            "life_idle_us": med(life(launches, False)), "gap_exit_to_next_start_us": med(gaps), "gap_p90_us": p90(gaps),
-            "kicks": len(kicks), "kicks_filled": len(life(kicks, True)), "kick_life_us": med(kick_life),
-            "kick_life_p90_us": p90(kick_life)}
+            "life_idle_us": med([life(g) for g in launches if not end[g][1]]), "gap_exit_to_next_start_us": med(gaps),
+            "gap_p90_us": p90(gaps), "kicks": len(kicks), "kicks_filled": sum(end[g][1] for g in kicks),
+            "kick_life_us": med(kick_life), "kick_life_p90_us": p90(kick_life)}
 
 
 def calls(n_calls=20):

@@ -1,11 +1,11 @@
-// csrc/core/publish.cpp -- publication: staged levels -> ring -> batches in stream order; the elastic worker's
-// launch; every wait of the host for a batch.
+// csrc/core/publish.cpp -- publication: staged levels -> ring -> batches in stream order; when the worker and the
+// kicks are launched (core/launch.cpp launches them); every wait of the host for a batch.
 //
 // flush() issues one cuStreamBatchMemOp on the user's stream that (a) writes each level's ready word in device
 // memory -- so the worker opens a level only after the stream work queued before the flush -- and (b) makes
-// the stream wait for the last level's done word -- so later stream work sees the outputs. No host sync. The
-// worker is launched on a side stream when the Dekker handshake says none is running; it exits by itself
-// after idle_us with nothing published.
+// the stream wait for the last level's done word -- so later stream work sees the outputs. No host sync. Between
+// them, a kick on the same stream (or, with GPUOS_KICKS=0, a worker launch on a side stream when the Dekker
+// handshake says none is running); the resident worker exits by itself after idle_us.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -24,29 +24,10 @@ constexpr size_t kMaxLevelsPerFlush = 200;
 // A level with this many matmul items launches the worker on the burst grid (streaming a weight wants every SM).
 constexpr uint32_t kHeavyBurst = 64;
 
-// A stream memop that waits until the 32-bit word at addr is >= v (wrap-aware).
-CUstreamBatchMemOpParams memop_write64(CUdeviceptr addr, uint64_t v) {
-  CUstreamBatchMemOpParams w{};
-  w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-  w.writeValue.address = addr;
-  w.writeValue.value64 = v;
-  w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-  return w;
-}
-
 uint32_t heavy_items(const SubOp* descs, size_t n) {
   uint32_t heavy = 0;
   for (size_t i = 0; i < n; ++i) heavy += descs[i].op == kOp_mm || descs[i].op == kOp_sdpa;
   return heavy;
-}
-
-static CUstreamBatchMemOpParams wait_geq(CUdeviceptr addr, uint32_t v) {
-  CUstreamBatchMemOpParams wt{};
-  wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  wt.waitValue.address = addr;
-  wt.waitValue.value = v;
-  wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-  return wt;
 }
 
 bool Runtime::seq_done(uint32_t seq) const {
@@ -448,103 +429,6 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // reuse the memory before the worker is done with it): not after an early publication.
   if (!early && last && on_publish_) on_publish_();
   return last_seq_;
-}
-
-static std::atomic<bool> g_standby_first_look{true};
-void set_standby_first_look(bool on) { g_standby_first_look.store(on, std::memory_order_relaxed); }
-bool standby_first_look() { return g_standby_first_look.load(std::memory_order_relaxed); }
-
-void Runtime::maybe_launch_worker(uint32_t grid) {
-  if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
-  launch_worker(grid, 0);
-}
-
-void Runtime::launch_worker(uint32_t grid, uint32_t gate) {
-  const Driver& d = driver();
-  const uint64_t old_standby = __atomic_load_n(&hc_->standby, __ATOMIC_SEQ_CST);
-  if (gate) {
-    // The side stream waits for the gate batch's ready word (its low word is the seq; GEQ is wrap-aware, and a
-    // slot's later seqs are larger), then runs the launch below.
-    __atomic_store_n(&hc_->standby, ((uint64_t)(launches_ + 1) << 32) | gate, __ATOMIC_SEQ_CST);
-    const CUdeviceptr ready = dc_d_ + __builtin_offsetof(DevCtl, ready) + 8ull * (gate & (kMaxBatches - 1));
-    CUstreamBatchMemOpParams wt = wait_geq(ready, gate);
-    PhaseMark pm(phase_, "publish step 1b: cuStreamBatchMemOp(side stream waits for the ready word)");
-    const CUresult r = d.cuStreamBatchMemOp(side_, 1, &wt, 0);
-    if (r != CUDA_SUCCESS) {
-      __atomic_store_n(&hc_->standby, old_standby, __ATOMIC_SEQ_CST);
-      throw_cuda(r, "cuStreamBatchMemOp(side stream, wait for a ready word)", __FILE__, __LINE__);
-    }
-    st_.gated_launches++;
-  }
-  __atomic_store_n(&hc_->worker_state, kWorkerRunning, __ATOMIC_SEQ_CST);
-  __atomic_store_n(&hc_->yield_request, 0u, __ATOMIC_SEQ_CST);
-  WorkerArgs args = worker_args(++launches_, cfg_.kicks ? kStandbyKicks
-                                             : !gate ? 0u
-                                             : standby_first_look() ? kStandbyGated | kStandbyFirstLook
-                                                                    : kStandbyGated);
-  void* params[] = {&args};
-  PhaseMark pm(phase_, "cuLaunchKernel(worker)");
-  const CUresult r = d.cuLaunchKernel(worker_fn_, grid, 1, 1, cfg_.threads_per_block, 1, 1, 0, side_, params, nullptr);
-  if (r != CUDA_SUCCESS) {
-    // No worker runs: say so, or every later publication would trust a worker that does not exist and every
-    // wait would time out. The batches stay published; the next publication launches a worker for them.
-    --launches_;
-    __atomic_store_n(&hc_->worker_state, kWorkerExiting, __ATOMIC_SEQ_CST);
-    if (gate) __atomic_store_n(&hc_->standby, old_standby, __ATOMIC_SEQ_CST);
-    throw_cuda(r, "cuLaunchKernel(worker)", __FILE__, __LINE__);
-  }
-  launched_grid_ = grid;
-  st_.worker_launches++;
-  if (grid != grid_) st_.burst_launches++;
-}
-
-WorkerArgs Runtime::worker_args(uint32_t gen, uint32_t standby) const {
-  WorkerArgs args{};
-  args.host_ctl = hc_d_;
-  args.dev_ctl = dc_d_;
-  args.ring = ring_d_;
-  args.ring_dev = ring_dev_;
-  args.capacity = cfg_.capacity;
-  args.gen = gen;
-  args.idle_ns = (uint64_t)((program_launches_ && cfg_.program_idle_us >= 0 ? cfg_.program_idle_us : cfg_.idle_us) *
-                            1000.0);
-  args.progs = progs_d_;
-  args.trace = trace_d_;
-  args.trace_records = trace_d_ ? cfg_.trace_records : 0u;
-  args.keep_blocks = grid_;
-  args.refs = refs_d_;
-  args.refs_dev = refs_dev_;
-  args.scratch = scratch_d_;
-  args.standby = standby;
-  args.handover = cfg_.handover_queue;
-  return args;
-}
-
-void Runtime::launch_kick(CUstream stream, bool wait, uint32_t first) {
-  const Driver& d = driver();
-  WorkerArgs args = worker_args(++launches_, kStandbyKicks | kStandbyKick | (wait ? kStandbyKickWait : 0u) |
-                                                 (module_epoch_ << kStandbyEpochShift));
-  args.kick_first = first;
-  args.kick_last = last_seq_;
-  void* params[] = {&args};
-  PhaseMark pm(phase_, "cuLaunchKernel(kick)");
-  const CUresult r = d.cuLaunchKernel(worker_fn_, 1, 1, 1, cfg_.threads_per_block, 1, 1, 0, stream, params, nullptr);
-  if (r != CUDA_SUCCESS) {
-    // The batches stay published with no cover: a worker launch (ungated) runs them if none is resident.
-    --launches_;
-    __atomic_store_n(&hc_->worker_state, kWorkerExiting, __ATOMIC_SEQ_CST);
-    throw_cuda(r, "cuLaunchKernel(kick)", __FILE__, __LINE__);
-  }
-  ++kicks_launched_;
-  st_.kicks++;
-}
-
-void Runtime::wait_kicks(const char* what) {
-  if (!cfg_.kicks || kicks_launched_ == 0) return;
-  // The control stream waits for the count, the host for the control stream (with the timeout).
-  CUstreamBatchMemOpParams wt = wait_geq(dc_d_ + __builtin_offsetof(DevCtl, kicks_done), kicks_launched_);
-  GPUOS_CU(driver().cuStreamBatchMemOp(ctl_, 1, &wt, 0));
-  sync_ctl((std::string("the kicks launched on the publishing streams to exit (") + what + ")").c_str());
 }
 
 std::string Runtime::snapshot() const {

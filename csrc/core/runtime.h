@@ -97,8 +97,6 @@ uint32_t attention_split(int64_t tiles, int64_t Lk, uint32_t capacity, uint32_t 
 uint64_t capture_tile(uint64_t per_tile, uint64_t total, uint64_t min_units);
 // Matmul and attention items among n descriptors (a level of them goes by DMA; many launch on the burst grid).
 uint32_t heavy_items(const SubOp* descs, size_t n);
-// A stream memory operation writing v to addr (default flags: a fence orders the stream's earlier writes before it).
-CUstreamBatchMemOpParams memop_write64(CUdeviceptr addr, uint64_t v);
 // Defaults with the environment's settings applied (config/config.h).
 Config config_from_env();
 

@@ -54,6 +54,24 @@ union CUstreamBatchMemOpParams {
   uint64_t pad[6];
 };
 static_assert(sizeof(CUstreamBatchMemOpParams) == 48, "CUstreamBatchMemOpParams ABI");
+// A stream memop writing v to addr (default flags: a fence orders the stream's earlier writes before it).
+inline CUstreamBatchMemOpParams memop_write64(CUdeviceptr addr, uint64_t v) {
+  CUstreamBatchMemOpParams w{};
+  w.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  w.writeValue.address = addr;
+  w.writeValue.value64 = v;
+  w.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return w;
+}
+// A stream memop that waits until the 32-bit word at addr is >= v (wrap-aware).
+inline CUstreamBatchMemOpParams wait_geq(CUdeviceptr addr, uint32_t v) {
+  CUstreamBatchMemOpParams wt{};
+  wt.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  wt.waitValue.address = addr;
+  wt.waitValue.value = v;
+  wt.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return wt;
+}
 
 // ---- errors (mapped to gpuos.CudaError / gpuos.CompileError in tensor/errors.cpp) ----
 struct CudaError : std::runtime_error {
