@@ -91,7 +91,7 @@ def note_runtime_events(ext) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
     st = ext.stats()
-    now = {k: st.get(k, 0) for k in ("handovers", "idle_adoptions", "jit_compiles")}
+    now = {k: st.get(k, 0) for k in ("handovers", "idle_adoptions", "busy_adoptions", "jit_compiles")}
     with _seen_lock:
         before = dict(_last_counts) or now
         _last_counts.update(now)
@@ -99,8 +99,9 @@ def note_runtime_events(ext) -> None:
         logger.info("%d NVRTC compile(s) finished (tier-2 code of hot fused chains or injected ops)",
                     now["jit_compiles"] - before["jit_compiles"])
     if now["handovers"] > before["handovers"]:
-        logger.info("%d handover(s) to a new worker generation (%d while no worker was resident)",
-                    now["handovers"] - before["handovers"], now["idle_adoptions"] - before["idle_adoptions"])
+        logger.info("%d handover(s) to a new worker generation (%d while no worker was resident, %d from a resident "
+                    "worker once the published work was done)", now["handovers"] - before["handovers"],
+                    now["idle_adoptions"] - before["idle_adoptions"], now["busy_adoptions"] - before["busy_adoptions"])
 
 
 def traced(cause: str, fn, *args):

@@ -17,7 +17,7 @@ API_FUNCS = [
     "link_info", "whole_build_info", "wait_whole_builds", "set_whole_build",
 ]
 STATS_KEYS = ["submitted", "batches", "flushes", "worker_launches", "handovers", "jit_compiles",
-              "cache_hits", "idle_adoptions", "burst_launches", "early_publishes", "publications", "gated_launches",
+              "cache_hits", "idle_adoptions", "busy_adoptions", "burst_launches", "early_publishes", "publications", "gated_launches",
               "joined_batches", "working_launches", "kicks"]
 
 

@@ -157,7 +157,7 @@ def test_handovers_and_compiles_are_logged_once(caplog):
     from gpuos import _log
 
     class Ext:
-        counts = {"handovers": 0, "idle_adoptions": 0, "jit_compiles": 0}
+        counts = {"handovers": 0, "idle_adoptions": 0, "busy_adoptions": 0, "jit_compiles": 0}
 
         def stats(self):
             return dict(self.counts)
@@ -165,9 +165,10 @@ def test_handovers_and_compiles_are_logged_once(caplog):
     _log._last_counts.clear()
     ext = Ext()
     _log.note_runtime_events(ext)                  # first call: the baseline
-    ext.counts.update(handovers=2, idle_adoptions=1, jit_compiles=1)
+    ext.counts.update(handovers=3, idle_adoptions=1, busy_adoptions=1, jit_compiles=1)
     _log.note_runtime_events(ext)
     _log.note_runtime_events(ext)                  # nothing new
     msgs = [r.getMessage() for r in caplog.records if r.name == "gpuos"]
     assert msgs == ["1 NVRTC compile(s) finished (tier-2 code of hot fused chains or injected ops)",
-                    "2 handover(s) to a new worker generation (1 while no worker was resident)"], msgs
+                    "3 handover(s) to a new worker generation (1 while no worker was resident, 1 from a resident "
+                    "worker once the published work was done)"], msgs

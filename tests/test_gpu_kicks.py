@@ -141,6 +141,49 @@ def test_live_scheduler_with_waiting_kicks():
     assert out["ok"] and out["gated"] == 0 and out["kicks"] == out["publications"] > 0, out
 
 
+_ADOPT = """
+import json, time, torch, gpuos, gpuos_ext
+gpuos.init()
+gpuos_ext.set_specialize_after(3)  # the program's row code goes to tier 2 after 3 replays
+dev = torch.cuda.current_device()
+x = torch.randn(16, 256, device="cuda")
+def f(t):
+    for _ in range(4):
+        t = (t - t.mean(-1, keepdim=True)) * 0.5
+    return t
+prog = gpuos.capture(f, x)
+ref = f(x)
+torch.cuda.synchronize()
+g0 = gpuos.generation_info()["active"][dev]
+s0 = gpuos.stats()
+calls, t_end = 0, time.monotonic() + 90
+while gpuos.generation_info()["ready"] <= g0 and time.monotonic() < t_end:  # no synchronization: always busy
+    for _ in range(16):
+        out = prog(x)
+    calls += 16
+ready = gpuos.generation_info()["ready"]
+outs = [prog(x) for _ in range(200)]
+active = gpuos.generation_info()["active"][dev]  # before any synchronization
+torch.cuda.synchronize()
+s1 = gpuos.stats()
+ok = all(torch.allclose(o, ref, rtol=1e-4, atol=1e-5) for o in outs + [out])
+print("KICKS", json.dumps(dict(ok=ok, g0=g0, ready=ready, active=active, calls=calls,
+                               **{k: s1[k] - s0[k] for k in ("busy_adoptions", "idle_adoptions", "handovers")})))
+"""
+
+
+def test_busy_program_loop_adopts_a_ready_generation():
+    """A program called back to back, never synchronized, with a worker idle time longer than the loop (the worker
+    stays resident for good: a kick covers every call): once a newer generation is ready (the program's tier-2
+    code), the next publication waits for the published calls and hands over -- the loop runs the newer
+    generation's code before it ends (before the fix it ran the interpreter until the loop paused), with results
+    equal to eager throughout."""
+    out = _result(run_python(_ADOPT, env_extra=_env(GPUOS_IDLE_US="100000", GPUOS_PROGRAM_IDLE_US="100000"),
+                             timeout=170))
+    assert out["ok"] and out["ready"] > out["g0"], out
+    assert out["active"] >= out["ready"] and out["busy_adoptions"] >= 1 and out["handovers"] >= 1, out
+
+
 @pytest.mark.watchdog(200)
 @pytest.mark.parametrize("setting", [dict(kicks="0"), dict(GPUOS_KICK_WAIT="1")], ids=["standbys", "waiting_kicks"])
 def test_publication_beside_device_wide_blocking_calls(setting):

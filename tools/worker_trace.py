@@ -13,7 +13,7 @@ level ending (before its block's atomicSub) to the first claim of the next level
 `ops` (dependent chains of one small op under the scheduler: add, casts, a mean, a strided add) gives one warp's
 cost per op kind. `calls` (W5's MLP block captured as a program and called 20 times back to back: per call the exec span of its
 levels, the handoffs inside it and the gap before the next call, and the worker launches (launch_timeline); env
-CALLS_SIZE (W5 size, or ew: program_probe callcost's one-level program), CALLS_N (calls, default 20), CALLS_IMAGES=0
+CALLS_SIZE (W5 size, ew: program_probe callcost's one-level program, or rounds<k>: its k-round one), CALLS_N (calls, default 20), CALLS_IMAGES=0
 (replays staged entry by entry instead of from tape images)). `hf` (W7's llama-small / gpt2-small static decode step captured as a program, one replay traced;
 needs transformers; env HF_SIZE_THRESHOLD: the capture's size threshold, HF_LABELS: W7 labels, comma-separated,
 HF_TOP: how many of the slowest levels to list, 0 for every level in order):
@@ -681,6 +681,9 @@ def attention_chain(kv=128, L=16):
         print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
+KICK_BLOCK = 255  # device_src/types.h kTraceKicks: a kick's claims are recorded as this block
+
+
 def launch_timeline(recs, kick_flag=None):
     """The launches of a trace (records of block -3). Worker launches (the side stream): how many, how many ran work,
     the median lifetime (start to exit, us) of those that ran work and of those that found nothing (standbys whose
@@ -728,6 +731,14 @@ def calls(n_calls=20):
     if size == "ew":  # callcost's one-level program (program_probe.py): a fused chain on 16 x 256 fp32
         x = torch.randn(16, 256, device="cuda")
         prog = gpuos.capture(lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0), x)
+    elif size.startswith("rounds"):  # callcost's k mean-subtract rounds (program_probe.py), e.g. rounds8
+        x, k = torch.randn(16, 256, device="cuda"), int(size[6:])
+
+        def f(t):
+            for _ in range(k):
+                t = (t - t.mean(-1, keepdim=True)) * 0.5
+            return t
+        prog = gpuos.capture(f, x)
     else:
         d = M.make_case(size, 10, "cuda").data
         x = d.x
@@ -757,7 +768,10 @@ def calls(n_calls=20):
             a, b = span.get(seq, (1 << 62, 0))
             span[seq] = (min(a, t + load), max(b, t + load + exe))
     seqs = sorted(span)
-    print(f"calls {size} launches: {launch_timeline(recs)}", flush=True)
+    claims = [r for r in recs if r[0] >= 0]
+    by_kick = sum(r[0] == KICK_BLOCK for r in claims)
+    print(f"calls {size} launches: {launch_timeline(recs)}; claims {len(claims)}, by kicks {by_kick}, blocks "
+          f"{len({r[0] for r in claims})}", flush=True)
     if len(seqs) != nlev * n_calls:
         print(f"calls: {len(seqs)} traced batches for {n_calls} calls of {nlev} levels; skipped")
         return

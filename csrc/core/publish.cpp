@@ -230,10 +230,11 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   make_current();
   // Generations, before anything is published (a module load must not wait behind a stream that
   // waits for work no worker would run): a pending sub-op that needs a newer generation drains the worker and
-  // loads it; otherwise a newer ready generation takes over if the worker has left (idle exit).
+  // loads it; otherwise a newer ready generation takes over (maybe_adopt_generation: at once if the worker has left,
+  // with kicks also after the published batches complete when it has not).
   // (pending_need_gen_ is never reset: an op whose tiles straddle a ring-full flush keeps its need.)
   if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
-  else maybe_adopt_generation();
+  else maybe_adopt_generation(true);
   const Driver& d = driver();
   // An early publication is bulk work: if a worker on the bounded grid is resident and idle (everything
   // published has run), let it leave so that this publication launches one on the burst grid. (A busy one keeps

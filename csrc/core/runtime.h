@@ -124,6 +124,7 @@ struct Operand {
   X(worker_launches)                                                                                      \
   X(handovers)                                                                                            \
   X(idle_adoptions)     /* handovers done by the compile thread while no worker was resident */           \
+  X(busy_adoptions)     /* handovers a publication made with a worker resident (kicks: maybe_adopt_generation) */ \
   X(burst_launches)     /* worker launches on the burst grid (Config::burst_min) */                       \
   X(early_publishes)    /* publications made during recording (Config::publish_min) */                    \
   X(joined_batches)     /* batches that ran beside the one before them (kReadyJoin: Config::join_levels) */  \
@@ -364,7 +365,9 @@ class Runtime {
   void gen_shutdown();               // unload retired modules
   double drain_worker(const char* why);  // us waited until no worker is resident or queued
   HandoverTimes handover(uint32_t gen, const char* why);
-  void maybe_adopt_generation();     // flush: take over a newer ready generation if no worker is resident
+  // Take over a newer ready generation if no worker is resident -- or, from a publication (`busy`) with kicks, also
+  // when one is: after the published batches complete (a bounded wait, retried with a backoff).
+  void maybe_adopt_generation(bool busy);
   void note_op_gen(uint32_t op);
   void make_current();
   // A tensor-core product of M x K by K x N as record_matmul would take it unsplit: its cut (column tiles per item,
@@ -489,6 +492,8 @@ class Runtime {
   uint32_t active_gen_ = 0;           // generation whose module the worker is launched from
   uint32_t pending_need_gen_ = 0;     // newest generation any recorded sub-op needed (monotonic)
   uint32_t failed_load_gen_ = 0;      // generation whose module failed to load here (not retried at idle)
+  std::chrono::steady_clock::time_point adopt_retry_{};  // a busy adoption whose wait timed out: not before this
+  double adopt_backoff_s_ = 0.0;      // ... and the next backoff after it (doubles per timed-out wait)
   std::vector<CUmodule> old_modules_;  // retired generations, unloaded at shutdown
   uint8_t alias_host_[2][256] = {};   // host copy of both alias-table versions
   uint32_t alias_ver_ = 0;            // AliasCtl::ver as last written

@@ -18,21 +18,27 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spin until done() is true; throw CudaError(timeout_message()) once timeout_s have passed. done() may throw
-// (a failed driver query). After a short spin the thread yields its core between polls.
-template <class Done, class Message>
-void spin_wait(double timeout_s, Done&& done, Message&& timeout_message) {
-  if (done()) return;
+// Spin until done() is true or timeout_s have passed; returns whether done() came true. done() may throw (a failed
+// driver query). After a short spin the thread yields its core between polls.
+template <class Done>
+bool spin_until(double timeout_s, Done&& done) {
+  if (done()) return true;
   const auto t0 = std::chrono::steady_clock::now();
   const auto limit = std::chrono::duration<double>(timeout_s);
   for (uint32_t spin = 1;; ++spin) {
-    if (done()) return;
+    if (done()) return true;
     cpu_relax();
     if ((spin & 255) == 0) {
-      if (std::chrono::steady_clock::now() - t0 > limit) throw CudaError(timeout_message());
+      if (std::chrono::steady_clock::now() - t0 > limit) return false;
       if (spin > (1u << 16)) std::this_thread::yield();
     }
   }
+}
+
+// The same, for a wait that must end: throws CudaError(timeout_message()) once timeout_s have passed.
+template <class Done, class Message>
+void spin_wait(double timeout_s, Done&& done, Message&& timeout_message) {
+  if (!spin_until(timeout_s, done)) throw CudaError(timeout_message());
 }
 
 // Wait (bounded) until everything queued on `stream` has run.
