@@ -448,6 +448,7 @@ def callcost_probe():
         evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
         host = []
         s0 = gpuos.stats()
+        s0_gen = gpuos.generation_info()["active"][torch.cuda.current_device()]
         t0 = time.perf_counter()
         for i in range(n):
             evs[i].record()
@@ -465,7 +466,11 @@ def callcost_probe():
              "back_to_back_us": round((td - t0) * 1e6 / n, 1), "host_us": round((th - t0) * 1e6 / n, 1),
              "host_p10_p50_p90": [_q(host, .1), _q(host, .5), _q(host, .9)],
              "span_p10_p50_p90": [_q(span, .1), _q(span, .5), _q(span, .9)],
-             **{key: round((s1[key] - s0[key]) / n, 3) for key in ("worker_launches", "working_launches")}})
+             **{key: round((s1[key] - s0[key]) / n, 3) for key in ("worker_launches", "working_launches")},
+             # the generation the loop ended on (a program's tier-2 code: a newer one than at its start) and the
+             # handovers during it (busy_adoptions: taken while the worker was resident)
+             "generation": [s0_gen, gpuos.generation_info()["active"][torch.cuda.current_device()]],
+             "busy_adoptions": s1["busy_adoptions"] - s0["busy_adoptions"]})
     for k in (1, 8):
         f = rounds(k)
         g = graph_of(lambda: f(x))

@@ -681,9 +681,6 @@ def attention_chain(kv=128, L=16):
         print(f"  ({dropped} records dropped: raise GPUOS_TRACE)")
 
 
-KICK_BLOCK = 255  # device_src/types.h kTraceKicks: a kick's claims are recorded as this block
-
-
 def launch_timeline(recs, kick_flag=None):
     """The launches of a trace (records of block -3). Worker launches (the side stream): how many, how many ran work,
     the median lifetime (start to exit, us) of those that ran work and of those that found nothing (standbys whose
@@ -769,7 +766,8 @@ def calls(n_calls=20):
             span[seq] = (min(a, t + load), max(b, t + load + exe))
     seqs = sorted(span)
     claims = [r for r in recs if r[0] >= 0]
-    by_kick = sum(r[0] == KICK_BLOCK for r in claims)
+    kick_block = gpuos_ext.launch_flags()["kick_block"]  # the block number of a kick's claim records
+    by_kick = sum(r[0] == kick_block for r in claims)
     print(f"calls {size} launches: {launch_timeline(recs)}; claims {len(claims)}, by kicks {by_kick}, blocks "
           f"{len({r[0] for r in claims})}", flush=True)
     if len(seqs) != nlev * n_calls:

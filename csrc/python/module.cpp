@@ -367,8 +367,10 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   m.def("launch_flags", [] {
     return py::dict(py::arg("gated") = kStandbyGated, py::arg("first_look") = kStandbyFirstLook,
                     py::arg("kick") = kStandbyKick, py::arg("kicks") = kStandbyKicks,
-                    py::arg("kick_wait") = kStandbyKickWait, py::arg("epoch_shift") = kStandbyEpochShift);
-  }, "WorkerArgs::standby's flags (device_src/types.h): what a launch record of the claim trace carries.");
+                    py::arg("kick_wait") = kStandbyKickWait, py::arg("epoch_shift") = kStandbyEpochShift,
+                    py::arg("kick_block") = kTraceKicks);
+  }, "WorkerArgs::standby's flags (device_src/types.h): what a launch record of the claim trace carries; kick_block: "
+     "the block number of a kick's claim records (kTraceKicks).");
   m.def("sched_reasons", [] {
     py::dict d;
 #define GPUOS_REASON(n, name) d[py::int_(n)] = #name;
