@@ -1,4 +1,5 @@
-// tools/hop_bench.cu -- what a program call's stream hops cost (GPU machine, ~5 s; forty-sixth session).
+// tools/hop_bench.cu -- what a program call's stream hops cost (GPU machine, ~5 s; forty-sixth session: its first
+// run wedged -- kernels loaded lazily while the worker spun, F3 -- fixed with eager loading, not yet run again).
 //
 //   nvcc -std=c++17 -arch=native -O2 tools/hop_bench.cu -lcuda -o /tmp/hop_bench && /tmp/hop_bench
 //
@@ -17,7 +18,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #define CK(x)                                                                \
@@ -85,6 +88,22 @@ __global__ void stamp(u64* at, int i, int exit_too) {
   if (exit_too) at[2 * i + 1] = gtime();
 }
 
+// Bounded wait for a stream: on a timeout (a variant that wedged) both words are forced to their maximum from another
+// stream, which ends every spin and stream wait, and the variant is reported as wedged.
+static bool wait_bounded(cudaStream_t s, unsigned* flags, cudaStream_t side, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s) == cudaErrorNotReady)
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
+      static unsigned big[64];
+      std::fill(big, big + 64, 0xffffffffu);  // ready (word 0) and done (word 32)
+      cudaMemcpyAsync(flags, big, sizeof(big), cudaMemcpyHostToDevice, side);
+      cudaStreamSynchronize(side);
+      cudaDeviceSynchronize();
+      return false;
+    }
+  return true;
+}
+
 static void report(const char* name, std::vector<double> v) {
   std::sort(v.begin(), v.end());
   std::printf("%-16s median %6.2f us  p10 %6.2f  p90 %6.2f  (n %zu)\n", name, v[v.size() / 2], v[v.size() / 10],
@@ -92,6 +111,10 @@ static void report(const char* name, std::vector<double> v) {
 }
 
 int main() {
+  // Eager loading: a kernel loaded lazily on its first launch while the worker spins would wait for the worker to
+  // exit (DESIGN F3), and the worker for that kernel's ready word.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
   CU(cuInit(0));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -106,9 +129,18 @@ int main() {
   CK(cudaMalloc(&stored, kCalls * sizeof(u64)));
   CK(cudaMalloc(&stamps, 2 * kCalls * sizeof(u64)));
   CK(cudaMalloc(&failed, sizeof(int)));
-  cudaStream_t ws, cs;
+  cudaStream_t ws, cs, side;
   CK(cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  // Every kernel launched once before any worker is resident (with EAGER above, belt and braces).
+  CK(cudaMemset(flags, 0, 256));
+  empty_kernel<<<1, 32, 0, cs>>>();
+  write_ready<<<1, 1, 0, cs>>>(ready, 1);
+  kick_wait<<<1, 1, 0, cs>>>(ready, ready, 1);  // its "done" word is the ready word just written: returns at once
+  stamp<<<1, 32, 0, cs>>>(stamps, 0, 1);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
   const char* names[] = {"memops", "memops+kick", "wait+kernel", "kernel only"};
   for (int variant = 0; variant < 4; ++variant) {
     CK(cudaMemset(flags, 0, 256));
@@ -132,7 +164,10 @@ int main() {
       }
     }
     CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    if (!wait_bounded(cs, flags, side, 10.0) || !wait_bounded(ws, flags, side, 1.0)) {
+      std::printf("%-16s wedged (10 s): skipped\n", names[variant]);
+      continue;
+    }
     int f = 0;
     CK(cudaMemcpy(&f, failed, sizeof(int), cudaMemcpyDeviceToHost));
     if (f) {
@@ -149,7 +184,7 @@ int main() {
   // Reference: kernel -> kernel on one stream (exit stamp of one to the start stamp of the next).
   for (int i = 0; i < kCalls; ++i) stamp<<<1, 32, 0, cs>>>(stamps, i, 1);
   CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
+  if (!wait_bounded(cs, flags, side, 10.0)) return 1;
   std::vector<u64> st(2 * kCalls);
   CK(cudaMemcpy(st.data(), stamps, 2 * kCalls * sizeof(u64), cudaMemcpyDeviceToHost));
   std::vector<double> kk;
