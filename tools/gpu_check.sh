@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One full GPU verification in one device call (build, GPU test suite, examples, benchmarks), logs under
 # $OUT (or ./gpu_logs). Budget about 8 minutes on an H100/H200 when the NVRTC cache is cold.
-#   device run: bash tools/gpu_check.sh [build|tests|tests1|tests2|bench|all|stress|sanitize|w7ab]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
+#   device run: bash tools/gpu_check.sh [build|tests|tests1|tests2|bench|all|stress|sanitize|w7ab|hops]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
 #   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline worker_trace"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
@@ -12,6 +12,11 @@ OUT=$(mktemp -d /tmp/gpu_check.XXXX)   # logs gathered here, packed into $FINAL/
 mkdir -p "$FINAL"                      # tool returns at most 8 files)
 trap 'cp benchmarks/results/*.json "$OUT/" 2>/dev/null; tar czf "$FINAL/logs.tgz" -C "$OUT" . ; grep -E "passed|failed" "$OUT/pytest.log" > "$FINAL/summary.txt" 2>/dev/null' EXIT
 source "$(dirname "$0")/gpu_env.sh"  # build environment, W7_ROWS, W7_AB_MODELS
+if [ "$MODE" = hops ]; then  # tools/hop_bench.cu: a program call's stream hops outside the runtime (~5 s, no build)
+  nvcc -std=c++17 -arch=native -O2 tools/hop_bench.cu -lcuda -o /tmp/hop_bench && timeout 60 /tmp/hop_bench 2>&1 |
+    tee "$OUT/hop_bench.log"
+  exit 0
+fi
 # --no-deps: the device machine is offline; torch and the nvidia wheels (nvrtc, nvjitlink) are there already.
 # CARRY_SO=<path of a _gpuos_C*.so built by an earlier call>: no build (a warm host's `pip install -e .` rebuilt
 # everything, 118 s); else the build's stripped .so goes to $FINAL/so/ for the next call to carry (it holds the
