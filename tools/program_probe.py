@@ -408,17 +408,20 @@ def _call_then_sync_us(fn, reps=200):
     return times
 
 
+def callcost_fn(k):
+    """callcost's program body on a 16 x 256 tensor: k mean-subtract rounds (row programs), or for k = 0 a fused
+    elementwise chain (one level). Also tools/worker_trace.py calls' CALLS_SIZE=ew / rounds<k>."""
+    def f(t):
+        for _ in range(k):
+            t = (t - t.mean(-1, keepdim=True)) * 0.5
+        return t
+    return f if k else (lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0))
+
+
 def callcost_probe():
     x = torch.randn(16, 256, device="cuda")
-
-    def rounds(k):
-        def f(t):
-            for _ in range(k):
-                t = (t - t.mean(-1, keepdim=True)) * 0.5
-            return t
-        return f if k else (lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0))
     for k in (0, 1, 2, 4, 8):
-        f = rounds(k)
+        f = callcost_fn(k)
         prog = gpuos.capture(f, x)
         torch.testing.assert_close(prog(x), f(x), rtol=1e-4, atol=1e-5)
         for _ in range(50):
@@ -472,7 +475,7 @@ def callcost_probe():
              "generation": [s0_gen, gpuos.generation_info()["active"][torch.cuda.current_device()]],
              "busy_adoptions": s1["busy_adoptions"] - s0["busy_adoptions"]})
     for k in (1, 8):
-        f = rounds(k)
+        f = callcost_fn(k)
         g = graph_of(lambda: f(x))
         out({"probe": "callcost", "rounds": k, "cudagraph_us": round(gpu_us(g.replay, reps=1000), 1),
              "cudagraph_single_call_us": _q(_call_then_sync_us(g.replay), .5)})  # what single_call_us compares with

@@ -725,17 +725,10 @@ def calls(n_calls=20):
     gpuos_ext._testing.set_tape_images(os.environ.get("CALLS_IMAGES", "1") != "0")  # 0: entry-by-entry replays
     gpuos_ext._testing.set_program_runs(os.environ.get("CALLS_RUNS", "1") != "0")  # 0: a ready word per level
     size = os.environ.get("CALLS_SIZE", "1x256")
-    if size == "ew":  # callcost's one-level program (program_probe.py): a fused chain on 16 x 256 fp32
+    if size == "ew" or size.startswith("rounds"):  # callcost's programs on 16 x 256 fp32 (program_probe.py): the
+        from tools.program_probe import callcost_fn  # one-level chain (ew) or k mean-subtract rounds (e.g. rounds8)
         x = torch.randn(16, 256, device="cuda")
-        prog = gpuos.capture(lambda t: torch.sigmoid(torch.relu(t + 1.0) * 2.0), x)
-    elif size.startswith("rounds"):  # callcost's k mean-subtract rounds (program_probe.py), e.g. rounds8
-        x, k = torch.randn(16, 256, device="cuda"), int(size[6:])
-
-        def f(t):
-            for _ in range(k):
-                t = (t - t.mean(-1, keepdim=True)) * 0.5
-            return t
-        prog = gpuos.capture(f, x)
+        prog = gpuos.capture(callcost_fn(0 if size == "ew" else int(size[6:])), x)
     else:
         d = M.make_case(size, 10, "cuda").data
         x = d.x
