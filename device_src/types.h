@@ -216,9 +216,6 @@ struct DevCtl {
   AliasCtl alias;              // dual-slot alias table (zero = every op on slot 0)
 };
 
-// The most publication words a kick stores itself (WorkerArgs::kick_addr): a program call's ready word and table
-// address, and a few resident TensorRef patches; a publication with more sends them by memop as before.
-constexpr u32 kKickWrites = 12;
 struct WorkerArgs {
   u64 host_ctl;   // HostCtl* (device pointer of the mapped pinned block)
   u64 dev_ctl;    // DevCtl*
@@ -240,13 +237,6 @@ struct WorkerArgs {
                       // not read the mapped host block after its last timestamp -- ~1,000 such reads at once
                       // stretched every claim's tail by 10-20 us, thirty-seventh session)
   u32 kick_first, kick_last;  // a kick with kStandbyKickWait: the first and last batch of its publication
-  // A kick's publication words (Config::kick_ready): the kick stores them itself before anything else -- the
-  // (address, value) pairs a cuStreamBatchMemOp call would have written (resident TensorRef patches, a program
-  // table's address, then the ready words), so a publication costs one driver call and one stream hop fewer.
-  // kick_nwrites: how many (0: none; a worker launch, or a publication whose words went by memop); the last
-  // kick_nready of them are ready words, stored after a fence that orders every earlier one before them.
-  u32 kick_nwrites, kick_nready;
-  u64 kick_addr[kKickWrites], kick_val[kKickWrites];
 };
 
 // WorkerArgs::standby. kStandbyGated: the launch waited on the side stream for a ready word (HostCtl::standby):
@@ -369,7 +359,7 @@ static_assert(sizeof(FusedArgs) == 2 * sizeof(TensorRef), "FusedArgs must fill e
 static_assert(sizeof(AttnArgs) == sizeof(TensorRef), "AttnArgs fills exactly one TensorRef arena slot");
 static_assert(sizeof(SubOp) == 64, "SubOp must stay 64 bytes (4 x 16-byte loads)");
 static_assert(sizeof(HostCtl) == 64 + 4 * kMaxBatches, "HostCtl layout");
-static_assert(sizeof(WorkerArgs) == 120 + 16 * kKickWrites, "WorkerArgs layout");
+static_assert(sizeof(WorkerArgs) == 112, "WorkerArgs layout");
 static_assert(sizeof(TraceRec) == 32 && sizeof(TraceBuf) % 16 == 0, "trace layout");
 static_assert((kMaxBatches & (kMaxBatches - 1)) == 0, "kMaxBatches must be a power of two");
 static_assert(sizeof(AliasCtl) == 128 + 4 * kMaxBatches + 512 && kMaxOps < 256, "AliasCtl layout");

@@ -538,25 +538,6 @@ __device__ void run_claim(const WorkerArgs& args, DevCtl* dc, HostCtl* hc, Polle
   __syncthreads();  // sdesc, s_claim and s_batch are rewritten by the next claim
 }
 
-// A kick's publication words (WorkerArgs::kick_addr; Config::kick_ready), stored by block 0 thread 0 before it looks
-// at the token: what the stream's memop would have written. Every earlier stream operation completed before this
-// kernel started (its writes are visible); the fence orders the table addresses and TensorRef patches before the
-// ready words, as the poller reads them the other way round (ready word, fence, bdesc). Unrolled: the parameter
-// arrays are indexed by constants (no copy of the arguments to local memory).
-__device__ __forceinline__ void kick_words(const WorkerArgs& args) {
-  const u32 n = args.kick_nwrites, first_ready = args.kick_nwrites - args.kick_nready;
-#pragma unroll
-  for (u32 i = 0; i < kKickWrites; ++i) {
-    if (i >= n) break;
-    if (i == first_ready && i > 0) __threadfence();
-    *(volatile u64*)args.kick_addr[i] = args.kick_val[i];
-  }
-  // Dekker with give_token: the ready words before this kick's look at the token (take_token's CAS), as a holder
-  // releases the token before its look at the next ready word -- one of the two sees the other's store, so a kick
-  // that finds the token held leaves its batches to a holder that will see them.
-  if (n) __threadfence();
-}
-
 }  // namespace gpuos
 
 extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerBlocksPerSm) gpuos_worker(gpuos::WorkerArgs args) {
@@ -581,7 +562,6 @@ extern "C" __global__ void __launch_bounds__(gpuos::kMaxThreads, gpuos::kWorkerB
       p.next = w.cur;
       trace_launch(args, 0, w.cur);
       if (args.standby & kStandbyKick) {
-        kick_words(args);
         // A kick: launched under an older module (a handover since: its batches all completed) or behind a
         // launch that holds the token (it will see this kick's ready words) -- nothing to do, unless it waits
         // for its batches (kStandbyKickWait: it runs claims meanwhile).

@@ -18,8 +18,7 @@ API_FUNCS = [
 ]
 STATS_KEYS = ["submitted", "batches", "flushes", "worker_launches", "handovers", "jit_compiles",
               "cache_hits", "idle_adoptions", "busy_adoptions", "burst_launches", "early_publishes", "publications", "gated_launches",
-              "joined_batches", "working_launches", "kicks",
-              "kick_bells"]
+              "joined_batches", "working_launches", "kicks"]
 
 
 def _cpu(shape=(4, 4), dtype=torch.float32):

@@ -211,13 +211,12 @@ def test_program_idle_setting_is_reported(value, shown):
 @pytest.mark.parametrize("name,value,shown", [("GPUOS_KICKS", None, "1"), ("GPUOS_KICKS", "1", "1"),
                                               ("GPUOS_KICKS", "0", "0"), ("GPUOS_KICK_ALONE", None, "0"),
                                               ("GPUOS_KICK_ALONE", "64", "64"), ("GPUOS_KICK_WAIT", None, "0"),
-                                              ("GPUOS_KICK_WAIT", "1", "1"), ("GPUOS_KICK_READY", None, "1"),
-                                              ("GPUOS_KICK_READY", "0", "0")])
+                                              ("GPUOS_KICK_WAIT", "1", "1")])
 def test_kick_settings_are_reported(name, value, shown):
     """GPUOS_KICKS (a kick behind every publication's ready words instead of a gated standby; default on) and
     GPUOS_KICK_ALONE (publications of at most that many sub-ops run by their kick alone; default 0: off) and
-    GPUOS_KICK_WAIT (a kick stays until its batches are done; default off) and GPUOS_KICK_READY (a kick stores its
-    publication's ready words itself; default on) are read and shown by the settings report."""
+    GPUOS_KICK_WAIT (a kick stays until its batches are done; default off) are read and shown by the settings
+    report."""
     p = run_python(f"import gpuos_ext; print(gpuos_ext.config()[{name!r}])",
                    {name: "" if value is None else value}, timeout=120)  # "": unset
     assert p.returncode == 0, describe(p)

@@ -48,7 +48,7 @@ kick_starts = sum(1 for r in recs if r[0] == -3 and r[3] == 0 and r[5] & KICK)
 kick_exits = sum(1 for r in recs if r[0] == -3 and r[3] != 0 and r[5] & KICK)
 ok = all(torch.allclose(o, f(t), rtol=1e-5, atol=1e-6) for o, t in zip(outs, xs))
 res = dict(ok=ok, setting=kicks, kick_starts=kick_starts, kick_exits=kick_exits,
-           **{k: s1[k] - s0[k] for k in ("kicks", "kick_bells", "worker_launches", "gated_launches", "batches")})
+           **{k: s1[k] - s0[k] for k in ("kicks", "worker_launches", "gated_launches", "batches")})
 print("KICKS", json.dumps(res))
 gpuos.shutdown()
 print("KICKS", json.dumps(dict(res, shutdown=True)))
@@ -62,19 +62,8 @@ def test_program_loop_with_kicks():
     out = _result(run_python(_LOOP, env_extra=_env(GPUOS_TRACE="4096"), timeout=170))
     assert out["ok"] and out.get("shutdown") and out["setting"] == "1", out
     assert out["kicks"] == 300 and out["gated_launches"] == 0, out
-    assert out["kick_bells"] == 300, out  # every call's ready word stored by its kick (GPUOS_KICK_READY, default)
     assert out["worker_launches"] < 100, out
     assert out["kick_starts"] == out["kick_exits"] == 300, out
-
-
-def test_program_loop_with_ready_words_by_memop():
-    """GPUOS_KICK_READY=0: each call's ready word goes by a stream memop before its kick (the path before the
-    forty-seventh session, and the one a publication of more than kKickWrites words takes): 300 calls right, one
-    kick each, none of them storing words, the resident worker kept."""
-    out = _result(run_python(_LOOP, env_extra=_env(GPUOS_KICK_READY="0", GPUOS_TRACE="4096"), timeout=170))
-    assert out["ok"] and out.get("shutdown") and out["setting"] == "1", out
-    assert out["kicks"] == 300 and out["kick_bells"] == 0 and out["gated_launches"] == 0, out
-    assert out["worker_launches"] < 100 and out["kick_starts"] == out["kick_exits"] == 300, out
 
 
 def test_kicks_run_the_batches_when_no_worker_is_resident():
@@ -103,7 +92,7 @@ for step in range(50):
     ok = ok and all(torch.allclose(a, (b + ref_z).sigmoid(), rtol=1e-4, atol=1e-5) for a, b in zip(zs, ref_y[:4]))
 s1 = gpuos.stats()
 print("KICKS", json.dumps(dict(ok=ok, kicks=s1["kicks"] - s0["kicks"], publications=s1["publications"] - s0["publications"],
-                               gated=s1["gated_launches"] - s0["gated_launches"], bells=s1["kick_bells"] - s0["kick_bells"])))
+                               gated=s1["gated_launches"] - s0["gated_launches"])))
 """
 
 
@@ -112,7 +101,6 @@ def test_live_scheduler_with_kicks():
     results equal eager."""
     out = _result(run_python(_LIVE, env_extra=_env(), timeout=170))
     assert out["ok"] and out["gated"] == 0 and out["kicks"] == out["publications"] > 0, out
-    assert 0 < out["bells"] <= out["kicks"], out  # the kicks stored the ready words (those of <= kKickWrites words)
 
 
 def test_small_publications_run_by_their_kicks_alone():

@@ -45,7 +45,6 @@ EnvConfig read_env() {
   read_u32("GPUOS_HANDOVER_QUEUE", c.handover_queue);
   read_u32("GPUOS_KICK_ALONE", c.kick_alone);
   c.kick_wait = flag("GPUOS_KICK_WAIT");
-  if (const char* v = get("GPUOS_KICK_READY")) c.kick_ready = std::string(v) != "0";  // default on
   if (c.attn_min_rows == 0) c.attn_min_rows = 1;
   if (c.dma_min == 0) c.dma_min = 1;
   read_u32("GPUOS_SPECIALIZE_AFTER", c.specialize_after);
@@ -122,7 +121,7 @@ std::string describe_env_config() {
          "\nGPUOS_MM_PROLOGUE=" + (c.mm_prologue ? "1" : "0") +
          "\nGPUOS_HOME_LEVELS=" + std::to_string(c.home_levels) +
          "\nGPUOS_KICKS=" + (c.kicks ? "1" : "0") + "\nGPUOS_KICK_ALONE=" + std::to_string(c.kick_alone) +
-         "\nGPUOS_KICK_WAIT=" + (c.kick_wait ? "1" : "0") + "\nGPUOS_KICK_READY=" + (c.kick_ready ? "1" : "0") +
+         "\nGPUOS_KICK_WAIT=" + (c.kick_wait ? "1" : "0") +
          "\nGPUOS_HANDOVER_QUEUE=" + std::to_string(c.handover_queue) +
          "\nGPUOS_SPECIALIZE_AFTER=" +
          std::to_string(c.specialize_after) + "\nGPUOS_PTXAS_OPT=" + std::to_string(c.ptxas_opt) +

@@ -42,8 +42,6 @@ struct EnvConfig {
                                   // (one block); 0: every publication launches one then (the A/B)
   bool kick_wait = false;         // GPUOS_KICK_WAIT=1: a kick that finds the token held stays until its batches are
                                   // done (device_src/types.h kStandbyKickWait; the A/B)
-  bool kick_ready = true;         // GPUOS_KICK_READY (default 1): a kick stores its publication's ready words itself
-                                  // (up to kKickWrites words); 0: a memop call before it (the A/B)
   uint32_t handover_queue = 1;    // GPUOS_HANDOVER_QUEUE: standby launches queued behind an idle worker at
                                   // which it leaves at once (walk.h poll_step; 0: only after idle_us)
   uint32_t specialize_after = 64; // GPUOS_SPECIALIZE_AFTER: tier-2 threshold (0: never)

@@ -78,25 +78,12 @@ WorkerArgs Runtime::worker_args(uint32_t gen, uint32_t standby) const {
   return args;
 }
 
-void Runtime::launch_kick(CUstream stream, bool wait, uint32_t first, const std::vector<CUstreamBatchMemOpParams>* words) {
+void Runtime::launch_kick(CUstream stream, bool wait, uint32_t first) {
   const Driver& d = driver();
   WorkerArgs args = worker_args(++launches_, kStandbyKicks | kStandbyKick | (wait ? kStandbyKickWait : 0u) |
                                                  (module_epoch_ << kStandbyEpochShift));
   args.kick_first = first;
   args.kick_last = last_seq_;
-  if (words) {  // the memops' writes, every other word before the ready words (in their order: seq order)
-    const CUdeviceptr ready_lo = dc_d_ + __builtin_offsetof(DevCtl, ready), ready_hi = ready_lo + 8ull * kMaxBatches;
-    const auto is_ready = [&](const CUstreamBatchMemOpParams& w) {
-      return w.writeValue.address >= ready_lo && w.writeValue.address < ready_hi;
-    };
-    for (int pass = 0; pass < 2; ++pass)
-      for (const CUstreamBatchMemOpParams& w : *words)
-        if (is_ready(w) == (pass == 1)) {
-          args.kick_addr[args.kick_nwrites] = w.writeValue.address;
-          args.kick_val[args.kick_nwrites++] = w.writeValue.value64;
-          args.kick_nready += pass;
-        }
-  }
   void* params[] = {&args};
   PhaseMark pm(phase_, "cuLaunchKernel(kick)");
   const CUresult r = d.cuLaunchKernel(worker_fn_, 1, 1, 1, cfg_.threads_per_block, 1, 1, 0, stream, params, nullptr);

@@ -363,30 +363,15 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // for a worker whose launch waited for that call's lock: the stress test wedged with the GPU idle. With
   // host_published stored before step 1, a resident worker waited for ready words a blocked thread had yet to
   // write (the regression test wedged in seconds).
-  // With kicks and at most kKickWrites words (Config::kick_ready), step 1 is the kick's launch: it stores the words
-  // itself (device_src/worker.cu kick_words) -- one driver call and one stream hop fewer. Nothing waits for them
-  // either: a resident worker runs the batches once the kick has run, or leaves when idle.
-  const bool kick_words = cfg_.kicks && cfg_.kick_ready && ops.size() <= kKickWrites;
-  if (kick_words) {
-    ScopedNs launching(st_.publish_launch_ns);
-    try {
-      launch_kick(stream, cfg_.kick_wait && !early, first_seq, &ops);
-    } catch (...) {
-      undo();
-      throw;
-    }
-    st_.kick_bells++;
-  } else {
-    CUresult r;
-    {
-      ScopedNs memop(st_.publish_memop_ns);
-      PhaseMark pm(phase_, "publish step 1: cuStreamBatchMemOp(ready words)");
-      r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
-    }
-    if (r != CUDA_SUCCESS) {
-      undo();
-      throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
-    }
+  CUresult r;
+  {
+    ScopedNs memop(st_.publish_memop_ns);
+    PhaseMark pm(phase_, "publish step 1: cuStreamBatchMemOp(ready words)");
+    r = d.cuStreamBatchMemOp(stream, (unsigned)ops.size(), ops.data(), 0);
+  }
+  if (r != CUDA_SUCCESS) {
+    undo();
+    throw_cuda(r, "cuStreamBatchMemOp(stream, n, ops, 0)", __FILE__, __LINE__);
   }
   st_.publications++;
   prog_unsent_.clear();
@@ -403,7 +388,7 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   //     published). A small publication may go without one (Config::kick_alone): its kick runs it alone.
   if (cfg_.kicks) {
     ScopedNs launching(st_.publish_launch_ns);
-    if (!kick_words) launch_kick(stream, cfg_.kick_wait && !early, first_seq);
+    launch_kick(stream, cfg_.kick_wait && !early, first_seq);
     __atomic_store_n(&hc_->host_published, last_seq_, __ATOMIC_SEQ_CST);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (cfg_.kick_alone == 0 || early || heavy || publishing_subops > cfg_.kick_alone) maybe_launch_worker(grid);

@@ -34,7 +34,6 @@ Config config_from_env() {
   c.kicks = e.kicks;
   c.kick_alone = e.kick_alone;
   c.kick_wait = e.kick_wait;
-  c.kick_ready = e.kick_ready;
   return c;
 }
 

@@ -86,10 +86,6 @@ struct Config {
   // With kicks: a kick that finds the poller token held stays, running claims, until its publication's batches are
   // done, so that its stream passes the wait after it at once (device_src/types.h kStandbyKickWait; GPUOS_KICK_WAIT).
   bool kick_wait = false;
-  // With kicks: the kick stores its publication's ready words (and the table addresses / TensorRef patches before
-  // them) itself, when there are at most kKickWrites, instead of a cuStreamBatchMemOp before it -- one driver call and
-  // one stream hop fewer per publication (device_src/worker.cu kick_words; GPUOS_KICK_READY=0: the memop).
-  bool kick_ready = true;
 };
 // KV splits of a decode attention of `tiles` tiles (row groups) over Lk kv positions for a ring of `capacity`
 // slots, each split at least `min_rows` positions, at most `max_split` splits (core/record.cpp;
@@ -140,7 +136,6 @@ struct Operand {
   X(lazy_drains)        /* publications that first let the worker leave (lazy loading, busy stream) */    \
   X(gated_launches)     /* launches behind a ready word (stream work was still ahead of the publication) */ \
   X(kicks)              /* kicks launched on publishing streams (Config::kicks) */                        \
-  X(kick_bells)         /* ... of them that stored their publication's ready words (Config::kick_ready) */ \
   X(working_launches)   /* worker launches that ran a batch (the others: standbys that found nothing) */  \
   X(fused_subops)                                                                                         \
   X(mm_respread)        /* worker matmuls recorded with fewer K slices: their level's share (level_cut) */   \
@@ -360,10 +355,8 @@ class Runtime {
   void launch_worker(uint32_t grid, uint32_t gate);
   // Config::kicks: one block of the worker kernel on `stream`, behind the ready words just enqueued there; `wait`:
   // it stays until batch last_seq_ is done, running claims from batch `first` on (Config::kick_wait; not for an
-  // early publication). `words` (Config::kick_ready; at most kKickWrites 64-bit memop writes): the kick stores them
-  // itself, instead of a memop call before it.
-  void launch_kick(CUstream stream, bool wait, uint32_t first,
-                   const std::vector<CUstreamBatchMemOpParams>* words = nullptr);
+  // early publication).
+  void launch_kick(CUstream stream, bool wait, uint32_t first);
   WorkerArgs worker_args(uint32_t gen, uint32_t standby) const;  // a launch's parameters
   void wait_kicks(const char* what);  // until every kick launched has exited (DevCtl::kicks_done), with timeout
   void sync_ctl(const char* what);  // wait (with timeout) for the control stream
