@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# Final call of the forty-sixth session: build, the tests the busy adoption touches, callcost twice, then more tests.
+# 47th session: build (kick-stored ready words), A/B GPUOS_KICK_READY on callcost + traced ew loop, GPU suite part 2.
 S=$(date +%s); export GPUOS_GIT_SHA=${SHA:-unknown}
 el() { echo $(( $(date +%s) - S )); }
 OUT=$OUT/b bash tools/gpu_check.sh build 2>&1 | tail -3; echo "built at $(el) s"
-rm -rf $OUT/b/so
-nvcc -std=c++17 -arch=native -O2 tools/hop_bench.cu -lcuda -o /tmp/hop_bench && timeout 60 /tmp/hop_bench 2>&1 | tee $OUT/hop_bench.log
-echo "hop_bench at $(el) s"
-pt() {  # name, timeout, files...
-  local name=$1 to=$2; shift 2
-  GPUOS_FAIL_LOG=$OUT/failures_$name.log GPUOS_TIMEOUT_S=20 timeout $to python3 -m pytest -q --tb=short -p no:cacheprovider \
-    --durations=5 "$@" > $OUT/pytest_$name.log 2>&1
-  echo "pytest $name rc=$? at $(el) s"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/pytest_$name.log | tail -12
-}
-pt A 260 tests/test_gpu_kicks.py tests/test_gpu_injection.py tests/test_gpu_fusion.py tests/test_gpu_programs.py \
-  tests/test_gpu_program_calls.py "tests/test_gpu_reliability.py::test_publication_beside_device_wide_blocking_calls"
-for i in 1 2; do
-  [ $(el) -gt 420 ] && break
-  echo "== callcost $i"; timeout 45 python3 tools/program_probe.py callcost 2>&1 | tee -a $OUT/callcost.log | python3 -c "
-import json, sys
+so=$(ls $OUT/b/so/*.so 2>/dev/null | head -1); [ -z "$so" ] && { echo "no .so"; exit 1; }
+export GPUOS_CACHE_DIR=/tmp/gpuos-cache
+for i in 1 2; do for k in 1 0; do
+  [ $(el) -gt 300 ] && break 2
+  echo "== KICK_READY=$k run $i at $(el) s"
+  GPUOS_KICK_READY=$k timeout 40 python3 tools/program_probe.py callcost 2>&1 |
+    tee -a $OUT/callcost.log | python3 -c "
+import sys, json
 for l in sys.stdin:
-    if not l.startswith('{'): print(l.strip()[:200]); continue
-    d = json.loads(l)
-    if 'back_to_back_us' in d: print(d['rounds'], 'b2b', d['back_to_back_us'], 'host', d['host_us'], 'span', d['span_p10_p50_p90'], 'gen', d['generation'], 'busy', d['busy_adoptions'])
-    else: print(d)"
+    try: d = json.loads(l)
+    except Exception: print(l.rstrip()[:200]); continue
+    print({k: d.get(k) for k in ('rounds', 'back_to_back_us', 'host_p10_p50_p90', 'span_p10_p50_p90', 'cudagraph_us', 'generation')})"
+done; done
+for k in 1 0; do
+  [ $(el) -gt 330 ] && break
+  echo "== trace ew KICK_READY=$k at $(el) s"
+  GPUOS_KICK_READY=$k CALLS_SIZE=ew CALLS_N=300 timeout 60 python3 tools/worker_trace.py calls 2>&1 |
+    tee -a $OUT/trace.log | grep "^calls" | cut -c1-700
 done
-[ $(el) -lt 450 ] && pt B 65 tests/test_gpu_faults.py
-echo "end at $(el) s"
+echo "tests2 at $(el) s"
+CARRY_SO=$so OUT=$OUT/t2 PYTEST_TIMEOUT=$(( 590 - $(el) )) bash tools/gpu_check.sh tests2 2>&1 | tail -15
+echo "done at $(el) s"

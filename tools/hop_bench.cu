@@ -132,6 +132,11 @@ int main() {
   cudaStream_t ws, cs, side;
   CK(cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  // HOP_LEGACY=1: the caller's operations on the legacy default stream (torch's current stream unless the user
+  // picks another), as a program loop that never sets a stream runs them.
+  const bool legacy = std::getenv("HOP_LEGACY") && std::getenv("HOP_LEGACY")[0] == '1';
+  if (legacy) cs = cudaStreamLegacy;
+  std::printf("caller stream: %s\n", legacy ? "legacy default" : "non-blocking");
   CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   // Every kernel launched once before any worker is resident (with EAGER above, belt and braces).
   CK(cudaMemset(flags, 0, 256));

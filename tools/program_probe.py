@@ -491,8 +491,12 @@ def main(names=tuple(PROBES)):
     if unknown:
         raise SystemExit(f"program_probe: unknown probe(s) {unknown}; choose from {list(PROBES)}")
     gpuos.init()
-    for n in names:
-        PROBES[n]()
+    # PROBE_STREAM=new: every probe on a fresh torch stream (non-blocking) instead of the legacy default stream.
+    stream = torch.cuda.Stream() if os.environ.get("PROBE_STREAM") == "new" else torch.cuda.current_stream()
+    print(json.dumps({"probe_stream": "new" if stream != torch.cuda.default_stream() else "default"}), flush=True)
+    with torch.cuda.stream(stream):
+        for n in names:
+            PROBES[n]()
 
 
 if __name__ == "__main__":
