@@ -42,33 +42,54 @@ if $WARM_WHOLE and gpuos_ext.whole_build_info()['enabled']:
           {k: v for k, v in gpuos_ext.whole_build_info().items() if k != 'command'})" 2>&1 | tail -4
 [ "$MODE" = build ] && exit 0  # the build alone, its .so in $FINAL/so/ (w7ab builds too without CARRY_SO)
 case "$MODE" in tests|tests1|tests2|all)
-# The repro and the examples run with part 1 (part 2 needs the call's time).
-[ "$MODE" != tests2 ] && { timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1
-  echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"; }
-# The GPU suite is two pytest parts of ~340 / ~240 s on an H200 (thirty-sixth session, fresh NVRTC cache, whole
-# images in ptxas's fast-compile mode; ~350 / ~430 s before), each with its own summary line (pytest_1.log,
-# pytest_2.log): both do not fit one call, so `tests1` / `tests2` run one part each, with a build in the call or with
-# CARRY_SO (the build in an earlier call: `build`, `tests2`, or one that measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written
-# as they happen (GPUOS_FAIL_LOG), so a part cut by the device's time limit still says what failed.
+# The GPU suite is two pytest parts of ~300 s each on an H200 (forty-seventh session's durations: test_gpu_kicks.py,
+# ~100 s, moved to part 2), each with its own summary line (pytest_1.log, pytest_2.log). On a machine with two GPUs
+# (device kind nvidia-h200-x2) `tests` runs them at once, part 1 on GPU 0 and part 2 on GPU 1, so the build and the
+# whole suite fit one call (~150 + ~350 s; on one GPU, one after the other, they need two calls: `tests1` / `tests2`,
+# with a build in the call or with CARRY_SO -- the build in an earlier call: `build`, `tests2`, or one that
+# measures: `w7ab`). CPU=1 adds the CPU files to part 1 (CI runs them). Failures are written as they happen
+# (GPUOS_FAIL_LOG: failures_<part>.log), so a part cut by the device's time limit still says what failed.
 gpu_files() { for f in "$@"; do printf "tests/test_gpu_%s.py " "$f"; done; }
 part1="$( [ "${CPU:-0}" = 1 ] && ls tests/test_cpu_*.py) $(gpu_files program_calls programs reliability faults fusion \
-  stress vector_paths matmul index_ops prologue injection kicks)"
-part2="$(gpu_files link scheduler levels runtime foreign_work ops rows attention decode_ops rewrite multi)"
+  stress vector_paths matmul index_ops prologue injection)"
+part2="$(gpu_files link scheduler levels runtime foreign_work ops rows attention decode_ops rewrite multi kicks)"
 missing=$(comm -13 <(echo $part1 $part2 | tr ' ' '\n' | sort) <(ls tests/test_gpu_*.py | sort))
 [ -n "$missing" ] && echo "gpu_check.sh: in neither part (add them): $missing"
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+parallel=0; [ "$MODE" = tests ] || [ "$MODE" = all ] && [ "$ngpu" -ge 2 ] && parallel=1
+# Each part's pytest on its own GPU when parallel (CUDA_VISIBLE_DEVICES: the multi-GPU tests skip, as on one GPU).
+# Its time limit: PYTEST_TIMEOUT, else what is left of the device call's 600 s less the examples' ~60.
+part() {  # n files
+  local n=$1; shift
+  local gpu=${CUDA_VISIBLE_DEVICES:-}; [ $parallel = 1 ] && gpu=$((n - 1))
+  CUDA_VISIBLE_DEVICES=$gpu GPUOS_FAIL_LOG="$FINAL/failures_$n.log" GPUOS_TIMEOUT_S=20 \
+    timeout ${PYTEST_TIMEOUT:-$(( 540 - $(date +%s) + T0 ))} python3 -m pytest -q --tb=short --durations=12 \
+    -p no:cacheprovider "$@" > "$OUT/pytest_$n.log" 2>&1
+  echo "pytest part $n rc=$? (GPUs '${gpu:-all}', at $(( $(date +%s) - T0 )) s)"
+}
+examples() {
+  timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1
+  echo "scheduler_chain_repro rc=$?"; tail -4 "$OUT/scheduler_chain_repro.log"
+  for f in examples/*.py; do
+    case "$f" in */_*) continue ;; esac
+    timeout 60 python3 "$f" > "$OUT/ex_$(basename "$f" .py).log" 2>&1; echo "$f rc=$?"
+  done
+}
+if [ $parallel = 1 ]; then  # the examples on GPU 1 after part 2 (the shorter one), beside the rest of part 1
+  echo "two GPUs: part 1 on GPU 0, part 2 then the examples on GPU 1"
+  part 1 $part1 > "$OUT/part1.status" &
+  { part 2 $part2; CUDA_VISIBLE_DEVICES=1 examples; } > "$OUT/part2.status"
+  wait
+  cat "$OUT/part1.status" "$OUT/part2.status"
+else
+  [ "$MODE" != tests2 ] && part 1 $part1
+  [ "$MODE" != tests1 ] && part 2 $part2
+  [ "$MODE" != tests2 ] && examples  # with part 1 (part 2 needs its call's time)
+fi
 for n in 1 2; do
-  [ "$MODE" = tests1 ] && [ $n = 2 ] && continue
-  [ "$MODE" = tests2 ] && [ $n = 1 ] && continue
-  [ $n = 1 ] && files=$part1 || files=$part2
-  GPUOS_FAIL_LOG="$FINAL/failures.log" GPUOS_TIMEOUT_S=20 timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -q --tb=short \
-    --durations=12 -p no:cacheprovider $files > "$OUT/pytest_$n.log" 2>&1
-  echo "pytest part $n rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/pytest_$n.log" | tail -30
+  [ -f "$OUT/pytest_$n.log" ] || continue
+  grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/pytest_$n.log" | tail -30
   cat "$OUT/pytest_$n.log" >> "$OUT/pytest.log"
-done
-for f in examples/*.py; do
-  case "$f" in */_*) continue ;; esac
-  [ "$MODE" = tests2 ] && break
-  timeout 60 python3 "$f" > "$OUT/ex_$(basename "$f" .py).log" 2>&1; echo "$f rc=$?"
 done
 ;; esac
 if [ "$MODE" = stress ]; then
