@@ -8,6 +8,8 @@ live path to eager through a mode. This probe measures the alternatives side by 
 
   eager          no interception
   python_mode    a TorchDispatchMode whose __torch_dispatch__ returns func(*args, **kwargs)
+  cpp_bound_mode the same mode with __torch_dispatch__ a C++ function bound to the instance (as the scheduler binds
+                 sched_dispatch): the mode machinery (boxing, Python objects, the call) without a Python frame
   cpp_fallback   a C++ boxed fallback on a dispatch key included in thread-local state (no Python per op): it
                  redispatches below itself with the key excluded, so it sees each top-level op once
   cpp_inspect    the same fallback also walking the op's arguments (each tensor's device, dtype, numel, sizes and
@@ -29,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+import types
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -76,7 +79,25 @@ void set_enabled(bool on, bool inspect) {
 }
 long long calls() { return g_calls.exchange(0); }
 
+// A TorchDispatchMode's __torch_dispatch__ written in C++ (as gpuos binds sched_dispatch): (mode, func, types,
+// args=(), kwargs=None) -> func(*args, **kwargs), no Python frame of its own.
+static PyObject* bound_dispatch(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  PyObject* args = n > 3 ? a[3] : nullptr;
+  PyObject* kwargs = n > 4 && a[4] != Py_None ? a[4] : nullptr;
+  if (!args) {
+    PyObject* empty = PyTuple_New(0);
+    PyObject* r = PyObject_Call(a[1], empty, kwargs);
+    Py_DECREF(empty);
+    return r;
+  }
+  return PyObject_Call(a[1], args, kwargs);
+}
+static PyMethodDef g_bound_def = {"bound_dispatch", (PyCFunction)(void (*)(void))bound_dispatch, METH_FASTCALL,
+                                  "(mode, func, types, args=(), kwargs=None)"};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.add_object("bound_dispatch", py::reinterpret_steal<py::object>(PyCFunction_New(&g_bound_def, nullptr)));
   m.def("set_enabled", &set_enabled);
   m.def("calls", &calls);
 }
@@ -101,6 +122,15 @@ class _NoopMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         _NoopMode.calls += 1
         return func(*args, **(kwargs or {}))
+
+
+class _BoundMode(TorchDispatchMode):
+    """The mode machinery without a Python frame per op: __torch_dispatch__ is a C++ function bound to the instance
+    (types.MethodType), as gpuos.scheduler.GpuosScheduler binds gpuos_ext.sched_dispatch."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.__torch_dispatch__ = types.MethodType(fn, self)
 
 
 def _adds(dev):
@@ -182,7 +212,8 @@ def main():
         def __exit__(self, *exc):
             ext.set_enabled(False, False)
 
-    configs = {"eager": contextlib.nullcontext, "python_mode": _NoopMode, "cpp_fallback": lambda: _Cpp(False),
+    configs = {"eager": contextlib.nullcontext, "python_mode": _NoopMode,
+               "cpp_bound_mode": lambda: _BoundMode(ext.bound_dispatch), "cpp_fallback": lambda: _Cpp(False),
                "cpp_inspect": lambda: _Cpp(True)}
     with torch.inference_mode():
         for name, make in (("adds", _adds), ("llama4x256", _llama_layers)):
@@ -194,7 +225,7 @@ def main():
                 out = step()
             row["ops"] = {"python_mode": _NoopMode.calls}  # each config's intercepted ops per step, and its result
             torch.testing.assert_close(out, ref)
-            for cfg in ("cpp_fallback", "cpp_inspect"):
+            for cfg in ("cpp_bound_mode", "cpp_fallback", "cpp_inspect"):
                 ext.calls()
                 with configs[cfg]():
                     out = step()
