@@ -142,7 +142,7 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
 }
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const c10::DispatchKeySet below = ks.remove(kKey);
+  const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);  // the keys under it
   g_seen.fetch_add(1, std::memory_order_relaxed);
   if (t_frames.empty() || !scheduler_on_top(t_frames.back())) return op.redispatchBoxed(below, stack);
   const Frame& f = t_frames.back();
