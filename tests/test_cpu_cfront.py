@@ -103,3 +103,16 @@ def test_off_by_environment_says_so():
     out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("CFRONT ")][-1][7:])
     assert out["ok"] and not out["available"] and not out["enabled_here"], out
     assert "GPUOS_CFRONT=0" in out["reason"], out
+
+
+def test_allocations_run_below_the_mode():
+    """An allocation with no tensor argument (in the no-data set) runs below the dispatch mode -- out of the call's
+    own key set too: with the mode's Python key left in it, PyTorch asserted (the first version, found by a gloo
+    collective's test) -- and a view of a CPU tensor goes on to the mode."""
+    before = gpuos_ext.cfront_info()
+    with gpuos.scheduler_context():
+        e = torch.empty(3, 4)
+        v = torch.ones(12).view(3, 4)
+    after = gpuos_ext.cfront_info()
+    assert e.shape == (3, 4) and torch.equal(v, torch.ones(3, 4))
+    assert after["nodata"] - before["nodata"] >= 1, (before, after)

@@ -160,9 +160,13 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     bool any = false;
     if (plain_args(*stack, stack->size() - nargs, &any)) {
       g_nodata.fetch_add(1, std::memory_order_relaxed);
+      // Out of this call's key set (the mode's Python key is in it: the guard alone would still have sent it to
+      // the mode with the mode's state half restored -- PyTorch's internal assert, found by a factory op after a
+      // gloo collective) and out of any call it makes.
       c10::impl::ExcludeDispatchKeyGuard no_modes(
           c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-      return op.redispatchBoxed(below, stack);
+      return op.redispatchBoxed(below.remove(c10::DispatchKey::Python).remove(c10::DispatchKey::PythonTLSSnapshot),
+                                stack);
     }
   }
   op.redispatchBoxed(below, stack);
