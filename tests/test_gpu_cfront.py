@@ -4,10 +4,9 @@ results equal eager, and what the front must not take (a negative-bit view, a te
 on top) goes on to the mode."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 import gpuos
 import gpuos_ext
+from _helpers import seen_ops_mode
 
 pytestmark = pytest.mark.gpu
 
@@ -49,25 +48,15 @@ def test_negative_view_and_autograd_inputs_go_to_the_mode():
     assert _delta(before, after)["recorded"] == 0, _delta(before, after)
 
 
-class _Seen(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_another_mode_on_top_sees_every_op():
     x = torch.randn(16, 64, device="cuda")
     before = gpuos_ext.cfront_info()
     with gpuos.scheduler_context(front=False):
-        with _Seen() as seen:
+        with seen_ops_mode() as seen:
             y = (x + 1.0).relu().view(-1)
     after = gpuos_ext.cfront_info()
     torch.testing.assert_close(y, (x + 1.0).relu().view(-1))
-    assert {"aten.add.Tensor", "aten.relu.default", "aten.view.default"} <= set(seen.ops), seen.ops
+    assert {"aten.add.Tensor", "aten.relu.default", "aten.view.default"} <= set(seen.funcs), seen.funcs
     assert _delta(before, after)["recorded"] == 0 and _delta(before, after)["nodata"] == 0
 
 
