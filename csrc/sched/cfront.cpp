@@ -35,6 +35,29 @@ std::unordered_map<c10::OperatorName, FastEntry> g_fast_ops;
 std::unordered_set<c10::OperatorName> g_nodata_ops;
 
 std::atomic<uint64_t> g_seen{0}, g_recorded{0}, g_nodata{0};
+// Bumped by every table change: a thread's cache of what each operator is (below) is dropped when it is stale.
+std::atomic<uint64_t> g_tables_version{1};
+
+// What an operator is to the front, cached per thread by its schema's address (stable for the process), so that a
+// pass-through op costs a pointer lookup, not two string hashes: its fast entry, no-data, or neither.
+struct OpKind {
+  const FastEntry* fast = nullptr;
+  bool nodata = false;
+};
+const OpKind& kind_of(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const void*, OpKind> cache;
+  thread_local uint64_t version = 0;
+  const uint64_t v = g_tables_version.load(std::memory_order_acquire);
+  if (version != v) cache.clear(), version = v;
+  auto [it, fresh] = cache.try_emplace(&op.schema());
+  if (fresh) {
+    const c10::OperatorName& name = op.operator_name();
+    auto f = g_fast_ops.find(name);
+    if (f != g_fast_ops.end()) it->second.fast = &f->second;
+    else it->second.nodata = g_nodata_ops.count(name) != 0;
+  }
+  return it->second;
+}
 
 struct Frame {  // one entered context on this thread
   PyObject* mode;
@@ -144,17 +167,17 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);  // the keys under it
   g_seen.fetch_add(1, std::memory_order_relaxed);
-  if (t_frames.empty() || !scheduler_on_top(t_frames.back())) return op.redispatchBoxed(below, stack);
+  if (t_frames.empty()) return op.redispatchBoxed(below, stack);
+  const OpKind& k = kind_of(op);  // (most ops are neither: on to the mode at once)
+  if ((!k.fast && !k.nodata) || !scheduler_on_top(t_frames.back())) return op.redispatchBoxed(below, stack);
   const Frame& f = t_frames.back();
-  const c10::OperatorName& name = op.operator_name();
   const size_t nargs = op.schema().arguments().size();
-  auto it = g_fast_ops.find(name);
-  if (it != g_fast_ops.end()) {
-    if (try_record(it->second, nargs, f, stack)) {
+  if (k.fast) {
+    if (try_record(*k.fast, nargs, f, stack)) {
       g_recorded.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-  } else if (g_nodata_ops.count(name) && c10::impl::TorchDispatchModeTLS::stack_len() == 1) {
+  } else if (c10::impl::TorchDispatchModeTLS::stack_len() == 1) {
     // Reads no data: below the mode, as sched_dispatch runs it -- unless a tensor argument is not plain (a Python
     // subclass must still see it; a conjugate view's bit must still be resolved by its kernel).
     bool any = false;
@@ -211,12 +234,14 @@ void cfront_set_fast(const std::vector<std::pair<PyObject*, CallSpec>>& table) {
     t.emplace(name_of(ov), e);
   }
   g_fast_ops.swap(t);
+  g_tables_version.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void cfront_set_nodata(const std::vector<PyObject*>& overloads) {
   std::unordered_set<c10::OperatorName> t;
   for (PyObject* ov : overloads) t.insert(name_of(ov));
   g_nodata_ops.swap(t);
+  g_tables_version.fetch_add(1, std::memory_order_acq_rel);
 }
 
 bool cfront_enter(PyObject* mode, int64_t threshold) {
