@@ -61,11 +61,12 @@ parallel=0; [ "$MODE" = tests ] || [ "$MODE" = all ] && [ "$ngpu" -ge 2 ] && par
 # Its time limit: PYTEST_TIMEOUT, else what is left of the device call's 600 s less the examples' ~60.
 part() {  # n files
   local n=$1; shift
-  local gpu=${CUDA_VISIBLE_DEVICES:-}; [ $parallel = 1 ] && gpu=$((n - 1))
-  CUDA_VISIBLE_DEVICES=$gpu GPUOS_FAIL_LOG="$FINAL/failures_$n.log" GPUOS_TIMEOUT_S=20 \
+  # Only when parallel: an empty CUDA_VISIBLE_DEVICES would hide every GPU (the whole part skipped, "green").
+  local gpu=(); [ $parallel = 1 ] && gpu=(CUDA_VISIBLE_DEVICES=$((n - 1)))
+  env "${gpu[@]}" GPUOS_FAIL_LOG="$FINAL/failures_$n.log" GPUOS_TIMEOUT_S=20 \
     timeout ${PYTEST_TIMEOUT:-$(( 540 - $(date +%s) + T0 ))} python3 -m pytest -q --tb=short --durations=12 \
     -p no:cacheprovider "$@" > "$OUT/pytest_$n.log" 2>&1
-  echo "pytest part $n rc=$? (GPUs '${gpu:-all}', at $(( $(date +%s) - T0 )) s)"
+  echo "pytest part $n rc=$? (${gpu[*]:-every GPU}, at $(( $(date +%s) - T0 )) s)"
 }
 examples() {
   timeout 60 python3 tools/scheduler_chain_repro.py > "$OUT/scheduler_chain_repro.log" 2>&1
@@ -89,6 +90,7 @@ fi
 for n in 1 2; do
   [ -f "$OUT/pytest_$n.log" ] || continue
   grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/pytest_$n.log" | tail -30
+  grep -qE "[0-9]+ passed" "$OUT/pytest_$n.log" || echo "gpu_check.sh: part $n passed nothing (no GPU visible?)"
   cat "$OUT/pytest_$n.log" >> "$OUT/pytest.log"
 done
 ;; esac
