@@ -33,19 +33,27 @@ def test_functional_chain_is_recorded_by_the_front():
     assert s1["ops_intercepted"] - s0["ops_intercepted"] >= d["recorded"], (s0["ops_intercepted"], s1["ops_intercepted"])
 
 
-def test_negative_view_and_autograd_inputs_go_to_the_mode():
+@pytest.mark.parametrize("cfront", [True, False])
+def test_negative_view_and_autograd_inputs_go_to_the_mode(cfront):
+    """A Negative-bit view reaches the dispatch mode unresolved in copy_ / clone (they resolve the bit themselves):
+    never recorded as plain memory (reason math_bits), with or without the front."""
     x = torch.randn(32, 128, device="cuda")
     neg = torch._neg_view(x)  # a Negative-bit view: its kernel must resolve the bit
     w = torch.randn(32, 128, device="cuda", requires_grad=True)
     before = gpuos_ext.cfront_info()
-    with gpuos.scheduler_context(front=False):
+    with gpuos.scheduler_context(front=False, cfront=cfront):
         a = neg + 1.0
         b = w * 2.0
+        c = torch.empty_like(x).copy_(neg)
+        d = neg.clone()
     after = gpuos_ext.cfront_info()
     torch.testing.assert_close(a, -x + 1.0)
     torch.testing.assert_close(b.detach(), w.detach() * 2.0)
+    torch.testing.assert_close(c, -x)
+    torch.testing.assert_close(d, -x)
     assert b.grad_fn is not None
-    assert _delta(before, after)["recorded"] == 0, _delta(before, after)
+    if cfront:
+        assert _delta(before, after)["recorded"] == 0, _delta(before, after)
 
 
 def test_another_mode_on_top_sees_every_op():
@@ -74,6 +82,23 @@ def test_views_of_pending_outputs_read_the_right_values():
     torch.testing.assert_close(m, (x * 3.0).sigmoid() @ w, rtol=1e-4, atol=1e-4)
 
 
+def test_reshape_that_copies_reads_written_values():
+    """reshape copies when no view can do (repeat_kv's expand + reshape): the front must not run it below the mode
+    (its copy would read a deferred output before the worker wrote it) -- it decomposes, and its clone reaches the
+    mode, which flushes first."""
+    x = torch.randn(4, 2, 64, device="cuda")
+    before = gpuos_ext.cfront_info()
+    with gpuos.scheduler_context(front=False):
+        y = torch.sigmoid(x * 3.0)                               # deferred
+        r = y[:, None].expand(4, 3, 2, 64).reshape(12, 128)    # a copy of y, repeated
+        t = y.transpose(0, 1).reshape(-1)                        # a copy (not viewable)
+    after = gpuos_ext.cfront_info()
+    ref = torch.sigmoid(x * 3.0)
+    torch.testing.assert_close(r, ref[:, None].expand(4, 3, 2, 64).reshape(12, 128))
+    torch.testing.assert_close(t, ref.transpose(0, 1).reshape(-1))
+    assert _delta(before, after)["recorded"] >= 2, _delta(before, after)  # mul (a Python number), sigmoid
+
+
 @pytest.mark.parametrize("cfront", [True, False])
 def test_results_equal_with_and_without_the_front(cfront):
     torch.manual_seed(0)
@@ -82,7 +107,7 @@ def test_results_equal_with_and_without_the_front(cfront):
 
     def step(t):
         v = t.float().pow(2).mean(-1, keepdim=True)
-        return (g * (t.float() * torch.rsqrt(v + 1e-6)).to(torch.float16)).silu() + t
+        return (g * (t.float() * torch.rsqrt(v + 1e-6)).to(torch.float16)) * torch.sigmoid(t) + t
 
     ref = step(x)
     with gpuos.scheduler_context(cfront=cfront):

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -29,32 +31,57 @@ struct FastEntry {  // a functional fast overload as the dispatcher's stack hold
   CallSpec spec;
   int alpha = -1;  // stack index of `alpha` (scalars 1), of `rounding_mode` (scalars 2); -1: none
 };
-// Written under the GIL by the table setters (gpuos/scheduler.py, while no context is entered); read by the
-// fallback. A table change while another thread runs under a scheduler is not supported (as for sched_dispatch's).
-std::unordered_map<c10::OperatorName, FastEntry> g_fast_ops;
-std::unordered_set<c10::OperatorName> g_nodata_ops;
-
+// The tables, an immutable snapshot replaced whole by the setters (gpuos/scheduler.py: on import and whenever a user
+// op is registered -- possibly while another thread runs under a scheduler). The fallback runs without the GIL, so
+// it never reads a table that can change: each thread keeps the snapshot it looked up its cache in alive, and its
+// cache holds copies of the entries (the stress test's registrations freed a swapped-out map under a reader: a
+// garbage op id in the worker, an illegal address).
+struct Tables {
+  std::unordered_map<c10::OperatorName, FastEntry> fast;
+  std::unordered_set<c10::OperatorName> nodata;
+};
+std::mutex g_tables_mu;  // guards g_tables (the pointer; the snapshot it points to never changes)
+std::shared_ptr<const Tables> g_tables = std::make_shared<const Tables>();
 std::atomic<uint64_t> g_seen{0}, g_recorded{0}, g_nodata{0};
 // Bumped by every table change: a thread's cache of what each operator is (below) is dropped when it is stale.
 std::atomic<uint64_t> g_tables_version{1};
 
+void replace_tables(const std::function<void(Tables&)>& edit) {
+  std::lock_guard<std::mutex> lock(g_tables_mu);
+  auto t = std::make_shared<Tables>(*g_tables);
+  edit(*t);
+  g_tables = std::move(t);
+  g_tables_version.fetch_add(1, std::memory_order_acq_rel);
+}
+
 // What an operator is to the front, cached per thread by its schema's address (stable for the process), so that a
-// pass-through op costs a pointer lookup, not two string hashes: its fast entry, no-data, or neither.
+// pass-through op costs a pointer lookup, not two string hashes: its fast entry (a copy), no-data, or neither.
+// No-data excludes operators with a CompositeImplicitAutograd kernel: the front sits above Autograd and would see
+// them whole -- reshape, which copies when no view can do (repeat_kv's expand + reshape), run below the mode would
+// read deferred outputs before they are written, and its copy would be hidden from the mode's rewrites and from a
+// program's capture. Left alone, they decompose below and their parts (view, clone) come back through the front.
 struct OpKind {
-  const FastEntry* fast = nullptr;
-  bool nodata = false;
+  bool fast = false, nodata = false;
+  FastEntry entry;
 };
 const OpKind& kind_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const void*, OpKind> cache;
   thread_local uint64_t version = 0;
+  thread_local std::shared_ptr<const Tables> tables;
   const uint64_t v = g_tables_version.load(std::memory_order_acquire);
-  if (version != v) cache.clear(), version = v;
+  if (version != v) {
+    std::lock_guard<std::mutex> lock(g_tables_mu);
+    cache.clear();
+    tables = g_tables;
+    version = g_tables_version.load(std::memory_order_acquire);
+  }
   auto [it, fresh] = cache.try_emplace(&op.schema());
   if (fresh) {
     const c10::OperatorName& name = op.operator_name();
-    auto f = g_fast_ops.find(name);
-    if (f != g_fast_ops.end()) it->second.fast = &f->second;
-    else it->second.nodata = g_nodata_ops.count(name) != 0;
+    auto f = tables->fast.find(name);
+    if (f != tables->fast.end()) it->second.fast = true, it->second.entry = f->second;
+    else it->second.nodata = tables->nodata.count(name) != 0 &&
+                             !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   }
   return it->second;
 }
@@ -115,13 +142,23 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
   if (nargs < s.nin) return false;
   const size_t base = stack->size() - nargs;
   EwIn in[3];
-  bool any = false;
+  bool any = false, wrapped = false, all_float = true;
   for (uint32_t k = 0; k < s.nin; ++k) {
     const c10::IValue& v = (*stack)[base + k];
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number (x * 0.5): a 0-d CPU
+        const c10::ScalarType st = t.scalar_type();                         // tensor at the dispatcher
+        if (st != at::kDouble && st != at::kLong && st != at::kBool) return false;  // (complex: eager)
+        in[k].number = true;
+        in[k].v = st == at::kDouble ? *t.const_data_ptr<double>()
+                  : st == at::kLong ? (double)*t.const_data_ptr<int64_t>() : (double)*t.const_data_ptr<bool>();
+        wrapped = true;
+        continue;
+      }
       if (!t.defined() || !plain_cuda_keys(t)) return false;
       in[k].t = &t;
+      all_float &= at::isFloatingType(t.scalar_type());
       any = true;
     } else if (v.isDouble() || v.isInt() || v.isBool()) {
       in[k].number = true;
@@ -130,7 +167,8 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
       return false;
     }
   }
-  if (!any) return false;
+  // A number takes no part in the result's dtype only beside floating tensors (an integer tensor times 0.5 is float).
+  if (!any || (wrapped && !all_float)) return false;
   float s0 = s.d0;
   if (e.alpha >= 0) {
     const c10::IValue& a = (*stack)[base + e.alpha];
@@ -168,12 +206,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);  // the keys under it
   g_seen.fetch_add(1, std::memory_order_relaxed);
   if (t_frames.empty()) return op.redispatchBoxed(below, stack);
-  const OpKind& k = kind_of(op);  // (most ops are neither: on to the mode at once)
+  const OpKind k = kind_of(op);  // a copy (most ops are neither: on to the mode at once)
   if ((!k.fast && !k.nodata) || !scheduler_on_top(t_frames.back())) return op.redispatchBoxed(below, stack);
   const Frame& f = t_frames.back();
   const size_t nargs = op.schema().arguments().size();
   if (k.fast) {
-    if (try_record(*k.fast, nargs, f, stack)) {
+    if (try_record(k.entry, nargs, f, stack)) {
       g_recorded.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -233,15 +271,13 @@ void cfront_set_fast(const std::vector<std::pair<PyObject*, CallSpec>>& table) {
     }
     t.emplace(name_of(ov), e);
   }
-  g_fast_ops.swap(t);
-  g_tables_version.fetch_add(1, std::memory_order_acq_rel);
+  replace_tables([&](Tables& tb) { tb.fast.swap(t); });
 }
 
 void cfront_set_nodata(const std::vector<PyObject*>& overloads) {
   std::unordered_set<c10::OperatorName> t;
   for (PyObject* ov : overloads) t.insert(name_of(ov));
-  g_nodata_ops.swap(t);
-  g_tables_version.fetch_add(1, std::memory_order_acq_rel);
+  replace_tables([&](Tables& tb) { tb.nodata.swap(t); });
 }
 
 bool cfront_enter(PyObject* mode, int64_t threshold) {
@@ -269,7 +305,10 @@ py::dict cfront_info() {
   d["seen"] = g_seen.load();
   d["recorded"] = g_recorded.load();
   d["nodata"] = g_nodata.load();
-  d["fast_ops"] = g_fast_ops.size();
+  {
+    std::lock_guard<std::mutex> lock(g_tables_mu);
+    d["fast_ops"] = g_tables->fast.size();
+  }
   return d;
 }
 

@@ -32,13 +32,18 @@ void defer_op(int dev, Fill&& fill) {
   D.touched.note({(uintptr_t)storage_of(d.out), 0, 0}, reads, nr, 1);
   note_deferred(dev, rt);
 }
+}  // namespace
+
 // A tensor subclass with its own __torch_dispatch__ (Python key in its key set: the functional collectives'
 // AsyncCollectiveTensor, whose data NCCL may still be writing until its wait; wrapper subclasses in general) is
 // never recorded: run eagerly, the subclass's dispatch runs first (it waits). nn.Parameter has no such key.
-bool python_subclass(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+int foreign_reason(const at::Tensor& t) {
+  const c10::DispatchKeySet ks = t.unsafeGetTensorImpl()->key_set();
+  if (ks.has(c10::DispatchKey::Python)) return kR_subclass;
+  if (ks.has(c10::DispatchKey::Negative) || ks.has(c10::DispatchKey::Conjugate) || ks.has(c10::DispatchKey::ZeroTensor))
+    return kR_math_bits;
+  return -1;
 }
-}  // namespace
 
 void defer_filled(int dev, DeferredOp&& op) {
   defer_op(dev, [&](DeferredOp& d) { d = std::move(op); });
@@ -56,7 +61,7 @@ EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const
     if (ins[k].t) {
       const at::Tensor& t = *ins[k].t;
       if (!t.is_cuda()) return ew_reason(kR_not_cuda);
-      if (python_subclass(t)) return ew_reason(kR_subclass);
+      if (const int r = foreign_reason(t); r >= 0) return ew_reason(r);
       if (t.layout() != at::kStrided) return ew_reason(kR_layout);
       if (dtype_code(t.scalar_type()) < 0) return ew_reason(kR_dtype);
       if (t.numel() > thr) return ew_reason(kR_size);
@@ -115,7 +120,7 @@ EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const
     if (!o) return ew_reason(kR_unsupported_args);
     const at::Tensor& ot = *o;
     if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return ew_reason(kR_device);
-    if (python_subclass(ot)) return ew_reason(kR_subclass);
+    if (const int r = foreign_reason(ot); r >= 0) return ew_reason(r);
     if ((ot.scalar_type() != dt && cast_to < 0) || ot.sizes() != shape) return ew_reason(kR_unsupported_args);
     if (dtype_code(ot.scalar_type()) < 0) return ew_reason(kR_dtype);
     if (!ot.is_contiguous() && has_internal_overlap(ot)) return ew_reason(kR_unsupported_args);
@@ -213,7 +218,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (op >= kNumOps || kOps[op].kind != kKindReduce || !THPVariable_Check(px)) return reason(kR_unsupported_args);
     const at::Tensor& x = THPVariable_Unpack(px);
     if (!x.is_cuda()) return reason(kR_not_cuda);
-    if (python_subclass(x)) return reason(kR_subclass);
+    if (const int r = foreign_reason(x); r >= 0) return reason(r);
     if (x.layout() != at::kStrided) return reason(kR_layout);
     if (dtype_code(x.scalar_type()) < 0) return reason(kR_dtype);
     if (x.numel() > thr) return reason(kR_size);
@@ -279,7 +284,7 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias}) {
       if (!t->defined()) continue;
       if (!t->is_cuda()) return reason(kR_not_cuda);
-      if (python_subclass(*t)) return reason(kR_subclass);
+      if (const int r = foreign_reason(*t); r >= 0) return reason(r);
       if (t->layout() != at::kStrided) return reason(kR_layout);
       if (t->scalar_type() != a.scalar_type() || dtype_code(t->scalar_type()) < 0) return reason(kR_dtype);
       if (t->get_device() != a.get_device()) return reason(kR_device);

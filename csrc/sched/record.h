@@ -6,6 +6,10 @@
 namespace gpuos {
 
 inline PyObject* reason(int r) { return PyLong_FromLong(r); }
+// A tensor the worker cannot read as plain memory: a Python subclass (kR_subclass), or a view whose negative /
+// conjugate / zero bit its kernel must resolve (kR_math_bits: such a view can reach the dispatch mode unresolved --
+// copy_ and clone resolve the bits themselves, so PyTorch's Negative fallback hands them on as they are); -1: plain.
+int foreign_reason(const at::Tensor& t);
 // Elementwise op `op` (nin operands: tensors or numbers) in `mode` (SchedMode); pout: the out= tensor.
 // cast_to >= 0 (op copy): the output's dtype (functional), or any float out dtype is accepted (out / in place).
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
