@@ -108,17 +108,25 @@ class GpuosScheduler(TorchDispatchMode):
         ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an
         H100 host; every other op, and every call another mode or a tensor subclass could see differently, still
         goes through the dispatch mode). False: the dispatch mode alone.
+    cfront
+        Also intercept every aten op in C++ at the dispatcher, before PyTorch boxes it for the dispatch mode
+        (csrc/sched/cfront.h): functional elementwise ops are recorded there and no-data ops run at once, ~4.5 us
+        per op less than through the mode on a CPU host (tools/dispatch_overhead.py); everything else goes on to the
+        dispatch mode unchanged. Off where another library holds its dispatch key or with ``GPUOS_CFRONT=0``
+        (``gpuos_ext.cfront_info()`` says why).
     """
 
     def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                 auto_flush_ms: float = 2.0, front: bool = True) -> None:
+                 auto_flush_ms: float = 2.0, front: bool = True, cfront: bool = True) -> None:
         super().__init__()
         self.capacity = capacity
         self.threads_per_block = threads_per_block
         self.size_threshold = size_threshold
         self.auto_flush_ms = auto_flush_ms
         self.front = front
+        self.cfront = cfront
         self._fronts: list = []  # one per __enter__ that pushed one (the same instance may be entered nested)
+        self._cfronts: list = []  # per __enter__: whether it turned the dispatcher front on (exit turns it off)
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
         self._timer_error: BaseException | None = None  # raised by the context's exit (the timer has no caller)
@@ -149,6 +157,7 @@ class GpuosScheduler(TorchDispatchMode):
         if front is not None:
             front.__enter__()  # above the dispatch mode: popped first
         self._fronts.append(front)
+        self._cfronts.append(bool(self.cfront) and _ext.sched_cfront_enter(self, self.size_threshold))
         return r
 
     def __exit__(self, exc_type, exc, tb):
@@ -162,6 +171,8 @@ class GpuosScheduler(TorchDispatchMode):
                 self._stop.set()
                 self._timer.join()
                 self._timer = None
+            if self._cfronts and self._cfronts.pop():
+                _ext.sched_cfront_exit()
             front = self._fronts.pop() if self._fronts else None
             if front is not None:
                 front.__exit__(exc_type, exc, tb)
@@ -486,10 +497,10 @@ _push_tables()
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                      auto_flush_ms: float = 2.0, front: bool = True) -> GpuosScheduler:
+                      auto_flush_ms: float = 2.0, front: bool = True, cfront: bool = True) -> GpuosScheduler:
     """Context manager: ``with gpuos.scheduler_context(): ...`` batches supported small ops (see module doc)."""
     return GpuosScheduler(capacity=capacity, threads_per_block=threads_per_block, size_threshold=size_threshold,
-                          auto_flush_ms=auto_flush_ms, front=front)
+                          auto_flush_ms=auto_flush_ms, front=front, cfront=cfront)
 
 
 def scheduler_stats() -> dict:

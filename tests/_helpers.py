@@ -151,3 +151,20 @@ def seeded_cache(cache, pattern):
     for f in Path(os.environ["GPUOS_CACHE_DIR"]).glob(pattern):
         shutil.copy(f, cache / f.name)
     return cache
+
+
+def seen_ops_mode(key=str):
+    """A TorchDispatchMode that runs every op as it comes and notes it (`key(func)`: str gives "aten.add.Tensor")
+    in its `.funcs`: what a mode entered around or inside the scheduler sees."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SeenOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.funcs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.funcs.append(key(func))
+            return func(*args, **(kwargs or {}))
+
+    return SeenOps()

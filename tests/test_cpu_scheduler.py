@@ -365,8 +365,8 @@ def test_flush_without_pending_is_noop():
 def test_scheduler_context_signature():
     sig = inspect.signature(gpuos.scheduler_context)
     params = sig.parameters
-    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front"]
-    assert params["front"].default is True
+    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front", "cfront"]
+    assert params["front"].default is True and params["cfront"].default is True
     assert params["capacity"].default == 8192
     assert params["threads_per_block"].default == 256
     assert params["size_threshold"].default == 1 << 15

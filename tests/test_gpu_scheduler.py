@@ -592,16 +592,7 @@ class _Sub(torch.Tensor):
 def test_front_hands_on_what_others_must_see(rt):
     """Another dispatch mode on top, autocast, a tensor subclass, the op's out= / floor rounding, a size over the
     threshold: the front records nothing and the result is eager's (a Parameter is recorded: a plain tensor)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.funcs = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.funcs.append(str(func))
-            return func(*args, **(kwargs or {}))
+    from _helpers import seen_ops_mode
 
     x, y = randn(1000), randn(1000).abs() + 1
     p = torch.nn.Parameter(randn(1000), requires_grad=False)
@@ -615,7 +606,7 @@ def test_front_hands_on_what_others_must_see(rt):
         return r
 
     with gpuos.scheduler_context(auto_flush_ms=0):
-        seen = Seen()
+        seen = seen_ops_mode()
         with seen:
             z = none_by_front("inner dispatch mode", lambda: x + y)
         assert "aten.add.Tensor" in seen.funcs  # the inner mode saw the op
@@ -649,19 +640,10 @@ def test_front_runs_views_of_plain_cuda_tensors_below_the_modes(rt):
     view_of_plain_cuda): a mode entered before the scheduler does not see them, nothing flushes, and views of a
     deferred result read its values. A view given as an aten overload still goes through the modes (the
     dispatch path's no-data set runs it without a flush)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.funcs = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.funcs.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+    from _helpers import seen_ops_mode
 
     x = randn(4, 6)
-    seen = Seen()
+    seen = seen_ops_mode(lambda func: func.overloadpacket.__name__)
     with seen, gpuos.scheduler_context(auto_flush_ms=0):
         y = x * 2  # deferred
         f0 = gpuos.stats()["flushes"]

@@ -14,6 +14,9 @@ live path to eager through a mode. This probe measures the alternatives side by 
                  redispatches below itself with the key excluded, so it sees each top-level op once
   cpp_inspect    the same fallback also walking the op's arguments (each tensor's device, dtype, numel, sizes and
                  strides: what a recorder must read to classify an op)
+  gpuos_sched    gpuos.scheduler_context() (its exit flushes), and gpuos_sched_nocfront without its dispatcher front
+                 (csrc/sched/cfront.h); on the CPU every op passes through both: the front's cost when it takes
+                 nothing (DO_GPUOS=0: leave them out)
 
 The key is c10's TESTING_ONLY_GenericMode (above autograd; no kernels of its own): fine for a measurement, not for
 a product (DEVELOPING *Next* 8 says what a product would need). Loops: 1,000 small adds, and four Llama-like decoder
@@ -215,6 +218,10 @@ def main():
     configs = {"eager": contextlib.nullcontext, "python_mode": _NoopMode,
                "cpp_bound_mode": lambda: _BoundMode(ext.bound_dispatch), "cpp_fallback": lambda: _Cpp(False),
                "cpp_inspect": lambda: _Cpp(True)}
+    if os.environ.get("DO_GPUOS", "1") != "0":  # the scheduler itself, with and without its dispatcher front (its
+        import gpuos  # exit flushes: on CUDA a step's whole recorded and published work; on the CPU every op passes
+        configs |= {"gpuos_sched": lambda: gpuos.scheduler_context(auto_flush_ms=0),  # through: the front's tax)
+                    "gpuos_sched_nocfront": lambda: gpuos.scheduler_context(auto_flush_ms=0, cfront=False)}
     with torch.inference_mode():
         for name, make in (("adds", _adds), ("llama4x256", _llama_layers)):
             step = make(dev)
@@ -231,6 +238,12 @@ def main():
                     out = step()
                 row["ops"][cfg] = ext.calls()
                 torch.testing.assert_close(out, ref)
+            for cfg in ("gpuos_sched", "gpuos_sched_nocfront"):
+                if cfg in configs:
+                    with configs[cfg]():
+                        out = step()
+                    torch.testing.assert_close(out, ref)
+                    row["ops"][cfg] = row["ops"]["python_mode"]  # (the aten ops a mode sees per step)
             us = _time_all(step, configs, reps, sync)
             row["us_per_step"] = {k: round(v, 1) for k, v in us.items()}
             row["added_us_per_op"] = {k: round((us[k] - us["eager"]) / max(1, row["ops"][k]), 3) for k in row["ops"]}

@@ -52,7 +52,7 @@ case "$MODE" in tests|tests1|tests2|all)
 gpu_files() { for f in "$@"; do printf "tests/test_gpu_%s.py " "$f"; done; }
 part1="$( [ "${CPU:-0}" = 1 ] && ls tests/test_cpu_*.py) $(gpu_files program_calls programs reliability faults fusion \
   stress vector_paths matmul index_ops prologue injection)"
-part2="$(gpu_files link scheduler levels runtime foreign_work ops rows attention decode_ops rewrite multi kicks)"
+part2="$(gpu_files link scheduler levels runtime foreign_work ops rows attention decode_ops rewrite multi kicks cfront)"
 missing=$(comm -13 <(echo $part1 $part2 | tr ' ' '\n' | sort) <(ls tests/test_gpu_*.py | sort))
 [ -n "$missing" ] && echo "gpu_check.sh: in neither part (add them): $missing"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")

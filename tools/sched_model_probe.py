@@ -13,6 +13,7 @@ what each config adds per aten op of the step (counted once by a counting mode):
   noop_raw       the same bound as an instance attribute (no wrapper), as the scheduler binds its dispatch
   sched          gpuos.scheduler_context(), the worker's matmul and attention off (matmuls / SDPA stay eager)
   sched_worker   the same with both on (bench_models' gpuos_scheduler_worker)
+  sched_worker_nocfront  sched_worker without the dispatcher front (csrc/sched/cfront.h): the dispatch mode alone
 Then sched_worker's gpuos.stats() per step (intercepted ops, flushes by cause, launches, host publication time),
 and cProfile over one sched_worker run: the top functions by own time and by cumulative time -- the model's
 Python, the scheduler's Python handlers, PyTorch's mode machinery. (The C++ dispatch -- sched_dispatch -- is not a
@@ -123,13 +124,13 @@ def main() -> int:
         import gpuos
         gpuos.init()
 
-        def sched(worker: bool):
+        def sched(worker: bool, cfront: bool = True):
             @contextlib.contextmanager
             def ctx():
-                with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context():
+                with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront):
                     yield
             return ctx
-        configs |= {"sched": sched(False), "sched_worker": sched(True)}
+        configs |= {"sched": sched(False), "sched_worker": sched(True), "sched_worker_nocfront": sched(True, False)}
     case = BM.make_case(label, steps, device)
     d = case.data
     cache = BM._cached(case)

@@ -18,6 +18,7 @@
 #include "python/bindings.h"
 #include "sched/api.h"
 #include "sched/bytecode.h"
+#include "sched/cfront.h"
 #include "sched/deferred.h"
 #include "sched/dispatch.h"
 #include "sched/record.h"
@@ -305,6 +306,14 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "Replace the calls that read no tensor data: overloads sched_dispatch runs at once (views, metadata, "
         "allocation), and torch callables sched_function runs below the dispatch modes (views of plain CUDA "
         "tensors).");
+  m.def("sched_cfront_enter", [](py::object mode, int64_t threshold) { return cfront_enter(mode.ptr(), threshold); },
+        py::arg("mode"), py::arg("size_threshold"),
+        "Turn the dispatcher front (sched/cfront.h) on for this thread while `mode` (a GpuosScheduler, entered) is "
+        "the innermost dispatch mode; nested calls stack. Returns whether it is on (cfront_info()['reason']: why "
+        "not).");
+  m.def("sched_cfront_exit", &cfront_exit, "Undo this thread's last sched_cfront_enter that returned True.");
+  m.def("cfront_info", &cfront_info,
+        "The dispatcher front: {available, reason, key, enabled_here, depth, seen, recorded, nodata, fast_ops}.");
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });

@@ -20,7 +20,7 @@ namespace gpuos {
 #define GPUOS_SCHED_REASONS(X) \
   X(1, not_cuda) X(2, layout) X(3, dtype) X(4, size) X(5, autograd) X(6, unsupported_args) X(7, device)     \
   X(8, matmul_off) X(9, matmul_rows) X(10, subclass) X(11, attention_off) X(12, attention_shape)          \
-  X(13, attention_layout) X(14, attention_lse)
+  X(13, attention_layout) X(14, attention_lse) X(15, math_bits)
 enum SchedReason : int {
 #define GPUOS_REASON(n, name) kR_##name = n,
   GPUOS_SCHED_REASONS(GPUOS_REASON)

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "ops/op_table.h"
+#include "sched/cfront.h"
 #include "sched/deferred.h"
 #include "sched/record.h"
 #include "tensor/tensor.h"
@@ -24,15 +25,7 @@ namespace gpuos {
 // Overloads with a fast spec (elementwise ops whose scalars are none, `alpha`, or `rounding_mode=None`) are
 // recorded here; every other overload goes to the mode's Python path (_dispatch_py: reductions, ops with other
 // scalars, user ops), and every op that must run eagerly to the mode's _eager(func, args, kwargs, reason).
-// One recordable call: sched_dispatch's table is keyed by OpOverload, the front's by torch function / Tensor
-// method; Python gives both as {key: (op_id, mode, nin, d0, d1, scalars, number_ok)}.
-struct CallSpec {
-  uint32_t op = 0, nin = 0;
-  int mode = kModeFunctional;
-  float d0 = 0.f, d1 = 0.f;
-  int scalars = 0;         // 0 none, 1 alpha (kwarg, or 3rd positional at the aten level) -> s0, 2 rounding_mode None
-  bool number_ok = false;  // front: a Python number may stand for the 2nd operand (the op has a .Scalar overload)
-};
+// One recordable call: CallSpec (dispatch.h).
 using SpecTable = std::unordered_map<PyObject*, CallSpec>;  // keys: strong references
 SpecTable g_fast;                                        // sched_dispatch: OpOverload -> spec
 
@@ -234,14 +227,14 @@ PyObject* front_scheduler() {
   return top;
 }
 
-bool plain_cuda_tensor(PyObject* o) {
+bool plain_cuda_keys(const at::Tensor& t) {
   static const c10::DispatchKeySet allowed({c10::DispatchKey::CUDA, c10::DispatchKey::AutogradCUDA,
                                             c10::DispatchKey::ADInplaceOrView, c10::DispatchKey::AutocastCUDA});
-  if (!THPVariable_CheckExact(o)) return false;
   // (operator- of DispatchKeySet keeps backend bits: a subset test is an intersection that changes nothing)
-  const c10::DispatchKeySet ks = THPVariable_Unpack(o).unsafeGetTensorImpl()->key_set();
+  const c10::DispatchKeySet ks = t.unsafeGetTensorImpl()->key_set();
   return ks.has(c10::DispatchKey::CUDA) && (ks & allowed) == ks;
 }
+bool plain_cuda_tensor(PyObject* o) { return THPVariable_CheckExact(o) && plain_cuda_keys(THPVariable_Unpack(o)); }
 
 // A view call whose only tensor is its first argument, a plain CUDA tensor: its other arguments (dims, sizes, a
 // dtype) hold no tensor -- a tensor there (narrow's start, a size given as a tensor) would have its value read on
@@ -350,10 +343,15 @@ PyObject* sched_function(PyObject*, PyObject* const* a, Py_ssize_t n) {
 
 // Publish every device's deferred ops (cause counted). Returns the raw streams published on.
 
-void sched_set_fast(py::dict table) { set_spec_table(g_fast, table, "sched_set_fast"); }
+void sched_set_fast(py::dict table) {
+  set_spec_table(g_fast, table, "sched_set_fast");
+  std::vector<std::pair<PyObject*, CallSpec>> byname(g_fast.begin(), g_fast.end());
+  cfront_set_fast(byname);  // the dispatcher front's table (by operator name)
+}
 void sched_set_nodata(py::iterable overloads, py::iterable front_views) {
   set_key_set(g_nodata, overloads);
   set_key_set(g_front_views, front_views);
+  cfront_set_nodata(std::vector<PyObject*>(g_nodata.begin(), g_nodata.end()));
 }
 std::vector<std::string> sched_fast_ops() { return spec_table_names(g_fast); }
 std::vector<std::string> sched_front_ops() { return spec_table_names(g_front); }

@@ -32,117 +32,137 @@ void defer_op(int dev, Fill&& fill) {
   D.touched.note({(uintptr_t)storage_of(d.out), 0, 0}, reads, nr, 1);
   note_deferred(dev, rt);
 }
+}  // namespace
+
 // A tensor subclass with its own __torch_dispatch__ (Python key in its key set: the functional collectives'
 // AsyncCollectiveTensor, whose data NCCL may still be writing until its wait; wrapper subclasses in general) is
 // never recorded: run eagerly, the subclass's dispatch runs first (it waits). nn.Parameter has no such key.
-bool python_subclass(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+int foreign_reason(const at::Tensor& t) {
+  const c10::DispatchKeySet ks = t.unsafeGetTensorImpl()->key_set();
+  if (ks.has(c10::DispatchKey::Python)) return kR_subclass;
+  if (ks.has(c10::DispatchKey::Negative) || ks.has(c10::DispatchKey::Conjugate) || ks.has(c10::DispatchKey::ZeroTensor))
+    return kR_math_bits;
+  return -1;
 }
-}  // namespace
 
 void defer_filled(int dev, DeferredOp&& op) {
   defer_op(dev, [&](DeferredOp& d) { d = std::move(op); });
 }
 
+EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const at::Tensor* pout, float s0, float s1,
+                      int64_t thr, int cast_to) {
+  const bool grad = at::GradMode::is_enabled();
+  calibrate_liveness();
+  const at::Tensor* ts[3] = {nullptr, nullptr, nullptr};
+  float cv[3] = {0.f, 0.f, 0.f};
+  int first = -1;
+  bool same_shape = true, any_dim = false;
+  for (uint32_t k = 0; k < nin; ++k) {
+    if (ins[k].t) {
+      const at::Tensor& t = *ins[k].t;
+      if (!t.is_cuda()) return ew_reason(kR_not_cuda);
+      if (const int r = foreign_reason(t); r >= 0) return ew_reason(r);
+      if (t.layout() != at::kStrided) return ew_reason(kR_layout);
+      if (dtype_code(t.scalar_type()) < 0) return ew_reason(kR_dtype);
+      if (t.numel() > thr) return ew_reason(kR_size);
+      if (grad && t.requires_grad()) return ew_reason(kR_autograd);
+      if (first < 0) first = (int)k;
+      else same_shape &= t.sizes() == ts[first]->sizes();
+      any_dim |= t.dim() > 0;
+      ts[k] = &t;
+    } else if (ins[k].number) {
+      cv[k] = (float)ins[k].v;
+    } else {
+      return ew_reason(kR_unsupported_args);
+    }
+  }
+  if (first < 0) return ew_reason(kR_unsupported_args);
+  const at::Tensor& t0 = *ts[first];
+  at::ScalarType dt = t0.scalar_type();
+  bool have = false;
+  for (uint32_t k = 0; k < nin; ++k) {
+    if (!ts[k]) continue;
+    if (ts[k]->get_device() != t0.get_device()) return ew_reason(kR_device);
+    if (any_dim && ts[k]->dim() == 0) continue;  // 0-d tensors promote only without dimensioned ones
+    dt = have ? c10::promoteTypes(dt, ts[k]->scalar_type()) : ts[k]->scalar_type();
+    have = true;
+  }
+  std::vector<int64_t> shape_v;
+  at::IntArrayRef shape = t0.sizes();
+  if (!same_shape) {
+    shape_v = t0.sizes().vec();
+    try {
+      for (uint32_t k = 0; k < nin; ++k)
+        if (ts[k]) shape_v = at::infer_size(shape_v, ts[k]->sizes());
+    } catch (const c10::Error&) {
+      return ew_reason(kR_unsupported_args);
+    }
+    shape = shape_v;
+  }
+  // More dims than a TensorRef holds can only be lowered when they merge into few; the one case known here
+  // without the strides of the output is every operand contiguous with the same shape (one dim). Anything
+  // else stays eager: refusing it at lowering would fail the whole flush.
+  if (shape.size() > kMaxDims) {
+    bool flat = same_shape;
+    for (uint32_t k = 0; k < nin && flat; ++k) flat = !ts[k] || ts[k]->is_contiguous();
+    if (!flat || mode != kModeFunctional) return ew_reason(kR_layout);
+  }
+  at::Tensor out;
+  bool given = false;  // the output is the given tensor (in place: the first operand; out=)
+  if (mode == kModeFunctional) {
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+    if (numel > thr) return ew_reason(kR_size);
+    if (cast_to >= 0) dt = (at::ScalarType)cast_to;
+    out = empty_like_device(t0, shape, dt);
+  } else {
+    const at::Tensor* o = mode == kModeInplace ? ins[0].t : pout;
+    if (!o) return ew_reason(kR_unsupported_args);
+    const at::Tensor& ot = *o;
+    if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return ew_reason(kR_device);
+    if (const int r = foreign_reason(ot); r >= 0) return ew_reason(r);
+    if ((ot.scalar_type() != dt && cast_to < 0) || ot.sizes() != shape) return ew_reason(kR_unsupported_args);
+    if (dtype_code(ot.scalar_type()) < 0) return ew_reason(kR_dtype);
+    if (!ot.is_contiguous() && has_internal_overlap(ot)) return ew_reason(kR_unsupported_args);
+    for (uint32_t k = 0; k < nin; ++k)
+      if (ts[k] && partially_overlaps(ot, *ts[k])) return ew_reason(kR_unsupported_args);
+    out = ot;
+    given = true;
+  }
+  defer_op(out.get_device(), [&](DeferredOp& d) {
+    d.op = op;
+    d.nin = nin;
+    d.fresh = mode == kModeFunctional;
+    d.s0 = s0;
+    d.s1 = s1;
+    d.out = out;
+    for (uint32_t k = 0; k < nin; ++k) {
+      if (ts[k]) d.in[k] = *ts[k];
+      d.cv[k] = cv[k];
+    }
+  });
+  return EwRecorded{std::move(out), -1, given};
+}
+
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
                           float s1, int64_t thr, int cast_to) {
   try {
-    const bool grad = at::GradMode::is_enabled();
-    calibrate_liveness();
-    const at::Tensor* ts[3] = {nullptr, nullptr, nullptr};
-    float cv[3] = {0.f, 0.f, 0.f};
-    int first = -1;
-    bool same_shape = true, any_dim = false;
+    EwIn in[3];
     for (uint32_t k = 0; k < nin; ++k) {
       PyObject* o = ins[k];
-      if (THPVariable_Check(o)) {
-        const at::Tensor& t = THPVariable_Unpack(o);
-        if (!t.is_cuda()) return reason(kR_not_cuda);
-        if (python_subclass(t)) return reason(kR_subclass);
-        if (t.layout() != at::kStrided) return reason(kR_layout);
-        if (dtype_code(t.scalar_type()) < 0) return reason(kR_dtype);
-        if (t.numel() > thr) return reason(kR_size);
-        if (grad && t.requires_grad()) return reason(kR_autograd);
-        if (first < 0) first = (int)k;
-        else same_shape &= t.sizes() == ts[first]->sizes();
-        any_dim |= t.dim() > 0;
-        ts[k] = &t;
-      } else if (is_number(o)) {
-        cv[k] = (float)PyFloat_AsDouble(o);
-      } else {
-        return reason(kR_unsupported_args);
-      }
+      if (THPVariable_Check(o)) in[k].t = &THPVariable_Unpack(o);
+      else if (is_number(o)) in[k].number = true, in[k].v = PyFloat_AsDouble(o);
+      else return reason(kR_unsupported_args);
     }
-    if (first < 0) return reason(kR_unsupported_args);
-    const at::Tensor& t0 = *ts[first];
-    at::ScalarType dt = t0.scalar_type();
-    bool have = false;
-    for (uint32_t k = 0; k < nin; ++k) {
-      if (!ts[k]) continue;
-      if (ts[k]->get_device() != t0.get_device()) return reason(kR_device);
-      if (any_dim && ts[k]->dim() == 0) continue;  // 0-d tensors promote only without dimensioned ones
-      dt = have ? c10::promoteTypes(dt, ts[k]->scalar_type()) : ts[k]->scalar_type();
-      have = true;
-    }
-    std::vector<int64_t> shape_v;
-    at::IntArrayRef shape = t0.sizes();
-    if (!same_shape) {
-      shape_v = t0.sizes().vec();
-      try {
-        for (uint32_t k = 0; k < nin; ++k)
-          if (ts[k]) shape_v = at::infer_size(shape_v, ts[k]->sizes());
-      } catch (const c10::Error&) {
-        return reason(kR_unsupported_args);
-      }
-      shape = shape_v;
-    }
-    // More dims than a TensorRef holds can only be lowered when they merge into few; the one case known here
-    // without the strides of the output is every operand contiguous with the same shape (one dim). Anything
-    // else stays eager: refusing it at lowering would fail the whole flush.
-    if (shape.size() > kMaxDims) {
-      bool flat = same_shape;
-      for (uint32_t k = 0; k < nin && flat; ++k) flat = !ts[k] || ts[k]->is_contiguous();
-      if (!flat || mode != kModeFunctional) return reason(kR_layout);
-    }
-    at::Tensor out;
-    PyObject* ret = nullptr;
-    if (mode == kModeFunctional) {
-      int64_t numel = 1;
-      for (int64_t s : shape) numel *= s;
-      if (numel > thr) return reason(kR_size);
-      if (cast_to >= 0) dt = (at::ScalarType)cast_to;
-      out = empty_like_device(t0, shape, dt);
-    } else {
-      PyObject* o = mode == kModeInplace ? ins[0] : pout;
-      if (!o || !THPVariable_Check(o)) return reason(kR_unsupported_args);
-      const at::Tensor& ot = THPVariable_Unpack(o);
-      if (!ot.is_cuda() || ot.get_device() != t0.get_device()) return reason(kR_device);
-      if (python_subclass(ot)) return reason(kR_subclass);
-      if ((ot.scalar_type() != dt && cast_to < 0) || ot.sizes() != shape) return reason(kR_unsupported_args);
-      if (dtype_code(ot.scalar_type()) < 0) return reason(kR_dtype);
-      if (!ot.is_contiguous() && has_internal_overlap(ot)) return reason(kR_unsupported_args);
-      for (uint32_t k = 0; k < nin; ++k)
-        if (ts[k] && partially_overlaps(ot, *ts[k])) return reason(kR_unsupported_args);
-      out = ot;
-      ret = o;
-    }
-    defer_op(out.get_device(), [&](DeferredOp& d) {
-      d.op = op;
-      d.nin = nin;
-      d.fresh = mode == kModeFunctional;
-      d.s0 = s0;
-      d.s1 = s1;
-      d.out = out;
-      for (uint32_t k = 0; k < nin; ++k) {
-        if (ts[k]) d.in[k] = *ts[k];
-        d.cv[k] = cv[k];
-      }
-    });
-    if (ret) {
+    if (pout && !THPVariable_Check(pout)) return reason(kR_unsupported_args);
+    const EwRecorded r = ew_record(op, nin, mode, in, pout ? &THPVariable_Unpack(pout) : nullptr, s0, s1, thr, cast_to);
+    if (r.reason >= 0) return reason(r.reason);
+    if (r.given) {
+      PyObject* ret = mode == kModeInplace ? ins[0] : pout;
       Py_INCREF(ret);
       return ret;
     }
-    return THPVariable_Wrap(std::move(out));
+    return THPVariable_Wrap(r.out);
   } catch (...) {
     set_python_error();
     return nullptr;
@@ -198,7 +218,7 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (op >= kNumOps || kOps[op].kind != kKindReduce || !THPVariable_Check(px)) return reason(kR_unsupported_args);
     const at::Tensor& x = THPVariable_Unpack(px);
     if (!x.is_cuda()) return reason(kR_not_cuda);
-    if (python_subclass(x)) return reason(kR_subclass);
+    if (const int r = foreign_reason(x); r >= 0) return reason(r);
     if (x.layout() != at::kStrided) return reason(kR_layout);
     if (dtype_code(x.scalar_type()) < 0) return reason(kR_dtype);
     if (x.numel() > thr) return reason(kR_size);
@@ -264,7 +284,7 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias}) {
       if (!t->defined()) continue;
       if (!t->is_cuda()) return reason(kR_not_cuda);
-      if (python_subclass(*t)) return reason(kR_subclass);
+      if (const int r = foreign_reason(*t); r >= 0) return reason(r);
       if (t->layout() != at::kStrided) return reason(kR_layout);
       if (t->scalar_type() != a.scalar_type() || dtype_code(t->scalar_type()) < 0) return reason(kR_dtype);
       if (t->get_device() != a.get_device()) return reason(kR_device);

@@ -6,10 +6,30 @@
 namespace gpuos {
 
 inline PyObject* reason(int r) { return PyLong_FromLong(r); }
+// A tensor the worker cannot read as plain memory: a Python subclass (kR_subclass), or a view whose negative /
+// conjugate / zero bit its kernel must resolve (kR_math_bits: such a view can reach the dispatch mode unresolved --
+// copy_ and clone resolve the bits themselves, so PyTorch's Negative fallback hands them on as they are); -1: plain.
+int foreign_reason(const at::Tensor& t);
 // Elementwise op `op` (nin operands: tensors or numbers) in `mode` (SchedMode); pout: the out= tensor.
 // cast_to >= 0 (op copy): the output's dtype (functional), or any float out dtype is accepted (out / in place).
 PyObject* sched_ew_record(uint32_t op, uint32_t nin, int mode, PyObject* const* ins, PyObject* pout, float s0,
                           float s1, int64_t thr, int cast_to = -1);
+// The same from C++ values (sched/cfront.cpp records from the dispatcher's stack): each operand a tensor or a
+// number; pout: the out= tensor. reason >= 0: run eagerly for that SchedReason; else `out` is the output, the given
+// tensor itself when `given` (in place: the first operand; out=). Throws what PyTorch throws (allocation).
+struct EwIn {
+  const at::Tensor* t = nullptr;
+  bool number = false;
+  double v = 0.0;
+};
+struct EwRecorded {
+  at::Tensor out;
+  int reason = -1;
+  bool given = false;
+};
+inline EwRecorded ew_reason(int r) { return EwRecorded{at::Tensor(), r, false}; }
+EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const at::Tensor* pout, float s0, float s1,
+                     int64_t thr, int cast_to = -1);
 // sched_ew(op, mode, inputs, out, s0, s1, size_threshold) and sched_reduce(op, x, keepdim, size_threshold):
 // METH_FASTCALL entry points of gpuos/scheduler.py's handlers.
 PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs);

@@ -33,6 +33,7 @@ int common_reason(const at::Tensor& out, const at::Tensor* ins, uint32_t nin) {
     const at::Tensor& t = k < 0 ? out : ins[k];
     if (!t.defined()) continue;
     if (!t.is_cuda()) return kR_not_cuda;
+    if (const int r = foreign_reason(t); r >= 0) return r;
     if (t.layout() != at::kStrided) return kR_layout;
     if (dtype_code_any(t.scalar_type()) < 0) return kR_dtype;
     if (t.get_device() != out.get_device()) return kR_device;
