@@ -107,7 +107,9 @@ class GpuosScheduler(TorchDispatchMode):
         Also intercept plain functional elementwise calls (``a + b``, ``torch.sigmoid(x)``, ...) at the
         ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an
         H100 host; every other op, and every call another mode or a tensor subclass could see differently, still
-        goes through the dispatch mode). False: the dispatch mode alone.
+        goes through the dispatch mode). None (the default): only where the dispatcher front (``cfront``) is off --
+        beside it, the ``__torch_function__`` mode costs more than it saves (Llama-small decode on an H200:
+        6,141 us per step without it, 6,988 with it; tools/sched_model_probe.py). False: never.
     cfront
         Also intercept every aten op in C++ at the dispatcher, before PyTorch boxes it for the dispatch mode
         (csrc/sched/cfront.h): functional elementwise ops are recorded there and no-data ops run at once, ~4.5 us
@@ -117,7 +119,7 @@ class GpuosScheduler(TorchDispatchMode):
     """
 
     def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                 auto_flush_ms: float = 2.0, front: bool = True, cfront: bool = True) -> None:
+                 auto_flush_ms: float = 2.0, front: bool | None = None, cfront: bool = True) -> None:
         super().__init__()
         self.capacity = capacity
         self.threads_per_block = threads_per_block
@@ -153,11 +155,13 @@ class GpuosScheduler(TorchDispatchMode):
                     self._timer = threading.Thread(target=self._timer_loop, name="gpuos-flush-timer", daemon=True)
                     self._timer.start()
         r = super().__enter__()
-        front = _Front() if self.front and torch.cuda.is_available() else None
+        cfront = bool(self.cfront) and _ext.sched_cfront_enter(self, self.size_threshold)
+        self._cfronts.append(cfront)
+        want = self.front if self.front is not None else not cfront
+        front = _Front() if want and torch.cuda.is_available() else None
         if front is not None:
             front.__enter__()  # above the dispatch mode: popped first
         self._fronts.append(front)
-        self._cfronts.append(bool(self.cfront) and _ext.sched_cfront_enter(self, self.size_threshold))
         return r
 
     def __exit__(self, exc_type, exc, tb):
@@ -171,11 +175,11 @@ class GpuosScheduler(TorchDispatchMode):
                 self._stop.set()
                 self._timer.join()
                 self._timer = None
-            if self._cfronts and self._cfronts.pop():
-                _ext.sched_cfront_exit()
             front = self._fronts.pop() if self._fronts else None
             if front is not None:
                 front.__exit__(exc_type, exc, tb)
+            if self._cfronts and self._cfronts.pop():
+                _ext.sched_cfront_exit()
             super().__exit__(exc_type, exc, tb)
         _log.note_runtime_events(_ext)
         err, self._timer_error = self._timer_error, None
@@ -497,7 +501,7 @@ _push_tables()
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                      auto_flush_ms: float = 2.0, front: bool = True, cfront: bool = True) -> GpuosScheduler:
+                      auto_flush_ms: float = 2.0, front: bool | None = None, cfront: bool = True) -> GpuosScheduler:
     """Context manager: ``with gpuos.scheduler_context(): ...`` batches supported small ops (see module doc)."""
     return GpuosScheduler(capacity=capacity, threads_per_block=threads_per_block, size_threshold=size_threshold,
                           auto_flush_ms=auto_flush_ms, front=front, cfront=cfront)

@@ -366,7 +366,7 @@ def test_scheduler_context_signature():
     sig = inspect.signature(gpuos.scheduler_context)
     params = sig.parameters
     assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front", "cfront"]
-    assert params["front"].default is True and params["cfront"].default is True
+    assert params["front"].default is None and params["cfront"].default is True  # None: where cfront is off
     assert params["capacity"].default == 8192
     assert params["threads_per_block"].default == 256
     assert params["size_threshold"].default == 1 << 15
@@ -382,7 +382,7 @@ def test_scheduler_context_returns_configured_mode():
     assert (ctx.capacity, ctx.threads_per_block, ctx.size_threshold, ctx.auto_flush_ms) == (1024, 128, 99, 0.5)
     d = gpuos.scheduler_context()
     assert (d.capacity, d.threads_per_block, d.size_threshold, d.auto_flush_ms) == (8192, 256, 1 << 15, 2.0)
-    assert d.front is True and gpuos.scheduler_context(front=False).front is False
+    assert d.front is None and gpuos.scheduler_context(front=False).front is False
 
 
 def test_stats_has_scheduler_keys():

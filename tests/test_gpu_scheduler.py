@@ -578,7 +578,7 @@ def test_front_reads_alpha_numbers_and_rounding_mode(rt):
     for name, fn in cases.items():
         expected = fn()
         before = gpuos.stats()
-        with gpuos.scheduler_context(auto_flush_ms=0):
+        with gpuos.scheduler_context(auto_flush_ms=0, front=True):
             got = fn()
         assert gpuos.stats()["front_ops"] > before["front_ops"], name
         assert got.dtype == expected.dtype and got.shape == expected.shape, name
@@ -605,7 +605,7 @@ def test_front_hands_on_what_others_must_see(rt):
         assert gpuos.stats()["front_ops"] == f0, what
         return r
 
-    with gpuos.scheduler_context(auto_flush_ms=0):
+    with gpuos.scheduler_context(auto_flush_ms=0, front=True):
         seen = seen_ops_mode()
         with seen:
             z = none_by_front("inner dispatch mode", lambda: x + y)
@@ -619,7 +619,7 @@ def test_front_hands_on_what_others_must_see(rt):
         assert gpuos.stats()["front_ops"] == f0 + 1
         fl = none_by_front("rounding_mode=floor", lambda: torch.div(x, y, rounding_mode="floor"))
         none_by_front("out=", lambda: torch.add(x, y, out=o))
-    with gpuos.scheduler_context(auto_flush_ms=0, size_threshold=100):
+    with gpuos.scheduler_context(auto_flush_ms=0, front=True, size_threshold=100):
         f1 = gpuos.stats()["front_ops"]
         big = x * 3
         assert gpuos.stats()["front_ops"] == f1
@@ -644,7 +644,7 @@ def test_front_runs_views_of_plain_cuda_tensors_below_the_modes(rt):
 
     x = randn(4, 6)
     seen = seen_ops_mode(lambda func: func.overloadpacket.__name__)
-    with seen, gpuos.scheduler_context(auto_flush_ms=0):
+    with seen, gpuos.scheduler_context(auto_flush_ms=0, front=True):
         y = x * 2  # deferred
         f0 = gpuos.stats()["flushes"]
         views = [y.view(6, 4), y.t(), y.transpose(0, 1), torch.transpose(y, 0, 1), y.unsqueeze(0),
@@ -675,12 +675,12 @@ def test_front_under_inference_mode_and_with_grad_inputs(rt):
     with torch.inference_mode():
         xi = randn(500)
         before = gpuos.stats()["front_ops"]
-        with gpuos.scheduler_context(auto_flush_ms=0):
+        with gpuos.scheduler_context(auto_flush_ms=0, front=True):
             yi = torch.sigmoid(xi * 2)
         assert gpuos.stats()["front_ops"] - before == 2  # inference tensors are plain CUDA tensors
     assert_close(yi, torch.sigmoid(xi * 2), rtol=1e-6, atol=1e-6)
     before = gpuos.stats()["front_ops"]
-    with gpuos.scheduler_context(auto_flush_ms=0):
+    with gpuos.scheduler_context(auto_flush_ms=0, front=True):
         loss = (torch.sigmoid(w) * x).sum()  # grad-tracked: the dispatch mode's autograd fallback, not the front
         loss.backward()
     assert gpuos.stats()["front_ops"] == before

@@ -42,7 +42,7 @@ struct Tables {
 };
 std::mutex g_tables_mu;  // guards g_tables (the pointer; the snapshot it points to never changes)
 std::shared_ptr<const Tables> g_tables = std::make_shared<const Tables>();
-std::atomic<uint64_t> g_seen{0}, g_recorded{0}, g_nodata{0};
+std::atomic<uint64_t> g_seen{0}, g_recorded{0}, g_nodata{0}, g_direct{0};
 // Bumped by every table change: a thread's cache of what each operator is (below) is dropped when it is stale.
 std::atomic<uint64_t> g_tables_version{1};
 
@@ -62,6 +62,7 @@ void replace_tables(const std::function<void(Tables&)>& edit) {
 // program's capture. Left alone, they decompose below and their parts (view, clone) come back through the front.
 struct OpKind {
   bool fast = false, nodata = false;
+  bool direct = false;  // neither, functional, no CompositeImplicitAutograd kernel: cfront_call_mode may take it
   FastEntry entry;
 };
 const OpKind& kind_of(const c10::OperatorHandle& op) {
@@ -79,9 +80,10 @@ const OpKind& kind_of(const c10::OperatorHandle& op) {
   if (fresh) {
     const c10::OperatorName& name = op.operator_name();
     auto f = tables->fast.find(name);
+    const bool composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
     if (f != tables->fast.end()) it->second.fast = true, it->second.entry = f->second;
-    else it->second.nodata = tables->nodata.count(name) != 0 &&
-                             !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    else if (tables->nodata.count(name)) it->second.nodata = !composite;
+    else it->second.direct = !composite && functional_schema(op.schema());
   }
   return it->second;
 }
@@ -98,6 +100,7 @@ thread_local std::vector<Frame> t_frames;
 std::once_flag g_reg_once;
 bool g_available = false;
 std::string g_reason = "not registered yet (no scheduler context entered)";
+bool g_direct_on = true;  // GPUOS_CFRONT_DIRECT=0: no direct calls, every op the front does not take goes to the mode
 
 c10::OperatorName name_of(PyObject* overload) {
   py::handle h(overload);
@@ -131,6 +134,35 @@ bool plain_args(const torch::jit::Stack& stack, size_t first, bool* any) {
         if (x.toTensor().defined() && !plain_cuda_keys(x.toTensor())) return false;
         *any = true;
       }
+    }
+  }
+  return true;
+}
+
+// The direct call's arguments: every tensor (and tensor list element) a dense CPU or CUDA tensor with no other
+// functionality than autograd's and autocast's (no subclass, no negative / conjugate / zero bit), none needing grad
+// while grad mode is on -- so that Autograd, ADInplaceOrView and the math-bit fallbacks, which the direct call
+// skips, would have done nothing.
+bool direct_args(const torch::jit::Stack& stack, size_t first) {
+  static const c10::DispatchKeySet allowed({c10::DispatchKey::CUDA, c10::DispatchKey::CPU,
+                                            c10::DispatchKey::AutogradCUDA, c10::DispatchKey::AutogradCPU,
+                                            c10::DispatchKey::ADInplaceOrView, c10::DispatchKey::AutocastCUDA,
+                                            c10::DispatchKey::AutocastCPU});
+  const bool grad = at::GradMode::is_enabled();
+  auto ok = [&](const at::Tensor& t) {
+    if (!t.defined()) return true;
+    const c10::DispatchKeySet ks = t.unsafeGetTensorImpl()->key_set();
+    return (ks & allowed) == ks && !(grad && t.requires_grad());
+  };
+  for (size_t i = first; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      if (!ok(v.toTensor())) return false;
+    } else if (v.isList()) {
+      for (const c10::IValue& x : v.toListRef())
+        if (x.isTensor() && !ok(x.toTensor())) return false;
+    } else if (v.isObject() || v.isCapsule() || v.isPyObject()) {
+      return false;  // (what the Python key would see differently: nothing the aten ops here take)
     }
   }
   return true;
@@ -206,10 +238,18 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);  // the keys under it
   g_seen.fetch_add(1, std::memory_order_relaxed);
   if (t_frames.empty()) return op.redispatchBoxed(below, stack);
-  const OpKind k = kind_of(op);  // a copy (most ops are neither: on to the mode at once)
-  if ((!k.fast && !k.nodata) || !scheduler_on_top(t_frames.back())) return op.redispatchBoxed(below, stack);
+  const OpKind k = kind_of(op);  // a copy
+  if ((!k.fast && !k.nodata && !k.direct) || !scheduler_on_top(t_frames.back()))
+    return op.redispatchBoxed(below, stack);
   const Frame& f = t_frames.back();
   const size_t nargs = op.schema().arguments().size();
+  if (k.direct) {
+    if (g_direct_on && !at::autocast::is_autocast_enabled(at::kCPU) && direct_args(*stack, stack->size() - nargs)) {
+      g_direct.fetch_add(1, std::memory_order_relaxed);
+      return cfront_call_mode(op, f.mode, stack);
+    }
+    return op.redispatchBoxed(below, stack);
+  }
   if (k.fast) {
     if (try_record(k.entry, nargs, f, stack)) {
       g_recorded.fetch_add(1, std::memory_order_relaxed);
@@ -235,6 +275,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 
 void register_once() {
   std::call_once(g_reg_once, [] {
+    if (const char* v = std::getenv("GPUOS_CFRONT_DIRECT"); v && std::string(v) == "0") g_direct_on = false;
     if (const char* v = std::getenv("GPUOS_CFRONT"); v && std::string(v) == "0") {
       g_reason = "off (GPUOS_CFRONT=0)";
       return;
@@ -305,6 +346,8 @@ py::dict cfront_info() {
   d["seen"] = g_seen.load();
   d["recorded"] = g_recorded.load();
   d["nodata"] = g_nodata.load();
+  d["direct"] = g_direct.load();
+  d["direct_on"] = g_direct_on;
   {
     std::lock_guard<std::mutex> lock(g_tables_mu);
     d["fast_ops"] = g_tables->fast.size();
