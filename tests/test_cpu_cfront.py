@@ -116,3 +116,98 @@ def test_allocations_run_below_the_mode():
     after = gpuos_ext.cfront_info()
     assert e.shape == (3, 4) and torch.equal(v, torch.ones(3, 4))
     assert after["nodata"] - before["nodata"] >= 1, (before, after)
+
+
+def _work(x):
+    return (torch.mm(x, x.t().contiguous()), torch.max(x, dim=1), torch.sum(x, dim=1, dtype=torch.float64),
+            torch.cat([x, x], dim=0), torch.sort(x, dim=-1, descending=True), torch.cumsum(x, 0))
+
+
+def test_direct_calls_equal_eager():
+    """Functional ops the front neither records nor runs go to the scheduler's dispatch straight from the front
+    (csrc/sched/cfront_call.cpp): a keyword-only argument, multiple returns, a list of tensors -- results equal
+    eager, each counted as a direct call."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 10)
+    ref = _work(x)
+    before = gpuos_ext.cfront_info()
+    with torch.no_grad(), gpuos.scheduler_context():
+        out = _work(x)
+    after = gpuos_ext.cfront_info()
+    assert after["direct_on"], after
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(tuple(o) if isinstance(r, tuple) else o, tuple(r) if isinstance(r, tuple) else r)
+    assert after["direct"] - before["direct"] >= 6, (before, after)  # mm, max.dim, sum.dim_IntList, cat, sort, cumsum
+
+
+def test_direct_calls_pass_what_the_python_key_passes():
+    """The arguments a direct call gives the mode's Python path are those a Python dispatch mode receives for the
+    same calls: defaults left out, keyword-only arguments as keywords."""
+    class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append(_shape_of_call(func, args, kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(6, 10)
+    with torch.no_grad(), Seen() as seen:
+        _work(x)
+    m = gpuos.scheduler_context()
+    got = []
+    inner = m._dispatch_py
+
+    def record(func, types, args=(), kwargs=None):
+        got.append(_shape_of_call(func, args, kwargs or {}))
+        return inner(func, types, args, kwargs)
+
+    m._dispatch_py = record
+    with torch.no_grad(), m:
+        _work(x)
+    names = {"aten.mm.default", "aten.max.dim", "aten.sum.dim_IntList", "aten.cat.default", "aten.sort.default",
+             "aten.cumsum.default"}
+    direct, want = [c for c in got if c[0] in names], [c for c in seen.calls if c[0] in names]
+    assert len(want) == 6 and direct == want, (direct, want)
+
+
+def _shape_of_call(func, args, kwargs):
+    def arg(a):
+        if isinstance(a, torch.Tensor):
+            return ("T", tuple(a.shape), a.dtype)
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(b) for b in a)
+        return a
+    return (str(func), tuple(arg(a) for a in args), tuple(sorted((k, arg(v)) for k, v in kwargs.items())))
+
+
+def test_direct_calls_leave_autograd_and_errors_as_they_were():
+    """A tensor that needs grad (grad mode on) goes the mode's way through Autograd: the result has its grad_fn; an
+    op that raises raises the same error type from a direct call, and the thread goes on."""
+    x, w = torch.randn(4, 8), torch.randn(8, 3, requires_grad=True)
+    a, b = torch.randn(2, 3), torch.randn(4, 5)
+    before = gpuos_ext.cfront_info()
+    with gpuos.scheduler_context():
+        y = torch.mm(x, w)
+        with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+            torch.mm(a, b)
+        z = torch.mm(x, w.detach())
+    after = gpuos_ext.cfront_info()
+    assert y.grad_fn is not None and z.grad_fn is None
+    torch.testing.assert_close(y.detach(), x @ w.detach())
+    assert after["direct"] - before["direct"] == 2, (before, after)  # the failing mm and z; not y
+
+
+def test_direct_calls_off_by_environment():
+    code = ("import json, torch, gpuos, gpuos_ext\n"
+            "x = torch.randn(8, 8)\n"
+            "with gpuos.scheduler_context():\n"
+            "    y = torch.mm(x, x)\n"
+            "    info = gpuos_ext.cfront_info()\n"
+            "print('CFRONT', json.dumps(dict(info, ok=bool(torch.allclose(y, x @ x)))))\n")
+    p = run_python(code, {"GPUOS_CFRONT_DIRECT": "0"}, timeout=120)
+    assert p.returncode == 0, describe(p)
+    import json
+    out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("CFRONT ")][-1][7:])
+    assert out["ok"] and out["available"] and not out["direct_on"] and out["direct"] == 0, out

@@ -113,3 +113,30 @@ def test_results_equal_with_and_without_the_front(cfront):
     with gpuos.scheduler_context(cfront=cfront):
         out = step(x)
     torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+
+
+def test_direct_calls_reach_the_handlers():
+    """Reductions, matmuls and casts -- no fast spec, no composite -- go from the front straight to the scheduler's
+    handlers (csrc/sched/cfront_call.cpp): results equal eager and the calls are counted; a tensor that needs grad
+    keeps the mode's way through Autograd."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+
+    def step(t):
+        h = torch.mm(t, w)
+        return h.float().pow(2).mean(-1, keepdim=True), torch.amax(h, dim=-1), h.to(torch.float32).sum(0)
+
+    ref = step(x)
+    before = gpuos_ext.cfront_info()
+    with torch.no_grad(), gpuos.scheduler_context():
+        out = step(x)
+    after = gpuos_ext.cfront_info()
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=2e-2, atol=2e-2)
+    assert after["direct"] - before["direct"] >= 4, (before, after)  # mm, _to_copy, mean, amax, sum
+    wg = w.float().requires_grad_()
+    with gpuos.scheduler_context():
+        y = torch.mm(x.float(), wg)
+    assert y.grad_fn is not None
+    torch.testing.assert_close(y.detach(), x.float() @ w.float(), rtol=1e-3, atol=1e-3)

@@ -14,7 +14,8 @@ what each config adds per aten op of the step (counted once by a counting mode):
   sched          gpuos.scheduler_context(), the worker's matmul and attention off (matmuls / SDPA stay eager)
   sched_worker   the same with both on (bench_models' gpuos_scheduler_worker)
   sched_worker_nocfront  sched_worker without the dispatcher front (csrc/sched/cfront.h): the dispatch mode alone
-  sched_worker_nofront   sched_worker without the __torch_function__ front (every op reaches the dispatcher)
+  sched_worker_front     sched_worker with the __torch_function__ front as well (by default only where cfront is
+                         off; GPUOS_CFRONT_DIRECT=0: the front's direct calls off, for an A/B across processes)
 Then sched_worker's gpuos.stats() per step (intercepted ops, flushes by cause, launches, host publication time),
 and cProfile over one sched_worker run: the top functions by own time and by cumulative time -- the model's
 Python, the scheduler's Python handlers, PyTorch's mode machinery. (The C++ dispatch -- sched_dispatch -- is not a
@@ -126,14 +127,14 @@ def main() -> int:
         import gpuos_ext
         gpuos.init()
 
-        def sched(worker: bool, cfront: bool = True, front: bool = True):
+        def sched(worker: bool, cfront: bool = True, front=None):
             @contextlib.contextmanager
             def ctx():
                 with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront, front=front):
                     yield
             return ctx
         configs |= {"sched": sched(False), "sched_worker": sched(True), "sched_worker_nocfront": sched(True, False),
-                    "sched_worker_nofront": sched(True, True, False)}
+                    "sched_worker_front": sched(True, True, True)}
     case = BM.make_case(label, steps, device)
     d = case.data
     cache = BM._cached(case)
@@ -153,13 +154,14 @@ def main() -> int:
         print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({totals['eager'] / total:.2f}x "
               f"eager{extra})", flush=True)
     if gpuos is not None:
-        for name in ("sched_worker", "sched_worker_nofront"):
+        for name in ("sched_worker", "sched_worker_front"):
             s0, c0 = gpuos.stats(), gpuos_ext.cfront_info()
             run_steps(d, cache, configs[name], device)
             c1 = gpuos_ext.cfront_info()
             print(f"{name} per step:", per_step_stats(s0, gpuos.stats(), steps))
             # the dispatcher front: ops it saw (composites and their parts each), recorded, ran below the mode
-            print(f"  cfront per step:", {k: round((c1[k] - c0[k]) / steps, 1) for k in ("seen", "recorded", "nodata")})
+            keys = ("seen", "recorded", "nodata", "direct")
+            print("  cfront per step:", {k: round((c1[k] - c0[k]) / steps, 1) for k in keys})
     print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
     return 0
 

@@ -4,8 +4,10 @@
 // per op on an H200 host for a mode bound to C++, tools/dispatch_overhead.py).
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/csrc/utils/torch_dispatch_mode.h>
 
 #include "sched/cfront.h"
@@ -15,6 +17,24 @@ namespace py = pybind11;
 
 namespace gpuos {
 namespace {
+
+// One argument as Python sees it: a dtype, layout or memory format is an int in an IValue, a torch object in Python.
+py::object to_py(const c10::Argument& arg, const c10::IValue& v) {
+  if (v.isNone()) return py::none();
+  auto is = [&](c10::TypeKind kind) {
+    const c10::TypePtr& t = arg.real_type();
+    if (t->kind() == kind) return true;
+    auto opt = t->cast<c10::OptionalType>();
+    return opt && opt->getElementType()->kind() == kind;
+  };
+  if (is(c10::ScalarTypeType::Kind))
+    return py::reinterpret_borrow<py::object>((PyObject*)torch::getTHPDtype((c10::ScalarType)v.toInt()));
+  if (is(c10::LayoutType::Kind))
+    return py::reinterpret_borrow<py::object>((PyObject*)torch::getTHPLayout((c10::Layout)v.toInt()));
+  if (is(c10::MemoryFormatType::Kind))
+    return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat((c10::MemoryFormat)v.toInt()));
+  return torch::jit::toPyObject(v);
+}
 
 // What PyTorch's Python key passes to __torch_dispatch__ (python_variable.cpp's parseIValuesToPyArgsKwargs, not
 // exported): the positional arguments up to the last one not at its default, the keyword-only ones not at their
@@ -31,10 +51,10 @@ std::pair<py::tuple, py::dict> box_args(const c10::FunctionSchema& schema, const
   size_t last = npos;
   while (last > 0 && is_default(last - 1)) --last;
   py::tuple args(last);
-  for (size_t i = 0; i < last; ++i) args[i] = torch::jit::toPyObject(stack[base + i]);
+  for (size_t i = 0; i < last; ++i) args[i] = to_py(a[i], stack[base + i]);
   py::dict kwargs;
   for (size_t i = npos; i < a.size(); ++i)
-    if (!is_default(i)) kwargs[py::str(a[i].name())] = torch::jit::toPyObject(stack[base + i]);
+    if (!is_default(i)) kwargs[py::str(a[i].name())] = to_py(a[i], stack[base + i]);
   return {std::move(args), std::move(kwargs)};
 }
 
