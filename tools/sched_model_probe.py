@@ -1,7 +1,8 @@
 """Where a Hugging Face decode step's time goes under the live scheduler (issue #16, acceptance 3: >= 1.0x eager).
 
     python tools/sched_model_probe.py [label]      # on a GPU machine; default llama-small-fp16-sdpa-static
-    env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows)
+    env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows),
+         PROBE_CONFIGS (a comma list of the configs below to run; default all)
 
 W7's model of that label (benchmarks/bench_models.py: random weights, teacher-forced tokens), the same steps in one
 process under each config; per config, medians over the runs of: the host time of one step (until the model's
@@ -135,6 +136,9 @@ def main() -> int:
             return ctx
         configs |= {"sched": sched(False), "sched_worker": sched(True), "sched_worker_nocfront": sched(True, False),
                     "sched_worker_front": sched(True, True, True)}
+    if os.environ.get("PROBE_CONFIGS"):  # e.g. PROBE_CONFIGS=eager,sched_worker (eager is always kept: the ratios)
+        keep = {"eager", *os.environ["PROBE_CONFIGS"].split(",")}
+        configs = {k: v for k, v in configs.items() if k in keep}
     case = BM.make_case(label, steps, device)
     d = case.data
     cache = BM._cached(case)
@@ -154,7 +158,7 @@ def main() -> int:
         print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({totals['eager'] / total:.2f}x "
               f"eager{extra})", flush=True)
     if gpuos is not None:
-        for name in ("sched_worker", "sched_worker_front"):
+        for name in [n for n in ("sched_worker", "sched_worker_front") if n in configs]:
             s0, c0 = gpuos.stats(), gpuos_ext.cfront_info()
             run_steps(d, cache, configs[name], device)
             c1 = gpuos_ext.cfront_info()
@@ -162,7 +166,8 @@ def main() -> int:
             # the dispatcher front: ops it saw (composites and their parts each), recorded, ran below the mode
             keys = ("seen", "recorded", "nodata", "direct")
             print("  cfront per step:", {k: round((c1[k] - c0[k]) / steps, 1) for k in keys})
-    print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
+    if top > 0:
+        print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
     return 0
 
 
