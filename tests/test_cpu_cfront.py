@@ -2,6 +2,7 @@
 context, turned on and off per thread with the contexts (nested, on exceptions), hands every op it does not take on
 unchanged (CPU tensors: all of them), and reports why it is off. What it records (CUDA tensors) is checked by
 tests/test_gpu_cfront.py."""
+import json
 import threading
 
 import pytest
@@ -90,17 +91,22 @@ def test_table_has_the_functional_fast_overloads():
     assert gpuos_ext.cfront_info()["fast_ops"] == len(functional) > 0
 
 
-def test_off_by_environment_says_so():
+def _info_in_child(expr: str, env: dict) -> dict:
+    """cfront_info() in a fresh process with `env`, taken inside a context after `y = <expr>` (x: 8 x 8 on the CPU),
+    and ok: y equals the same expression run outside."""
     code = ("import json, torch, gpuos, gpuos_ext\n"
             "x = torch.randn(8, 8)\n"
             "with gpuos.scheduler_context():\n"
-            "    y = (x + 1).relu()\n"
+            f"    y = {expr}\n"
             "    info = gpuos_ext.cfront_info()\n"
-            "print('CFRONT', json.dumps(dict(info, ok=bool(torch.equal(y, (x + 1).relu())))))\n")
-    p = run_python(code, {"GPUOS_CFRONT": "0"}, timeout=120)
+            f"print('CFRONT', json.dumps(dict(info, ok=bool(torch.allclose(y, {expr})))))\n")
+    p = run_python(code, env, timeout=120)
     assert p.returncode == 0, describe(p)
-    import json
-    out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("CFRONT ")][-1][7:])
+    return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("CFRONT ")][-1][7:])
+
+
+def test_off_by_environment_says_so():
+    out = _info_in_child("(x + 1).relu()", {"GPUOS_CFRONT": "0"})
     assert out["ok"] and not out["available"] and not out["enabled_here"], out
     assert "GPUOS_CFRONT=0" in out["reason"], out
 
@@ -200,14 +206,5 @@ def test_direct_calls_leave_autograd_and_errors_as_they_were():
 
 
 def test_direct_calls_off_by_environment():
-    code = ("import json, torch, gpuos, gpuos_ext\n"
-            "x = torch.randn(8, 8)\n"
-            "with gpuos.scheduler_context():\n"
-            "    y = torch.mm(x, x)\n"
-            "    info = gpuos_ext.cfront_info()\n"
-            "print('CFRONT', json.dumps(dict(info, ok=bool(torch.allclose(y, x @ x)))))\n")
-    p = run_python(code, {"GPUOS_CFRONT_DIRECT": "0"}, timeout=120)
-    assert p.returncode == 0, describe(p)
-    import json
-    out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("CFRONT ")][-1][7:])
+    out = _info_in_child("torch.mm(x, x)", {"GPUOS_CFRONT_DIRECT": "0"})
     assert out["ok"] and out["available"] and not out["direct_on"] and out["direct"] == 0, out
