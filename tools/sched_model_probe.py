@@ -164,8 +164,8 @@ def main() -> int:
             c1 = gpuos_ext.cfront_info()
             print(f"{name} per step:", per_step_stats(s0, gpuos.stats(), steps))
             # the dispatcher front: ops it saw (composites and their parts each), recorded, ran below the mode
-            keys = ("seen", "recorded", "nodata", "direct")
-            print("  cfront per step:", {k: round((c1[k] - c0[k]) / steps, 1) for k in keys})
+            keys = ("seen", "recorded", "nodata", "direct", "native")
+            print("  cfront per step:", {k: round((c1[k] - c0[k]) / steps, 1) for k in keys if k in c1})
     if top > 0:
         print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
     return 0
