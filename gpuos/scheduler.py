@@ -112,10 +112,12 @@ class GpuosScheduler(TorchDispatchMode):
         6,141 us per step without it, 6,988 with it; tools/sched_model_probe.py). False: never.
     cfront
         Also intercept every aten op in C++ at the dispatcher, before PyTorch boxes it for the dispatch mode
-        (csrc/sched/cfront.h): functional elementwise ops are recorded there and no-data ops run at once, ~4.5 us
-        per op less than through the mode on a CPU host (tools/dispatch_overhead.py); everything else goes on to the
-        dispatch mode unchanged. Off where another library holds its dispatch key or with ``GPUOS_CFRONT=0``
-        (``gpuos_ext.cfront_info()`` says why).
+        (csrc/sched/cfront.h): functional elementwise ops are recorded there, no-data ops run at once, and the
+        other functional ops with plain arguments go straight to this mode's handlers (csrc/sched/cfront_call.cpp;
+        ``GPUOS_CFRONT_DIRECT=0``: not) -- ~4.5 us per op less than through the mode machinery on a CPU host
+        (tools/dispatch_overhead.py); everything else (in place, out=, tensors that need grad, another mode on top)
+        goes on to the dispatch mode unchanged. Off where another library holds its dispatch key or with
+        ``GPUOS_CFRONT=0`` (``gpuos_ext.cfront_info()`` says why).
     """
 
     def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
