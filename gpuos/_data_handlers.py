@@ -10,8 +10,6 @@ kernels stop the process with a device-side assert.
 """
 from __future__ import annotations
 
-import struct
-
 import torch
 
 import gpuos_ext as _ext
@@ -27,25 +25,12 @@ _U64 = (1 << 64) - 1
 
 
 def bits_of(value, dtype: torch.dtype) -> int:
-    """The bits of Python number `value` stored as `dtype` (raises OverflowError / ValueError where torch would)."""
-    if dtype == torch.float32:
-        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
-    if dtype == torch.float16:
-        return struct.unpack("<H", struct.pack("<e", float(value)))[0]
-    if dtype == torch.bfloat16:
-        u = struct.unpack("<I", struct.pack("<f", float(value)))[0]
-        if (u & 0x7FFFFFFF) > 0x7F800000:
-            return 0x7FC0
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-    if dtype == torch.bool:
-        return 1 if value else 0
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"{value} is not an integer ({dtype})")
-    v = int(value)
-    lo, hi = (-(1 << 63), (1 << 63) - 1) if dtype == torch.int64 else (-(1 << 31), (1 << 31) - 1)
-    if dtype not in _INT or not lo <= v <= hi:
-        raise OverflowError(f"{value} does not fit {dtype}")
-    return v & _U64
+    """The bits of Python number `value` stored as `dtype` (raises OverflowError / ValueError where torch would): the
+    C++ definition (csrc/sched/record.h bits_of), which the dispatcher front's own handlers use too."""
+    return _sched_bits_of(value, dtype)
+
+
+_sched_bits_of = _ext.sched_bits_of  # (bound here: tests replace _ext with stand-ins of the record calls)
 
 
 def _scalar_value(x):

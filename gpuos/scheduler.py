@@ -36,6 +36,14 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
             aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.unbind.int,
             aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
 _HEAVY = _handler_base.HEAVY
+# What the dispatcher front records itself, from C++ (csrc/sched/cfront_native.cpp), unless a registered op took the
+# overload: the worker matmuls, floating casts, clones, joins and the mask builders' data ops, whose handlers here
+# (gpuos/_decode_handlers.py, _data_handlers.py) only read their arguments and call the record path; anything it
+# refuses still goes to them.
+_CFRONT_NATIVE = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten._to_copy.default,
+                  aten.clone.default, aten.cat.default, aten.scalar_tensor.default, aten.where.self,
+                  aten.arange.default, aten.arange.start, aten.arange.start_step,
+                  aten._scaled_dot_product_efficient_attention.default)
 # Torch callables that only make views of their first argument (never a copy, no data read): the front runs them
 # below the dispatch modes when that argument is a plain CUDA tensor, no other argument holds a tensor and a
 # GpuosScheduler is the innermost mode (csrc/sched/dispatch.cpp view_of_plain_cuda). Tensor.split / unflatten are
@@ -100,7 +108,9 @@ class GpuosScheduler(TorchDispatchMode):
     capacity, threads_per_block
         Passed to ``gpuos_ext.init`` when the context creates the runtime; a running runtime keeps its own.
     size_threshold
-        Ops whose output has more elements than this run eagerly.
+        Ops whose output has more elements than this run eagerly -- except an elementwise op or copy whose operand
+        deferred work touches (eager, it would flush that work first): up to 2^22 elements it is recorded
+        (csrc/sched/record.h kPendingSizeCap; HF repeat_kv's clone of a static cache).
     auto_flush_ms
         Pending work older than this is flushed by a background timer (0 disables the timer).
     front
@@ -112,7 +122,9 @@ class GpuosScheduler(TorchDispatchMode):
         6,141 us per step without it, 6,988 with it; tools/sched_model_probe.py). False: never.
     cfront
         Also intercept every aten op in C++ at the dispatcher, before PyTorch boxes it for the dispatch mode
-        (csrc/sched/cfront.h): functional elementwise ops are recorded there, no-data ops run at once, and the
+        (csrc/sched/cfront.h): functional elementwise ops are recorded there, as are (csrc/sched/cfront_native.cpp)
+        matmuls, casts, last-dim reductions, clone, cat, scalar_tensor, where, integer arange and arithmetic and the
+        efficient SDPA op -- what their handlers here would record; no-data ops run at once, and the
         other functional ops with plain arguments go straight to this mode's handlers (csrc/sched/cfront_call.cpp;
         ``GPUOS_CFRONT_DIRECT=0``: not) -- ~4.5 us per op less than through the mode machinery on a CPU host
         (tools/dispatch_overhead.py); everything else (in place, out=, tensors that need grad, another mode on top)
@@ -379,6 +391,7 @@ def _reduce_handler(row, ov, conds):
 # sched_dispatch's fast table (C++): {overload: (op_id, mode, nin, d0, d1, scalar rule, number_ok)}; the Python
 # handler of each stays the definition of its behaviour.
 _FAST: dict = {}
+_REDUCE_IDS: dict = {}  # {overload: op id} of the last-dim reductions (_reduce_handler's)
 
 
 def _build_handlers() -> dict:
@@ -393,6 +406,7 @@ def _build_handlers() -> dict:
     for ov, entries in rows_of.items():
         if entries[0][0]["kind"] == "reduce":
             h[ov] = _reduce_handler(entries[0][0], ov, entries[0][1])
+            _REDUCE_IDS[ov] = entries[0][0]["id"]  # (the dispatcher front records these itself: _push_tables)
             continue
         sibling_keys = sorted({k for _, c in entries for k in c if k != "swap"})
         built = [_ew_handler(row, ov, conds, sibling_keys) for row, conds in entries]
@@ -480,6 +494,8 @@ def _push_tables() -> None:
     _ext.sched_set_fast({ov: spec for ov, spec in _FAST.items() if ov not in _USER_KEYS})
     _ext.sched_set_front(_front_table(), GpuosScheduler)
     _ext.sched_set_nodata([ov for ov in _NO_DATA if ov not in _HANDLERS], _FRONT_VIEWS)
+    _ext.sched_set_cfront_native([ov for ov in _CFRONT_NATIVE if ov not in _USER_KEYS],
+                                 {ov: op for ov, op in _REDUCE_IDS.items() if ov not in _USER_KEYS})
 
 
 def _front_table() -> dict:

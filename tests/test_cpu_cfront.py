@@ -208,3 +208,102 @@ def test_direct_calls_leave_autograd_and_errors_as_they_were():
 def test_direct_calls_off_by_environment():
     out = _info_in_child("torch.mm(x, x)", {"GPUOS_CFRONT_DIRECT": "0"})
     assert out["ok"] and out["available"] and not out["direct_on"] and out["direct"] == 0, out
+
+
+def test_handlers_own_calls_skip_the_front():
+    """A direct call's handler runs its own ops past the front, as under PyTorch's Python key (where they never reach
+    it): one op seen per direct call of an eager reduction, not the kernels it calls."""
+    x = torch.randn(4, 64)
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        c0 = gpuos_ext.cfront_info()
+        m = x.mean(-1, keepdim=True)
+        c1 = gpuos_ext.cfront_info()
+    torch.testing.assert_close(m, x.mean(-1, keepdim=True))
+    assert (c1["seen"] - c0["seen"], c1["direct"] - c0["direct"]) == (1, 1), (c0, c1)
+
+
+def test_direct_calls_switch_at_run_time():
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    try:
+        for on in (False, True):
+            gpuos_ext.cfront_set_direct(on)
+            with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+                c0 = gpuos_ext.cfront_info()
+                y = torch.mm(x, w)
+                c1 = gpuos_ext.cfront_info()
+            torch.testing.assert_close(y, x @ w)
+            assert c1["direct_on"] is on and c1["direct"] - c0["direct"] == int(on), (on, c0, c1)
+    finally:
+        gpuos_ext.cfront_set_direct(True)
+
+
+def test_kernels_inner_calls_skip_the_front():
+    """An op the front hands on (in place: to the dispatch mode) runs its kernel's own dispatcher calls past the
+    front (index_put_ calls _index_put_impl_): one pass per op, not one per inner call; the result is eager's."""
+    x, idx, v = torch.zeros(8, 4), torch.tensor([1, 3]), torch.ones(2, 4)
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        c0 = gpuos_ext.cfront_info()
+        x.index_put_((idx,), v)
+        c1 = gpuos_ext.cfront_info()
+    assert c1["seen"] - c0["seen"] == 1, (c0, c1)
+    assert torch.equal(x[[1, 3]], v) and x.sum().item() == 8.0
+
+
+def test_native_ops_refused_on_cpu_go_to_their_handlers():
+    """mm / addmm / _to_copy / cat / clone are recorded by the front itself only on plain CUDA tensors (cfront_native.cpp);
+    on the CPU they go on to their Python handlers (a direct call), results eager's, nothing counted native."""
+    x, w, b = torch.randn(4, 8), torch.randn(8, 3), torch.randn(3)
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        c0 = gpuos_ext.cfront_info()
+        y = torch.mm(x, w)
+        z = torch.addmm(b, x, w, beta=0.5, alpha=2.0)
+        h = x.to(torch.float16)
+        j, k = torch.cat([x, x], -1), x.t().clone()
+        c1 = gpuos_ext.cfront_info()
+    torch.testing.assert_close(j, torch.cat([x, x], -1), rtol=0, atol=0)
+    assert torch.equal(k, x.t()) and k.stride() == x.t().stride()
+    torch.testing.assert_close(y, x @ w)
+    torch.testing.assert_close(z, 0.5 * b + 2.0 * (x @ w))
+    assert h.dtype == torch.float16 and torch.equal(h, x.half())
+    assert c1["native"] == c0["native"] and c1["direct"] - c0["direct"] == 5, (c0, c1)
+
+
+def test_native_table_leaves_out_registered_ops():
+    from gpuos import scheduler as S
+    assert {str(ov) for ov in S._CFRONT_NATIVE} == {"aten.mm.default", "aten.bmm.default", "aten.addmm.default",
+                                                    "aten.baddbmm.default", "aten._to_copy.default",
+                                                    "aten.clone.default", "aten.cat.default",
+                                                    "aten.scalar_tensor.default", "aten.where.self",
+                                                    "aten.arange.default", "aten.arange.start",
+                                                    "aten.arange.start_step",
+                                                    "aten._scaled_dot_product_efficient_attention.default"}
+    assert not set(S._CFRONT_NATIVE) & S._USER_KEYS
+    assert {"aten.mean.dim", "aten.sum.dim_IntList", "aten.amax.default", "aten._softmax.default"} <= \
+        {str(ov) for ov in S._REDUCE_IDS}, S._REDUCE_IDS
+
+
+def test_timing_counts_each_pass_by_what_the_front_did():
+    """cfront_set_timing: each pass of a timed run counted once, by what the front did (CPU tensors: the fast ops and
+    views are handed on to the mode, mm is a direct call), with its own time; per operator for the ops not recorded;
+    off again, nothing more is counted."""
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    gpuos_ext.cfront_set_timing(True)
+    try:
+        with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+            c0 = gpuos_ext.cfront_info()
+            y = torch.mm(x * 2, w).view(-1)
+            c1 = gpuos_ext.cfront_info()
+    finally:
+        gpuos_ext.cfront_set_timing(False)
+    t = gpuos_ext.cfront_times()
+    torch.testing.assert_close(y, (x * 2 @ w).view(-1))
+    cats = t["by_category"]
+    assert set(cats) == {"pass", "composite", "record", "nodata", "direct", "native", "handed"}, cats
+    assert sum(n for n, _ in cats.values()) >= c1["seen"] - c0["seen"] >= 3, (cats, c0, c1)
+    assert cats["direct"][0] >= 1 and cats["handed"][0] >= 2, cats
+    assert all(ns >= 0 for _, ns in cats.values()) and cats["direct"][1] > 0, cats
+    assert t["by_op"]["aten::mm"]["direct"][0] == 1 and t["by_op"]["aten::mul.Tensor"]["handed"][0] == 1, t["by_op"]
+    assert not t["timing"]
+    with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
+        torch.mm(x, w)
+    assert gpuos_ext.cfront_times()["by_category"] == cats

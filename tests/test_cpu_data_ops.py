@@ -207,6 +207,24 @@ def test_bits_of_matches_torch(dtype, v):
     assert torch.equal(raw, ref), (v, dtype)
 
 
+def test_bits_of_refuses_what_does_not_fit():
+    """bits_of (csrc/sched/record.h: the one definition, used by the handlers and the dispatcher front): a value past
+    the dtype's range raises OverflowError, a non-integer for an integer dtype ValueError; NaN in bf16 is its quiet
+    NaN; a Python int past int64 is still a float constant; bools convert."""
+    for v, dtype in ((1e6, torch.float16), (1e39, torch.float32), (2 ** 31, torch.int32), (2 ** 64, torch.int64),
+                     (1.0, torch.int8)):
+        with pytest.raises(OverflowError):
+            DH.bits_of(v, dtype)
+    for v in (0.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            DH.bits_of(v, torch.int64)
+    assert DH.bits_of(float("nan"), torch.bfloat16) == 0x7FC0
+    assert DH.bits_of(2 ** 70, torch.float32) == int(torch.tensor(2.0 ** 70).view(torch.int32).item()) & 0xFFFFFFFF
+    assert DH.bits_of(True, torch.int32) == 1 and DH.bits_of(-1, torch.int64) == U64
+    with pytest.raises(TypeError):
+        DH.bits_of(1, "int64")
+
+
 def test_cpu_data_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown op 'add'"):
         T.cpu_data("add", torch.empty(1), [torch.empty(1), torch.empty(1)], [0, 0])

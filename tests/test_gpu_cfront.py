@@ -4,11 +4,31 @@ results equal eager, and what the front must not take (a negative-bit view, a te
 on top) goes on to the mode."""
 import pytest
 import torch
+import torch.nn.functional as F
 import gpuos
 import gpuos_ext
 from _helpers import seen_ops_mode
 
 pytestmark = pytest.mark.gpu
+
+
+def _counted(step, worker=None):
+    """step() under a scheduler context without grad -- the worker's "matmul" or "attention" switched on for it
+    when named -- and the front's counters before and after: (results, before, after)."""
+    switch = {"matmul": (gpuos.worker_matmul_enabled, gpuos.set_worker_matmul),
+              "attention": (gpuos.worker_attention_enabled, gpuos.set_worker_attention)}.get(worker)
+    was = switch[0]() if switch else None
+    if switch:
+        switch[1](True)
+    try:
+        with torch.no_grad(), gpuos.scheduler_context():
+            c0 = gpuos_ext.cfront_info()
+            out = step()
+            c1 = gpuos_ext.cfront_info()
+    finally:
+        if switch:
+            switch[1](was)
+    return out, c0, c1
 
 
 def _delta(before, after):
@@ -134,9 +154,162 @@ def test_direct_calls_reach_the_handlers():
     after = gpuos_ext.cfront_info()
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=2e-2, atol=2e-2)
-    assert after["direct"] - before["direct"] >= 4, (before, after)  # mm, _to_copy, mean, amax, sum
+    # mm, the two _to_copy, mean, amax recorded by the front itself (cfront_native.cpp), sum(0) by a direct call
+    taken = sum(after[k] - before[k] for k in ("direct", "native"))
+    assert taken >= 5 and after["direct"] > before["direct"], (before, after)
     wg = w.float().requires_grad_()
     with gpuos.scheduler_context():
         y = torch.mm(x.float(), wg)
     assert y.grad_fn is not None
     torch.testing.assert_close(y.detach(), x.float() @ w.float(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_native_matmuls_and_casts_are_recorded_by_the_front(dtype):
+    """mm / bmm / addmm at decode sizes and floating casts are recorded by the front itself (no Python handler):
+    counted native, results equal eager; a product of too many rows and an integer cast go on to their handlers."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 256, device="cuda", dtype=dtype)
+    w = torch.randn(256, 128, device="cuda", dtype=dtype)
+    b = torch.randn(128, device="cuda", dtype=dtype)
+    q, k = torch.randn(8, 1, 64, device="cuda", dtype=dtype), torch.randn(8, 64, 32, device="cuda", dtype=dtype)
+    big = torch.randn(512, 256, device="cuda", dtype=dtype)
+
+    def step():
+        return (torch.mm(x, w), torch.addmm(b, x, w, beta=0.5, alpha=2.0), torch.bmm(q, k), x.float(),
+                torch.mm(big, w), x.to(torch.int32))
+
+    ref = step()
+    out, c0, c1 = _counted(step, "matmul")
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o.float(), r.float(), rtol=2e-2, atol=2e-1)
+    assert c1["native"] - c0["native"] == 4, (c0, c1)  # mm, addmm, bmm, the float cast
+    assert c1["direct"] - c0["direct"] >= 2, (c0, c1)  # the 512-row product and the integer cast: their handlers
+
+
+def test_native_reductions_are_recorded_by_the_front():
+    """Last-dim reductions (mean.dim, sum.dim_IntList, amax, _softmax: softmax.int decomposes into it) are recorded
+    by the front itself: counted native, results equal eager; one over another dim and one with a dtype go on to
+    their handler."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 256, device="cuda", dtype=torch.float16)
+
+    def step():
+        f = x.float()
+        return (f.pow(2).mean(-1, keepdim=True), torch.amax(f, dim=-1), torch.softmax(f, -1), f.sum(-1),
+                f.sum(0), x.sum(-1, dtype=torch.float32))
+
+    ref = step()
+    out, c0, c1 = _counted(step)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o.float(), r.float(), rtol=1e-3, atol=1e-3)
+    assert c1["native"] - c0["native"] >= 5, (c0, c1)  # the cast, mean, amax, _softmax, sum(-1)
+    assert c1["direct"] - c0["direct"] >= 2, (c0, c1)  # sum(0), sum(dtype=)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_clones_and_joins_are_recorded_by_the_front(dtype):
+    """clone (preserve / contiguous format, of a transposed and of an expanded view: HF repeat_kv) and cat (HF
+    rotate_half's halves, a legacy empty piece, dtypes promoted, a negative dim) are recorded by the front itself:
+    counted native, values equal eager; an integer clone, a channels-last clone and a cat with an integer piece go
+    on to their handlers."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16, device="cuda", dtype=dtype)
+    kv = torch.randn(1, 2, 5, 8, device="cuda", dtype=dtype)
+    i = torch.arange(12, device="cuda").view(3, 4)
+    img = torch.randn(1, 3, 4, 4, device="cuda", dtype=dtype)
+    empty = torch.empty(0, device="cuda", dtype=dtype)
+
+    def step():
+        h = x * 2
+        rot = torch.cat((-h[..., 8:], h[..., :8]), dim=-1)
+        rep = kv[:, :, None].expand(1, 2, 3, 5, 8).clone(memory_format=torch.contiguous_format)
+        return (rot, torch.cat([empty, h, x.float()], 1), h.transpose(0, 1).clone(), rep,
+                h.mT.clone(memory_format=torch.contiguous_format),
+                i.clone(), img.clone(memory_format=torch.channels_last), torch.cat([i.float(), i], 0))
+
+    ref = step()
+    out, c0, c1 = _counted(step)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype and o.stride() == r.stride(), (o.shape, o.stride(), r.stride())
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
+    assert c1["native"] - c0["native"] >= 5, (c0, c1)  # two cats, three clones (and x.float() but from fp32: a cast)
+    assert c1["direct"] - c0["direct"] >= 3, (c0, c1)  # the integer clone, channels-last, the integer cat
+
+
+def test_native_mask_builders_are_recorded_by_the_front():
+    """The data ops HF's mask code issues per step -- scalar_tensor (torch.where(cond, number, number) makes two),
+    where.self and integer arange (each overload) -- are recorded by the front itself: counted native, values,
+    dtypes and shapes equal eager; a float arange goes on to its handler."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pos = torch.arange(6, device=dev)
+    x = torch.randn(2, 8, device=dev, dtype=torch.float16)
+    m16 = torch.finfo(torch.float16).min
+
+    def step():
+        r = torch.arange(8, device=dev)
+        mask = r[None, :] <= pos[:, None]
+        return (torch.where(mask, 0.0, m16), torch.where(mask[:2], x, torch.zeros_like(x)),
+                torch.arange(3, 11, device=dev, dtype=torch.int32), torch.arange(10, -5, -4, device=dev),
+                torch.scalar_tensor(7, device=dev, dtype=torch.int64), torch.scalar_tensor(True, device=dev),
+                torch.arange(0.0, 2.0, 0.5, device=dev), torch.where(mask[:2], x, 2.0),
+                torch.scalar_tensor(1e6, device=dev, dtype=torch.float32))
+
+    ref = step()
+    out, c0, c1 = _counted(step)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype and o.device == r.device, (o, r)
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
+    # 3 integer aranges, 2 + 2 scalar_tensors (the first where's and the two asked for; float32 1e6 fits), 2 wheres
+    assert c1["native"] - c0["native"] >= 9, (c0, c1)
+    assert c1["direct"] - c0["direct"] >= 1, (c0, c1)  # the float arange
+
+
+def test_integer_arithmetic_is_recorded_by_the_front():
+    """add / sub / mul on integer operands (positions, cache lengths: refused by the float record) are recorded by the
+    front as the worker's integer arithmetic: counted native, values and dtypes equal eager (int32 + int64
+    promotes, alpha, a Python number, a CPU 0-d tensor, wrapping at int64's edge); an integer tensor plus 0.5 (a
+    float result) goes on to the mode."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pos = torch.arange(5, device=dev)
+    p32 = torch.arange(5, device=dev, dtype=torch.int32)
+    edge = torch.full((2,), (1 << 63) - 1, device=dev)
+
+    def step():
+        return (pos + 1, pos - p32, torch.add(pos, pos, alpha=3), pos * torch.tensor(7), torch.mul(p32, 3),
+                torch.sub(p32, 2), edge + 1, pos + 0.5)
+
+    ref = step()
+    out, c0, c1 = _counted(step)
+    for o, r in zip(out, ref):
+        assert o.dtype == r.dtype and o.shape == r.shape, (o, r)
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
+    assert c1["native"] - c0["native"] == 7, (c0, c1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_native_efficient_attention_is_recorded_by_the_front(dtype):
+    """The efficient SDPA backend op (what F.scaled_dot_product_attention with a float mask runs: HF's sdpa path) at
+    decode shapes, GQA, with a bias or causal, is recorded by the front itself: counted native, the output within
+    tolerance of torch's; one asked for its log-sum-exp goes on to the handler."""
+    torch.manual_seed(0)
+    eff = torch.ops.aten._scaled_dot_product_efficient_attention.default
+    q = torch.randn(1, 4, 1, 64, device="cuda", dtype=dtype)
+    k = torch.randn(1, 2, 40, 64, device="cuda", dtype=dtype).repeat_interleave(2, 1)
+    v = torch.randn(1, 2, 40, 64, device="cuda", dtype=dtype).repeat_interleave(2, 1)
+    bias = torch.zeros(1, 1, 1, 40, device="cuda", dtype=dtype)
+    bias[..., 30:] = torch.finfo(dtype).min
+
+    def step():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            b = F.scaled_dot_product_attention(q, k, v, scale=0.1)
+        return ((a,), (b,), eff(q, k, v, None, True, 0.0, False), eff(q, k, v, None, False, 0.0, False, scale=0.1))
+
+    ref = step()
+    out, c0, c1 = _counted(step, "attention")
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o[0], r[0], rtol=2e-2, atol=2e-2)
+    assert out[2][1].shape == ref[2][1].shape and len(out[3]) == len(ref[3]) == 4
+    assert c1["native"] - c0["native"] == 3 and c1["direct"] - c0["direct"] >= 1, (c0, c1)

@@ -452,6 +452,31 @@ def test_ops_intercepted_and_size_fallback(rt):
     assert_close(w, small - 1, rtol=0, atol=0)
 
 
+def test_over_threshold_op_reading_deferred_work_is_recorded(rt):
+    """An op over size_threshold whose operand deferred work touches is recorded (up to 2^22 elements:
+    csrc/sched/record.h kPendingSizeCap) -- eager, it would flush that work first (HF repeat_kv's clone of a static
+    cache written by index_copy_). One that reads no deferred work stays eager (reason size)."""
+    big, fresh = randn(1 << 16), randn(1 << 16)
+    ref = big.clone()
+    ref[:16] += 1
+    s0 = gpuos.stats()
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        big[:16].add_(1)        # deferred: big's storage is pending
+        y = big * 2             # 65,536 elements, reads it: recorded
+        c = big.clone()         # the copy handler: recorded too
+        s1 = gpuos.stats()
+        z = fresh * 3           # reads nothing deferred: eager
+        s2 = gpuos.stats()
+    assert _delta(s0, s1, "fallbacks", "size") == 0, s1["fallbacks"]
+    assert _delta(s0, s1, "flushes_by_cause", "dependency") == 0, s1["flushes_by_cause"]
+    assert _delta(s0, s1, "ops_intercepted") >= 3
+    assert _delta(s1, s2, "fallbacks", "size") == 1, s2["fallbacks"]
+    assert_close(big, ref, rtol=0, atol=0)
+    assert_close(y, ref * 2, rtol=0, atol=0)
+    assert_close(c, ref, rtol=0, atol=0)
+    assert_close(z, fresh * 3, rtol=0, atol=0)
+
+
 def test_flush_causes_and_batch_size(rt):
     x = randn(256)
     before = gpuos.stats()

@@ -16,7 +16,10 @@ what each config adds per aten op of the step (counted once by a counting mode):
   sched_worker   the same with both on (bench_models' gpuos_scheduler_worker)
   sched_worker_nocfront  sched_worker without the dispatcher front (csrc/sched/cfront.h): the dispatch mode alone
   sched_worker_front     sched_worker with the __torch_function__ front as well (by default only where cfront is
-                         off; GPUOS_CFRONT_DIRECT=0: the front's direct calls off, for an A/B across processes)
+                         off)
+  sched_worker_nonative  sched_worker with the front's own records (cfront_native.cpp) off: those ops go to
+                         the Python handlers by direct calls
+  sched_worker_nodirect  ... and direct calls off too (gpuos_ext.cfront_set_direct): through the mode machinery
 Then sched_worker's gpuos.stats() per step (intercepted ops, flushes by cause, launches, host publication time),
 and cProfile over one sched_worker run: the top functions by own time and by cumulative time -- the model's
 Python, the scheduler's Python handlers, PyTorch's mode machinery. (The C++ dispatch -- sched_dispatch -- is not a
@@ -100,6 +103,24 @@ def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
                if k in s0 and k in s1}}
 
 
+def front_times(ext, run, steps: int, top: int = 12) -> str:
+    """One run with the dispatcher front timing each pass (gpuos_ext.cfront_set_timing): its own time per step by
+    what it did, and the operators that cost most among those it called Python for or handed on."""
+    ext.cfront_set_timing(True)
+    try:
+        host, total = run()
+    finally:
+        ext.cfront_set_timing(False)
+    t = ext.cfront_times()
+    lines = [f"  front's own time, timed run (host {host:.0f} us/step, all {total:.0f}): " + ", ".join(
+        f"{c} {ns / 1e3 / steps:.0f} us/step ({n / steps:.0f} x {ns / max(n, 1) / 1e3:.2f} us)"
+        for c, (n, ns) in t["by_category"].items() if n)]
+    rows = sorted(((ns, n, op, c) for op, per in t["by_op"].items() for c, (n, ns) in per.items()), reverse=True)
+    lines += [f"    {op:40s} {c:7s} {n / steps:6.1f}/step  {ns / max(n, 1) / 1e3:7.2f} us  {ns / 1e3 / steps:7.1f} us/step"
+              for ns, n, op, c in rows[:top]]
+    return "\n".join(lines)
+
+
 def profile(d, cache, ctx, device: str, top: int) -> str:
     pr = cProfile.Profile()
     pr.enable()
@@ -128,14 +149,26 @@ def main() -> int:
         import gpuos_ext
         gpuos.init()
 
-        def sched(worker: bool, cfront: bool = True, front=None):
+        def sched(worker: bool, cfront: bool = True, front=None, native: bool = True, direct: bool = True):
             @contextlib.contextmanager
             def ctx():
                 with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront, front=front):
-                    yield
+                    if not native and hasattr(gpuos_ext, "sched_set_cfront_native"):
+                        gpuos_ext.sched_set_cfront_native([], {})
+                    if not direct and hasattr(gpuos_ext, "cfront_set_direct"):
+                        gpuos_ext.cfront_set_direct(False)
+                    try:
+                        yield
+                    finally:
+                        if hasattr(gpuos_ext, "cfront_set_direct"):
+                            gpuos_ext.cfront_set_direct(True)
+                        if not native:
+                            gpuos.scheduler._push_tables()
             return ctx
         configs |= {"sched": sched(False), "sched_worker": sched(True), "sched_worker_nocfront": sched(True, False),
-                    "sched_worker_front": sched(True, True, True)}
+                    "sched_worker_front": sched(True, True, True),
+                    "sched_worker_nonative": sched(True, native=False),
+                    "sched_worker_nodirect": sched(True, native=False, direct=False)}
     if os.environ.get("PROBE_CONFIGS"):  # e.g. PROBE_CONFIGS=eager,sched_worker (eager is always kept: the ratios)
         keep = {"eager", *os.environ["PROBE_CONFIGS"].split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -158,14 +191,18 @@ def main() -> int:
         print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({totals['eager'] / total:.2f}x "
               f"eager{extra})", flush=True)
     if gpuos is not None:
-        for name in [n for n in ("sched_worker", "sched_worker_front") if n in configs]:
+        for name in [n for n in ("sched_worker", "sched_worker_nonative", "sched_worker_nodirect") if n in configs]:
             s0, c0 = gpuos.stats(), gpuos_ext.cfront_info()
             run_steps(d, cache, configs[name], device)
-            c1 = gpuos_ext.cfront_info()
-            print(f"{name} per step:", per_step_stats(s0, gpuos.stats(), steps))
+            c1, s1 = gpuos_ext.cfront_info(), gpuos.stats()
+            print(f"{name} per step:", per_step_stats(s0, s1, steps))
             # the dispatcher front: ops it saw (composites and their parts each), recorded, ran below the mode
             keys = ("seen", "recorded", "nodata", "direct", "native")
             print("  cfront per step:", {k: round((c1[k] - c0[k]) / steps, 1) for k in keys if k in c1})
+            print("  fallbacks per step:", {k: round((v - s0["fallbacks"].get(k, 0)) / steps, 1)
+                                            for k, v in s1["fallbacks"].items() if v != s0["fallbacks"].get(k, 0)})
+            if name == "sched_worker" and hasattr(gpuos_ext, "cfront_set_timing"):
+                print(front_times(gpuos_ext, lambda: run_steps(d, cache, configs[name], device), steps))
     if top > 0:
         print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
     return 0

@@ -2,6 +2,7 @@
 // below (tensor/: explicit API, sched/: scheduler and module-level API, inject/: operator injection).
 // The hot submit_* and scheduler entry points are METH_FASTCALL CPython functions (pybind11's dispatcher costs
 // more than the whole record path); everything else is bound with pybind11.
+#include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -306,12 +307,55 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "Replace the calls that read no tensor data: overloads sched_dispatch runs at once (views, metadata, "
         "allocation), and torch callables sched_function runs below the dispatch modes (views of plain CUDA "
         "tensors).");
+  m.def("sched_set_cfront_native", [](py::list overloads, py::dict reductions) {
+          std::vector<PyObject*> ovs;
+          for (py::handle h : overloads) ovs.push_back(h.ptr());
+          std::vector<std::pair<PyObject*, uint32_t>> red;
+          for (auto [ov, id] : reductions) red.emplace_back(ov.ptr(), id.cast<uint32_t>());
+          cfront_set_native(ovs, red);
+        }, py::arg("overloads"), py::arg("reductions"),
+        "The overloads the dispatcher front records itself (sched/cfront_native.cpp: mm, bmm, addmm, baddbmm, "
+        "_to_copy; others in the list are ignored) and the last-dim reductions {overload: op id} -- those no "
+        "registered op took.");
+  m.def("sched_bits_of", [](py::handle v, py::handle dtype) {
+        if (!THPDtype_Check(dtype.ptr())) throw py::type_error("sched_bits_of: dtype must be a torch.dtype");
+        const at::ScalarType st = ((THPDtype*)dtype.ptr())->scalar_type;
+        const bool floating = st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
+        PyObject* o = v.ptr();
+        if (PyBool_Check(o)) return bits_of(c10::Scalar(o == Py_True), st);
+        if (PyFloat_Check(o)) return bits_of(c10::Scalar(PyFloat_AsDouble(o)), st);
+        py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o));  // ints (numpy's too)
+        if (!i) {
+          PyErr_Clear();
+          py::object f = py::reinterpret_steal<py::object>(PyNumber_Float(o));
+          if (!f) throw py::error_already_set();
+          return bits_of(c10::Scalar(PyFloat_AsDouble(f.ptr())), st);
+        }
+        int over = 0;
+        const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &over);
+        if (!over) return bits_of(c10::Scalar((int64_t)x), st);
+        if (!floating) throw std::overflow_error(py::str(o).cast<std::string>() + " does not fit " + c10::toString(st));
+        const double d = PyLong_AsDouble(i.ptr());
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return bits_of(c10::Scalar(d), st);
+      }, py::arg("value"), py::arg("dtype"),
+      "The bits of Python number `value` stored as `dtype` (sched/record.h bits_of): OverflowError where it does not "
+      "fit, ValueError for a non-integer value of an integer dtype.");
   m.def("sched_cfront_enter", [](py::object mode, int64_t threshold) { return cfront_enter(mode.ptr(), threshold); },
         py::arg("mode"), py::arg("size_threshold"),
         "Turn the dispatcher front (sched/cfront.h) on for this thread while `mode` (a GpuosScheduler, entered) is "
         "the innermost dispatch mode; nested calls stack. Returns whether it is on (cfront_info()['reason']: why "
         "not).");
   m.def("sched_cfront_exit", &cfront_exit, "Undo this thread's last sched_cfront_enter that returned True.");
+  m.def("cfront_set_direct", &cfront_set_direct, py::arg("on"),
+        "Whether the dispatcher front calls the scheduler's dispatch itself for the functional ops it does not record "
+        "(default on; GPUOS_CFRONT_DIRECT=0 starts it off). For A/B measurements in one process.");
+  m.def("cfront_set_timing", &cfront_set_timing, py::arg("on"),
+        "Time each pass of the dispatcher front by what it did with the op (on: counters restart); read with "
+        "cfront_times(). Costs two clock reads per pass while on.");
+  m.def("cfront_times", &cfront_times,
+        "{'timing', 'by_category': {cat: (passes, own ns)}, 'by_op': {operator: {cat: (passes, own ns)}}}: cats "
+        "pass, composite, record, nodata, direct, native, handed (sched/cfront.h cfront_set_timing).");
   m.def("cfront_info", &cfront_info,
         "The dispatcher front: {available, reason, key, enabled_here, depth, seen, recorded, nodata, fast_ops}.");
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),

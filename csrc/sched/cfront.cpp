@@ -8,6 +8,7 @@
 #include <torch/csrc/PyInterpreter.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -25,7 +26,7 @@ namespace py = pybind11;
 namespace gpuos {
 namespace {
 
-constexpr c10::DispatchKey kKey = c10::DispatchKey::DeferredInit;
+constexpr c10::DispatchKey kKey = kCfrontKey;
 
 struct FastEntry {  // a functional fast overload as the dispatcher's stack holds its arguments
   CallSpec spec;
@@ -39,10 +40,12 @@ struct FastEntry {  // a functional fast overload as the dispatcher's stack hold
 struct Tables {
   std::unordered_map<c10::OperatorName, FastEntry> fast;
   std::unordered_set<c10::OperatorName> nodata;
+  std::unordered_set<c10::OperatorName> native;  // cfront_native.cpp's ops no registered op took
+  std::unordered_map<c10::OperatorName, uint32_t> reductions;  // and its reductions: op ids
 };
 std::mutex g_tables_mu;  // guards g_tables (the pointer; the snapshot it points to never changes)
 std::shared_ptr<const Tables> g_tables = std::make_shared<const Tables>();
-std::atomic<uint64_t> g_seen{0}, g_recorded{0}, g_nodata{0}, g_direct{0};
+std::atomic<uint64_t> g_seen{0}, g_recorded{0}, g_nodata{0}, g_direct{0}, g_native{0};
 // Bumped by every table change: a thread's cache of what each operator is (below) is dropped when it is stale.
 std::atomic<uint64_t> g_tables_version{1};
 
@@ -63,6 +66,9 @@ void replace_tables(const std::function<void(Tables&)>& edit) {
 struct OpKind {
   bool fast = false, nodata = false;
   bool direct = false;  // neither, functional, no CompositeImplicitAutograd kernel: cfront_call_mode may take it
+  bool composite = false;  // a CompositeImplicitAutograd kernel: its parts must come back through the front
+  CfrontNative native = CfrontNative::none;  // recorded by the front itself first (then direct)
+  uint32_t reduce_op = 0;                     // (native reduce: the row's op id)
   FastEntry entry;
 };
 const OpKind& kind_of(const c10::OperatorHandle& op) {
@@ -81,9 +87,13 @@ const OpKind& kind_of(const c10::OperatorHandle& op) {
     const c10::OperatorName& name = op.operator_name();
     auto f = tables->fast.find(name);
     const bool composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    it->second.composite = composite;
     if (f != tables->fast.end()) it->second.fast = true, it->second.entry = f->second;
     else if (tables->nodata.count(name)) it->second.nodata = !composite;
     else it->second.direct = !composite && functional_schema(op.schema());
+    if (it->second.direct && tables->native.count(name)) it->second.native = cfront_native_of(name);
+    if (auto r = tables->reductions.find(name); it->second.direct && r != tables->reductions.end())
+      it->second.native = CfrontNative::reduce, it->second.reduce_op = r->second;
   }
   return it->second;
 }
@@ -100,7 +110,24 @@ thread_local std::vector<Frame> t_frames;
 std::once_flag g_reg_once;
 bool g_available = false;
 std::string g_reason = "not registered yet (no scheduler context entered)";
-bool g_direct_on = true;  // GPUOS_CFRONT_DIRECT=0: no direct calls, every op the front does not take goes to the mode
+// GPUOS_CFRONT_DIRECT=0 / cfront_set_direct(false): no direct calls, every op the front does not take to the mode.
+std::atomic<bool> g_direct_on{true};
+
+// cfront_set_timing(true): each pass's own time (less the front passes nested in it: a composite's parts, a
+// handler's calls that came back through the front) by what the front did with the op, and per operator for the
+// ops that reached Python or were handed on -- where a step's host time under the scheduler goes. Off: one relaxed
+// load per pass.
+enum Cat : int { kCatPass, kCatComposite, kCatRecord, kCatNodata, kCatDirect, kCatNative, kCatHanded, kCats };
+constexpr const char* kCatNames[kCats] = {"pass", "composite", "record", "nodata", "direct", "native", "handed"};
+std::atomic<bool> g_timing{false};
+std::atomic<uint64_t> g_cat_ns[kCats], g_cat_n[kCats];
+struct OpTime {
+  std::string name;
+  uint64_t n[kCats] = {}, ns[kCats] = {};
+};
+std::mutex g_byop_mu;  // guards g_byop (timing only)
+std::unordered_map<const void*, OpTime> g_byop;
+thread_local uint64_t t_nested_ns = 0;  // front time of the passes nested in the current one
 
 c10::OperatorName name_of(PyObject* overload) {
   py::handle h(overload);
@@ -120,23 +147,28 @@ bool scheduler_on_top(const Frame& f) {
   return !at::autocast::is_autocast_enabled(at::kCUDA);
 }
 
-// Every tensor argument (tensors and lists of them) plain CUDA (dispatch.h plain_cuda_keys); `any`: one was seen.
-bool plain_args(const torch::jit::Stack& stack, size_t first, bool* any) {
+// Whether ok(tensor) holds for every tensor argument from stack[first] on (tensors and lists of them: sizes, dims
+// and tensor lists are all generic lists of IValues); `no_objects`: also no script object, capsule or Python object
+// (what the Python key would see differently: nothing the aten ops here take).
+template <class Ok>
+bool tensors_ok(const torch::jit::Stack& stack, size_t first, bool no_objects, Ok ok) {
   for (size_t i = first; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (t.defined() && !plain_cuda_keys(t)) return false;
-      *any = true;
-    } else if (v.isList()) {  // sizes, dims, tensor lists (all lists are generic lists of IValues)
-      for (const c10::IValue& x : v.toListRef()) {
-        if (!x.isTensor()) continue;
-        if (x.toTensor().defined() && !plain_cuda_keys(x.toTensor())) return false;
-        *any = true;
-      }
+      if (!ok(v.toTensor())) return false;
+    } else if (v.isList()) {
+      for (const c10::IValue& x : v.toListRef())
+        if (x.isTensor() && !ok(x.toTensor())) return false;
+    } else if (no_objects && (v.isObject() || v.isCapsule() || v.isPyObject())) {
+      return false;
     }
   }
   return true;
+}
+
+// Every tensor argument plain CUDA (dispatch.h plain_cuda_keys) or undefined: what a no-data op runs below the mode.
+bool plain_args(const torch::jit::Stack& stack, size_t first) {
+  return tensors_ok(stack, first, false, [](const at::Tensor& t) { return !t.defined() || plain_cuda_keys(t); });
 }
 
 // The direct call's arguments: every tensor (and tensor list element) a dense CPU or CUDA tensor with no other
@@ -149,23 +181,11 @@ bool direct_args(const torch::jit::Stack& stack, size_t first) {
                                             c10::DispatchKey::ADInplaceOrView, c10::DispatchKey::AutocastCUDA,
                                             c10::DispatchKey::AutocastCPU});
   const bool grad = at::GradMode::is_enabled();
-  auto ok = [&](const at::Tensor& t) {
+  return tensors_ok(stack, first, true, [&](const at::Tensor& t) {
     if (!t.defined()) return true;
     const c10::DispatchKeySet ks = t.unsafeGetTensorImpl()->key_set();
     return (ks & allowed) == ks && !(grad && t.requires_grad());
-  };
-  for (size_t i = first; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      if (!ok(v.toTensor())) return false;
-    } else if (v.isList()) {
-      for (const c10::IValue& x : v.toListRef())
-        if (x.isTensor() && !ok(x.toTensor())) return false;
-    } else if (v.isObject() || v.isCapsule() || v.isPyObject()) {
-      return false;  // (what the Python key would see differently: nothing the aten ops here take)
-    }
-  }
-  return true;
+  });
 }
 
 // Record the functional fast op from the stack (its nargs arguments on top); true: the output replaced them.
@@ -192,9 +212,8 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
       in[k].t = &t;
       all_float &= at::isFloatingType(t.scalar_type());
       any = true;
-    } else if (v.isDouble() || v.isInt() || v.isBool()) {
+    } else if (cfront_number(v, &in[k].v)) {
       in[k].number = true;
-      in[k].v = v.isDouble() ? v.toDouble() : v.isInt() ? (double)v.toInt() : (double)v.toBool();
     } else {
       return false;
     }
@@ -205,9 +224,8 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
   if (e.alpha >= 0) {
     const c10::IValue& a = (*stack)[base + e.alpha];
     if (s.scalars == 1) {
-      if (a.isDouble()) s0 = (float)a.toDouble();
-      else if (a.isInt()) s0 = (float)a.toInt();
-      else if (a.isBool()) s0 = (float)a.toBool();
+      double alpha = 0.0;
+      if (cfront_number(a, &alpha)) s0 = (float)alpha;
       else if (!a.isNone()) return false;
     } else if (s.scalars == 2 && !a.isNone()) {
       return false;  // rounding_mode other than None: the Python path decides
@@ -234,43 +252,97 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
   return true;
 }
 
-void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+// On to the keys below the front. The calls a kernel (or the dispatch mode's handler) makes inside skip the front
+// -- as under the Python key, where a handler's calls never reach it -- unless the op decomposes
+// (CompositeImplicitAutograd): its parts are what the front and the mode must see. Without this, each eager op's
+// inner calls (a CPU mean's sum and div, ...) paid a pass each: on the CPU machine 1.3-2.0 us per op of the
+// Llama-like layers (tools/dispatch_overhead.py), Llama-small ~1,030 passes per step for 231 ops on an H200.
+void pass_on(const c10::OperatorHandle& op, const OpKind& k, c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  if (k.composite) return op.redispatchBoxed(below, stack);
+  c10::impl::ExcludeDispatchKeyGuard no_front(kKey);
+  op.redispatchBoxed(below, stack);
+}
+
+// The front's work for one op; `cat` says what it did (set before the work: an exception keeps it).
+void front(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack, Cat& cat) {
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);  // the keys under it
   g_seen.fetch_add(1, std::memory_order_relaxed);
   if (t_frames.empty()) return op.redispatchBoxed(below, stack);
   const OpKind k = kind_of(op);  // a copy
-  if ((!k.fast && !k.nodata && !k.direct) || !scheduler_on_top(t_frames.back()))
-    return op.redispatchBoxed(below, stack);
+  if (!scheduler_on_top(t_frames.back())) return pass_on(op, k, below, stack);
+  cat = k.composite ? kCatComposite : kCatHanded;
+  if (!k.fast && !k.nodata && !k.direct) return pass_on(op, k, below, stack);
+  cat = kCatHanded;
   const Frame& f = t_frames.back();
   const size_t nargs = op.schema().arguments().size();
   if (k.direct) {
-    if (g_direct_on && !at::autocast::is_autocast_enabled(at::kCPU) && direct_args(*stack, stack->size() - nargs)) {
+    if (k.native != CfrontNative::none && cfront_try_native(op, k.native, k.reduce_op, f.threshold, nargs, stack)) {
+      g_native.fetch_add(1, std::memory_order_relaxed);
+      cat = kCatNative;
+      return;
+    }
+    if (g_direct_on.load(std::memory_order_relaxed) && !at::autocast::is_autocast_enabled(at::kCPU) &&
+        direct_args(*stack, stack->size() - nargs)) {
       g_direct.fetch_add(1, std::memory_order_relaxed);
+      cat = kCatDirect;
       return cfront_call_mode(op, f.mode, stack);
     }
-    return op.redispatchBoxed(below, stack);
+    return pass_on(op, k, below, stack);
   }
   if (k.fast) {
     if (try_record(k.entry, nargs, f, stack)) {
       g_recorded.fetch_add(1, std::memory_order_relaxed);
+      cat = kCatRecord;
+      return;
+    }
+    if (cfront_try_int_arith(op, f.threshold, nargs, stack)) {  // integer operands (positions, cache lengths)
+      g_native.fetch_add(1, std::memory_order_relaxed);
+      cat = kCatNative;
       return;
     }
   } else if (c10::impl::TorchDispatchModeTLS::stack_len() == 1) {
     // Reads no data: below the mode, as sched_dispatch runs it -- unless a tensor argument is not plain (a Python
     // subclass must still see it; a conjugate view's bit must still be resolved by its kernel).
-    bool any = false;
-    if (plain_args(*stack, stack->size() - nargs, &any)) {
+    if (plain_args(*stack, stack->size() - nargs)) {
       g_nodata.fetch_add(1, std::memory_order_relaxed);
+      cat = kCatNodata;
       // Out of this call's key set (the mode's Python key is in it: the guard alone would still have sent it to
       // the mode with the mode's state half restored -- PyTorch's internal assert, found by a factory op after a
       // gloo collective) and out of any call it makes.
       c10::impl::ExcludeDispatchKeyGuard no_modes(
-          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, kKey}));
       return op.redispatchBoxed(below.remove(c10::DispatchKey::Python).remove(c10::DispatchKey::PythonTLSSnapshot),
                                 stack);
     }
   }
-  op.redispatchBoxed(below, stack);
+  pass_on(op, k, below, stack);
+}
+
+struct PassTimer {  // times one pass (see g_timing); the nested passes' time is taken out of its own
+  const c10::OperatorHandle& op;
+  Cat cat = kCatPass;
+  uint64_t outer = t_nested_ns;
+  std::chrono::steady_clock::time_point t0 = (t_nested_ns = 0, std::chrono::steady_clock::now());
+  ~PassTimer() {
+    const uint64_t all = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - t0).count();
+    const uint64_t own = all > t_nested_ns ? all - t_nested_ns : 0;
+    t_nested_ns = outer + all;
+    g_cat_ns[cat].fetch_add(own, std::memory_order_relaxed);
+    g_cat_n[cat].fetch_add(1, std::memory_order_relaxed);
+    if (cat == kCatRecord || cat == kCatNodata || cat == kCatNative || cat == kCatPass) return;  // per operator: the rest
+    std::lock_guard<std::mutex> lock(g_byop_mu);
+    auto [it, fresh] = g_byop.try_emplace(&op.schema());
+    if (fresh) it->second.name = c10::toString(op.operator_name());
+    it->second.n[cat]++, it->second.ns[cat] += own;
+  }
+};
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  Cat cat = kCatPass;
+  if (!g_timing.load(std::memory_order_relaxed)) return front(op, ks, stack, cat);
+  PassTimer timer{op};
+  front(op, ks, stack, timer.cat);
 }
 
 void register_once() {
@@ -298,6 +370,14 @@ void register_once() {
 
 }  // namespace
 
+bool cfront_number(const c10::IValue& v, double* out) {
+  if (v.isDouble()) *out = v.toDouble();
+  else if (v.isInt()) *out = (double)v.toInt();
+  else if (v.isBool()) *out = v.toBool() ? 1.0 : 0.0;
+  else return false;
+  return true;
+}
+
 void cfront_set_fast(const std::vector<std::pair<PyObject*, CallSpec>>& table) {
   std::unordered_map<c10::OperatorName, FastEntry> t;
   for (const auto& [ov, spec] : table) {
@@ -313,6 +393,16 @@ void cfront_set_fast(const std::vector<std::pair<PyObject*, CallSpec>>& table) {
     t.emplace(name_of(ov), e);
   }
   replace_tables([&](Tables& tb) { tb.fast.swap(t); });
+}
+
+void cfront_set_native(const std::vector<PyObject*>& overloads,
+                       const std::vector<std::pair<PyObject*, uint32_t>>& reductions) {
+  std::unordered_set<c10::OperatorName> t;
+  for (PyObject* ov : overloads)
+    if (c10::OperatorName n = name_of(ov); cfront_native_of(n) != CfrontNative::none) t.insert(std::move(n));
+  std::unordered_map<c10::OperatorName, uint32_t> r;
+  for (const auto& [ov, id] : reductions) r.emplace(name_of(ov), id);
+  replace_tables([&](Tables& tb) { tb.native.swap(t), tb.reductions.swap(r); });
 }
 
 void cfront_set_nodata(const std::vector<PyObject*>& overloads) {
@@ -336,6 +426,33 @@ void cfront_exit() {
   c10::impl::tls_set_dispatch_key_included(kKey, was);
 }
 
+void cfront_set_direct(bool on) { g_direct_on.store(on); }
+
+void cfront_set_timing(bool on) {
+  if (on) {
+    for (int c = 0; c < kCats; ++c) g_cat_ns[c] = 0, g_cat_n[c] = 0;
+    std::lock_guard<std::mutex> lock(g_byop_mu);
+    g_byop.clear();
+  }
+  g_timing.store(on);
+}
+
+py::dict cfront_times() {
+  py::dict d, cats, ops;
+  for (int c = 0; c < kCats; ++c) cats[kCatNames[c]] = py::make_tuple(g_cat_n[c].load(), g_cat_ns[c].load());
+  std::lock_guard<std::mutex> lock(g_byop_mu);
+  for (const auto& [schema, t] : g_byop) {
+    py::dict per;
+    for (int c = 0; c < kCats; ++c)
+      if (t.n[c]) per[kCatNames[c]] = py::make_tuple(t.n[c], t.ns[c]);
+    ops[py::str(t.name)] = per;
+  }
+  d["timing"] = g_timing.load();
+  d["by_category"] = cats;
+  d["by_op"] = ops;
+  return d;
+}
+
 py::dict cfront_info() {
   py::dict d;
   d["available"] = g_available;
@@ -347,7 +464,8 @@ py::dict cfront_info() {
   d["recorded"] = g_recorded.load();
   d["nodata"] = g_nodata.load();
   d["direct"] = g_direct.load();
-  d["direct_on"] = g_direct_on;
+  d["native"] = g_native.load();
+  d["direct_on"] = g_direct_on.load();
   {
     std::lock_guard<std::mutex> lock(g_tables_mu);
     d["fast_ops"] = g_tables->fast.size();

@@ -22,6 +22,8 @@
 
 namespace gpuos {
 
+constexpr c10::DispatchKey kCfrontKey = c10::DispatchKey::DeferredInit;  // the front's key (see above)
+
 // The table the front records from, by operator name (called with sched_set_fast / sched_set_nodata's tables).
 struct CallSpec;
 void cfront_set_fast(const std::vector<std::pair<PyObject*, CallSpec>>& table);
@@ -32,6 +34,33 @@ bool cfront_enter(PyObject* mode, int64_t threshold);
 void cfront_exit();
 // {"available", "reason", "key", "enabled_here", "depth", "seen", "recorded", "nodata", "direct", "fast_ops"}.
 pybind11::dict cfront_info();
+void cfront_set_direct(bool on);
+// A number argument on the dispatcher's stack (a double, int or bool IValue) as a double; false for anything else.
+bool cfront_number(const c10::IValue& v, double* out);
+// Time each front pass by what it did with the op (on: the counters restart). cfront_times(): {"timing",
+// "by_category": {cat: (passes, own ns)}, "by_op": {operator: {cat: (passes, own ns)}}} -- cats pass (the scheduler
+// not the innermost mode: its own handler's calls, ...), composite (left to decompose), record, nodata, direct,
+// native, handed (to the dispatch mode: in place, refused, ...); by_op for composite, direct and handed. Own time:
+// less the passes nested in it (a composite's parts are timed as themselves).
+void cfront_set_timing(bool on);
+pybind11::dict cfront_times();
+
+// cfront_native.cpp. The ops the front records itself (the Python handler only reads arguments and calls the record
+// path's C++ core); set with cfront_set_native (the overloads no registered op took).
+enum class CfrontNative : uint8_t { none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce };
+CfrontNative cfront_native_of(const c10::OperatorName& name);
+// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange and efficient SDPA; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
+// amin, _softmax, _log_softmax).
+void cfront_set_native(const std::vector<PyObject*>& overloads,
+                       const std::vector<std::pair<PyObject*, uint32_t>>& reductions);
+// Record the op from the stack (its nargs arguments on top); true: its output replaced them. reduce_op: the
+// reduction's op id (kind reduce).
+bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t reduce_op, int64_t threshold,
+                       size_t nargs, torch::jit::Stack* stack);
+// A functional add / sub / mul (.Tensor / .Scalar) the fast record refused, on integer operands: recorded as the
+// worker's integer arithmetic (the mode's integer retry, _int_handlers._int_arith, without Python); true: its output
+// replaced the arguments.
+bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack);
 
 // cfront_call.cpp. Whether an op's schema aliases nothing (no view, in place or out= argument or return).
 bool functional_schema(const c10::FunctionSchema& s);

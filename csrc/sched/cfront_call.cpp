@@ -81,8 +81,10 @@ void cfront_call_mode(const c10::OperatorHandle& op, PyObject* mode, torch::jit:
   {
     // As under PyTorch's Python key: the scheduler off the mode stack while it runs (its own eager calls reach the
     // kernels), below Autograd and ADInplaceOrView (only functional ops without a tensor that needs grad come here).
+    // The handler's own calls skip the front too, as under the Python key (there they never reach it: measured).
     torch::torch_dispatch_mode::StashTorchDispatchModeGuard stash;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::impl::ExcludeDispatchKeyGuard no_front(kCfrontKey);
     auto [args, kwargs] = box_args(schema, *stack, base);
     py::handle func = torch::detail::getTorchApiFunction(op);
     PyObject* call[5] = {mode, func.ptr(), types, args.ptr(), kwargs.ptr()};

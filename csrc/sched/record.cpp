@@ -49,6 +49,14 @@ void defer_filled(int dev, DeferredOp&& op) {
   defer_op(dev, [&](DeferredOp& d) { d = std::move(op); });
 }
 
+// Whether deferred work on t's device reads or writes t's storage: an eager op reading t would flush it first.
+bool touches_pending(const at::Tensor& t) {
+  Runtime* rt = runtime_if(t.get_device());
+  if (!rt) return false;
+  RtLock lk(*rt);
+  return deferred_of(t.get_device()).touched.touches((uintptr_t)storage_of(t));
+}
+
 EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const at::Tensor* pout, float s0, float s1,
                       int64_t thr, int cast_to) {
   const bool grad = at::GradMode::is_enabled();
@@ -64,7 +72,10 @@ EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const
       if (const int r = foreign_reason(t); r >= 0) return ew_reason(r);
       if (t.layout() != at::kStrided) return ew_reason(kR_layout);
       if (dtype_code(t.scalar_type()) < 0) return ew_reason(kR_dtype);
-      if (t.numel() > thr) return ew_reason(kR_size);
+      if (t.numel() > thr) {  // see kPendingSizeCap
+        if (t.numel() > kPendingSizeCap || !touches_pending(t)) return ew_reason(kR_size);
+        thr = kPendingSizeCap;
+      }
       if (grad && t.requires_grad()) return ew_reason(kR_autograd);
       if (first < 0) first = (int)k;
       else same_shape &= t.sizes() == ts[first]->sizes();
@@ -207,6 +218,38 @@ PyObject* sched_ew(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // sched_reduce(op, x, keepdim, size_threshold) -> Tensor | int (reason); last dim only (the handler checks dim).
+EwRecorded reduce_record(uint32_t op, const at::Tensor& x, bool keepdim, int64_t thr) {
+  if (op >= kNumOps || kOps[op].kind != kKindReduce) return ew_reason(kR_unsupported_args);
+  if (!x.is_cuda()) return ew_reason(kR_not_cuda);
+  if (const int r = foreign_reason(x); r >= 0) return ew_reason(r);
+  if (x.layout() != at::kStrided) return ew_reason(kR_layout);
+  if (dtype_code(x.scalar_type()) < 0) return ew_reason(kR_dtype);
+  if (x.numel() > thr) return ew_reason(kR_size);
+  if (at::GradMode::is_enabled() && x.requires_grad()) return ew_reason(kR_autograd);
+  if (x.dim() < 1 || x.dim() > (int64_t)kMaxDims) return ew_reason(kR_unsupported_args);
+  const bool row_out = row_output(op);
+  if ((op == kOp_amax || op == kOp_amin) && x.size(-1) == 0) return ew_reason(kR_unsupported_args);
+  at::Tensor out;
+  if (row_out) {
+    out = empty_like_device(x, x.sizes(), x.scalar_type());
+  } else {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.pop_back();
+    if (keepdim) shape.push_back(1);
+    out = empty_like_device(x, shape, x.scalar_type());
+  }
+  defer_op(x.get_device(), [&](DeferredOp& d) {
+    d.op = op;
+    d.nin = 1;
+    d.reduce = true;
+    d.keepdim = keepdim;
+    d.fresh = true;
+    d.out = out;
+    d.in[0] = x;
+  });
+  return EwRecorded{std::move(out), -1, false};
+}
+
 PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
     if (nargs != 4) throw py::type_error("sched_reduce takes 4 arguments");
@@ -215,36 +258,10 @@ PyObject* sched_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const bool keepdim = PyObject_IsTrue(args[2]) == 1;
     const int64_t thr = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return nullptr;
-    if (op >= kNumOps || kOps[op].kind != kKindReduce || !THPVariable_Check(px)) return reason(kR_unsupported_args);
-    const at::Tensor& x = THPVariable_Unpack(px);
-    if (!x.is_cuda()) return reason(kR_not_cuda);
-    if (const int r = foreign_reason(x); r >= 0) return reason(r);
-    if (x.layout() != at::kStrided) return reason(kR_layout);
-    if (dtype_code(x.scalar_type()) < 0) return reason(kR_dtype);
-    if (x.numel() > thr) return reason(kR_size);
-    if (at::GradMode::is_enabled() && x.requires_grad()) return reason(kR_autograd);
-    if (x.dim() < 1 || x.dim() > (int64_t)kMaxDims) return reason(kR_unsupported_args);
-    const bool row_out = row_output(op);
-    if ((op == kOp_amax || op == kOp_amin) && x.size(-1) == 0) return reason(kR_unsupported_args);
-    at::Tensor out;
-    if (row_out) {
-      out = empty_like_device(x, x.sizes(), x.scalar_type());
-    } else {
-      std::vector<int64_t> shape = x.sizes().vec();
-      shape.pop_back();
-      if (keepdim) shape.push_back(1);
-      out = empty_like_device(x, shape, x.scalar_type());
-    }
-    defer_op(x.get_device(), [&](DeferredOp& d) {
-      d.op = op;
-      d.nin = 1;
-      d.reduce = true;
-      d.keepdim = keepdim;
-      d.fresh = true;
-      d.out = out;
-      d.in[0] = x;
-    });
-    return THPVariable_Wrap(std::move(out));
+    if (!THPVariable_Check(px)) return reason(kR_unsupported_args);
+    const EwRecorded r = reduce_record(op, THPVariable_Unpack(px), keepdim, thr);
+    if (r.reason >= 0) return reason(r.reason);
+    return THPVariable_Wrap(r.out);
   } catch (...) {
     set_python_error();
     return nullptr;
@@ -265,55 +282,59 @@ PyObject* sched_cast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   });
 }
 
+EwRecorded mm_record(const at::Tensor& a, const at::Tensor& b, const at::Tensor* pbias, double alpha, double beta) {
+  if (!worker_matmul_enabled()) return ew_reason(kR_matmul_off);
+  const at::Tensor bias = pbias ? *pbias : at::Tensor();
+  for (const at::Tensor* t : {&a, &b, &bias}) {
+    if (!t->defined()) continue;
+    if (!t->is_cuda()) return ew_reason(kR_not_cuda);
+    if (const int r = foreign_reason(*t); r >= 0) return ew_reason(r);
+    if (t->layout() != at::kStrided) return ew_reason(kR_layout);
+    if (t->scalar_type() != a.scalar_type() || dtype_code(t->scalar_type()) < 0) return ew_reason(kR_dtype);
+    if (t->get_device() != a.get_device()) return ew_reason(kR_device);
+    if (at::GradMode::is_enabled() && t->requires_grad()) return ew_reason(kR_autograd);
+  }
+  // mm / addmm: 2-D; bmm / baddbmm: 3-D with one batch size (each batch a product of its own at lowering).
+  const int64_t nd = a.dim();
+  if ((nd != 2 && nd != 3) || b.dim() != nd || a.size(nd - 1) != b.size(nd - 2) ||
+      (nd == 3 && a.size(0) != b.size(0)))
+    return ew_reason(kR_unsupported_args);
+  const int64_t M = a.size(nd - 2), N = b.size(nd - 1);
+  if (M > kWorkerMatmulMaxRows) return ew_reason(kR_matmul_rows);
+  std::vector<int64_t> shape = {M, N};
+  if (nd == 3) shape.insert(shape.begin(), a.size(0));
+  if (bias.defined() && !bias_broadcasts(bias, shape)) return ew_reason(kR_unsupported_args);
+  at::Tensor out = empty_like_device(a, shape, a.scalar_type());
+  defer_op(a.get_device(), [&](DeferredOp& d) {
+    d.op = kOp_mm;
+    d.nin = 3;
+    d.matmul = true;
+    d.fresh = true;
+    d.s0 = (float)alpha;
+    d.s1 = (float)beta;
+    d.out = out;
+    d.in[0] = a;
+    d.in[1] = b;
+    if (bias.defined()) d.in[2] = bias;
+  });
+  return EwRecorded{std::move(out), -1, false};
+}
+
 // sched_matmul(a, b, bias, alpha, beta) -> Tensor | int (reason): out = alpha * a @ b + beta * bias (bias None:
 // aten::mm), a 2-D with at most kWorkerMatmulMaxRows rows. Larger products stay with cuBLAS.
 PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return python_call([&]() -> PyObject* {
     if (nargs != 5) throw py::type_error("sched_matmul takes 5 arguments");
-    if (!worker_matmul_enabled()) return reason(kR_matmul_off);
     PyObject *pa = args[0], *pb = args[1], *pc = args[2];
     const double alpha = PyFloat_AsDouble(args[3]), beta = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return nullptr;
     const bool has_bias = pc != Py_None;
     if (!THPVariable_Check(pa) || !THPVariable_Check(pb) || (has_bias && !THPVariable_Check(pc)))
       return reason(kR_unsupported_args);
-    const at::Tensor& a = THPVariable_Unpack(pa);
-    const at::Tensor& b = THPVariable_Unpack(pb);
-    at::Tensor bias;
-    if (has_bias) bias = THPVariable_Unpack(pc);
-    for (const at::Tensor* t : {&a, &b, (const at::Tensor*)&bias}) {
-      if (!t->defined()) continue;
-      if (!t->is_cuda()) return reason(kR_not_cuda);
-      if (const int r = foreign_reason(*t); r >= 0) return reason(r);
-      if (t->layout() != at::kStrided) return reason(kR_layout);
-      if (t->scalar_type() != a.scalar_type() || dtype_code(t->scalar_type()) < 0) return reason(kR_dtype);
-      if (t->get_device() != a.get_device()) return reason(kR_device);
-      if (at::GradMode::is_enabled() && t->requires_grad()) return reason(kR_autograd);
-    }
-    // mm / addmm: 2-D; bmm / baddbmm: 3-D with one batch size (each batch a product of its own at lowering).
-    const int64_t nd = a.dim();
-    if ((nd != 2 && nd != 3) || b.dim() != nd || a.size(nd - 1) != b.size(nd - 2) ||
-        (nd == 3 && a.size(0) != b.size(0)))
-      return reason(kR_unsupported_args);
-    const int64_t M = a.size(nd - 2), N = b.size(nd - 1);
-    if (M > kWorkerMatmulMaxRows) return reason(kR_matmul_rows);
-    std::vector<int64_t> shape = {M, N};
-    if (nd == 3) shape.insert(shape.begin(), a.size(0));
-    if (has_bias && !bias_broadcasts(bias, shape)) return reason(kR_unsupported_args);
-    at::Tensor out = empty_like_device(a, shape, a.scalar_type());
-    defer_op(a.get_device(), [&](DeferredOp& d) {
-      d.op = kOp_mm;
-      d.nin = 3;
-      d.matmul = true;
-      d.fresh = true;
-      d.s0 = (float)alpha;
-      d.s1 = (float)beta;
-      d.out = out;
-      d.in[0] = a;
-      d.in[1] = b;
-      if (has_bias) d.in[2] = bias;
-    });
-    return THPVariable_Wrap(std::move(out));
+    const EwRecorded r = mm_record(THPVariable_Unpack(pa), THPVariable_Unpack(pb),
+                                   has_bias ? &THPVariable_Unpack(pc) : nullptr, alpha, beta);
+    if (r.reason >= 0) return reason(r.reason);
+    return THPVariable_Wrap(r.out);
   });
 }
 
@@ -321,6 +342,56 @@ PyObject* sched_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // attention as a worker task (tensor/attention.h check_attention). out is allocated as the flash kernel does
 // (B x Lq x Hq x D memory, viewed B x Hq x Lq x D: a query of one row is then also HF's transposed layout); lse
 // (B x Hq x Lq fp32) lives in the same buffer, so the op's write footprint covers both.
+EwRecorded attention_record(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            bool causal, const double* pscale, bool want_lse, at::Tensor* plse) {
+  if (!worker_attention_enabled()) return ew_reason(kR_attention_off);
+  if (at::GradMode::is_enabled())
+    for (const at::Tensor* t : {&q, &k, &v, &mask})
+      if (t->defined() && t->requires_grad()) return ew_reason(kR_autograd);
+  const AttnCheck c = check_attention(q, k, v, mask, causal);
+  switch (c.code) {
+    case kAttnOk: break;
+    case kAttnBadDtype: return ew_reason(kR_dtype);
+    case kAttnBadLayout: return ew_reason(kR_attention_layout);
+    case kAttnBadDevice: return ew_reason(q.is_cuda() ? kR_device : kR_not_cuda);
+    default: return ew_reason(kR_attention_shape);
+  }
+  const double scale = pscale ? *pscale : 1.0 / std::sqrt((double)q.size(3));
+  const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), D = q.size(3);
+  const int64_t out_n = B * Hq * Lq * D, lse_n = want_lse ? B * Hq * Lq : 0;
+  const int64_t off = (out_n + 7) / 8 * 8;  // lse at a 16-byte boundary
+  at::Tensor buf = empty_like_device(q, {want_lse ? off + 2 * lse_n : out_n}, q.scalar_type());
+  at::Tensor out = buf.narrow(0, 0, out_n).view({B, Lq, Hq, D}).transpose(1, 2);
+  at::Tensor lse;
+  if (want_lse) lse = buf.narrow(0, off, 2 * lse_n).view(at::kFloat).view({B, Hq, Lq});
+  defer_op(q.get_device(), [&](DeferredOp& d) {
+    d.op = kOp_sdpa;
+    d.nin = mask.defined() ? 4 : 3;
+    d.attention = true;
+    d.attn_causal = causal;
+    d.fresh = true;
+    d.s0 = (float)scale;
+    d.out = out;
+    d.lse = lse;
+    d.written = buf;
+    d.in[0] = q;
+    d.in[1] = k;
+    d.in[2] = v;
+    if (mask.defined()) d.in[3] = mask;
+    if (g_fusion) {  // read repeat_kv's source instead of its copies (the copies are then dropped)
+      const std::vector<DeferredOp>& ops = deferred_of(q.get_device()).ops;
+      at::Tensor ks = gqa_source(ops, ops.size() - 1, k), vs = gqa_source(ops, ops.size() - 1, v);
+      if ((!ks.is_same(k) || !vs.is_same(v)) && check_attention(q, ks, vs, mask, causal).code == kAttnOk) {
+        g_sched.gqa_reads += (!ks.is_same(k)) + (!vs.is_same(v));
+        d.in[1] = std::move(ks);
+        d.in[2] = std::move(vs);
+      }
+    }
+  });
+  if (plse) *plse = std::move(lse);
+  return EwRecorded{std::move(out), -1, false};
+}
+
 PyObject* sched_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return python_call([&]() -> PyObject* {
     if (nargs != 7) throw py::type_error("sched_attention takes 7 arguments");
@@ -330,59 +401,18 @@ PyObject* sched_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         (pm != Py_None && !THPVariable_Check(pm)))
       return reason(kR_unsupported_args);
     const bool causal = PyObject_IsTrue(args[4]) == 1, want_lse = PyObject_IsTrue(args[6]) == 1;
-    const at::Tensor& q = THPVariable_Unpack(pq);
-    const at::Tensor& k = THPVariable_Unpack(pk);
-    const at::Tensor& v = THPVariable_Unpack(pv);
     at::Tensor mask;
     if (pm != Py_None) mask = THPVariable_Unpack(pm);
-    if (at::GradMode::is_enabled())
-      for (const at::Tensor* t : {&q, &k, &v, (const at::Tensor*)&mask})
-        if (t->defined() && t->requires_grad()) return reason(kR_autograd);
-    const AttnCheck c = check_attention(q, k, v, mask, causal);
-    switch (c.code) {
-      case kAttnOk: break;
-      case kAttnBadDtype: return reason(kR_dtype);
-      case kAttnBadLayout: return reason(kR_attention_layout);
-      case kAttnBadDevice: return reason(q.is_cuda() ? kR_device : kR_not_cuda);
-      default: return reason(kR_attention_shape);
-    }
-    double scale = 1.0 / std::sqrt((double)q.size(3));
+    double scale = 0.0;
     if (args[5] != Py_None) {
       scale = PyFloat_AsDouble(args[5]);
       if (PyErr_Occurred()) return nullptr;
     }
-    const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), D = q.size(3);
-    const int64_t out_n = B * Hq * Lq * D, lse_n = want_lse ? B * Hq * Lq : 0;
-    const int64_t off = (out_n + 7) / 8 * 8;  // lse at a 16-byte boundary
-    at::Tensor buf = empty_like_device(q, {want_lse ? off + 2 * lse_n : out_n}, q.scalar_type());
-    at::Tensor out = buf.narrow(0, 0, out_n).view({B, Lq, Hq, D}).transpose(1, 2);
     at::Tensor lse;
-    if (want_lse) lse = buf.narrow(0, off, 2 * lse_n).view(at::kFloat).view({B, Hq, Lq});
-    defer_op(q.get_device(), [&](DeferredOp& d) {
-      d.op = kOp_sdpa;
-      d.nin = mask.defined() ? 4 : 3;
-      d.attention = true;
-      d.attn_causal = causal;
-      d.fresh = true;
-      d.s0 = (float)scale;
-      d.out = out;
-      d.lse = lse;
-      d.written = buf;
-      d.in[0] = q;
-      d.in[1] = k;
-      d.in[2] = v;
-      if (mask.defined()) d.in[3] = mask;
-      if (g_fusion) {  // read repeat_kv's source instead of its copies (the copies are then dropped)
-        const std::vector<DeferredOp>& ops = deferred_of(q.get_device()).ops;
-        at::Tensor ks = gqa_source(ops, ops.size() - 1, k), vs = gqa_source(ops, ops.size() - 1, v);
-        if ((!ks.is_same(k) || !vs.is_same(v)) && check_attention(q, ks, vs, mask, causal).code == kAttnOk) {
-          g_sched.gqa_reads += (!ks.is_same(k)) + (!vs.is_same(v));
-          d.in[1] = std::move(ks);
-          d.in[2] = std::move(vs);
-        }
-      }
-    });
-    PyObject* po = THPVariable_Wrap(std::move(out));
+    EwRecorded r = attention_record(THPVariable_Unpack(pq), THPVariable_Unpack(pk), THPVariable_Unpack(pv), mask,
+                                    causal, args[5] != Py_None ? &scale : nullptr, want_lse, &lse);
+    if (r.reason >= 0) return reason(r.reason);
+    PyObject* po = THPVariable_Wrap(std::move(r.out));
     PyObject* pl = want_lse ? THPVariable_Wrap(std::move(lse)) : (Py_INCREF(Py_None), Py_None);
     if (!po || !pl) {
       Py_XDECREF(po);

@@ -3,6 +3,15 @@
 // parses the aten call and allocates the output; this checks everything the worker relies on (dtypes, shapes,
 // devices, overlap, sizes) and defers the op through the one recording path (defer_filled). Anything else: a
 // reason code, and the op runs eagerly.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <c10/util/bit_cast.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
 #include "device_src/dataops.h"
 #include "ops/op_table.h"
 #include "sched/deferred.h"
@@ -133,6 +142,58 @@ int check(uint32_t op, const at::Tensor& out, const at::Tensor* ins, uint32_t ni
 
 }  // namespace
 
+uint64_t bits_of(const c10::Scalar& v, at::ScalarType dt) {
+  if (dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16) {
+    const double d = v.isBoolean() ? (double)v.toBool() : v.isIntegral(false) ? (double)v.toLong() : v.toDouble();
+    const float f = (float)d;
+    if (std::isinf(f) && std::isfinite(d)) throw std::overflow_error(std::to_string(d) + " does not fit " + c10::toString(dt));
+    if (dt == at::kFloat) return c10::bit_cast<uint32_t>(f);
+    if (dt == at::kBFloat16) return c10::BFloat16(f).x;  // round to nearest even; NaN 0x7FC0
+    const c10::Half h(f);
+    if (std::isinf((float)h) && std::isfinite(d)) throw std::overflow_error(std::to_string(d) + " does not fit Half");
+    return h.x;
+  }
+  if (dt == at::kBool) return v.isBoolean() ? v.toBool() : v.isIntegral(false) ? v.toLong() != 0 : v.toDouble() != 0.0;
+  if (dt != at::kLong && dt != at::kInt) throw std::overflow_error(std::string("no constants of ") + c10::toString(dt));
+  int64_t i = 0;
+  if (v.isFloatingPoint()) {
+    const double d = v.toDouble();
+    if (!std::isfinite(d) || d != std::trunc(d)) throw std::domain_error(std::to_string(d) + " is not an integer");
+    if (d < -9223372036854775808.0 || d >= 9223372036854775808.0)
+      throw std::overflow_error(std::to_string(d) + " does not fit " + c10::toString(dt));
+    i = (int64_t)d;
+  } else {
+    i = v.isBoolean() ? (int64_t)v.toBool() : v.toLong();
+  }
+  if (dt == at::kInt && (i < INT32_MIN || i > INT32_MAX))
+    throw std::overflow_error(std::to_string(i) + " does not fit Int");
+  return (uint64_t)i;
+}
+
+int data_record(uint32_t op, const at::Tensor& out, const at::Tensor* ins, const uint64_t* bits, uint32_t nin,
+                int64_t dim, int64_t ival, bool keepdim, bool fresh, int64_t thr) {
+  if (op >= kNumOps || kOps[op].kind != kKindData || nin != kOps[op].arity) return kR_unsupported_args;
+  if (int r = common_reason(out, ins, nin)) return r;
+  int64_t work = 0;
+  if (int r = check(op, out, ins, nin, dim, ival, keepdim, work)) return r;
+  if (work > thr) return kR_size;
+  DeferredOp d;
+  d.op = op;
+  d.nin = nin;
+  d.data = true;
+  d.fresh = fresh;
+  d.keepdim = keepdim;
+  d.dim = dim;
+  d.ival = ival;
+  d.out = out;
+  for (uint32_t k = 0; k < nin; ++k) {
+    d.in[k] = ins[k];
+    d.bits[k] = bits[k];
+  }
+  defer_filled(out.get_device(), std::move(d));
+  return 0;
+}
+
 // sched_data(op, out, ins: tuple[Tensor | None], bits: tuple[int], dim, ival, keepdim, fresh, size_threshold)
 PyObject* sched_data(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return python_call([&]() -> PyObject* {
@@ -158,24 +219,7 @@ PyObject* sched_data(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       bits[k] = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(pbits, k));
       if (PyErr_Occurred()) return nullptr;
     }
-    if (int r = common_reason(out, ins, nin)) return reason(r);
-    int64_t work = 0;
-    if (int r = check(op, out, ins, nin, dim, ival, keepdim, work)) return reason(r);
-    if (work > thr) return reason(kR_size);
-    DeferredOp d;
-    d.op = op;
-    d.nin = nin;
-    d.data = true;
-    d.fresh = fresh;
-    d.keepdim = keepdim;
-    d.dim = dim;
-    d.ival = ival;
-    d.out = out;
-    for (uint32_t k = 0; k < nin; ++k) {
-      d.in[k] = ins[k];
-      d.bits[k] = bits[k];
-    }
-    defer_filled(out.get_device(), std::move(d));
+    if (int r = data_record(op, out, ins, bits, nin, dim, ival, keepdim, fresh, thr)) return reason(r);
     Py_INCREF(pout);
     return pout;
   });

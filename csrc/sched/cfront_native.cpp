@@ -1,0 +1,381 @@
+// csrc/sched/cfront_native.cpp -- the dispatcher front's own handlers (cfront.h): the ops whose Python handler only
+// reads its arguments and calls the record path's C++ core -- the worker matmuls (mm / bmm / addmm / baddbmm:
+// gpuos/_decode_handlers.py matmul_handlers -> sched_matmul), floating casts, copies and joins (_to_copy, clone,
+// cat: cast_handlers / _data_handlers._clone -> sched_cast), the mask builders' data ops (scalar_tensor, where.self,
+// arange: _data_handlers -> sched_data), efficient SDPA (_attention.py -> sched_attention) and last-dim reductions (gpuos/scheduler.py _reduce_handler -> sched_reduce) -- recorded from the
+// dispatcher's stack without the Python handler. Whatever they refuse goes on to
+// that handler (a direct call), which decides and counts the fallback exactly as before.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "ops/op_table.h"
+#include "sched/cfront.h"
+#include "sched/deferred.h"
+#include "sched/dispatch.h"
+#include "sched/record.h"
+#include "tensor/tensor.h"
+
+namespace py = pybind11;
+
+namespace gpuos {
+namespace {
+
+// _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None)
+// as the Python handler takes it: a cast on the same device, nothing else asked; between the worker's float dtypes
+// only (the integer casts have their own handler).
+bool cast_args(const c10::IValue* a, const at::Tensor& x, at::ScalarType* dt) {
+  *dt = a[1].isNone() ? x.scalar_type() : (at::ScalarType)a[1].toInt();
+  if (!a[2].isNone() && (c10::Layout)a[2].toInt() != c10::kStrided) return false;
+  if (!a[3].isNone() && a[3].toDevice() != x.device()) return false;
+  if (!a[4].isNone() && a[4].toBool()) return false;
+  if (a[5].toBool()) return false;
+  if (!a[6].isNone() && (c10::MemoryFormat)a[6].toInt() != c10::MemoryFormat::Preserve) return false;
+  return dtype_code(x.scalar_type()) >= 0 && dtype_code(*dt) >= 0;  // (as sched_cast; other dtypes: the handler)
+}
+
+// A last-dim reduction as gpuos/scheduler.py's _reduce_handler takes it: `dim` one int (or a list of one) naming the
+// last dim, `keepdim` any, every other argument at its default (half_to_float, which has none: False -- True asks
+// for a cast first, which the handler does).
+bool reduce_args(const c10::FunctionSchema& schema, const c10::IValue* a, size_t n, const at::Tensor& x,
+                 bool* keepdim) {
+  if (x.dim() == 0) return false;
+  *keepdim = false;
+  bool dim_ok = false;
+  const auto& args = schema.arguments();
+  for (size_t i = 1; i < n; ++i) {
+    const std::string& name = args[i].name();
+    const c10::IValue& v = a[i];
+    if (name == "dim") {
+      int64_t d = 0;
+      if (v.isInt()) d = v.toInt();
+      else if (v.isIntList() && v.toIntList().size() == 1) d = v.toIntList().get(0);
+      else return false;
+      if (d != -1 && d != x.dim() - 1) return false;
+      dim_ok = true;
+    } else if (name == "keepdim") {
+      if (!v.isBool()) return false;
+      *keepdim = v.toBool();
+    } else {
+      const auto& d = args[i].default_value();
+      if (d.has_value() ? (*d != v) : !(v.isBool() && !v.toBool())) return false;
+    }
+  }
+  return dim_ok;
+}
+
+// clone(self, *, memory_format=None) as _data_handlers._clone takes it, for the worker's float dtypes: a fresh
+// output in the preserved or contiguous format and a copy into it (integers: the handler's where).
+bool clone_args(const c10::IValue* a, size_t n, at::MemoryFormat* mf) {
+  if (n != 2 || dtype_code(a[0].toTensor().scalar_type()) < 0) return false;
+  *mf = a[1].isNone() ? at::MemoryFormat::Preserve : (at::MemoryFormat)a[1].toInt();
+  return *mf == at::MemoryFormat::Preserve || *mf == at::MemoryFormat::Contiguous;
+}
+
+EwRecorded copy_into(const at::Tensor& x, const at::Tensor& out, int64_t thr) {
+  EwIn in;
+  in.t = &x;
+  return ew_record(kOp_copy, 1, kModeOut, &in, &out, 0.f, 0.f, thr, (int)out.scalar_type());
+}
+
+// cat(tensors, dim=0) as cast_handlers' join takes it (gpuos/_decode_handlers.py), for the worker's float dtypes:
+// legacy empty 1-D pieces skipped, pieces of one rank and device equal but along `dim`, the dtype promoted; a fresh
+// output and one copy per piece into its slice. A refused piece: the handler decides (the recorded pieces wrote
+// only the output, which nothing reads).
+EwRecorded cat_record(const c10::IValue* a, size_t n, int64_t thr) {
+  if (n != 2 || !a[0].isTensorList() || !a[1].isInt()) return ew_reason(kR_unsupported_args);
+  std::vector<at::Tensor> all = a[0].toTensorVector(), ts;
+  for (const at::Tensor& t : all)
+    if (!t.defined() || !plain_cuda_keys(t) || dtype_code(t.scalar_type()) < 0) return ew_reason(kR_unsupported_args);
+  for (const at::Tensor& t : all)
+    if (!(t.dim() == 1 && t.numel() == 0)) ts.push_back(t);
+  if (ts.empty() && !all.empty()) ts.push_back(all[0]);
+  if (ts.empty()) return ew_reason(kR_unsupported_args);
+  const at::Tensor& t0 = ts[0];
+  const int64_t nd = t0.dim();
+  int64_t dim = a[1].toInt();
+  if (nd == 0 || dim < -nd || dim >= nd) return ew_reason(kR_unsupported_args);
+  dim = (dim + nd) % nd;
+  std::vector<int64_t> shape = t0.sizes().vec();
+  at::ScalarType dt = t0.scalar_type();
+  shape[dim] = 0;
+  for (const at::Tensor& t : ts) {
+    if (t.device() != t0.device() || t.dim() != nd) return ew_reason(kR_unsupported_args);
+    for (int64_t d = 0; d < nd; ++d)
+      if (d != dim && t.size(d) != t0.size(d)) return ew_reason(kR_unsupported_args);
+    shape[dim] += t.size(dim);
+    dt = c10::promoteTypes(dt, t.scalar_type());
+  }
+  at::Tensor out = at::empty(shape, t0.options().dtype(dt));
+  int64_t off = 0;
+  for (const at::Tensor& t : ts) {
+    EwRecorded r = copy_into(t, out.narrow(dim, off, t.size(dim)), thr);
+    if (r.reason >= 0) return r;
+    off += t.size(dim);
+  }
+  return EwRecorded{std::move(out), -1, false};
+}
+
+// A factory's (dtype, layout, device, pin_memory) from a[0..3] as _data_handlers._factory_device takes them: strided,
+// not pinned, on a CUDA device named with its index (no index: the handler finds the current one).
+bool factory_args(const c10::IValue* a, at::ScalarType dflt, at::TensorOptions* o) {
+  if (!a[1].isNone() && (c10::Layout)a[1].toInt() != c10::kStrided) return false;
+  if (!a[3].isNone() && a[3].toBool()) return false;
+  if (a[2].isNone()) return false;
+  const c10::Device dev = a[2].toDevice();
+  if (!dev.is_cuda() || !dev.has_index()) return false;
+  *o = at::TensorOptions().device(dev).dtype(a[0].isNone() ? dflt : (at::ScalarType)a[0].toInt());
+  return true;
+}
+
+bool scalar_of(const c10::IValue& v, c10::Scalar* s) {
+  if (v.isBool()) *s = c10::Scalar(v.toBool());
+  else if (v.isInt()) *s = c10::Scalar(v.toInt());
+  else if (v.isDouble()) *s = c10::Scalar(v.toDouble());
+  else return false;
+  return true;
+}
+
+// scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None) as _data_handlers._scalar_tensor: a
+// fill of a fresh 0-d tensor (the default dtype when none is given). torch.where(cond, number, number) makes two.
+EwRecorded scalar_tensor_record(const c10::IValue* a, size_t n, int64_t thr) {
+  c10::Scalar v;
+  at::TensorOptions o;
+  if (n != 5 || !scalar_of(a[0], &v) || !factory_args(a + 1, c10::get_default_dtype_as_scalartype(), &o))
+    return ew_reason(kR_unsupported_args);
+  uint64_t b = 0;
+  try {
+    b = bits_of(v, o.dtype().toScalarType());
+  } catch (const std::exception&) {  // overflow / not an integer: the handler's reason
+    return ew_reason(kR_unsupported_args);
+  }
+  at::Tensor out = at::empty({}, o);
+  const at::Tensor none;
+  if (int r = data_record(kOp_fill, out, &none, &b, 1, 0, 0, false, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
+
+// where.self(condition, self, other) as _data_handlers._where for tensor operands already of the result dtype (0-d
+// ones of another float dtype, and wrapped numbers, go to the handler, which casts them or takes them as constants).
+EwRecorded where_record(const c10::IValue* a, size_t n, int64_t thr) {
+  if (n != 3 || !a[1].isTensor() || !a[2].isTensor()) return ew_reason(kR_unsupported_args);
+  const at::Tensor &c = a[0].toTensor(), &x = a[1].toTensor(), &y = a[2].toTensor();
+  if (!x.defined() || !y.defined() || !plain_cuda_keys(x) || !plain_cuda_keys(y) || c.scalar_type() != at::kBool)
+    return ew_reason(kR_unsupported_args);
+  const at::ScalarType dt = at::result_type(x, y);
+  if (x.scalar_type() != dt || y.scalar_type() != dt) return ew_reason(kR_dtype);
+  const std::vector<int64_t> shape = at::infer_size(at::infer_size(c.sizes(), x.sizes()), y.sizes());
+  at::Tensor out = at::empty(shape, c.options().dtype(dt));
+  const at::Tensor ins[3] = {c, x, y};
+  const uint64_t bits[3] = {0, 0, 0};
+  if (int r = data_record(kOp_where, out, ins, bits, 3, 0, 0, false, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
+
+// _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+// *, scale=None) as gpuos/_attention.py's efficient handler takes it: no log-sum-exp asked for (autograd's: the
+// handler's reason), no dropout, a plain CUDA bias if any.
+bool attention_args(const c10::IValue* a, size_t n, double* scale) {
+  if (n != 8 || a[4].toBool() || !a[5].isDouble() || a[5].toDouble() != 0.0 || !a[6].isBool()) return false;
+  if (!a[3].isNone() && !(a[3].isTensor() && a[3].toTensor().defined() && plain_cuda_keys(a[3].toTensor())))
+    return false;
+  if (!a[7].isNone()) {
+    if (!a[7].isDouble()) return false;
+    *scale = a[7].toDouble();
+  }
+  return true;
+}
+
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+// arange(end) / arange.start(start, end) / arange.start_step(start, end, step), each with (dtype, layout, device,
+// pin_memory), as _data_handlers._arange: integer bounds and an integer dtype (int64 by default); float ones go to the
+// handler (which leaves them eager).
+EwRecorded arange_record(const c10::IValue* a, size_t n, int64_t thr) {
+  if (n < 5 || n > 7) return ew_reason(kR_unsupported_args);
+  const size_t nb = n - 4;  // bounds
+  int64_t v[3] = {0, 0, 1};
+  for (size_t i = 0; i < nb; ++i) {
+    if (a[i].isInt()) v[nb == 1 ? 1 : i] = a[i].toInt();
+    else if (a[i].isBool()) v[nb == 1 ? 1 : i] = a[i].toBool();
+    else return ew_reason(kR_unsupported_args);
+  }
+  at::TensorOptions o;
+  if (!factory_args(a + nb, at::kLong, &o)) return ew_reason(kR_unsupported_args);
+  const at::ScalarType dt = o.dtype().toScalarType();
+  const int64_t start = v[0], end = v[1], step = v[2];
+  if ((dt != at::kLong && dt != at::kInt) || step == 0) return ew_reason(kR_unsupported_args);
+  const __int128 span = (__int128)end - start;
+  if (span > INT64_MAX || span <= INT64_MIN) return ew_reason(kR_unsupported_args);
+  const int64_t count = std::max<int64_t>(0, -floor_div(-(int64_t)span, step));
+  uint64_t bits[2] = {0, 0};
+  try {
+    bits[0] = bits_of(c10::Scalar(start), dt), bits[1] = bits_of(c10::Scalar(step), dt);
+    const __int128 last = (__int128)start + (__int128)(count ? count - 1 : 0) * step;
+    if (last > INT64_MAX || last < INT64_MIN) return ew_reason(kR_unsupported_args);
+    bits_of(c10::Scalar((int64_t)last), dt);
+  } catch (const std::exception&) {
+    return ew_reason(kR_unsupported_args);
+  }
+  at::Tensor out = at::empty({count}, o);
+  const at::Tensor ins[2];
+  if (int r = data_record(kOp_arange, out, ins, bits, 2, 0, 0, false, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
+
+// add / sub / mul (.Tensor / .Scalar, functional) on integer operands as _int_handlers._int_arith takes them: the
+// result dtype int64 / int32, CUDA tensors broadcast, numbers and CPU 0-d tensors (Python numbers at the dispatcher)
+// as integer constants, an integer alpha; add_int / mul_int in integer arithmetic (wrapping like torch).
+EwRecorded int_arith_record(uint32_t op, int64_t sign, const c10::IValue* a, size_t n, int64_t thr) {
+  if (n < 2) return ew_reason(kR_unsupported_args);
+  int64_t alpha = 1;
+  if (n > 2) {
+    if (a[2].isInt()) alpha = a[2].toInt();
+    else if (a[2].isBool()) alpha = a[2].toBool();
+    else return ew_reason(kR_unsupported_args);
+  }
+  at::ScalarType dt;
+  if (a[0].isTensor() && a[1].isTensor()) dt = at::result_type(a[0].toTensor(), a[1].toTensor());
+  else if (a[0].isTensor() && a[1].isScalar()) dt = at::result_type(a[0].toTensor(), a[1].toScalar());
+  else return ew_reason(kR_unsupported_args);
+  if (dt != at::kLong && dt != at::kInt) return ew_reason(kR_dtype);
+  at::Tensor ins[2];
+  uint64_t bits[2] = {0, 0};
+  const at::Tensor* first = nullptr;
+  std::vector<int64_t> shape;
+  for (int k = 0; k < 2; ++k) {
+    if (a[k].isTensor()) {
+      const at::Tensor& t = a[k].toTensor();
+      if (!t.defined()) return ew_reason(kR_unsupported_args);
+      if (t.is_cuda()) {
+        if (!plain_cuda_keys(t)) return ew_reason(kR_unsupported_args);
+        shape = first ? at::infer_size(shape, t.sizes()) : t.sizes().vec();
+        first = first ? first : &t;
+        ins[k] = t;
+        continue;
+      }
+      if (t.dim() != 0 || !t.device().is_cpu() || !at::isIntegralType(t.scalar_type(), true))
+        return ew_reason(kR_unsupported_args);
+      bits[k] = (uint64_t)t.item<int64_t>();  // a CPU 0-d tensor: read on the host, as the handler does
+    } else {
+      const c10::Scalar s = a[k].toScalar();
+      if (!s.isIntegral(true)) return ew_reason(kR_unsupported_args);
+      bits[k] = (uint64_t)(s.isBoolean() ? (int64_t)s.toBool() : s.toLong());
+    }
+  }
+  if (!first) return ew_reason(kR_not_cuda);
+  at::Tensor out = at::empty(shape, first->options().dtype(dt));
+  if (int r = data_record(op, out, ins, bits, 2, 0, sign * alpha, false, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
+
+}  // namespace
+
+bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack) {
+  const c10::OperatorName& name = op.operator_name();
+  if (name.overload_name != "Tensor" && name.overload_name != "Scalar") return false;
+  const bool add = name.name == "aten::add", sub = name.name == "aten::sub", mul = name.name == "aten::mul";
+  if (!add && !sub && !mul) return false;
+  const c10::IValue* a = stack->data() + (stack->size() - nargs);
+  if (!a[0].isTensor() || !a[0].toTensor().defined() || !plain_cuda_keys(a[0].toTensor())) return false;
+  if (at::isFloatingType(a[0].toTensor().scalar_type())) return false;  // a float result (refused for another reason)
+  py::gil_scoped_acquire gil;  // as cfront_try_native
+  EwRecorded r;
+  try {
+    c10::impl::ExcludeDispatchKeyGuard below(
+        c10::DispatchKeySet({kCfrontKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    r = int_arith_record(mul ? kOp_mul_int : kOp_add_int, sub ? -1 : 1, a, nargs, threshold);
+  } catch (const c10::Error&) {  // (shapes that do not broadcast, ...): the mode's handler decides
+    return false;
+  }
+  if (r.reason >= 0) return false;
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(std::move(r.out));
+  return true;
+}
+
+CfrontNative cfront_native_of(const c10::OperatorName& name) {
+  if (name.name == "aten::where") return name.overload_name == "self" ? CfrontNative::where : CfrontNative::none;
+  if (name.name == "aten::arange") return CfrontNative::arange;  // (each overload: arange_record tells them apart)
+  if (!name.overload_name.empty()) return CfrontNative::none;
+  if (name.name == "aten::scalar_tensor") return CfrontNative::scalar_tensor;
+  if (name.name == "aten::_scaled_dot_product_efficient_attention") return CfrontNative::attention;
+  if (name.name == "aten::mm" || name.name == "aten::bmm") return CfrontNative::mm;
+  if (name.name == "aten::addmm" || name.name == "aten::baddbmm") return CfrontNative::addmm;
+  if (name.name == "aten::_to_copy") return CfrontNative::to_copy;
+  if (name.name == "aten::clone") return CfrontNative::clone;
+  if (name.name == "aten::cat") return CfrontNative::cat;
+  return CfrontNative::none;
+}
+
+bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t reduce_op, int64_t threshold,
+                       size_t nargs, torch::jit::Stack* stack) {
+  const size_t base = stack->size() - nargs;
+  const c10::IValue* a = stack->data() + base;
+  const bool matmul = kind == CfrontNative::mm || kind == CfrontNative::addmm;
+  if (matmul && !worker_matmul_enabled()) return false;  // (cuBLAS: the handler counts it)
+  if (kind == CfrontNative::attention && !worker_attention_enabled()) return false;  // (as for matmuls)
+  size_t ntensors = 1;
+  if (kind == CfrontNative::addmm || kind == CfrontNative::attention) ntensors = 3;
+  else if (kind == CfrontNative::mm) ntensors = 2;
+  else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange) ntensors = 0;
+  if (nargs < (kind == CfrontNative::to_copy ? 7 : ntensors)) return false;
+  for (size_t i = 0; i < ntensors; ++i)
+    if (!a[i].isTensor() || !a[i].toTensor().defined() || !plain_cuda_keys(a[i].toTensor())) return false;
+  double alpha = 1.0, beta = 1.0;
+  at::ScalarType dt = at::kFloat;
+  if (kind == CfrontNative::addmm && (nargs < 5 || !cfront_number(a[3], &beta) || !cfront_number(a[4], &alpha))) return false;
+  if (kind == CfrontNative::to_copy && !cast_args(a, a[0].toTensor(), &dt)) return false;
+  bool keepdim = false;
+  if (kind == CfrontNative::reduce && !reduce_args(op.schema(), a, nargs, a[0].toTensor(), &keepdim)) return false;
+  at::MemoryFormat mf = at::MemoryFormat::Preserve;
+  if (kind == CfrontNative::clone && !clone_args(a, nargs, &mf)) return false;
+  double scale = 0.0;
+  if (kind == CfrontNative::attention && !attention_args(a, nargs, &scale)) return false;
+  // As try_record (cfront.cpp): the GIL, and the allocation below every mode and the front.
+  py::gil_scoped_acquire gil;
+  EwRecorded r;
+  std::vector<at::Tensor> extra;  // results after the first
+  try {
+    c10::impl::ExcludeDispatchKeyGuard below(
+        c10::DispatchKeySet({kCfrontKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    if (kind == CfrontNative::to_copy) {
+      EwIn in;
+      in.t = &a[0].toTensor();
+      r = ew_record(kOp_copy, 1, kModeFunctional, &in, nullptr, 0.f, 0.f, threshold, (int)dt);
+    } else if (kind == CfrontNative::clone) {
+      const at::Tensor& x = a[0].toTensor();
+      r = copy_into(x, at::empty_like(x, x.options(), mf), threshold);
+    } else if (kind == CfrontNative::cat) {
+      r = cat_record(a, nargs, threshold);
+    } else if (kind == CfrontNative::scalar_tensor) {
+      r = scalar_tensor_record(a, nargs, threshold);
+    } else if (kind == CfrontNative::where) {
+      r = where_record(a, nargs, threshold);
+    } else if (kind == CfrontNative::arange) {
+      r = arange_record(a, nargs, threshold);
+    } else if (kind == CfrontNative::attention) {
+      const at::Tensor mask = a[3].isTensor() ? a[3].toTensor() : at::Tensor();
+      r = attention_record(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), mask, a[6].toBool(),
+                           a[7].isNone() ? nullptr : &scale, false, nullptr);
+      if (r.reason < 0) {  // the op's other results, as the handler makes them: an empty log-sum-exp, no RNG state
+        const at::Tensor& q = a[0].toTensor();
+        extra = {at::empty({q.size(0), q.size(1), 0}, q.options().dtype(at::kFloat)),
+                 at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
+      }
+    } else if (kind == CfrontNative::reduce) {
+      r = reduce_record(reduce_op, a[0].toTensor(), keepdim, threshold);
+    } else if (kind == CfrontNative::mm) {
+      r = mm_record(a[0].toTensor(), a[1].toTensor(), nullptr, 1.0, 1.0);
+    } else {
+      r = mm_record(a[1].toTensor(), a[2].toTensor(), &a[0].toTensor(), alpha, beta);
+    }
+  } catch (const c10::Error&) {  // outside what GPUOS takes: the Python handler decides
+    return false;
+  }
+  if (r.reason >= 0) return false;
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(std::move(r.out));
+  for (at::Tensor& t : extra) stack->emplace_back(std::move(t));
+  return true;
+}
+
+}  // namespace gpuos
