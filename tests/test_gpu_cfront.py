@@ -287,6 +287,72 @@ def test_integer_arithmetic_is_recorded_by_the_front():
     assert c1["native"] - c0["native"] == 7, (c0, c1)
 
 
+def _inplace_inputs(dev):
+    g = torch.Generator(device=dev).manual_seed(0)
+    return {"cache": torch.zeros(1, 2, 16, 8, device=dev, dtype=torch.float16),
+            "kv": torch.randn(1, 2, 1, 8, device=dev, generator=g).half(),
+            "kv2": torch.randn(1, 2, 2, 8, device=dev, generator=g).half(),
+            "pos": torch.tensor([3], device=dev), "pos2": torch.tensor([9, 5], device=dev),
+            "p0": torch.tensor(12, device=dev), "n": torch.arange(4, device=dev),
+            "x": torch.randn(4, 32, device=dev, generator=g), "y": torch.randn(4, 32, device=dev, generator=g)}
+
+
+def _inplace_step(t):
+    """What a static-cache decode step writes in place: the KV cache (index_copy_ with a 1-d, a two-position and a
+    0-d index), positions (integer add_ / sub_ / mul_) and a float residual (add_ with alpha, mul_). Returns whether
+    each op returned self."""
+    c, n, x = t["cache"], t["n"], t["x"]
+    same = [c.index_copy_(2, t["pos"], t["kv"]) is c, c.index_copy_(2, t["pos2"], t["kv2"]) is c,
+            c.index_copy_(2, t["p0"], t["kv"]) is c]
+    same += [t["pos"].add_(1) is t["pos"], n.mul_(3) is n, n.sub_(t["pos"], alpha=2) is n]
+    same += [x.add_(t["y"], alpha=0.5) is x, x.mul_(2.0) is x]
+    return same
+
+
+def test_inplace_writes_are_recorded_by_the_front_with_version_counters():
+    """KV cache writes (index_copy_), integer position updates (add_ / sub_ / mul_) and float in-place elementwise
+    ops are recorded by the front itself (the front sits above ADInplaceOrView: cfront_inplace_done): counted native
+    (6) and recorded (2), every op returns self, values equal eager, and each written tensor's version counter moves
+    exactly as eager moves it."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ref, got = _inplace_inputs(dev), _inplace_inputs(dev)
+    v_ref = {k: t._version for k, t in ref.items()}
+    same_ref = _inplace_step(ref)
+    v_got = {k: t._version for k, t in got.items()}
+    same, c0, c1 = _counted(lambda: _inplace_step(got))
+    assert same == same_ref == [True] * 8
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=0, atol=0, msg=k)
+        assert got[k]._version - v_got[k] == ref[k]._version - v_ref[k], k
+    assert c1["native"] - c0["native"] == 6 and c1["recorded"] - c0["recorded"] >= 2, (c0, c1)
+
+
+def test_inplace_writes_the_front_must_not_take_go_to_the_mode():
+    """An inference tensor written outside inference mode raises eager's error (the front leaves it to the mode and
+    its kernels); inside inference mode it is recorded (no version counter to bump); a leaf that requires grad
+    raises autograd's error; an int32 index raises torch's -- with the scheduler exactly as without it."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with torch.inference_mode():
+        inf = torch.zeros(4, device=dev, dtype=torch.int64)
+    with gpuos.scheduler_context():
+        with pytest.raises(RuntimeError, match="inference tensor"):
+            inf.add_(1)
+    with torch.inference_mode(), gpuos.scheduler_context():
+        c0 = gpuos_ext.cfront_info()
+        inf.add_(2)
+        c1 = gpuos_ext.cfront_info()
+    assert c1["native"] - c0["native"] == 1, (c0, c1)
+    assert inf.tolist() == [3, 3, 3, 3]  # eager's first add_ wrote before it raised, as without the scheduler
+    w = torch.zeros(4, device=dev, requires_grad=True)
+    cache = torch.zeros(1, 2, 8, 4, device=dev)
+    with gpuos.scheduler_context():
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            w.add_(1.0)
+        with pytest.raises(RuntimeError, match="long tensor for index"):
+            cache.index_copy_(2, torch.tensor([1], device=dev, dtype=torch.int32), torch.ones(1, 2, 1, 4, device=dev))
+    assert torch.equal(w.detach(), torch.zeros(4, device=dev)) and not cache.any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_native_efficient_attention_is_recorded_by_the_front(dtype):
     """The efficient SDPA backend op (what F.scaled_dot_product_attention with a float mask runs: HF's sdpa path) at

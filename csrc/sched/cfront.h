@@ -47,9 +47,12 @@ pybind11::dict cfront_times();
 
 // cfront_native.cpp. The ops the front records itself (the Python handler only reads arguments and calls the record
 // path's C++ core); set with cfront_set_native (the overloads no registered op took).
-enum class CfrontNative : uint8_t { none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce };
+enum class CfrontNative : uint8_t {
+  none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce,
+  index_copy,  // in place (the rest are functional)
+};
 CfrontNative cfront_native_of(const c10::OperatorName& name);
-// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange and efficient SDPA; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
+// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA and index_copy_; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
 // amin, _softmax, _log_softmax).
 void cfront_set_native(const std::vector<PyObject*>& overloads,
                        const std::vector<std::pair<PyObject*, uint32_t>>& reductions);
@@ -57,10 +60,16 @@ void cfront_set_native(const std::vector<PyObject*>& overloads,
 // reduction's op id (kind reduce).
 bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t reduce_op, int64_t threshold,
                        size_t nargs, torch::jit::Stack* stack);
-// A functional add / sub / mul (.Tensor / .Scalar) the fast record refused, on integer operands: recorded as the
-// worker's integer arithmetic (the mode's integer retry, _int_handlers._int_arith, without Python); true: its output
-// replaced the arguments.
+// An add / sub / mul (.Tensor / .Scalar; functional or in place) the fast record refused, on integer operands:
+// recorded as the worker's integer arithmetic (the mode's integer retry, _int_handlers._int_arith, without Python);
+// true: its output (in place: self) replaced the arguments.
 bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack);
+// In place from the front, which sits above ADInplaceOrView: it must do that kernel's part. cfront_inplace_ok: self
+// may be written here (an inference tensor only inside inference mode; outside it eager raises, so the mode's path
+// decides). cfront_inplace_done, once the write is recorded: self's version counter bumped as ADInplaceOrView bumps
+// it, and the nargs arguments on the stack replaced by self (the op's return).
+bool cfront_inplace_ok(const at::Tensor& self);
+void cfront_inplace_done(size_t nargs, torch::jit::Stack* stack);
 
 // cfront_call.cpp. Whether an op's schema aliases nothing (no view, in place or out= argument or return).
 bool functional_schema(const c10::FunctionSchema& s);

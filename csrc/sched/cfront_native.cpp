@@ -2,10 +2,12 @@
 // reads its arguments and calls the record path's C++ core -- the worker matmuls (mm / bmm / addmm / baddbmm:
 // gpuos/_decode_handlers.py matmul_handlers -> sched_matmul), floating casts, copies and joins (_to_copy, clone,
 // cat: cast_handlers / _data_handlers._clone -> sched_cast), the mask builders' data ops (scalar_tensor, where.self,
-// arange: _data_handlers -> sched_data), efficient SDPA (_attention.py -> sched_attention) and last-dim reductions (gpuos/scheduler.py _reduce_handler -> sched_reduce) -- recorded from the
-// dispatcher's stack without the Python handler. Whatever they refuse goes on to
+// arange: _data_handlers -> sched_data), efficient SDPA (_attention.py -> sched_attention), last-dim reductions
+// (gpuos/scheduler.py _reduce_handler -> sched_reduce) and, in place, KV cache writes (index_copy_: _data_handlers ->
+// sched_data) -- recorded from the dispatcher's stack without the Python handler. Whatever they refuse goes on to
 // that handler (a direct call), which decides and counts the fallback exactly as before.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
 
 #include "ops/op_table.h"
 #include "sched/cfront.h"
@@ -221,10 +223,11 @@ EwRecorded arange_record(const c10::IValue* a, size_t n, int64_t thr) {
   return EwRecorded{std::move(out), -1, false};
 }
 
-// add / sub / mul (.Tensor / .Scalar, functional) on integer operands as _int_handlers._int_arith takes them: the
-// result dtype int64 / int32, CUDA tensors broadcast, numbers and CPU 0-d tensors (Python numbers at the dispatcher)
-// as integer constants, an integer alpha; add_int / mul_int in integer arithmetic (wrapping like torch).
-EwRecorded int_arith_record(uint32_t op, int64_t sign, const c10::IValue* a, size_t n, int64_t thr) {
+// add / sub / mul (.Tensor / .Scalar; functional, or in place: add_ / sub_ / mul_) on integer operands as
+// _int_handlers._int_arith takes them: the result dtype int64 / int32, CUDA tensors broadcast, numbers and CPU 0-d
+// tensors (Python numbers at the dispatcher) as integer constants, an integer alpha; add_int / mul_int in integer
+// arithmetic (wrapping like torch). In place: the result is self, which must have the result's dtype and shape.
+EwRecorded int_arith_record(uint32_t op, int64_t sign, bool inplace, const c10::IValue* a, size_t n, int64_t thr) {
   if (n < 2) return ew_reason(kR_unsupported_args);
   int64_t alpha = 1;
   if (n > 2) {
@@ -262,9 +265,35 @@ EwRecorded int_arith_record(uint32_t op, int64_t sign, const c10::IValue* a, siz
     }
   }
   if (!first) return ew_reason(kR_not_cuda);
-  at::Tensor out = at::empty(shape, first->options().dtype(dt));
-  if (int r = data_record(op, out, ins, bits, 2, 0, sign * alpha, false, true, thr)) return ew_reason(r);
-  return EwRecorded{std::move(out), -1, false};
+  if (inplace && (!ins[0].defined() || ins[0].scalar_type() != dt || ins[0].sizes() != at::IntArrayRef(shape)))
+    return ew_reason(kR_unsupported_args);  // (eager casts or raises)
+  at::Tensor out = inplace ? ins[0] : at::empty(shape, first->options().dtype(dt));
+  if (int r = data_record(op, out, ins, bits, 2, 0, sign * alpha, false, !inplace, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, inplace};
+}
+
+// index_copy_(self, dim, index, source) as _data_handlers._index_copy_ takes it (a KV cache write): self[..., index[i],
+// ...] = source[..., i, ...] along dim, index int64 of one dim (or 0-d: one position), source of self's rank and
+// exactly the written shape (torch's rules); the worker's scatter, self written in place.
+EwRecorded index_copy_record(const c10::IValue* a, size_t n, int64_t thr) {
+  if (n != 4 || !a[1].isInt() || !a[2].isTensor() || !a[3].isTensor()) return ew_reason(kR_unsupported_args);
+  const at::Tensor &self = a[0].toTensor(), &idx = a[2].toTensor();
+  const at::Tensor& src = a[3].toTensor();
+  if (!idx.defined() || !src.defined() || !plain_cuda_keys(idx) || !plain_cuda_keys(src))
+    return ew_reason(kR_unsupported_args);
+  int64_t dim = a[1].toInt();
+  const int64_t nd = self.dim();
+  if (nd == 0 || dim < -nd || dim >= nd || idx.dim() > 1 || idx.scalar_type() != at::kLong)
+    return ew_reason(kR_unsupported_args);
+  dim = (dim + nd) % nd;
+  const at::Tensor idx1 = idx.dim() == 0 ? idx.reshape({1}) : idx;
+  std::vector<int64_t> target = self.sizes().vec();
+  target[dim] = idx1.size(0);
+  if (src.sizes() != at::IntArrayRef(target)) return ew_reason(kR_unsupported_args);  // (eager raises torch's error)
+  const at::Tensor ins[2] = {src, idx1};
+  const uint64_t bits[2] = {0, 0};
+  if (int r = data_record(kOp_scatter, self, ins, bits, 2, dim, 0, false, false, thr)) return ew_reason(r);
+  return EwRecorded{self, -1, true};
 }
 
 }  // namespace
@@ -272,24 +301,38 @@ EwRecorded int_arith_record(uint32_t op, int64_t sign, const c10::IValue* a, siz
 bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
   if (name.overload_name != "Tensor" && name.overload_name != "Scalar") return false;
-  const bool add = name.name == "aten::add", sub = name.name == "aten::sub", mul = name.name == "aten::mul";
+  const std::string& base = name.name;
+  const bool inplace = !base.empty() && base.back() == '_';
+  const std::string fn = inplace ? base.substr(0, base.size() - 1) : base;
+  const bool add = fn == "aten::add", sub = fn == "aten::sub", mul = fn == "aten::mul";
   if (!add && !sub && !mul) return false;
   const c10::IValue* a = stack->data() + (stack->size() - nargs);
   if (!a[0].isTensor() || !a[0].toTensor().defined() || !plain_cuda_keys(a[0].toTensor())) return false;
+  if (inplace && !cfront_inplace_ok(a[0].toTensor())) return false;
   if (at::isFloatingType(a[0].toTensor().scalar_type())) return false;  // a float result (refused for another reason)
   py::gil_scoped_acquire gil;  // as cfront_try_native
   EwRecorded r;
   try {
     c10::impl::ExcludeDispatchKeyGuard below(
         c10::DispatchKeySet({kCfrontKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    r = int_arith_record(mul ? kOp_mul_int : kOp_add_int, sub ? -1 : 1, a, nargs, threshold);
+    r = int_arith_record(mul ? kOp_mul_int : kOp_add_int, sub ? -1 : 1, inplace, a, nargs, threshold);
   } catch (const c10::Error&) {  // (shapes that do not broadcast, ...): the mode's handler decides
     return false;
   }
   if (r.reason >= 0) return false;
+  if (inplace) return cfront_inplace_done(nargs, stack), true;
   torch::jit::drop(*stack, nargs);
   stack->emplace_back(std::move(r.out));
   return true;
+}
+
+bool cfront_inplace_ok(const at::Tensor& self) { return !self.is_inference() || c10::InferenceMode::is_enabled(); }
+
+void cfront_inplace_done(size_t nargs, torch::jit::Stack* stack) {
+  c10::IValue self = std::move((*stack)[stack->size() - nargs]);
+  if (!self.toTensor().is_inference()) self.toTensor().unsafeGetTensorImpl()->bump_version();
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(std::move(self));
 }
 
 CfrontNative cfront_native_of(const c10::OperatorName& name) {
@@ -303,6 +346,7 @@ CfrontNative cfront_native_of(const c10::OperatorName& name) {
   if (name.name == "aten::_to_copy") return CfrontNative::to_copy;
   if (name.name == "aten::clone") return CfrontNative::clone;
   if (name.name == "aten::cat") return CfrontNative::cat;
+  if (name.name == "aten::index_copy_") return CfrontNative::index_copy;
   return CfrontNative::none;
 }
 
@@ -317,6 +361,8 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   if (kind == CfrontNative::addmm || kind == CfrontNative::attention) ntensors = 3;
   else if (kind == CfrontNative::mm) ntensors = 2;
   else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange) ntensors = 0;
+  if (kind == CfrontNative::index_copy && !(nargs > 0 && a[0].isTensor() && cfront_inplace_ok(a[0].toTensor())))
+    return false;
   if (nargs < (kind == CfrontNative::to_copy ? 7 : ntensors)) return false;
   for (size_t i = 0; i < ntensors; ++i)
     if (!a[i].isTensor() || !a[i].toTensor().defined() || !plain_cuda_keys(a[i].toTensor())) return false;
@@ -363,6 +409,8 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
       }
     } else if (kind == CfrontNative::reduce) {
       r = reduce_record(reduce_op, a[0].toTensor(), keepdim, threshold);
+    } else if (kind == CfrontNative::index_copy) {
+      r = index_copy_record(a, nargs, threshold);
     } else if (kind == CfrontNative::mm) {
       r = mm_record(a[0].toTensor(), a[1].toTensor(), nullptr, 1.0, 1.0);
     } else {
@@ -372,6 +420,7 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
     return false;
   }
   if (r.reason >= 0) return false;
+  if (kind == CfrontNative::index_copy) return cfront_inplace_done(nargs, stack), true;
   torch::jit::drop(*stack, nargs);
   stack->emplace_back(std::move(r.out));
   for (at::Tensor& t : extra) stack->emplace_back(std::move(t));
