@@ -287,6 +287,34 @@ def test_integer_arithmetic_is_recorded_by_the_front():
     assert c1["native"] - c0["native"] == 7, (c0, c1)
 
 
+def test_native_comparisons_embedding_and_integer_casts_are_recorded_by_the_front():
+    """What HF's mask and input code issues per step beside the matmuls -- comparisons (le.Tensor of positions, a
+    float tensor against a number rounded to its dtype, a CPU 0-d operand), embedding, and casts with an integer side
+    (int64 -> int32 / fp16, bool -> int64, fp16 -> int64 truncating) -- are recorded by the front itself: counted
+    native, values, dtypes and shapes equal eager; an integer tensor against a float number (a float compare) and a
+    cast to bool go on to their handlers."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(0)
+    pos, cache_pos = torch.arange(6, device=dev), torch.tensor([3, 4], device=dev)
+    x16 = torch.randn(4, 8, device=dev, generator=g).half()
+    w = torch.randn(32, 16, device=dev, generator=g).half()
+    ids = torch.tensor([[1, 5, 31]], device=dev)
+
+    def step():
+        return (pos[None, :] <= cache_pos[:, None], x16 > 0.1, pos == torch.tensor(2), pos.ne(3), F.embedding(ids, w),
+                pos.to(torch.int32), pos.to(torch.float16), (pos > 2).to(torch.int64), (x16 * 10).to(torch.int64),
+                pos.lt(2.5), pos.to(torch.bool))
+
+    ref = step()
+    out, c0, c1 = _counted(step)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype and o.device == r.device, (o, r)
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
+    # le, gt, eq, ne, embedding, 4 casts, the second gt; the float compare and the cast to bool: direct calls
+    assert c1["native"] - c0["native"] == 10, (c0, c1)
+    assert c1["direct"] - c0["direct"] >= 2, (c0, c1)
+
+
 def _inplace_inputs(dev):
     g = torch.Generator(device=dev).manual_seed(0)
     return {"cache": torch.zeros(1, 2, 16, 8, device=dev, dtype=torch.float16),

@@ -69,7 +69,7 @@ struct OpKind {
   bool composite = false;  // a CompositeImplicitAutograd kernel: its parts must come back through the front
   bool inplace = false;    // an in-place native (index_copy_): recorded by the front, or handed on
   CfrontNative native = CfrontNative::none;  // recorded by the front itself first (then direct)
-  uint32_t reduce_op = 0;                     // (native reduce: the row's op id)
+  uint32_t code = 0;                          // (native reduce: the row's op id; compare: its rule)
   FastEntry entry;
 };
 const OpKind& kind_of(const c10::OperatorHandle& op) {
@@ -92,12 +92,15 @@ const OpKind& kind_of(const c10::OperatorHandle& op) {
     if (f != tables->fast.end()) it->second.fast = true, it->second.entry = f->second;
     else if (tables->nodata.count(name)) it->second.nodata = !composite;
     else it->second.direct = !composite && functional_schema(op.schema());
-    if (it->second.direct && tables->native.count(name)) it->second.native = cfront_native_of(name);
+    if (it->second.direct && tables->native.count(name)) {
+      it->second.native = cfront_native_of(name);
+      if (it->second.native == CfrontNative::compare) it->second.code = (uint32_t)cfront_compare_rule(name);
+    }
     if (!composite && !it->second.direct && tables->native.count(name) &&
         cfront_native_of(name) == CfrontNative::index_copy)
       it->second.inplace = true, it->second.native = CfrontNative::index_copy;
     if (auto r = tables->reductions.find(name); it->second.direct && r != tables->reductions.end())
-      it->second.native = CfrontNative::reduce, it->second.reduce_op = r->second;
+      it->second.native = CfrontNative::reduce, it->second.code = r->second;
   }
   return it->second;
 }
@@ -298,7 +301,7 @@ void front(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::St
     return pass_on(op, k, below, stack);
   }
   if (k.direct) {
-    if (k.native != CfrontNative::none && cfront_try_native(op, k.native, k.reduce_op, f.threshold, nargs, stack)) {
+    if (k.native != CfrontNative::none && cfront_try_native(op, k.native, k.code, f.threshold, nargs, stack)) {
       g_native.fetch_add(1, std::memory_order_relaxed);
       cat = kCatNative;
       return;

@@ -8,7 +8,11 @@
 // that handler (a direct call), which decides and counts the fallback exactly as before.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/bit_cast.h>
 
+#include <cmath>
+
+#include "device_src/dataops.h"
 #include "ops/op_table.h"
 #include "sched/cfront.h"
 #include "sched/deferred.h"
@@ -22,16 +26,115 @@ namespace gpuos {
 namespace {
 
 // _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None)
-// as the Python handler takes it: a cast on the same device, nothing else asked; between the worker's float dtypes
-// only (the integer casts have their own handler).
-bool cast_args(const c10::IValue* a, const at::Tensor& x, at::ScalarType* dt) {
+// as the Python handlers take it: a cast on the same device, nothing else asked; between the worker's float dtypes
+// (cast_handlers -> sched_cast: op copy), or with an integer side (_int_handlers.int_cast: add_int(x, 0), a
+// contiguous result) -- *integer says which; bool -> bool and casts to bool: the handler.
+bool cast_args(const c10::IValue* a, const at::Tensor& x, at::ScalarType* dt, bool* integer) {
   *dt = a[1].isNone() ? x.scalar_type() : (at::ScalarType)a[1].toInt();
   if (!a[2].isNone() && (c10::Layout)a[2].toInt() != c10::kStrided) return false;
   if (!a[3].isNone() && a[3].toDevice() != x.device()) return false;
   if (!a[4].isNone() && a[4].toBool()) return false;
   if (a[5].toBool()) return false;
   if (!a[6].isNone() && (c10::MemoryFormat)a[6].toInt() != c10::MemoryFormat::Preserve) return false;
-  return dtype_code(x.scalar_type()) >= 0 && dtype_code(*dt) >= 0;  // (as sched_cast; other dtypes: the handler)
+  const at::ScalarType from = x.scalar_type();
+  *integer = false;
+  if (dtype_code(from) >= 0 && dtype_code(*dt) >= 0) return true;
+  const auto is_int = [](at::ScalarType t) { return t == at::kLong || t == at::kInt; };
+  const bool from_int = is_int(from) || from == at::kBool;
+  *integer = (is_int(*dt) && (from_int || dtype_code(from) >= 0)) || (dtype_code(*dt) >= 0 && from_int);
+  return *integer;
+}
+
+// A number operand of a binary op: a Scalar on the stack, or a CPU 0-d tensor (a Python number at the dispatcher, or
+// a real one: read on the host, as _data_handlers._scalar_value reads it).
+bool number_of(const c10::IValue& v, c10::Scalar* s) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || t.dim() != 0 || !t.device().is_cpu() || t.is_complex()) return false;
+    *s = t.item();
+    return true;
+  }
+  if (!v.isScalar()) return false;
+  *s = v.toScalar();
+  return !s->isComplex();
+}
+
+// The operands of a binary data op (a[0], a[1]) as the integer and compare handlers take them: each CUDA tensor
+// (plain) into ins[k], their broadcast shape into *shape and the first of them into *first; each other operand a
+// number (number_of) whose constant bits bits_of_number(value, &bits[k]) gives, or refuses with a reason. Returns a
+// reason, or -1 (kR_not_cuda: no CUDA tensor).
+template <class Bits>
+int binary_operands(const c10::IValue* a, at::Tensor* ins, uint64_t* bits, std::vector<int64_t>* shape,
+                    const at::Tensor** first, Bits bits_of_number) {
+  for (int k = 0; k < 2; ++k) {
+    if (a[k].isTensor() && a[k].toTensor().defined() && a[k].toTensor().is_cuda()) {
+      const at::Tensor& t = a[k].toTensor();
+      if (!plain_cuda_keys(t)) return kR_unsupported_args;
+      *shape = *first ? at::infer_size(*shape, t.sizes()) : t.sizes().vec();
+      *first = *first ? *first : &t;
+      ins[k] = t;
+      continue;
+    }
+    c10::Scalar v;
+    if (!number_of(a[k], &v)) return kR_unsupported_args;
+    if (int r = bits_of_number(k, v, &bits[k]); r >= 0) return r;
+  }
+  return *first ? -1 : kR_not_cuda;
+}
+
+// lt / le / gt / ge / eq / ne (.Tensor / .Scalar) as _int_handlers._compare takes them: a bool mask of the CUDA
+// operands' broadcast shape; integer operands compared as int64 (integer constants), float operands of the result's
+// dtype (fp32 / fp16 / bf16; a number rounded to that dtype first, as torch rounds it) in fp32.
+EwRecorded compare_record(uint32_t rule, const c10::IValue* a, size_t n, int64_t thr) {
+  if (n != 2) return ew_reason(kR_unsupported_args);
+  at::ScalarType dt;
+  c10::Scalar s1;
+  if (a[0].isTensor() && a[1].isTensor()) dt = at::result_type(a[0].toTensor(), a[1].toTensor());
+  else if (a[0].isTensor() && number_of(a[1], &s1)) dt = at::result_type(a[0].toTensor(), s1);
+  else return ew_reason(kR_unsupported_args);
+  const bool fl = at::isFloatingType(dt);
+  if (fl && dtype_code(dt) < 0) return ew_reason(kR_dtype);
+  for (int k = 0; k < 2; ++k)
+    if (fl && a[k].isTensor() && a[k].toTensor().defined() && a[k].toTensor().is_cuda() &&
+        a[k].toTensor().scalar_type() != dt)
+      return ew_reason(kR_dtype);
+  at::Tensor ins[2];
+  uint64_t bits[2] = {0, 0};
+  const at::Tensor* first = nullptr;
+  std::vector<int64_t> shape;
+  const int why = binary_operands(a, ins, bits, &shape, &first, [&](int, const c10::Scalar& v, uint64_t* b) {
+    if (fl) {  // rounded to the tensor's dtype first, then compared in fp32
+      const float f = (float)(v.isBoolean() ? (double)v.toBool() : v.isIntegral(false) ? (double)v.toLong()
+                                                                                         : v.toDouble());
+      *b = c10::bit_cast<uint32_t>(dt == at::kHalf ? (float)c10::Half(f) : dt == at::kBFloat16 ? (float)c10::BFloat16(f) : f);
+    } else if (v.isFloatingPoint()) {
+      const double d = v.toDouble();
+      if (!std::isfinite(d) || d != std::trunc(d)) return (int)kR_dtype;
+      *b = (uint64_t)(int64_t)d;
+    } else {
+      *b = (uint64_t)(v.isBoolean() ? (int64_t)v.toBool() : v.toLong());
+    }
+    return -1;
+  });
+  if (why >= 0) return ew_reason(why);
+  at::Tensor out = at::empty(shape, first->options().dtype(at::kBool));
+  if (int r = data_record(kOp_cmp, out, ins, bits, 2, 0, rule | (fl ? kCmpFloat : 0), false, true, thr))
+    return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
+
+// embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False) as _data_handlers._embedding:
+// a row gather of a 2-D weight (the other arguments change only the backward).
+EwRecorded embedding_record(const c10::IValue* a, size_t n, int64_t thr) {
+  const at::Tensor &w = a[0].toTensor(), &idx = a[1].toTensor();
+  if (n < 2 || w.dim() != 2) return ew_reason(kR_unsupported_args);
+  std::vector<int64_t> shape = idx.sizes().vec();
+  shape.push_back(w.size(1));
+  at::Tensor out = at::empty(shape, w.options());
+  const at::Tensor ins[2] = {w, idx};
+  const uint64_t bits[2] = {0, 0};
+  if (int r = data_record(kOp_gather, out, ins, bits, 2, 0, 0, false, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
 }
 
 // A last-dim reduction as gpuos/scheduler.py's _reduce_handler takes it: `dim` one int (or a list of one) naming the
@@ -244,27 +347,12 @@ EwRecorded int_arith_record(uint32_t op, int64_t sign, bool inplace, const c10::
   uint64_t bits[2] = {0, 0};
   const at::Tensor* first = nullptr;
   std::vector<int64_t> shape;
-  for (int k = 0; k < 2; ++k) {
-    if (a[k].isTensor()) {
-      const at::Tensor& t = a[k].toTensor();
-      if (!t.defined()) return ew_reason(kR_unsupported_args);
-      if (t.is_cuda()) {
-        if (!plain_cuda_keys(t)) return ew_reason(kR_unsupported_args);
-        shape = first ? at::infer_size(shape, t.sizes()) : t.sizes().vec();
-        first = first ? first : &t;
-        ins[k] = t;
-        continue;
-      }
-      if (t.dim() != 0 || !t.device().is_cpu() || !at::isIntegralType(t.scalar_type(), true))
-        return ew_reason(kR_unsupported_args);
-      bits[k] = (uint64_t)t.item<int64_t>();  // a CPU 0-d tensor: read on the host, as the handler does
-    } else {
-      const c10::Scalar s = a[k].toScalar();
-      if (!s.isIntegral(true)) return ew_reason(kR_unsupported_args);
-      bits[k] = (uint64_t)(s.isBoolean() ? (int64_t)s.toBool() : s.toLong());
-    }
-  }
-  if (!first) return ew_reason(kR_not_cuda);
+  const int why = binary_operands(a, ins, bits, &shape, &first, [](int, const c10::Scalar& v, uint64_t* b) {
+    if (!v.isIntegral(true)) return (int)kR_unsupported_args;  // (an integer constant only)
+    *b = (uint64_t)(v.isBoolean() ? (int64_t)v.toBool() : v.toLong());
+    return -1;
+  });
+  if (why >= 0) return ew_reason(why);
   if (inplace && (!ins[0].defined() || ins[0].scalar_type() != dt || ins[0].sizes() != at::IntArrayRef(shape)))
     return ew_reason(kR_unsupported_args);  // (eager casts or raises)
   at::Tensor out = inplace ? ins[0] : at::empty(shape, first->options().dtype(dt));
@@ -336,6 +424,7 @@ void cfront_inplace_done(size_t nargs, torch::jit::Stack* stack) {
 }
 
 CfrontNative cfront_native_of(const c10::OperatorName& name) {
+  if (cfront_compare_rule(name) >= 0) return CfrontNative::compare;
   if (name.name == "aten::where") return name.overload_name == "self" ? CfrontNative::where : CfrontNative::none;
   if (name.name == "aten::arange") return CfrontNative::arange;  // (each overload: arange_record tells them apart)
   if (!name.overload_name.empty()) return CfrontNative::none;
@@ -347,10 +436,21 @@ CfrontNative cfront_native_of(const c10::OperatorName& name) {
   if (name.name == "aten::clone") return CfrontNative::clone;
   if (name.name == "aten::cat") return CfrontNative::cat;
   if (name.name == "aten::index_copy_") return CfrontNative::index_copy;
+  if (name.name == "aten::embedding") return CfrontNative::embedding;
   return CfrontNative::none;
 }
 
-bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t reduce_op, int64_t threshold,
+int cfront_compare_rule(const c10::OperatorName& name) {
+  if (name.overload_name != "Tensor" && name.overload_name != "Scalar") return -1;
+  static const std::pair<const char*, CmpOp> rules[] = {{"aten::lt", kCmpLt}, {"aten::le", kCmpLe},
+                                                        {"aten::gt", kCmpGt}, {"aten::ge", kCmpGe},
+                                                        {"aten::eq", kCmpEq}, {"aten::ne", kCmpNe}};
+  for (const auto& [n, rule] : rules)
+    if (name.name == n) return (int)rule;
+  return -1;
+}
+
+bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t code, int64_t threshold,
                        size_t nargs, torch::jit::Stack* stack) {
   const size_t base = stack->size() - nargs;
   const c10::IValue* a = stack->data() + base;
@@ -359,8 +459,10 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   if (kind == CfrontNative::attention && !worker_attention_enabled()) return false;  // (as for matmuls)
   size_t ntensors = 1;
   if (kind == CfrontNative::addmm || kind == CfrontNative::attention) ntensors = 3;
-  else if (kind == CfrontNative::mm) ntensors = 2;
-  else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange) ntensors = 0;
+  else if (kind == CfrontNative::mm || kind == CfrontNative::embedding) ntensors = 2;
+  else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange ||
+           kind == CfrontNative::compare)
+    ntensors = 0;
   if (kind == CfrontNative::index_copy && !(nargs > 0 && a[0].isTensor() && cfront_inplace_ok(a[0].toTensor())))
     return false;
   if (nargs < (kind == CfrontNative::to_copy ? 7 : ntensors)) return false;
@@ -369,7 +471,8 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   double alpha = 1.0, beta = 1.0;
   at::ScalarType dt = at::kFloat;
   if (kind == CfrontNative::addmm && (nargs < 5 || !cfront_number(a[3], &beta) || !cfront_number(a[4], &alpha))) return false;
-  if (kind == CfrontNative::to_copy && !cast_args(a, a[0].toTensor(), &dt)) return false;
+  bool integer = false;
+  if (kind == CfrontNative::to_copy && !cast_args(a, a[0].toTensor(), &dt, &integer)) return false;
   bool keepdim = false;
   if (kind == CfrontNative::reduce && !reduce_args(op.schema(), a, nargs, a[0].toTensor(), &keepdim)) return false;
   at::MemoryFormat mf = at::MemoryFormat::Preserve;
@@ -383,10 +486,21 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   try {
     c10::impl::ExcludeDispatchKeyGuard below(
         c10::DispatchKeySet({kCfrontKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    if (kind == CfrontNative::to_copy) {
+    if (kind == CfrontNative::to_copy && integer) {
+      const at::Tensor& x = a[0].toTensor();
+      const at::Tensor ins[2] = {x, at::Tensor()};
+      const uint64_t bits[2] = {0, 0};
+      at::Tensor out = at::empty_like(x, x.options().dtype(dt), at::MemoryFormat::Contiguous);
+      const int why = data_record(kOp_add_int, out, ins, bits, 2, 0, 0, false, true, threshold);
+      r = why ? ew_reason(why) : EwRecorded{std::move(out), -1, false};
+    } else if (kind == CfrontNative::to_copy) {
       EwIn in;
       in.t = &a[0].toTensor();
       r = ew_record(kOp_copy, 1, kModeFunctional, &in, nullptr, 0.f, 0.f, threshold, (int)dt);
+    } else if (kind == CfrontNative::compare) {
+      r = compare_record(code, a, nargs, threshold);
+    } else if (kind == CfrontNative::embedding) {
+      r = embedding_record(a, nargs, threshold);
     } else if (kind == CfrontNative::clone) {
       const at::Tensor& x = a[0].toTensor();
       r = copy_into(x, at::empty_like(x, x.options(), mf), threshold);
@@ -408,7 +522,7 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
                  at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
       }
     } else if (kind == CfrontNative::reduce) {
-      r = reduce_record(reduce_op, a[0].toTensor(), keepdim, threshold);
+      r = reduce_record(code, a[0].toTensor(), keepdim, threshold);
     } else if (kind == CfrontNative::index_copy) {
       r = index_copy_record(a, nargs, threshold);
     } else if (kind == CfrontNative::mm) {
