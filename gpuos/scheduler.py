@@ -37,15 +37,16 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
             aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
 _HEAVY = _handler_base.HEAVY
 # What the dispatcher front records itself, from C++ (csrc/sched/cfront_native.cpp), unless a registered op took the
-# overload: the worker matmuls, casts, clones, joins, the mask builders' data ops (comparisons among them), embedding
-# and KV cache writes (index_copy_, in place: the front bumps the version counter as ADInplaceOrView would), whose
+# overload: the worker matmuls, casts, clones, joins, the mask builders' data ops (comparisons, fills among them),
+# embedding, layer norm and KV cache writes (index_copy_, in place: the front bumps the version counter as ADInplaceOrView would), whose
 # handlers here (gpuos/_decode_handlers.py, _data_handlers.py, _int_handlers.py) only read their arguments and call
 # the record path; anything it refuses still goes to them.
 _CFRONT_NATIVE = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten._to_copy.default,
                   aten.clone.default, aten.cat.default, aten.scalar_tensor.default, aten.where.self,
                   aten.arange.default, aten.arange.start, aten.arange.start_step,
                   aten._scaled_dot_product_efficient_attention.default, aten.index_copy_.default,
-                  aten.embedding.default) + tuple(getattr(getattr(aten, c), ov)
+                  aten.embedding.default, aten.native_layer_norm.default, aten.zeros.default, aten.ones.default,
+                  aten.full.default) + tuple(getattr(getattr(aten, c), ov)
                                                   for c in ("lt", "le", "gt", "ge", "eq", "ne") for ov in ("Tensor", "Scalar"))
 # Torch callables that only make views of their first argument (never a copy, no data read): the front runs them
 # below the dispatch modes when that argument is a plain CUDA tensor, no other argument holds a tensor and a

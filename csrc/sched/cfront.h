@@ -51,14 +51,14 @@ pybind11::dict cfront_times();
 // path's C++ core); set with cfront_set_native (the overloads no registered op took).
 enum class CfrontNative : uint8_t {
   none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce,
-  compare, embedding,
+  compare, embedding, layer_norm, full,
   index_copy,  // in place (the rest are functional)
 };
 CfrontNative cfront_native_of(const c10::OperatorName& name);
 // The compare rule (device_src/dataops.h CmpOp) of lt / le / gt / ge / eq / ne .Tensor / .Scalar; -1 for any other.
 int cfront_compare_rule(const c10::OperatorName& name);
-// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA, comparisons, embedding
-// and index_copy_; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
+// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA, comparisons, embedding,
+// native_layer_norm, zeros / ones / full and index_copy_; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
 // amin, _softmax, _log_softmax).
 void cfront_set_native(const std::vector<PyObject*>& overloads,
                        const std::vector<std::pair<PyObject*, uint32_t>>& reductions);

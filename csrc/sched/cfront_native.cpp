@@ -239,6 +239,20 @@ bool scalar_of(const c10::IValue& v, c10::Scalar* s) {
   return true;
 }
 
+// A fresh tensor of `shape` filled with v, as _data_handlers._fill_new makes it: the fill data op.
+EwRecorded fill_new(const c10::Scalar& v, at::IntArrayRef shape, const at::TensorOptions& o, int64_t thr) {
+  uint64_t b = 0;
+  try {
+    b = bits_of(v, o.dtype().toScalarType());
+  } catch (const std::exception&) {  // overflow / not an integer: the handler's reason
+    return ew_reason(kR_unsupported_args);
+  }
+  at::Tensor out = at::empty(shape, o);
+  const at::Tensor none;
+  if (int r = data_record(kOp_fill, out, &none, &b, 1, 0, 0, false, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
+
 // scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None) as _data_handlers._scalar_tensor: a
 // fill of a fresh 0-d tensor (the default dtype when none is given). torch.where(cond, number, number) makes two.
 EwRecorded scalar_tensor_record(const c10::IValue* a, size_t n, int64_t thr) {
@@ -246,16 +260,72 @@ EwRecorded scalar_tensor_record(const c10::IValue* a, size_t n, int64_t thr) {
   at::TensorOptions o;
   if (n != 5 || !scalar_of(a[0], &v) || !factory_args(a + 1, c10::get_default_dtype_as_scalartype(), &o))
     return ew_reason(kR_unsupported_args);
-  uint64_t b = 0;
-  try {
-    b = bits_of(v, o.dtype().toScalarType());
-  } catch (const std::exception&) {  // overflow / not an integer: the handler's reason
-    return ew_reason(kR_unsupported_args);
+  return fill_new(v, {}, o, thr);
+}
+
+// zeros / ones (size, *, dtype=None, layout=None, device=None, pin_memory=None) and full (size, fill_value, *, ...)
+// as _data_handlers._full: a fill of a fresh tensor; the dtype when none is given: the default dtype for zeros /
+// ones, full's by its value (bool, int64, or the default dtype).
+EwRecorded full_record(const c10::OperatorName& name, const c10::IValue* a, size_t n, int64_t thr) {
+  const bool full = name.name == "aten::full";
+  c10::Scalar v = name.name == "aten::ones" ? c10::Scalar(int64_t(1)) : c10::Scalar(int64_t(0));
+  if (n != (full ? 6u : 5u) || !a[0].isIntList() || (full && !scalar_of(a[1], &v))) return ew_reason(kR_unsupported_args);
+  at::ScalarType dflt = c10::get_default_dtype_as_scalartype();
+  if (full && v.isBoolean()) dflt = at::kBool;
+  else if (full && v.isIntegral(false)) dflt = at::kLong;
+  at::TensorOptions o;
+  if (!factory_args(a + (full ? 2 : 1), dflt, &o)) return ew_reason(kR_unsupported_args);
+  const std::vector<int64_t> shape = a[0].toIntVector();
+  return fill_new(v, shape, o, thr);
+}
+
+EwIn ew_in(const at::Tensor& t) { return EwIn{&t, false, 0.0}; }
+
+// native_layer_norm(input, normalized_shape, weight, bias, eps) over the last dim as _decode_handlers.
+// layer_norm_handler records it: table ops in fp32, as eager's kernel (x32 = copy(x), mean = mean(x32), xc = x32 -
+// mean, rstd = rsqrt(mean(xc * xc) + eps), out = copy(xc * rstd * w + b)); its results out, and mean and rstd
+// (in *extra). A refused step: the handler decides (the steps recorded wrote only their own fresh outputs).
+EwRecorded layer_norm_record(const c10::IValue* a, size_t n, int64_t thr, std::vector<at::Tensor>* extra) {
+  double eps = 0.0;
+  if (n != 5 || !a[1].isIntList() || !cfront_number(a[4], &eps)) return ew_reason(kR_unsupported_args);
+  const at::Tensor& x = a[0].toTensor();
+  const std::vector<int64_t> shape = a[1].toIntVector();
+  if (x.dim() == 0 || shape.size() != 1 || shape[0] != x.size(-1)) return ew_reason(kR_unsupported_args);
+  const at::Tensor* wb[2] = {nullptr, nullptr};
+  for (int k = 0; k < 2; ++k) {
+    const c10::IValue& v = a[2 + k];
+    if (v.isNone()) continue;
+    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().dim() != 1) return ew_reason(kR_unsupported_args);
+    wb[k] = &v.toTensor();
   }
-  at::Tensor out = at::empty({}, o);
-  const at::Tensor none;
-  if (int r = data_record(kOp_fill, out, &none, &b, 1, 0, 0, false, true, thr)) return ew_reason(r);
-  return EwRecorded{std::move(out), -1, false};
+  int why = -1;  // the first refused step's reason
+  const auto step = [&](EwRecorded r) {
+    if (why < 0 && r.reason >= 0) why = r.reason;
+    return why < 0 ? std::move(r.out) : at::Tensor();
+  };
+  const auto ew = [&](uint32_t op, std::initializer_list<EwIn> ins) {
+    return why >= 0 ? at::Tensor() : step(ew_record(op, (uint32_t)ins.size(), kModeFunctional, ins.begin(), nullptr,
+                                                    1.f, 0.f, thr));
+  };
+  const EwIn in_x = ew_in(x);
+  const at::Tensor x32 = x.scalar_type() == at::kFloat
+                             ? x : step(ew_record(kOp_copy, 1, kModeFunctional, &in_x, nullptr, 0.f, 0.f, thr, (int)at::kFloat));
+  const at::Tensor mean = why >= 0 ? at::Tensor() : step(reduce_record(kOp_mean, x32, true, thr));
+  const at::Tensor xc = ew(kOp_sub, {ew_in(x32), ew_in(mean)});
+  const at::Tensor sq = ew(kOp_mul, {ew_in(xc), ew_in(xc)});
+  const at::Tensor var = why >= 0 ? at::Tensor() : step(reduce_record(kOp_mean, sq, true, thr));
+  const at::Tensor var_eps = ew(kOp_add, {ew_in(var), EwIn{nullptr, true, eps}});
+  const at::Tensor rstd = ew(kOp_rsqrt, {ew_in(var_eps)});
+  at::Tensor y = ew(kOp_mul, {ew_in(xc), ew_in(rstd)});
+  if (wb[0]) y = ew(kOp_mul, {ew_in(y), ew_in(*wb[0])});
+  if (wb[1]) y = ew(kOp_add, {ew_in(y), ew_in(*wb[1])});
+  if (why < 0 && x.scalar_type() != at::kFloat) {
+    const EwIn in_y = ew_in(y);
+    y = step(ew_record(kOp_copy, 1, kModeFunctional, &in_y, nullptr, 0.f, 0.f, thr, (int)x.scalar_type()));
+  }
+  if (why >= 0) return ew_reason(why);
+  *extra = {mean, rstd};
+  return EwRecorded{std::move(y), -1, false};
 }
 
 // where.self(condition, self, other) as _data_handlers._where for tensor operands already of the result dtype (0-d
@@ -437,6 +507,8 @@ CfrontNative cfront_native_of(const c10::OperatorName& name) {
   if (name.name == "aten::cat") return CfrontNative::cat;
   if (name.name == "aten::index_copy_") return CfrontNative::index_copy;
   if (name.name == "aten::embedding") return CfrontNative::embedding;
+  if (name.name == "aten::native_layer_norm") return CfrontNative::layer_norm;
+  if (name.name == "aten::zeros" || name.name == "aten::ones" || name.name == "aten::full") return CfrontNative::full;
   return CfrontNative::none;
 }
 
@@ -461,7 +533,7 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   if (kind == CfrontNative::addmm || kind == CfrontNative::attention) ntensors = 3;
   else if (kind == CfrontNative::mm || kind == CfrontNative::embedding) ntensors = 2;
   else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange ||
-           kind == CfrontNative::compare)
+           kind == CfrontNative::compare || kind == CfrontNative::full)
     ntensors = 0;
   if (kind == CfrontNative::index_copy && !(nargs > 0 && a[0].isTensor() && cfront_inplace_ok(a[0].toTensor())))
     return false;
@@ -501,6 +573,10 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
       r = compare_record(code, a, nargs, threshold);
     } else if (kind == CfrontNative::embedding) {
       r = embedding_record(a, nargs, threshold);
+    } else if (kind == CfrontNative::layer_norm) {
+      r = layer_norm_record(a, nargs, threshold, &extra);
+    } else if (kind == CfrontNative::full) {
+      r = full_record(op.operator_name(), a, nargs, threshold);
     } else if (kind == CfrontNative::clone) {
       const at::Tensor& x = a[0].toTensor();
       r = copy_into(x, at::empty_like(x, x.options(), mf), threshold);
