@@ -334,3 +334,33 @@ def test_timing_counts_each_pass_by_what_the_front_did():
     with torch.no_grad(), gpuos.scheduler_context(auto_flush_ms=0):
         torch.mm(x, w)
     assert gpuos_ext.cfront_times()["by_category"] == cats
+
+
+def test_an_open_forward_ad_level_sends_every_op_the_modes_way():
+    """While a forward-AD level is open the front steps aside (Autograd's forward-mode kernels, below it, carry the
+    tangents): every pass counted 'pass', nothing handed on, direct or native; tangents and values equal eager's.
+    Closed again, the front takes ops as before."""
+    import torch.autograd.forward_ad as fwAD
+    x, t, w = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 3)
+
+    def step(d):
+        return torch.mm(d * 3 + 1, w).relu()
+
+    with fwAD.dual_level():
+        ref = fwAD.unpack_dual(step(fwAD.make_dual(x, t)))
+    gpuos_ext.cfront_set_timing(True)
+    try:
+        with fwAD.dual_level():
+            with gpuos.scheduler_context(auto_flush_ms=0):
+                got = fwAD.unpack_dual(step(fwAD.make_dual(x, t)))
+        inside = gpuos_ext.cfront_times()["by_category"]
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            step(x)
+        after = gpuos_ext.cfront_times()["by_category"]
+    finally:
+        gpuos_ext.cfront_set_timing(False)
+    assert got.tangent is not None
+    torch.testing.assert_close(got.primal, ref.primal)
+    torch.testing.assert_close(got.tangent, ref.tangent)
+    assert inside["pass"][0] >= 4 and all(inside[c][0] == 0 for c in ("handed", "direct", "native")), inside
+    assert after["direct"][0] >= 1 and after["handed"][0] >= 1, after  # mm: a direct call; mul / add: handed on

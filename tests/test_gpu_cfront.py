@@ -435,3 +435,25 @@ def test_native_efficient_attention_is_recorded_by_the_front(dtype):
         torch.testing.assert_close(o[0], r[0], rtol=2e-2, atol=2e-2)
     assert out[2][1].shape == ref[2][1].shape and len(out[3]) == len(ref[3]) == 4
     assert c1["native"] - c0["native"] == 3 and c1["direct"] - c0["direct"] >= 1, (c0, c1)
+
+
+def test_forward_ad_tangents_survive_the_scheduler():
+    """A dual tensor's ops under the scheduler while a forward-AD level is open (the front steps aside: Autograd's
+    forward-mode kernels must see them) give eager's primal and tangent; nothing is recorded by the front."""
+    import torch.autograd.forward_ad as fwAD
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, t = torch.randn(4, 64, device="cuda", generator=g), torch.randn(4, 64, device="cuda", generator=g)
+    w = torch.randn(64, 32, device="cuda", generator=g)
+
+    def step():
+        d = fwAD.make_dual(x, t)
+        return fwAD.unpack_dual(torch.sigmoid(torch.mm(d * 2 - 1, w)).sum(-1))
+
+    with fwAD.dual_level():
+        ref = step()
+    with fwAD.dual_level():
+        got, c0, c1 = _counted(step, "matmul")
+    assert got.tangent is not None
+    torch.testing.assert_close(got.primal, ref.primal, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.tangent, ref.tangent, rtol=1e-4, atol=1e-4)
+    assert all(c1[k] == c0[k] for k in ("recorded", "native", "direct")), (c0, c1)

@@ -6,6 +6,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/autograd/forward_grad.h>
 
 #include <atomic>
 #include <chrono>
@@ -142,9 +143,13 @@ c10::OperatorName name_of(PyObject* overload) {
   return c10::OperatorName(schema.attr("name").cast<std::string>(), schema.attr("overload_name").cast<std::string>());
 }
 
-// The innermost dispatch mode is this thread's entered scheduler and nothing could see the op differently first.
+// The innermost dispatch mode is this thread's entered scheduler and nothing could see the op differently first --
+// nor must: while a forward-AD level is open (torch.autograd.forward_ad.dual_level, one level at a time), Autograd's
+// forward-mode kernels, below the front, must see every op to carry the tangents (recorded here, a dual tensor's
+// result had none); ops then take the mode's way, through Autograd.
 bool scheduler_on_top(const Frame& f) {
   using c10::impl::TorchDispatchModeTLS;
+  if (torch::autograd::ForwardADLevel::try_get_by_idx(0)) return false;
   const int64_t n = TorchDispatchModeTLS::stack_len();
   if (n < 1) return false;  // inside the mode's own __torch_dispatch__ (it is popped), or after its exit
   for (auto k : {c10::impl::TorchDispatchModeKey::FAKE, c10::impl::TorchDispatchModeKey::PROXY,
