@@ -47,25 +47,33 @@ bool cfront_number(const c10::IValue& v, double* out);
 void cfront_set_timing(bool on);
 pybind11::dict cfront_times();
 
-// cfront_native.cpp. The ops the front records itself (the Python handler only reads arguments and calls the record
-// path's C++ core); set with cfront_set_native (the overloads no registered op took).
+// cfront_native.cpp (and cfront_data.cpp's data kinds). The ops the front records itself (the Python handler only
+// reads arguments and calls the record path's C++ core); set with cfront_set_native (the overloads no registered op
+// took).
 enum class CfrontNative : uint8_t {
   none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce,
   compare, embedding, layer_norm, full,
   index_copy,  // in place (the rest are functional)
 };
 CfrontNative cfront_native_of(const c10::OperatorName& name);
-// The compare rule (device_src/dataops.h CmpOp) of lt / le / gt / ge / eq / ne .Tensor / .Scalar; -1 for any other.
-int cfront_compare_rule(const c10::OperatorName& name);
-// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA, comparisons, embedding,
-// native_layer_norm, zeros / ones / full and index_copy_; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
-// amin, _softmax, _log_softmax).
+// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA, comparisons,
+// embedding, native_layer_norm, zeros / ones / full and index_copy_; reductions: {overload: op id} of the last-dim
+// reduction rows (sum, mean, amax, amin, _softmax, _log_softmax).
 void cfront_set_native(const std::vector<PyObject*>& overloads,
                        const std::vector<std::pair<PyObject*, uint32_t>>& reductions);
 // Record the op from the stack (its nargs arguments on top); true: its output replaced them. code: the reduction's
 // op id (kind reduce), the compare rule (kind compare).
 bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t code, int64_t threshold,
                        size_t nargs, torch::jit::Stack* stack);
+// cfront_data.cpp. The data-movement kinds (scalar_tensor, full, where, arange, compare, embedding, index_copy) and
+// their records from the op's n arguments `a` (code: compare's rule): the output (index_copy: self), or the reason.
+// cfront_compare_rule: the compare rule (device_src/dataops.h CmpOp) of lt / le / gt / ge / eq / ne .Tensor /
+// .Scalar; -1 for any other overload.
+struct EwRecorded;
+int cfront_compare_rule(const c10::OperatorName& name);
+bool cfront_data_kind(CfrontNative kind);
+EwRecorded cfront_data_record(CfrontNative kind, const c10::OperatorName& name, uint32_t code, const c10::IValue* a,
+                              size_t n, int64_t thr);
 // An add / sub / mul (.Tensor / .Scalar; functional or in place) the fast record refused, on integer operands:
 // recorded as the worker's integer arithmetic (the mode's integer retry, _int_handlers._int_arith, without Python);
 // true: its output (in place: self) replaced the arguments.
