@@ -336,6 +336,8 @@ def test_timing_counts_each_pass_by_what_the_front_did():
     assert gpuos_ext.cfront_times()["by_category"] == cats
 
 
+# torch.autograd.forward_ad loads its jvp decompositions through torch.jit.script (deprecated in torch 2.13)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_an_open_forward_ad_level_sends_every_op_the_modes_way():
     """While a forward-AD level is open the front steps aside (Autograd's forward-mode kernels, below it, carry the
     tangents): every pass counted 'pass', nothing handed on, direct or native; tangents and values equal eager's.

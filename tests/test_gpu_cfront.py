@@ -438,6 +438,8 @@ def test_native_efficient_attention_is_recorded_by_the_front(dtype):
     assert c1["native"] - c0["native"] == 3 and c1["direct"] - c0["direct"] >= 1, (c0, c1)
 
 
+# torch.autograd.forward_ad loads its jvp decompositions through torch.jit.script (deprecated in torch 2.13)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_forward_ad_tangents_survive_the_scheduler():
     """A dual tensor's ops under the scheduler while a forward-AD level is open (the front steps aside: Autograd's
     forward-mode kernels must see them) give eager's primal and tangent; nothing is recorded by the front."""
