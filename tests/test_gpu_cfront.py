@@ -288,31 +288,32 @@ def test_integer_arithmetic_is_recorded_by_the_front():
     assert c1["native"] - c0["native"] == 7, (c0, c1)
 
 
-def test_native_comparisons_embedding_and_integer_casts_are_recorded_by_the_front():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_comparisons_embedding_and_integer_casts_are_recorded_by_the_front(dtype):
     """What HF's mask and input code issues per step beside the matmuls -- comparisons (le.Tensor of positions, a
-    float tensor against a number rounded to its dtype, a CPU 0-d operand), embedding, and casts with an integer side
-    (int64 -> int32 / fp16, bool -> int64, fp16 -> int64 truncating) -- are recorded by the front itself: counted
-    native, values, dtypes and shapes equal eager; an integer tensor against a float number (a float compare) and a
-    cast to bool go on to their handlers."""
+    float tensor against a number rounded to its dtype, a transposed one, a CPU 0-d operand), embedding, and casts
+    with an integer side (int64 -> int32 / float, bool -> int64, float -> int64 truncating) -- are recorded by the
+    front itself: counted native, values, dtypes and shapes equal eager; an integer tensor against a float number
+    (a float compare) and a cast to bool go on to their handlers."""
     dev = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device=dev).manual_seed(0)
     pos, cache_pos = torch.arange(6, device=dev), torch.tensor([3, 4], device=dev)
-    x16 = torch.randn(4, 8, device=dev, generator=g).half()
-    w = torch.randn(32, 16, device=dev, generator=g).half()
-    ids = torch.tensor([[1, 5, 31]], device=dev)
+    x = torch.randn(4, 8, device=dev, generator=g).to(dtype)
+    w = torch.randn(32, 16, device=dev, generator=g).to(dtype)
+    ids = torch.tensor([[1, 5, 31], [0, 0, 7]], device=dev)
 
     def step():
-        return (pos[None, :] <= cache_pos[:, None], x16 > 0.1, pos == torch.tensor(2), pos.ne(3), F.embedding(ids, w),
-                pos.to(torch.int32), pos.to(torch.float16), (pos > 2).to(torch.int64), (x16 * 10).to(torch.int64),
-                pos.lt(2.5), pos.to(torch.bool))
+        return (pos[None, :] <= cache_pos[:, None], x > 0.1, x.t() < 0.0, pos == torch.tensor(2), pos.ne(3),
+                F.embedding(ids, w), pos.to(torch.int32), pos.to(dtype), (pos > 2).to(torch.int64),
+                (x * 10).to(torch.int64), pos.lt(2.5), pos.to(torch.bool))
 
     ref = step()
     out, c0, c1 = _counted(step)
     for o, r in zip(out, ref):
         assert o.shape == r.shape and o.dtype == r.dtype and o.device == r.device, (o, r)
         torch.testing.assert_close(o, r, rtol=0, atol=0)
-    # le, gt, eq, ne, embedding, 4 casts, the second gt; the float compare and the cast to bool: direct calls
-    assert c1["native"] - c0["native"] == 10, (c0, c1)
+    # le, gt, lt, eq, ne, embedding, 4 casts, the second gt; the float compare and the cast to bool: direct calls
+    assert c1["native"] - c0["native"] == 11, (c0, c1)
     assert c1["direct"] - c0["direct"] >= 2, (c0, c1)
 
 
@@ -346,6 +347,7 @@ def test_native_layer_norm_and_fills_are_recorded_by_the_front(dtype):
 def _inplace_inputs(dev):
     g = torch.Generator(device=dev).manual_seed(0)
     return {"cache": torch.zeros(1, 2, 16, 8, device=dev, dtype=torch.float16),
+            "cache_t": torch.zeros(1, 16, 2, 8, device=dev, dtype=torch.float16).transpose(1, 2),  # strided
             "kv": torch.randn(1, 2, 1, 8, device=dev, generator=g).half(),
             "kv2": torch.randn(1, 2, 2, 8, device=dev, generator=g).half(),
             "pos": torch.tensor([3], device=dev), "pos2": torch.tensor([9, 5], device=dev),
@@ -355,11 +357,11 @@ def _inplace_inputs(dev):
 
 def _inplace_step(t):
     """What a static-cache decode step writes in place: the KV cache (index_copy_ with a 1-d, a two-position and a
-    0-d index), positions (integer add_ / sub_ / mul_) and a float residual (add_ with alpha, mul_). Returns whether
-    each op returned self."""
-    c, n, x = t["cache"], t["n"], t["x"]
+    0-d index; a strided cache), positions (integer add_ / sub_ / mul_) and a float residual (add_ with alpha,
+    mul_). Returns whether each op returned self."""
+    c, ct, n, x = t["cache"], t["cache_t"], t["n"], t["x"]
     same = [c.index_copy_(2, t["pos"], t["kv"]) is c, c.index_copy_(2, t["pos2"], t["kv2"]) is c,
-            c.index_copy_(2, t["p0"], t["kv"]) is c]
+            c.index_copy_(2, t["p0"], t["kv"]) is c, ct.index_copy_(2, t["pos2"], t["kv2"]) is ct]
     same += [t["pos"].add_(1) is t["pos"], n.mul_(3) is n, n.sub_(t["pos"], alpha=2) is n]
     same += [x.add_(t["y"], alpha=0.5) is x, x.mul_(2.0) is x]
     return same
@@ -368,20 +370,20 @@ def _inplace_step(t):
 def test_inplace_writes_are_recorded_by_the_front_with_version_counters():
     """KV cache writes (index_copy_), integer position updates (add_ / sub_ / mul_) and float in-place elementwise
     ops are recorded by the front itself (the front sits above ADInplaceOrView: cfront_inplace_done): counted native
-    (6) and recorded (2), every op returns self, values equal eager, and each written tensor's version counter moves
-    exactly as eager moves it."""
+    (7: four cache writes, three integer updates) and recorded (2), every op returns self, values equal eager, and
+    each written tensor's version counter moves exactly as eager moves it."""
     dev = torch.device("cuda", torch.cuda.current_device())
     ref, got = _inplace_inputs(dev), _inplace_inputs(dev)
     v_ref = {k: t._version for k, t in ref.items()}
     same_ref = _inplace_step(ref)
     v_got = {k: t._version for k, t in got.items()}
     same, c0, c1 = _counted(lambda: _inplace_step(got))
-    assert same == same_ref == [True] * 8
+    assert same == same_ref == [True] * 9
     for k in ref:  # the float residual within rounding (the worker's a + alpha * b may fuse differently)
         tol = {} if k == "x" else {"rtol": 0, "atol": 0}
         torch.testing.assert_close(got[k], ref[k], **tol, msg=k)
         assert got[k]._version - v_got[k] == ref[k]._version - v_ref[k], k
-    assert c1["native"] - c0["native"] == 6 and c1["recorded"] - c0["recorded"] >= 2, (c0, c1)
+    assert c1["native"] - c0["native"] == 7 and c1["recorded"] - c0["recorded"] >= 2, (c0, c1)
 
 
 def test_inplace_writes_the_front_must_not_take_go_to_the_mode():
