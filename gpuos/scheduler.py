@@ -45,9 +45,10 @@ _CFRONT_NATIVE = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.ba
                   aten.clone.default, aten.cat.default, aten.scalar_tensor.default, aten.where.self,
                   aten.arange.default, aten.arange.start, aten.arange.start_step,
                   aten._scaled_dot_product_efficient_attention.default, aten.index_copy_.default,
-                  aten.embedding.default, aten.native_layer_norm.default, aten.zeros.default, aten.ones.default,
-                  aten.full.default) + tuple(getattr(getattr(aten, c), ov)
-                                                  for c in ("lt", "le", "gt", "ge", "eq", "ne") for ov in ("Tensor", "Scalar"))
+                  aten.embedding.default, aten.argmax.default, aten.native_layer_norm.default, aten.zeros.default,
+                  aten.ones.default, aten.full.default) + tuple(
+                      getattr(getattr(aten, c), ov)
+                      for c in ("lt", "le", "gt", "ge", "eq", "ne") for ov in ("Tensor", "Scalar"))
 # Torch callables that only make views of their first argument (never a copy, no data read): the front runs them
 # below the dispatch modes when that argument is a plain CUDA tensor, no other argument holds a tensor and a
 # GpuosScheduler is the innermost mode (csrc/sched/dispatch.cpp view_of_plain_cuda). Tensor.split / unflatten are

@@ -344,6 +344,30 @@ def test_native_layer_norm_and_fills_are_recorded_by_the_front(dtype):
     assert c1["direct"] - c0["direct"] >= 1, (c0, c1)   # the two-dim layer norm
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_argmax_is_recorded_by_the_front(dtype):
+    """Greedy decoding's next token -- argmax over the vocabulary (the last dim of a strided view, keepdim or not),
+    over another dim, over every element of a contiguous tensor -- is recorded by the front itself: counted native,
+    indices equal eager's (a tie takes the first); over every element of a transposed tensor it goes on to its
+    handler."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(2, 5, 300, device=dev, generator=g).to(dtype)
+    logits[0, 4, 7] = logits[0, 4, 9] = 100.0  # a tie in the last row
+
+    def step():
+        return (logits[:, -1].argmax(-1), logits.argmax(-1, keepdim=True), logits.argmax(1), logits[0].argmax(),
+                logits[0].t().argmax())
+
+    ref = step()
+    out, c0, c1 = _counted(step)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype == torch.int64, (o, r)
+        assert torch.equal(o, r), (o, r)
+    assert out[0][0].item() == 7
+    assert c1["native"] - c0["native"] == 4 and c1["direct"] - c0["direct"] >= 1, (c0, c1)
+
+
 def _inplace_inputs(dev):
     g = torch.Generator(device=dev).manual_seed(0)
     return {"cache": torch.zeros(1, 2, 16, 8, device=dev, dtype=torch.float16),

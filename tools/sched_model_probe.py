@@ -6,9 +6,10 @@
 
 W7's model of each label (benchmarks/bench_models.py: random weights, teacher-forced tokens; several labels run one
 after another in one process, e.g. `llama-small-fp16-sdpa-static gpt2-small-fp16-sdpa-static
-llama-small-bf16-eager-static`), the same steps under each config; per config, medians over the runs of: the host time of one step (until the model's
-forward returned) and the whole run per step (synchronized at the end; the scheduler's exit flush included), and
-what each config adds per aten op of the step (counted once by a counting mode):
+llama-small-bf16-eager-static`), the same steps under each config; per config, medians over the runs of: the host
+time of one step (until the model's forward returned) and the whole run per step (synchronized at the end; the
+scheduler's exit flush included), what each config adds per aten op of the step (counted once by a counting mode),
+and how many of its greedy tokens are eager's:
   eager          no mode
   noop_mode      a TorchDispatchMode that runs every op as it comes: PyTorch's cost of a Python mode written the
                  usual way (a class method, which PyTorch wraps in a Dynamo-disable call per op)

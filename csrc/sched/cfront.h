@@ -52,21 +52,22 @@ pybind11::dict cfront_times();
 // took).
 enum class CfrontNative : uint8_t {
   none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce,
-  compare, embedding, layer_norm, full,
+  compare, embedding, layer_norm, full, argmax,
   index_copy,  // in place (the rest are functional)
 };
 CfrontNative cfront_native_of(const c10::OperatorName& name);
 // overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA, comparisons,
-// embedding, native_layer_norm, zeros / ones / full and index_copy_; reductions: {overload: op id} of the last-dim
-// reduction rows (sum, mean, amax, amin, _softmax, _log_softmax).
+// embedding, argmax, native_layer_norm, zeros / ones / full and index_copy_; reductions: {overload: op id} of the
+// last-dim reduction rows (sum, mean, amax, amin, _softmax, _log_softmax).
 void cfront_set_native(const std::vector<PyObject*>& overloads,
                        const std::vector<std::pair<PyObject*, uint32_t>>& reductions);
 // Record the op from the stack (its nargs arguments on top); true: its output replaced them. code: the reduction's
 // op id (kind reduce), the compare rule (kind compare).
 bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t code, int64_t threshold,
                        size_t nargs, torch::jit::Stack* stack);
-// cfront_data.cpp. The data-movement kinds (scalar_tensor, full, where, arange, compare, embedding, index_copy) and
-// their records from the op's n arguments `a` (code: compare's rule): the output (index_copy: self), or the reason.
+// cfront_data.cpp. The data-movement kinds (scalar_tensor, full, where, arange, compare, embedding, argmax,
+// index_copy) and their records from the op's n arguments `a` (code: compare's rule): the output (index_copy: self),
+// or the reason.
 // cfront_compare_rule: the compare rule (device_src/dataops.h CmpOp) of lt / le / gt / ge / eq / ne .Tensor /
 // .Scalar; -1 for any other overload.
 struct EwRecorded;

@@ -1,9 +1,9 @@
 // csrc/sched/cfront_data.cpp -- the dispatcher front's own records of data-movement ops (cfront.h,
 // cfront_native.cpp's data kinds): the mask builders' and fills' data ops (scalar_tensor, zeros / ones / full,
 // where.self, integer arange: _data_handlers -> sched_data), comparisons and integer add / sub / mul (functional and
-// in place: _int_handlers), embedding, and KV cache writes (index_copy_, in place) -- each through data_record, the
-// core of the sched_data entry point its Python handler calls, from the dispatcher's stack. A refusal: the handler
-// decides (functional ops: a direct call; in place: the dispatch mode).
+// in place: _int_handlers), embedding, argmax, and KV cache writes (index_copy_, in place) -- each through
+// data_record, the core of the sched_data entry point its Python handler calls, from the dispatcher's stack. A
+// refusal: the handler decides (functional ops: a direct call; in place: the dispatch mode).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/bit_cast.h>
@@ -84,7 +84,8 @@ EwRecorded compare_record(uint32_t rule, const c10::IValue* a, size_t n, int64_t
     if (fl) {  // rounded to the tensor's dtype first, then compared in fp32
       const float f = (float)(v.isBoolean() ? (double)v.toBool() : v.isIntegral(false) ? (double)v.toLong()
                                                                                          : v.toDouble());
-      *b = c10::bit_cast<uint32_t>(dt == at::kHalf ? (float)c10::Half(f) : dt == at::kBFloat16 ? (float)c10::BFloat16(f) : f);
+      const float r = dt == at::kHalf ? (float)c10::Half(f) : dt == at::kBFloat16 ? (float)c10::BFloat16(f) : f;
+      *b = c10::bit_cast<uint32_t>(r);
     } else if (v.isFloatingPoint()) {
       const double d = v.toDouble();
       if (!std::isfinite(d) || d != std::trunc(d)) return (int)kR_dtype;
@@ -165,7 +166,8 @@ EwRecorded scalar_tensor_record(const c10::IValue* a, size_t n, int64_t thr) {
 EwRecorded full_record(const c10::OperatorName& name, const c10::IValue* a, size_t n, int64_t thr) {
   const bool full = name.name == "aten::full";
   c10::Scalar v = name.name == "aten::ones" ? c10::Scalar(int64_t(1)) : c10::Scalar(int64_t(0));
-  if (n != (full ? 6u : 5u) || !a[0].isIntList() || (full && !scalar_of(a[1], &v))) return ew_reason(kR_unsupported_args);
+  if (n != (full ? 6u : 5u) || !a[0].isIntList() || (full && !scalar_of(a[1], &v)))
+    return ew_reason(kR_unsupported_args);
   at::ScalarType dflt = c10::get_default_dtype_as_scalartype();
   if (full && v.isBoolean()) dflt = at::kBool;
   else if (full && v.isIntegral(false)) dflt = at::kLong;
@@ -286,8 +288,36 @@ EwRecorded index_copy_record(const c10::IValue* a, size_t n, int64_t thr) {
   if (int r = data_record(kOp_scatter, self, ins, bits, 2, dim, 0, false, false, thr)) return ew_reason(r);
   return EwRecorded{self, -1, true};
 }
-}  // namespace
+// argmax(self, dim=None, keepdim=False) as _data_handlers._argmax: the int64 index of the maximum along dim (the
+// worker's argmax over x with dim moved last; keepdim's kept 1 moved last in the out view), or over every element of
+// a contiguous x (greedy decoding's next token).
+EwRecorded argmax_record(const c10::IValue* a, size_t n, int64_t thr) {
+  if (n != 3 || !(a[1].isNone() || a[1].isInt()) || !a[2].isBool()) return ew_reason(kR_unsupported_args);
+  const at::Tensor& x = a[0].toTensor();
+  const bool keepdim = a[2].toBool(), all = a[1].isNone();
+  at::Tensor xv, out, view;
+  if (all) {
+    if (keepdim || !x.is_contiguous() || x.numel() == 0) return ew_reason(kR_unsupported_args);
+    xv = x.view({-1});
+    out = view = at::empty({}, x.options().dtype(at::kLong));
+  } else {
+    const int64_t nd = x.dim();
+    int64_t dim = a[1].toInt();
+    if (nd == 0 || dim < -nd || dim >= nd) return ew_reason(kR_unsupported_args);
+    dim = (dim + nd) % nd;
+    xv = x.movedim(dim, -1);
+    std::vector<int64_t> shape = x.sizes().vec();
+    if (keepdim) shape[dim] = 1;
+    else shape.erase(shape.begin() + dim);
+    out = at::empty(shape, x.options().dtype(at::kLong));
+    view = keepdim ? out.movedim(dim, -1) : out;
+  }
+  const uint64_t bits = 0;
+  if (int r = data_record(kOp_argmax, view, &xv, &bits, 1, 0, 0, keepdim && !all, true, thr)) return ew_reason(r);
+  return EwRecorded{std::move(out), -1, false};
+}
 
+}  // namespace
 
 bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
@@ -338,7 +368,7 @@ int cfront_compare_rule(const c10::OperatorName& name) {
 bool cfront_data_kind(CfrontNative kind) {
   switch (kind) {
     case CfrontNative::scalar_tensor: case CfrontNative::full: case CfrontNative::where: case CfrontNative::arange:
-    case CfrontNative::compare: case CfrontNative::embedding: case CfrontNative::index_copy:
+    case CfrontNative::compare: case CfrontNative::embedding: case CfrontNative::index_copy: case CfrontNative::argmax:
       return true;
     default:
       return false;
@@ -355,6 +385,7 @@ EwRecorded cfront_data_record(CfrontNative kind, const c10::OperatorName& name, 
     case CfrontNative::compare: return compare_record(code, a, n, thr);
     case CfrontNative::embedding: return embedding_record(a, n, thr);
     case CfrontNative::index_copy: return index_copy_record(a, n, thr);
+    case CfrontNative::argmax: return argmax_record(a, n, thr);
     default: return ew_reason(kR_unsupported_args);
   }
 }

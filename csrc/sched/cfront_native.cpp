@@ -151,8 +151,9 @@ EwRecorded layer_norm_record(const c10::IValue* a, size_t n, int64_t thr, std::v
                                                     1.f, 0.f, thr));
   };
   const EwIn in_x = ew_in(x);
+  const int f32 = (int)at::kFloat;
   const at::Tensor x32 = x.scalar_type() == at::kFloat
-                             ? x : step(ew_record(kOp_copy, 1, kModeFunctional, &in_x, nullptr, 0.f, 0.f, thr, (int)at::kFloat));
+                             ? x : step(ew_record(kOp_copy, 1, kModeFunctional, &in_x, nullptr, 0.f, 0.f, thr, f32));
   const at::Tensor mean = why >= 0 ? at::Tensor() : step(reduce_record(kOp_mean, x32, true, thr));
   const at::Tensor xc = ew(kOp_sub, {ew_in(x32), ew_in(mean)});
   const at::Tensor sq = ew(kOp_mul, {ew_in(xc), ew_in(xc)});
@@ -201,6 +202,7 @@ CfrontNative cfront_native_of(const c10::OperatorName& name) {
   if (name.name == "aten::cat") return CfrontNative::cat;
   if (name.name == "aten::index_copy_") return CfrontNative::index_copy;
   if (name.name == "aten::embedding") return CfrontNative::embedding;
+  if (name.name == "aten::argmax") return CfrontNative::argmax;
   if (name.name == "aten::native_layer_norm") return CfrontNative::layer_norm;
   if (name.name == "aten::zeros" || name.name == "aten::ones" || name.name == "aten::full") return CfrontNative::full;
   return CfrontNative::none;
