@@ -22,7 +22,6 @@ namespace py = pybind11;
 namespace gpuos {
 namespace {
 
-
 // A number operand of a binary op: a Scalar on the stack, or a CPU 0-d tensor (a Python number at the dispatcher, or
 // a real one: read on the host, as _data_handlers._scalar_value reads it).
 bool number_of(const c10::IValue& v, c10::Scalar* s) {
@@ -39,7 +38,7 @@ bool number_of(const c10::IValue& v, c10::Scalar* s) {
 
 // The operands of a binary data op (a[0], a[1]) as the integer and compare handlers take them: each CUDA tensor
 // (plain) into ins[k], their broadcast shape into *shape and the first of them into *first; each other operand a
-// number (number_of) whose constant bits bits_of_number(value, &bits[k]) gives, or refuses with a reason. Returns a
+// number (number_of) whose constant bits bits_of_number(k, value, &bits[k]) gives, or refuses with a reason. Returns a
 // reason, or -1 (kR_not_cuda: no CUDA tensor).
 template <class Bits>
 int binary_operands(const c10::IValue* a, at::Tensor* ins, uint64_t* bits, std::vector<int64_t>* shape,
