@@ -38,8 +38,8 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
 _HEAVY = _handler_base.HEAVY
 # What the dispatcher front records itself, from C++ (csrc/sched/cfront_native.cpp, cfront_data.cpp), unless a
 # registered op took the overload: the worker matmuls, casts, clones, joins, the mask builders' data ops (comparisons,
-# fills among them), embedding, layer norm and KV cache writes (index_copy_, in place: the front bumps the version
-# counter as ADInplaceOrView would), whose handlers here (gpuos/_decode_handlers.py, _data_handlers.py,
+# fills among them), embedding, argmax, layer norm and KV cache writes (index_copy_, in place: the front bumps the
+# version counter as ADInplaceOrView would), whose handlers here (gpuos/_decode_handlers.py, _data_handlers.py,
 # _int_handlers.py) only read their arguments and call the record path; anything it refuses still goes to them.
 _CFRONT_NATIVE = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten._to_copy.default,
                   aten.clone.default, aten.cat.default, aten.scalar_tensor.default, aten.where.self,
@@ -129,8 +129,8 @@ class GpuosScheduler(TorchDispatchMode):
         Also intercept every aten op in C++ at the dispatcher, before PyTorch boxes it for the dispatch mode
         (csrc/sched/cfront.h): elementwise ops (functional and in place) are recorded there, as are
         (csrc/sched/cfront_native.cpp, cfront_data.cpp) matmuls, casts, last-dim reductions, layer norm, clone, cat,
-        scalar_tensor, zeros / ones / full, where, comparisons, embedding, integer arange and arithmetic (in place
-        too), index_copy_ and the efficient SDPA op -- what their handlers here would record, an in-place op's
+        scalar_tensor, zeros / ones / full, where, comparisons, embedding, argmax, integer arange and arithmetic (in
+        place too), index_copy_ and the efficient SDPA op -- what their handlers here would record, an in-place op's
         version counter bumped as eager bumps it; no-data ops run at once, and the other functional ops with plain
         arguments go straight to this mode's handlers (csrc/sched/cfront_call.cpp; ``GPUOS_CFRONT_DIRECT=0``: not)
         -- ~4.5 us per op less than through the mode machinery on a CPU host (tools/dispatch_overhead.py);
