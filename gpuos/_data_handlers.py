@@ -120,9 +120,8 @@ def _index_copy_(thr, args, kwargs):
     if len(args) != 4 or kwargs or not isinstance(args[1], int):
         return _UNSUPPORTED
     self, dim, idx, src = args
-    if isinstance(src, torch.Tensor) and isinstance(self, torch.Tensor) and src.dim() != self.dim() and \
-            not (isinstance(idx, torch.Tensor) and idx.dim() == 0):
-        return _UNSUPPORTED
+    if isinstance(src, torch.Tensor) and isinstance(self, torch.Tensor) and src.dim() != self.dim():
+        return _UNSUPPORTED  # torch raises (a 0-d index too: "their dimensionality must match")
     return _scatter_rows(thr, self, dim, idx, src, wrap=False)
 
 

@@ -36,14 +36,19 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
             aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.unbind.int,
             aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
 _HEAVY = _handler_base.HEAVY
-# What the dispatcher front records itself, from C++ (csrc/sched/cfront_native.cpp), unless a registered op took the
-# overload: the worker matmuls, floating casts, clones, joins and the mask builders' data ops, whose handlers here
-# (gpuos/_decode_handlers.py, _data_handlers.py) only read their arguments and call the record path; anything it
-# refuses still goes to them.
+# What the dispatcher front records itself, from C++ (csrc/sched/cfront_native.cpp, cfront_data.cpp), unless a
+# registered op took the overload: the worker matmuls, casts, clones, joins, the mask builders' data ops (comparisons,
+# fills among them), embedding, argmax, layer norm and KV cache writes (index_copy_, in place: the front bumps the
+# version counter as ADInplaceOrView would), whose handlers here (gpuos/_decode_handlers.py, _data_handlers.py,
+# _int_handlers.py) only read their arguments and call the record path; anything it refuses still goes to them.
 _CFRONT_NATIVE = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten._to_copy.default,
                   aten.clone.default, aten.cat.default, aten.scalar_tensor.default, aten.where.self,
                   aten.arange.default, aten.arange.start, aten.arange.start_step,
-                  aten._scaled_dot_product_efficient_attention.default)
+                  aten._scaled_dot_product_efficient_attention.default, aten.index_copy_.default,
+                  aten.embedding.default, aten.argmax.default, aten.native_layer_norm.default, aten.zeros.default,
+                  aten.ones.default, aten.full.default) + tuple(
+                      getattr(getattr(aten, c), ov)
+                      for c in ("lt", "le", "gt", "ge", "eq", "ne") for ov in ("Tensor", "Scalar"))
 # Torch callables that only make views of their first argument (never a copy, no data read): the front runs them
 # below the dispatch modes when that argument is a plain CUDA tensor, no other argument holds a tensor and a
 # GpuosScheduler is the innermost mode (csrc/sched/dispatch.cpp view_of_plain_cuda). Tensor.split / unflatten are
@@ -122,13 +127,15 @@ class GpuosScheduler(TorchDispatchMode):
         6,141 us per step without it, 6,988 with it; tools/sched_model_probe.py). False: never.
     cfront
         Also intercept every aten op in C++ at the dispatcher, before PyTorch boxes it for the dispatch mode
-        (csrc/sched/cfront.h): functional elementwise ops are recorded there, as are (csrc/sched/cfront_native.cpp)
-        matmuls, casts, last-dim reductions, clone, cat, scalar_tensor, where, integer arange and arithmetic and the
-        efficient SDPA op -- what their handlers here would record; no-data ops run at once, and the
-        other functional ops with plain arguments go straight to this mode's handlers (csrc/sched/cfront_call.cpp;
-        ``GPUOS_CFRONT_DIRECT=0``: not) -- ~4.5 us per op less than through the mode machinery on a CPU host
-        (tools/dispatch_overhead.py); everything else (in place, out=, tensors that need grad, another mode on top)
-        goes on to the dispatch mode unchanged. Off where another library holds its dispatch key or with
+        (csrc/sched/cfront.h): elementwise ops (functional and in place) are recorded there, as are
+        (csrc/sched/cfront_native.cpp, cfront_data.cpp) matmuls, casts, last-dim reductions, layer norm, clone, cat,
+        scalar_tensor, zeros / ones / full, where, comparisons, embedding, argmax, integer arange and arithmetic (in
+        place too), index_copy_ and the efficient SDPA op -- what their handlers here would record, an in-place op's
+        version counter bumped as eager bumps it; no-data ops run at once, and the other functional ops with plain
+        arguments go straight to this mode's handlers (csrc/sched/cfront_call.cpp; ``GPUOS_CFRONT_DIRECT=0``: not)
+        -- ~4.5 us per op less than through the mode machinery on a CPU host (tools/dispatch_overhead.py);
+        everything else (other in-place ops, out=, tensors that need grad, another mode on top, an open forward-AD
+        level) goes on to the dispatch mode unchanged. Off where another library holds its dispatch key or with
         ``GPUOS_CFRONT=0`` (``gpuos_ext.cfront_info()`` says why).
     """
 

@@ -360,6 +360,7 @@ def test_handlers_refuse_what_torch_would_reject_or_we_do_not_do(cpu_handlers):
     refused = [
         h[A.index_copy_.default](1, (cache, 2, torch.tensor([1], dtype=torch.int32), k), {}),  # torch: int64 only
         h[A.index_copy_.default](1, (cache, 2, torch.tensor([1, 2]), k), {}),                   # no broadcasting
+        h[A.index_copy_.default](1, (cache, 2, torch.tensor(1), k[:, :, 0]), {}),               # dims must match
         h[A.index_put_.default](1, (cache, [None, None, torch.tensor([1])], k, True), {}),      # accumulate
         h[A.index_put_.default](1, (cache, [torch.tensor([0]), None, torch.tensor([1])], k), {}),  # two indices
         h[A.index_put_.default](1, (cache, [None, None, torch.tensor([True] * 8)], k), {}),      # a bool mask

@@ -1,13 +1,15 @@
 """Where a Hugging Face decode step's time goes under the live scheduler (issue #16, acceptance 3: >= 1.0x eager).
 
-    python tools/sched_model_probe.py [label]      # on a GPU machine; default llama-small-fp16-sdpa-static
+    python tools/sched_model_probe.py [label ...]  # on a GPU machine; default llama-small-fp16-sdpa-static
     env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows),
          PROBE_CONFIGS (a comma list of the configs below to run; default all)
 
-W7's model of that label (benchmarks/bench_models.py: random weights, teacher-forced tokens), the same steps in one
-process under each config; per config, medians over the runs of: the host time of one step (until the model's
-forward returned) and the whole run per step (synchronized at the end; the scheduler's exit flush included), and
-what each config adds per aten op of the step (counted once by a counting mode):
+W7's model of each label (benchmarks/bench_models.py: random weights, teacher-forced tokens; several labels run one
+after another in one process, e.g. `llama-small-fp16-sdpa-static gpt2-small-fp16-sdpa-static
+llama-small-bf16-eager-static`), the same steps under each config; per config, medians over the runs of: the host
+time of one step (until the model's forward returned) and the whole run per step (synchronized at the end; the
+scheduler's exit flush included), what each config adds per aten op of the step (counted once by a counting mode),
+and how many of its greedy tokens are eager's:
   eager          no mode
   noop_mode      a TorchDispatchMode that runs every op as it comes: PyTorch's cost of a Python mode written the
                  usual way (a class method, which PyTorch wraps in a Dynamo-disable call per op)
@@ -79,18 +81,20 @@ def sync(device: str) -> None:
 
 
 def run_steps(d, cache, ctx, device: str) -> tuple:
-    """One run of d.steps teacher-forced steps inside ctx(): (median host us per step, us per step in all)."""
+    """One run of d.steps teacher-forced steps inside ctx(): (median host us per step, us per step in all, each
+    step's greedy token: compared with eager's by the caller)."""
     BM.reset_cache(d, cache)
-    host = []
+    host, logits = [], []
     sync(device)
     t_all = time.perf_counter()
     with torch.no_grad(), ctx():
         for i in range(d.steps):
             t0 = time.perf_counter()
-            BM.step_logits(d.model, d.forced[i], cache, d.positions[i], d.cache_kw)
+            logits.append(BM.step_logits(d.model, d.forced[i], cache, d.positions[i], d.cache_kw))
             host.append(time.perf_counter() - t0)
     sync(device)
-    return statistics.median(host) * 1e6, (time.perf_counter() - t_all) / d.steps * 1e6
+    t_all = (time.perf_counter() - t_all) / d.steps * 1e6
+    return statistics.median(host) * 1e6, t_all, torch.cat(logits).argmax(-1)
 
 
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
@@ -108,7 +112,7 @@ def front_times(ext, run, steps: int, top: int = 12) -> str:
     what it did, and the operators that cost most among those it called Python for or handed on."""
     ext.cfront_set_timing(True)
     try:
-        host, total = run()
+        host, total, _ = run()
     finally:
         ext.cfront_set_timing(False)
     t = ext.cfront_times()
@@ -134,7 +138,7 @@ def profile(d, cache, ctx, device: str, top: int) -> str:
 
 
 def main() -> int:
-    label = sys.argv[1] if len(sys.argv) > 1 else "llama-small-fp16-sdpa-static"
+    labels = sys.argv[1:] or ["llama-small-fp16-sdpa-static"]
     steps, runs = int(os.environ.get("PROBE_STEPS", "16")), int(os.environ.get("PROBE_RUNS", "3"))
     top = int(os.environ.get("PROBE_TOP", "25"))
     cpu = os.environ.get("PROBE_CPU") == "1"
@@ -172,6 +176,14 @@ def main() -> int:
     if os.environ.get("PROBE_CONFIGS"):  # e.g. PROBE_CONFIGS=eager,sched_worker (eager is always kept: the ratios)
         keep = {"eager", *os.environ["PROBE_CONFIGS"].split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}
+    for label in labels:
+        probe(label, configs, steps, runs, top, device, gpuos)
+    return 0
+
+
+def probe(label, configs, steps, runs, top, device, gpuos) -> None:
+    """One label's model: every config's step times, sched_worker's stats and front timing, the profile."""
+    gpuos_ext = sys.modules.get("gpuos_ext")
     case = BM.make_case(label, steps, device)
     d = case.data
     cache = BM._cached(case)
@@ -188,8 +200,9 @@ def main() -> int:
         host, total = statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
         totals[name] = total
         extra = f", {(total - totals['eager']) / ops:+.1f} us per aten op" if name != "eager" else ""
+        same = min(int((r[2] == case.ref[0]).sum()) for r in res)  # eager's greedy tokens (bench_models' ref)
         print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({totals['eager'] / total:.2f}x "
-              f"eager{extra})", flush=True)
+              f"eager{extra}; tokens {same}/{steps} eager's)", flush=True)
     if gpuos is not None:
         for name in [n for n in ("sched_worker", "sched_worker_nonative", "sched_worker_nodirect") if n in configs]:
             s0, c0 = gpuos.stats(), gpuos_ext.cfront_info()
@@ -205,7 +218,9 @@ def main() -> int:
                 print(front_times(gpuos_ext, lambda: run_steps(d, cache, configs[name], device), steps))
     if top > 0:
         print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
-    return 0
+    del case, d, cache
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

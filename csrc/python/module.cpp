@@ -314,9 +314,9 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
           for (auto [ov, id] : reductions) red.emplace_back(ov.ptr(), id.cast<uint32_t>());
           cfront_set_native(ovs, red);
         }, py::arg("overloads"), py::arg("reductions"),
-        "The overloads the dispatcher front records itself (sched/cfront_native.cpp: mm, bmm, addmm, baddbmm, "
-        "_to_copy; others in the list are ignored) and the last-dim reductions {overload: op id} -- those no "
-        "registered op took.");
+        "The overloads the dispatcher front records itself (sched/cfront.h CfrontNative: matmuls, casts, clone, "
+        "cat, layer norm, fills, where, arange, comparisons, embedding, efficient SDPA, index_copy_; others in the "
+        "list are ignored) and the last-dim reductions {overload: op id} -- those no registered op took.");
   m.def("sched_bits_of", [](py::handle v, py::handle dtype) {
         if (!THPDtype_Check(dtype.ptr())) throw py::type_error("sched_bits_of: dtype must be a torch.dtype");
         const at::ScalarType st = ((THPDtype*)dtype.ptr())->scalar_type;
@@ -357,7 +357,8 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "{'timing', 'by_category': {cat: (passes, own ns)}, 'by_op': {operator: {cat: (passes, own ns)}}}: cats "
         "pass, composite, record, nodata, direct, native, handed (sched/cfront.h cfront_set_timing).");
   m.def("cfront_info", &cfront_info,
-        "The dispatcher front: {available, reason, key, enabled_here, depth, seen, recorded, nodata, fast_ops}.");
+        "The dispatcher front: {available, reason, key, enabled_here, depth, seen, recorded, nodata, direct, native, "
+        "fast_ops}.");
   m.def("set_fusion", [](bool on) { g_fusion = on; }, py::arg("enabled"),
         "Enable / disable flush-time fusion of the scheduler's elementwise chains (default on).");
   m.def("fusion_enabled", [] { return g_fusion; });

@@ -6,6 +6,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/autograd/forward_grad.h>
 
 #include <atomic>
 #include <chrono>
@@ -67,8 +68,9 @@ struct OpKind {
   bool fast = false, nodata = false;
   bool direct = false;  // neither, functional, no CompositeImplicitAutograd kernel: cfront_call_mode may take it
   bool composite = false;  // a CompositeImplicitAutograd kernel: its parts must come back through the front
+  bool inplace = false;    // an in-place native (index_copy_): recorded by the front, or handed on
   CfrontNative native = CfrontNative::none;  // recorded by the front itself first (then direct)
-  uint32_t reduce_op = 0;                     // (native reduce: the row's op id)
+  uint32_t code = 0;                          // (native reduce: the row's op id; compare: its rule)
   FastEntry entry;
 };
 const OpKind& kind_of(const c10::OperatorHandle& op) {
@@ -91,9 +93,15 @@ const OpKind& kind_of(const c10::OperatorHandle& op) {
     if (f != tables->fast.end()) it->second.fast = true, it->second.entry = f->second;
     else if (tables->nodata.count(name)) it->second.nodata = !composite;
     else it->second.direct = !composite && functional_schema(op.schema());
-    if (it->second.direct && tables->native.count(name)) it->second.native = cfront_native_of(name);
+    if (it->second.direct && tables->native.count(name)) {
+      it->second.native = cfront_native_of(name);
+      if (it->second.native == CfrontNative::compare) it->second.code = (uint32_t)cfront_compare_rule(name);
+    }
+    if (!composite && !it->second.direct && tables->native.count(name) &&
+        cfront_native_of(name) == CfrontNative::index_copy)
+      it->second.inplace = true, it->second.native = CfrontNative::index_copy;
     if (auto r = tables->reductions.find(name); it->second.direct && r != tables->reductions.end())
-      it->second.native = CfrontNative::reduce, it->second.reduce_op = r->second;
+      it->second.native = CfrontNative::reduce, it->second.code = r->second;
   }
   return it->second;
 }
@@ -135,9 +143,13 @@ c10::OperatorName name_of(PyObject* overload) {
   return c10::OperatorName(schema.attr("name").cast<std::string>(), schema.attr("overload_name").cast<std::string>());
 }
 
-// The innermost dispatch mode is this thread's entered scheduler and nothing could see the op differently first.
+// The innermost dispatch mode is this thread's entered scheduler and nothing could see the op differently first --
+// nor must: while a forward-AD level is open (torch.autograd.forward_ad.dual_level, one level at a time), Autograd's
+// forward-mode kernels, below the front, must see every op to carry the tangents (recorded here, a dual tensor's
+// result had none); ops then take the mode's way, through Autograd.
 bool scheduler_on_top(const Frame& f) {
   using c10::impl::TorchDispatchModeTLS;
+  if (torch::autograd::ForwardADLevel::try_get_by_idx(0)) return false;
   const int64_t n = TorchDispatchModeTLS::stack_len();
   if (n < 1) return false;  // inside the mode's own __torch_dispatch__ (it is popped), or after its exit
   for (auto k : {c10::impl::TorchDispatchModeKey::FAKE, c10::impl::TorchDispatchModeKey::PROXY,
@@ -188,11 +200,20 @@ bool direct_args(const torch::jit::Stack& stack, size_t first) {
   });
 }
 
-// Record the functional fast op from the stack (its nargs arguments on top); true: the output replaced them.
+// Record the fast op from the stack (its nargs arguments on top); true: the output replaced them. In place
+// (add_, mul_, ...): self, a plain CUDA tensor of the result's dtype and shape (ew_record checks), written and
+// returned, its version bumped (cfront_inplace_done).
 bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::Stack* stack) {
   const CallSpec& s = e.spec;
   if (nargs < s.nin) return false;
   const size_t base = stack->size() - nargs;
+  const bool inplace = s.mode == kModeInplace;
+  if (inplace) {
+    const c10::IValue& self = (*stack)[base];
+    if (!self.isTensor() || !self.toTensor().defined() || self.toTensor().unsafeGetTensorImpl()->is_wrapped_number() ||
+        !cfront_inplace_ok(self.toTensor()))
+      return false;
+  }
   EwIn in[3];
   bool any = false, wrapped = false, all_float = true;
   for (uint32_t k = 0; k < s.nin; ++k) {
@@ -238,7 +259,7 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
   try {
     c10::impl::ExcludeDispatchKeyGuard below(
         c10::DispatchKeySet({kKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    r = ew_record(s.op, s.nin, kModeFunctional, in, nullptr, s0, s.d1, f.threshold);
+    r = ew_record(s.op, s.nin, inplace ? kModeInplace : kModeFunctional, in, nullptr, s0, s.d1, f.threshold);
   } catch (const std::invalid_argument&) {  // outside what GPUOS takes (sched_dispatch: "rejected:<type>", eager)
     return false;
   } catch (const c10::TypeError&) {
@@ -247,6 +268,7 @@ bool try_record(const FastEntry& e, size_t nargs, const Frame& f, torch::jit::St
     return false;
   }
   if (r.reason >= 0) return false;  // the dispatch mode below runs the same checks and counts the fallback
+  if (inplace) return cfront_inplace_done(nargs, stack), true;
   torch::jit::drop(*stack, nargs);
   stack->emplace_back(std::move(r.out));
   return true;
@@ -271,12 +293,20 @@ void front(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::St
   const OpKind k = kind_of(op);  // a copy
   if (!scheduler_on_top(t_frames.back())) return pass_on(op, k, below, stack);
   cat = k.composite ? kCatComposite : kCatHanded;
-  if (!k.fast && !k.nodata && !k.direct) return pass_on(op, k, below, stack);
+  if (!k.fast && !k.nodata && !k.direct && !k.inplace) return pass_on(op, k, below, stack);
   cat = kCatHanded;
   const Frame& f = t_frames.back();
   const size_t nargs = op.schema().arguments().size();
+  if (k.inplace) {
+    if (cfront_try_native(op, k.native, 0, f.threshold, nargs, stack)) {
+      g_native.fetch_add(1, std::memory_order_relaxed);
+      cat = kCatNative;
+      return;
+    }
+    return pass_on(op, k, below, stack);
+  }
   if (k.direct) {
-    if (k.native != CfrontNative::none && cfront_try_native(op, k.native, k.reduce_op, f.threshold, nargs, stack)) {
+    if (k.native != CfrontNative::none && cfront_try_native(op, k.native, k.code, f.threshold, nargs, stack)) {
       g_native.fetch_add(1, std::memory_order_relaxed);
       cat = kCatNative;
       return;
@@ -381,7 +411,7 @@ bool cfront_number(const c10::IValue& v, double* out) {
 void cfront_set_fast(const std::vector<std::pair<PyObject*, CallSpec>>& table) {
   std::unordered_map<c10::OperatorName, FastEntry> t;
   for (const auto& [ov, spec] : table) {
-    if (spec.mode != kModeFunctional) continue;  // in place / out=: the dispatch mode (version counters, aliasing)
+    if (spec.mode == kModeOut) continue;  // out=: the dispatch mode (in place: try_record bumps the version)
     FastEntry e;
     e.spec = spec;
     if (spec.scalars != 0) {

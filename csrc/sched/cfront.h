@@ -5,8 +5,10 @@
 // forty-seventh session: +4.6-5.3 us per op for a mode bound to C++, +0.3-0.7 for a boxed fallback), ~230 ops per
 // step of a small HF decoder. While a GpuosScheduler is entered (gpuos/scheduler.py), this thread includes the
 // front's dispatch key in its local key set, so the dispatcher calls the fallback first for every op. It
-//   - records the functional fast-spec elementwise ops (the CallSpec table sched_dispatch uses, by operator name)
-//     from the dispatcher's stack (sched/record.h ew_record), the GIL held, like sched_dispatch;
+//   - records the fast-spec elementwise ops, functional and in place (the CallSpec table sched_dispatch uses, by
+//     operator name), from the dispatcher's stack (sched/record.h ew_record), the GIL held, like sched_dispatch;
+//     records what the Python handlers would record from their arguments alone (cfront_native.cpp), KV cache
+//     writes (index_copy_) among them -- in place, with ADInplaceOrView's part (cfront_inplace_done);
 //   - runs the no-data ops (views, metadata, allocation: sched_set_nodata) below the dispatch modes, as
 //     sched_dispatch would run them, when the scheduler is the only mode and every tensor argument is plain;
 //   - calls the dispatch mode's handler itself (cfront_call_mode: sched_dispatch, the Python handlers) for the
@@ -45,22 +47,44 @@ bool cfront_number(const c10::IValue& v, double* out);
 void cfront_set_timing(bool on);
 pybind11::dict cfront_times();
 
-// cfront_native.cpp. The ops the front records itself (the Python handler only reads arguments and calls the record
-// path's C++ core); set with cfront_set_native (the overloads no registered op took).
-enum class CfrontNative : uint8_t { none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce };
+// cfront_native.cpp (and cfront_data.cpp's data kinds). The ops the front records itself (the Python handler only
+// reads arguments and calls the record path's C++ core); set with cfront_set_native (the overloads no registered op
+// took).
+enum class CfrontNative : uint8_t {
+  none, mm, addmm, to_copy, clone, cat, scalar_tensor, where, arange, attention, reduce,
+  compare, embedding, layer_norm, full, argmax,
+  index_copy,  // in place (the rest are functional)
+};
 CfrontNative cfront_native_of(const c10::OperatorName& name);
-// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange and efficient SDPA; reductions: {overload: op id} of the last-dim reduction rows (sum, mean, amax,
-// amin, _softmax, _log_softmax).
+// overloads: the matmuls, casts, clone, cat, scalar_tensor, where.self, arange, efficient SDPA, comparisons,
+// embedding, argmax, native_layer_norm, zeros / ones / full and index_copy_; reductions: {overload: op id} of the
+// last-dim reduction rows (sum, mean, amax, amin, _softmax, _log_softmax).
 void cfront_set_native(const std::vector<PyObject*>& overloads,
                        const std::vector<std::pair<PyObject*, uint32_t>>& reductions);
-// Record the op from the stack (its nargs arguments on top); true: its output replaced them. reduce_op: the
-// reduction's op id (kind reduce).
-bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t reduce_op, int64_t threshold,
+// Record the op from the stack (its nargs arguments on top); true: its output replaced them. code: the reduction's
+// op id (kind reduce), the compare rule (kind compare).
+bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t code, int64_t threshold,
                        size_t nargs, torch::jit::Stack* stack);
-// A functional add / sub / mul (.Tensor / .Scalar) the fast record refused, on integer operands: recorded as the
-// worker's integer arithmetic (the mode's integer retry, _int_handlers._int_arith, without Python); true: its output
-// replaced the arguments.
+// cfront_data.cpp. The data-movement kinds (scalar_tensor, full, where, arange, compare, embedding, argmax,
+// index_copy) and their records from the op's n arguments `a` (code: compare's rule): the output (index_copy: self),
+// or the reason.
+// cfront_compare_rule: the compare rule (device_src/dataops.h CmpOp) of lt / le / gt / ge / eq / ne .Tensor /
+// .Scalar; -1 for any other overload.
+struct EwRecorded;
+int cfront_compare_rule(const c10::OperatorName& name);
+bool cfront_data_kind(CfrontNative kind);
+EwRecorded cfront_data_record(CfrontNative kind, const c10::OperatorName& name, uint32_t code, const c10::IValue* a,
+                              size_t n, int64_t thr);
+// An add / sub / mul (.Tensor / .Scalar; functional or in place) the fast record refused, on integer operands:
+// recorded as the worker's integer arithmetic (the mode's integer retry, _int_handlers._int_arith, without Python);
+// true: its output (in place: self) replaced the arguments.
 bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack);
+// In place from the front, which sits above ADInplaceOrView: it must do that kernel's part. cfront_inplace_ok: self
+// may be written here (an inference tensor only inside inference mode; outside it eager raises, so the mode's path
+// decides). cfront_inplace_done, once the write is recorded: self's version counter bumped as ADInplaceOrView bumps
+// it, and the nargs arguments on the stack replaced by self (the op's return).
+bool cfront_inplace_ok(const at::Tensor& self);
+void cfront_inplace_done(size_t nargs, torch::jit::Stack* stack);
 
 // cfront_call.cpp. Whether an op's schema aliases nothing (no view, in place or out= argument or return).
 bool functional_schema(const c10::FunctionSchema& s);

@@ -1,10 +1,11 @@
 // csrc/sched/cfront_native.cpp -- the dispatcher front's own handlers (cfront.h): the ops whose Python handler only
 // reads its arguments and calls the record path's C++ core -- the worker matmuls (mm / bmm / addmm / baddbmm:
-// gpuos/_decode_handlers.py matmul_handlers -> sched_matmul), floating casts, copies and joins (_to_copy, clone,
-// cat: cast_handlers / _data_handlers._clone -> sched_cast), the mask builders' data ops (scalar_tensor, where.self,
-// arange: _data_handlers -> sched_data), efficient SDPA (_attention.py -> sched_attention) and last-dim reductions (gpuos/scheduler.py _reduce_handler -> sched_reduce) -- recorded from the
-// dispatcher's stack without the Python handler. Whatever they refuse goes on to
-// that handler (a direct call), which decides and counts the fallback exactly as before.
+// gpuos/_decode_handlers.py matmul_handlers -> sched_matmul), casts, copies and joins (_to_copy, clone, cat:
+// cast_handlers / _data_handlers._clone -> sched_cast; integer casts: _int_handlers.int_cast -> sched_data), layer
+// norm (_decode_handlers.layer_norm_handler: table ops), efficient SDPA (_attention.py -> sched_attention), last-dim
+// reductions (gpuos/scheduler.py _reduce_handler -> sched_reduce) and the data-movement ops of cfront_data.cpp --
+// recorded from the dispatcher's stack without the Python handler. Whatever they refuse goes on to that handler (a
+// direct call; in place: the dispatch mode), which decides and counts the fallback exactly as before.
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "ops/op_table.h"
@@ -20,16 +21,23 @@ namespace gpuos {
 namespace {
 
 // _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None)
-// as the Python handler takes it: a cast on the same device, nothing else asked; between the worker's float dtypes
-// only (the integer casts have their own handler).
-bool cast_args(const c10::IValue* a, const at::Tensor& x, at::ScalarType* dt) {
+// as the Python handlers take it: a cast on the same device, nothing else asked; between the worker's float dtypes
+// (cast_handlers -> sched_cast: op copy), or with an integer side (_int_handlers.int_cast: add_int(x, 0), a
+// contiguous result) -- *integer says which; bool -> bool and casts to bool: the handler.
+bool cast_args(const c10::IValue* a, const at::Tensor& x, at::ScalarType* dt, bool* integer) {
   *dt = a[1].isNone() ? x.scalar_type() : (at::ScalarType)a[1].toInt();
   if (!a[2].isNone() && (c10::Layout)a[2].toInt() != c10::kStrided) return false;
   if (!a[3].isNone() && a[3].toDevice() != x.device()) return false;
   if (!a[4].isNone() && a[4].toBool()) return false;
   if (a[5].toBool()) return false;
   if (!a[6].isNone() && (c10::MemoryFormat)a[6].toInt() != c10::MemoryFormat::Preserve) return false;
-  return dtype_code(x.scalar_type()) >= 0 && dtype_code(*dt) >= 0;  // (as sched_cast; other dtypes: the handler)
+  const at::ScalarType from = x.scalar_type();
+  *integer = false;
+  if (dtype_code(from) >= 0 && dtype_code(*dt) >= 0) return true;
+  const auto is_int = [](at::ScalarType t) { return t == at::kLong || t == at::kInt; };
+  const bool from_int = is_int(from) || from == at::kBool;
+  *integer = (is_int(*dt) && (from_int || dtype_code(from) >= 0)) || (dtype_code(*dt) >= 0 && from_int);
+  return *integer;
 }
 
 // A last-dim reduction as gpuos/scheduler.py's _reduce_handler takes it: `dim` one int (or a list of one) naming the
@@ -114,60 +122,54 @@ EwRecorded cat_record(const c10::IValue* a, size_t n, int64_t thr) {
   return EwRecorded{std::move(out), -1, false};
 }
 
-// A factory's (dtype, layout, device, pin_memory) from a[0..3] as _data_handlers._factory_device takes them: strided,
-// not pinned, on a CUDA device named with its index (no index: the handler finds the current one).
-bool factory_args(const c10::IValue* a, at::ScalarType dflt, at::TensorOptions* o) {
-  if (!a[1].isNone() && (c10::Layout)a[1].toInt() != c10::kStrided) return false;
-  if (!a[3].isNone() && a[3].toBool()) return false;
-  if (a[2].isNone()) return false;
-  const c10::Device dev = a[2].toDevice();
-  if (!dev.is_cuda() || !dev.has_index()) return false;
-  *o = at::TensorOptions().device(dev).dtype(a[0].isNone() ? dflt : (at::ScalarType)a[0].toInt());
-  return true;
-}
+EwIn ew_in(const at::Tensor& t) { return EwIn{&t, false, 0.0}; }
 
-bool scalar_of(const c10::IValue& v, c10::Scalar* s) {
-  if (v.isBool()) *s = c10::Scalar(v.toBool());
-  else if (v.isInt()) *s = c10::Scalar(v.toInt());
-  else if (v.isDouble()) *s = c10::Scalar(v.toDouble());
-  else return false;
-  return true;
-}
-
-// scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None) as _data_handlers._scalar_tensor: a
-// fill of a fresh 0-d tensor (the default dtype when none is given). torch.where(cond, number, number) makes two.
-EwRecorded scalar_tensor_record(const c10::IValue* a, size_t n, int64_t thr) {
-  c10::Scalar v;
-  at::TensorOptions o;
-  if (n != 5 || !scalar_of(a[0], &v) || !factory_args(a + 1, c10::get_default_dtype_as_scalartype(), &o))
-    return ew_reason(kR_unsupported_args);
-  uint64_t b = 0;
-  try {
-    b = bits_of(v, o.dtype().toScalarType());
-  } catch (const std::exception&) {  // overflow / not an integer: the handler's reason
-    return ew_reason(kR_unsupported_args);
+// native_layer_norm(input, normalized_shape, weight, bias, eps) over the last dim as _decode_handlers.
+// layer_norm_handler records it: table ops in fp32, as eager's kernel (x32 = copy(x), mean = mean(x32), xc = x32 -
+// mean, rstd = rsqrt(mean(xc * xc) + eps), out = copy(xc * rstd * w + b)); its results out, and mean and rstd
+// (in *extra). A refused step: the handler decides (the steps recorded wrote only their own fresh outputs).
+EwRecorded layer_norm_record(const c10::IValue* a, size_t n, int64_t thr, std::vector<at::Tensor>* extra) {
+  double eps = 0.0;
+  if (n != 5 || !a[1].isIntList() || !cfront_number(a[4], &eps)) return ew_reason(kR_unsupported_args);
+  const at::Tensor& x = a[0].toTensor();
+  const std::vector<int64_t> shape = a[1].toIntVector();
+  if (x.dim() == 0 || shape.size() != 1 || shape[0] != x.size(-1)) return ew_reason(kR_unsupported_args);
+  const at::Tensor* wb[2] = {nullptr, nullptr};
+  for (int k = 0; k < 2; ++k) {
+    const c10::IValue& v = a[2 + k];
+    if (v.isNone()) continue;
+    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().dim() != 1) return ew_reason(kR_unsupported_args);
+    wb[k] = &v.toTensor();
   }
-  at::Tensor out = at::empty({}, o);
-  const at::Tensor none;
-  if (int r = data_record(kOp_fill, out, &none, &b, 1, 0, 0, false, true, thr)) return ew_reason(r);
-  return EwRecorded{std::move(out), -1, false};
-}
-
-// where.self(condition, self, other) as _data_handlers._where for tensor operands already of the result dtype (0-d
-// ones of another float dtype, and wrapped numbers, go to the handler, which casts them or takes them as constants).
-EwRecorded where_record(const c10::IValue* a, size_t n, int64_t thr) {
-  if (n != 3 || !a[1].isTensor() || !a[2].isTensor()) return ew_reason(kR_unsupported_args);
-  const at::Tensor &c = a[0].toTensor(), &x = a[1].toTensor(), &y = a[2].toTensor();
-  if (!x.defined() || !y.defined() || !plain_cuda_keys(x) || !plain_cuda_keys(y) || c.scalar_type() != at::kBool)
-    return ew_reason(kR_unsupported_args);
-  const at::ScalarType dt = at::result_type(x, y);
-  if (x.scalar_type() != dt || y.scalar_type() != dt) return ew_reason(kR_dtype);
-  const std::vector<int64_t> shape = at::infer_size(at::infer_size(c.sizes(), x.sizes()), y.sizes());
-  at::Tensor out = at::empty(shape, c.options().dtype(dt));
-  const at::Tensor ins[3] = {c, x, y};
-  const uint64_t bits[3] = {0, 0, 0};
-  if (int r = data_record(kOp_where, out, ins, bits, 3, 0, 0, false, true, thr)) return ew_reason(r);
-  return EwRecorded{std::move(out), -1, false};
+  int why = -1;  // the first refused step's reason
+  const auto step = [&](EwRecorded r) {
+    if (why < 0 && r.reason >= 0) why = r.reason;
+    return why < 0 ? std::move(r.out) : at::Tensor();
+  };
+  const auto ew = [&](uint32_t op, std::initializer_list<EwIn> ins) {
+    return why >= 0 ? at::Tensor() : step(ew_record(op, (uint32_t)ins.size(), kModeFunctional, ins.begin(), nullptr,
+                                                    1.f, 0.f, thr));
+  };
+  const EwIn in_x = ew_in(x);
+  const int f32 = (int)at::kFloat;
+  const at::Tensor x32 = x.scalar_type() == at::kFloat
+                             ? x : step(ew_record(kOp_copy, 1, kModeFunctional, &in_x, nullptr, 0.f, 0.f, thr, f32));
+  const at::Tensor mean = why >= 0 ? at::Tensor() : step(reduce_record(kOp_mean, x32, true, thr));
+  const at::Tensor xc = ew(kOp_sub, {ew_in(x32), ew_in(mean)});
+  const at::Tensor sq = ew(kOp_mul, {ew_in(xc), ew_in(xc)});
+  const at::Tensor var = why >= 0 ? at::Tensor() : step(reduce_record(kOp_mean, sq, true, thr));
+  const at::Tensor var_eps = ew(kOp_add, {ew_in(var), EwIn{nullptr, true, eps}});
+  const at::Tensor rstd = ew(kOp_rsqrt, {ew_in(var_eps)});
+  at::Tensor y = ew(kOp_mul, {ew_in(xc), ew_in(rstd)});
+  if (wb[0]) y = ew(kOp_mul, {ew_in(y), ew_in(*wb[0])});
+  if (wb[1]) y = ew(kOp_add, {ew_in(y), ew_in(*wb[1])});
+  if (why < 0 && x.scalar_type() != at::kFloat) {
+    const EwIn in_y = ew_in(y);
+    y = step(ew_record(kOp_copy, 1, kModeFunctional, &in_y, nullptr, 0.f, 0.f, thr, (int)x.scalar_type()));
+  }
+  if (why >= 0) return ew_reason(why);
+  *extra = {mean, rstd};
+  return EwRecorded{std::move(y), -1, false};
 }
 
 // _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
@@ -183,116 +185,11 @@ bool attention_args(const c10::IValue* a, size_t n, double* scale) {
   }
   return true;
 }
-
-int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
-
-// arange(end) / arange.start(start, end) / arange.start_step(start, end, step), each with (dtype, layout, device,
-// pin_memory), as _data_handlers._arange: integer bounds and an integer dtype (int64 by default); float ones go to the
-// handler (which leaves them eager).
-EwRecorded arange_record(const c10::IValue* a, size_t n, int64_t thr) {
-  if (n < 5 || n > 7) return ew_reason(kR_unsupported_args);
-  const size_t nb = n - 4;  // bounds
-  int64_t v[3] = {0, 0, 1};
-  for (size_t i = 0; i < nb; ++i) {
-    if (a[i].isInt()) v[nb == 1 ? 1 : i] = a[i].toInt();
-    else if (a[i].isBool()) v[nb == 1 ? 1 : i] = a[i].toBool();
-    else return ew_reason(kR_unsupported_args);
-  }
-  at::TensorOptions o;
-  if (!factory_args(a + nb, at::kLong, &o)) return ew_reason(kR_unsupported_args);
-  const at::ScalarType dt = o.dtype().toScalarType();
-  const int64_t start = v[0], end = v[1], step = v[2];
-  if ((dt != at::kLong && dt != at::kInt) || step == 0) return ew_reason(kR_unsupported_args);
-  const __int128 span = (__int128)end - start;
-  if (span > INT64_MAX || span <= INT64_MIN) return ew_reason(kR_unsupported_args);
-  const int64_t count = std::max<int64_t>(0, -floor_div(-(int64_t)span, step));
-  uint64_t bits[2] = {0, 0};
-  try {
-    bits[0] = bits_of(c10::Scalar(start), dt), bits[1] = bits_of(c10::Scalar(step), dt);
-    const __int128 last = (__int128)start + (__int128)(count ? count - 1 : 0) * step;
-    if (last > INT64_MAX || last < INT64_MIN) return ew_reason(kR_unsupported_args);
-    bits_of(c10::Scalar((int64_t)last), dt);
-  } catch (const std::exception&) {
-    return ew_reason(kR_unsupported_args);
-  }
-  at::Tensor out = at::empty({count}, o);
-  const at::Tensor ins[2];
-  if (int r = data_record(kOp_arange, out, ins, bits, 2, 0, 0, false, true, thr)) return ew_reason(r);
-  return EwRecorded{std::move(out), -1, false};
-}
-
-// add / sub / mul (.Tensor / .Scalar, functional) on integer operands as _int_handlers._int_arith takes them: the
-// result dtype int64 / int32, CUDA tensors broadcast, numbers and CPU 0-d tensors (Python numbers at the dispatcher)
-// as integer constants, an integer alpha; add_int / mul_int in integer arithmetic (wrapping like torch).
-EwRecorded int_arith_record(uint32_t op, int64_t sign, const c10::IValue* a, size_t n, int64_t thr) {
-  if (n < 2) return ew_reason(kR_unsupported_args);
-  int64_t alpha = 1;
-  if (n > 2) {
-    if (a[2].isInt()) alpha = a[2].toInt();
-    else if (a[2].isBool()) alpha = a[2].toBool();
-    else return ew_reason(kR_unsupported_args);
-  }
-  at::ScalarType dt;
-  if (a[0].isTensor() && a[1].isTensor()) dt = at::result_type(a[0].toTensor(), a[1].toTensor());
-  else if (a[0].isTensor() && a[1].isScalar()) dt = at::result_type(a[0].toTensor(), a[1].toScalar());
-  else return ew_reason(kR_unsupported_args);
-  if (dt != at::kLong && dt != at::kInt) return ew_reason(kR_dtype);
-  at::Tensor ins[2];
-  uint64_t bits[2] = {0, 0};
-  const at::Tensor* first = nullptr;
-  std::vector<int64_t> shape;
-  for (int k = 0; k < 2; ++k) {
-    if (a[k].isTensor()) {
-      const at::Tensor& t = a[k].toTensor();
-      if (!t.defined()) return ew_reason(kR_unsupported_args);
-      if (t.is_cuda()) {
-        if (!plain_cuda_keys(t)) return ew_reason(kR_unsupported_args);
-        shape = first ? at::infer_size(shape, t.sizes()) : t.sizes().vec();
-        first = first ? first : &t;
-        ins[k] = t;
-        continue;
-      }
-      if (t.dim() != 0 || !t.device().is_cpu() || !at::isIntegralType(t.scalar_type(), true))
-        return ew_reason(kR_unsupported_args);
-      bits[k] = (uint64_t)t.item<int64_t>();  // a CPU 0-d tensor: read on the host, as the handler does
-    } else {
-      const c10::Scalar s = a[k].toScalar();
-      if (!s.isIntegral(true)) return ew_reason(kR_unsupported_args);
-      bits[k] = (uint64_t)(s.isBoolean() ? (int64_t)s.toBool() : s.toLong());
-    }
-  }
-  if (!first) return ew_reason(kR_not_cuda);
-  at::Tensor out = at::empty(shape, first->options().dtype(dt));
-  if (int r = data_record(op, out, ins, bits, 2, 0, sign * alpha, false, true, thr)) return ew_reason(r);
-  return EwRecorded{std::move(out), -1, false};
-}
-
 }  // namespace
 
-bool cfront_try_int_arith(const c10::OperatorHandle& op, int64_t threshold, size_t nargs, torch::jit::Stack* stack) {
-  const c10::OperatorName& name = op.operator_name();
-  if (name.overload_name != "Tensor" && name.overload_name != "Scalar") return false;
-  const bool add = name.name == "aten::add", sub = name.name == "aten::sub", mul = name.name == "aten::mul";
-  if (!add && !sub && !mul) return false;
-  const c10::IValue* a = stack->data() + (stack->size() - nargs);
-  if (!a[0].isTensor() || !a[0].toTensor().defined() || !plain_cuda_keys(a[0].toTensor())) return false;
-  if (at::isFloatingType(a[0].toTensor().scalar_type())) return false;  // a float result (refused for another reason)
-  py::gil_scoped_acquire gil;  // as cfront_try_native
-  EwRecorded r;
-  try {
-    c10::impl::ExcludeDispatchKeyGuard below(
-        c10::DispatchKeySet({kCfrontKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    r = int_arith_record(mul ? kOp_mul_int : kOp_add_int, sub ? -1 : 1, a, nargs, threshold);
-  } catch (const c10::Error&) {  // (shapes that do not broadcast, ...): the mode's handler decides
-    return false;
-  }
-  if (r.reason >= 0) return false;
-  torch::jit::drop(*stack, nargs);
-  stack->emplace_back(std::move(r.out));
-  return true;
-}
 
 CfrontNative cfront_native_of(const c10::OperatorName& name) {
+  if (cfront_compare_rule(name) >= 0) return CfrontNative::compare;
   if (name.name == "aten::where") return name.overload_name == "self" ? CfrontNative::where : CfrontNative::none;
   if (name.name == "aten::arange") return CfrontNative::arange;  // (each overload: arange_record tells them apart)
   if (!name.overload_name.empty()) return CfrontNative::none;
@@ -303,10 +200,15 @@ CfrontNative cfront_native_of(const c10::OperatorName& name) {
   if (name.name == "aten::_to_copy") return CfrontNative::to_copy;
   if (name.name == "aten::clone") return CfrontNative::clone;
   if (name.name == "aten::cat") return CfrontNative::cat;
+  if (name.name == "aten::index_copy_") return CfrontNative::index_copy;
+  if (name.name == "aten::embedding") return CfrontNative::embedding;
+  if (name.name == "aten::argmax") return CfrontNative::argmax;
+  if (name.name == "aten::native_layer_norm") return CfrontNative::layer_norm;
+  if (name.name == "aten::zeros" || name.name == "aten::ones" || name.name == "aten::full") return CfrontNative::full;
   return CfrontNative::none;
 }
 
-bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t reduce_op, int64_t threshold,
+bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_t code, int64_t threshold,
                        size_t nargs, torch::jit::Stack* stack) {
   const size_t base = stack->size() - nargs;
   const c10::IValue* a = stack->data() + base;
@@ -315,15 +217,20 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   if (kind == CfrontNative::attention && !worker_attention_enabled()) return false;  // (as for matmuls)
   size_t ntensors = 1;
   if (kind == CfrontNative::addmm || kind == CfrontNative::attention) ntensors = 3;
-  else if (kind == CfrontNative::mm) ntensors = 2;
-  else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange) ntensors = 0;
+  else if (kind == CfrontNative::mm || kind == CfrontNative::embedding) ntensors = 2;
+  else if (kind == CfrontNative::cat || kind == CfrontNative::scalar_tensor || kind == CfrontNative::arange ||
+           kind == CfrontNative::compare || kind == CfrontNative::full)
+    ntensors = 0;
+  if (kind == CfrontNative::index_copy && !(nargs > 0 && a[0].isTensor() && cfront_inplace_ok(a[0].toTensor())))
+    return false;
   if (nargs < (kind == CfrontNative::to_copy ? 7 : ntensors)) return false;
   for (size_t i = 0; i < ntensors; ++i)
     if (!a[i].isTensor() || !a[i].toTensor().defined() || !plain_cuda_keys(a[i].toTensor())) return false;
   double alpha = 1.0, beta = 1.0;
   at::ScalarType dt = at::kFloat;
   if (kind == CfrontNative::addmm && (nargs < 5 || !cfront_number(a[3], &beta) || !cfront_number(a[4], &alpha))) return false;
-  if (kind == CfrontNative::to_copy && !cast_args(a, a[0].toTensor(), &dt)) return false;
+  bool integer = false;
+  if (kind == CfrontNative::to_copy && !cast_args(a, a[0].toTensor(), &dt, &integer)) return false;
   bool keepdim = false;
   if (kind == CfrontNative::reduce && !reduce_args(op.schema(), a, nargs, a[0].toTensor(), &keepdim)) return false;
   at::MemoryFormat mf = at::MemoryFormat::Preserve;
@@ -337,21 +244,26 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
   try {
     c10::impl::ExcludeDispatchKeyGuard below(
         c10::DispatchKeySet({kCfrontKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    if (kind == CfrontNative::to_copy) {
+    if (kind == CfrontNative::to_copy && integer) {
+      const at::Tensor& x = a[0].toTensor();
+      const at::Tensor ins[2] = {x, at::Tensor()};
+      const uint64_t bits[2] = {0, 0};
+      at::Tensor out = at::empty_like(x, x.options().dtype(dt), at::MemoryFormat::Contiguous);
+      const int why = data_record(kOp_add_int, out, ins, bits, 2, 0, 0, false, true, threshold);
+      r = why ? ew_reason(why) : EwRecorded{std::move(out), -1, false};
+    } else if (kind == CfrontNative::to_copy) {
       EwIn in;
       in.t = &a[0].toTensor();
       r = ew_record(kOp_copy, 1, kModeFunctional, &in, nullptr, 0.f, 0.f, threshold, (int)dt);
+    } else if (cfront_data_kind(kind)) {
+      r = cfront_data_record(kind, op.operator_name(), code, a, nargs, threshold);
+    } else if (kind == CfrontNative::layer_norm) {
+      r = layer_norm_record(a, nargs, threshold, &extra);
     } else if (kind == CfrontNative::clone) {
       const at::Tensor& x = a[0].toTensor();
       r = copy_into(x, at::empty_like(x, x.options(), mf), threshold);
     } else if (kind == CfrontNative::cat) {
       r = cat_record(a, nargs, threshold);
-    } else if (kind == CfrontNative::scalar_tensor) {
-      r = scalar_tensor_record(a, nargs, threshold);
-    } else if (kind == CfrontNative::where) {
-      r = where_record(a, nargs, threshold);
-    } else if (kind == CfrontNative::arange) {
-      r = arange_record(a, nargs, threshold);
     } else if (kind == CfrontNative::attention) {
       const at::Tensor mask = a[3].isTensor() ? a[3].toTensor() : at::Tensor();
       r = attention_record(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), mask, a[6].toBool(),
@@ -362,7 +274,7 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
                  at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
       }
     } else if (kind == CfrontNative::reduce) {
-      r = reduce_record(reduce_op, a[0].toTensor(), keepdim, threshold);
+      r = reduce_record(code, a[0].toTensor(), keepdim, threshold);
     } else if (kind == CfrontNative::mm) {
       r = mm_record(a[0].toTensor(), a[1].toTensor(), nullptr, 1.0, 1.0);
     } else {
@@ -372,6 +284,7 @@ bool cfront_try_native(const c10::OperatorHandle& op, CfrontNative kind, uint32_
     return false;
   }
   if (r.reason >= 0) return false;
+  if (kind == CfrontNative::index_copy) return cfront_inplace_done(nargs, stack), true;
   torch::jit::drop(*stack, nargs);
   stack->emplace_back(std::move(r.out));
   for (at::Tensor& t : extra) stack->emplace_back(std::move(t));
