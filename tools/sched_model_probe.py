@@ -2,6 +2,7 @@
 
     python tools/sched_model_probe.py [label ...]  # on a GPU machine; default llama-small-fp16-sdpa-static
     env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows),
+         PROBE_FRONT_TOP (12 rows of the front's own time per operator),
          PROBE_CONFIGS (a comma list of the configs below to run; default all)
 
 W7's model of each label (benchmarks/bench_models.py: random weights, teacher-forced tokens; several labels run one
@@ -100,11 +101,13 @@ def run_steps(d, cache, ctx, device: str) -> tuple:
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
     """bench_models' per-step figures of the scheduler, with the record and publication counters beside them."""
     counters = [k for k in ("ops_intercepted", "front_ops", "subops", "flushes", "publications", "gated_launches",
-                            "working_launches", "dma_batches") if k in s0 and k in s1]
+                            "working_launches", "dma_batches", "lock_waits") if k in s0 and k in s1]
+    ns = ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns", "publish_gen_ns",
+          "publish_wait_ns", "publish_hook_ns", "lock_wait_ns")
+    h0, h1 = s0.get("flush_host_us") or {}, s1.get("flush_host_us") or {}  # the scheduler's lowering, whole flushes
     return {**BM.per_step_stats(s0, s1, steps), **BM.counts_per_step(s0, s1, steps, counters),
-            **{k[:-3] + "_us_per_step": round((s1[k] - s0[k]) / steps / 1e3, 1)
-               for k in ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns")
-               if k in s0 and k in s1}}
+            **{k[:-3] + "_us_per_step": round((s1[k] - s0[k]) / steps / 1e3, 1) for k in ns if k in s0 and k in s1},
+            **{"flush_" + k[:-3] + "_us_per_step": round((h1[k] - h0[k]) / steps, 1) for k in h1 if k in h0}}
 
 
 def front_times(ext, run, steps: int, top: int = 12) -> str:
@@ -215,7 +218,8 @@ def probe(label, configs, steps, runs, top, device, gpuos) -> None:
             print("  fallbacks per step:", {k: round((v - s0["fallbacks"].get(k, 0)) / steps, 1)
                                             for k, v in s1["fallbacks"].items() if v != s0["fallbacks"].get(k, 0)})
             if name == "sched_worker" and hasattr(gpuos_ext, "cfront_set_timing"):
-                print(front_times(gpuos_ext, lambda: run_steps(d, cache, configs[name], device), steps))
+                print(front_times(gpuos_ext, lambda: run_steps(d, cache, configs[name], device), steps,
+                                  int(os.environ.get("PROBE_FRONT_TOP", "12"))))
     if top > 0:
         print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
     del case, d, cache

@@ -233,16 +233,21 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   // loads it; otherwise a newer ready generation takes over (maybe_adopt_generation: at once if the worker has left,
   // with kicks also after the published batches complete when it has not).
   // (pending_need_gen_ is never reset: an op whose tiles straddle a ring-full flush keeps its need.)
-  if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
-  else maybe_adopt_generation(true);
+  {
+    ScopedNs gen(st_.publish_gen_ns);
+    if (pending_need_gen_ > active_gen_) ensure_generation(pending_need_gen_);
+    else maybe_adopt_generation(true);
+  }
   const Driver& d = driver();
   // An early publication is bulk work: if a worker on the bounded grid is resident and idle (everything
   // published has run), let it leave so that this publication launches one on the burst grid. (A busy one keeps
   // the work: waiting for it here would block the recording thread.)
   retire();
   if (early && launched_grid_ < burst_grid_ && inflight_.empty() &&
-      __atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) == kWorkerRunning)
+      __atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) == kWorkerRunning) {
+    ScopedNs waiting(st_.publish_wait_ns);
     drain_worker("an early publication moving to the burst grid");
+  }
   // Lazy module loading: the first launch of a kernel waits until no kernel is resident. If such a launch is
   // queued on this stream, a resident worker waiting for the ready word behind it never leaves: a deadlock (the
   // soak wedged an H100 within 50 chains this way; none with eager loading). The runtime cannot see what the
@@ -255,8 +260,11 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   std::vector<CUstreamBatchMemOpParams>& ops = memops_;
   ops.assign(pre_ops_.begin(), pre_ops_.end());  // replay_image's TensorRef writes, before any ready word
   retire();
-  wait_oldest_while([&] { return inflight_.size() + levels_.size() >= kMaxBatches - 1; },  // slot reuse: old done
-                    "a free batch slot", "batch slot accounting broken (nothing in flight, no free slot)");
+  {
+    ScopedNs waiting(st_.publish_wait_ns);
+    wait_oldest_while([&] { return inflight_.size() + levels_.size() >= kMaxBatches - 1; },  // slot reuse: old done
+                      "a free batch slot", "batch slot accounting broken (nothing in flight, no free slot)");
+  }
   std::vector<Level> publishing;
   publishing.swap(levels_);
   // TensorRefs are reclaimed batch by batch (retire): only the flush's last batch may release the refs recorded
@@ -428,7 +436,10 @@ uint32_t Runtime::publish(CUstream stream, bool early, bool last) {
   if (!early && last) st_.flushes++;
   // Keep-alive references may go once the stream waits for the work (a later allocation on that stream cannot
   // reuse the memory before the worker is done with it): not after an early publication.
-  if (!early && last && on_publish_) on_publish_();
+  if (!early && last && on_publish_) {
+    ScopedNs hook(st_.publish_hook_ns);
+    on_publish_();
+  }
   return last_seq_;
 }
 

@@ -151,7 +151,10 @@ struct Operand {
   X(publish_ns)         /* host ns in publications (Runtime::publish), of which: */                       \
   X(publish_copy_ns)    /*   issuing the descriptor / TensorRef / program copies */                       \
   X(publish_memop_ns)   /*   the ready-word and stream-wait memop calls */                                \
-  X(publish_launch_ns)  /*   the stream query and worker launches */
+  X(publish_launch_ns)  /*   the stream query and worker launches */                                      \
+  X(publish_gen_ns)     /*   generation checks and adoptions (a busy adoption waits for the published work) */ \
+  X(publish_wait_ns)    /*   waits for the device: a free batch slot, an idle worker to leave */          \
+  X(publish_hook_ns)    /*   the publish hook (the scheduler's keep-alive references let go) */
 
 // Adds the nanoseconds of its scope to a counter (the host-time stats above).
 struct ScopedNs {

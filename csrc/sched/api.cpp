@@ -121,6 +121,8 @@ py::dict stats() {
 #define GPUOS_STAT_ITEM(name) d[#name] = s.name;
   GPUOS_RUNTIME_STATS(GPUOS_STAT_ITEM)
 #undef GPUOS_STAT_ITEM
+  d["lock_waits"] = g_rt_lock_waits.load();  // a runtime's lock found held (RtLock), and the ns waited for it
+  d["lock_wait_ns"] = g_rt_lock_wait_ns.load();
   d["jit_compiles"] = j.compiles;
   d["cache_hits"] = j.cache_hits;
   d["disk_cache_hits"] = j.disk_hits;

@@ -123,7 +123,7 @@ std::atomic<bool> g_direct_on{true};
 
 // cfront_set_timing(true): each pass's own time (less the front passes nested in it: a composite's parts, a
 // handler's calls that came back through the front) by what the front did with the op, and per operator for the
-// ops that reached Python or were handed on -- where a step's host time under the scheduler goes. Off: one relaxed
+// ops it recorded natively, sent to Python or handed on -- where a step's host time under the scheduler goes. Off: one relaxed
 // load per pass.
 enum Cat : int { kCatPass, kCatComposite, kCatRecord, kCatNodata, kCatDirect, kCatNative, kCatHanded, kCats };
 constexpr const char* kCatNames[kCats] = {"pass", "composite", "record", "nodata", "direct", "native", "handed"};
@@ -360,7 +360,7 @@ struct PassTimer {  // times one pass (see g_timing); the nested passes' time is
     t_nested_ns = outer + all;
     g_cat_ns[cat].fetch_add(own, std::memory_order_relaxed);
     g_cat_n[cat].fetch_add(1, std::memory_order_relaxed);
-    if (cat == kCatRecord || cat == kCatNodata || cat == kCatNative || cat == kCatPass) return;  // per operator: the rest
+    if (cat == kCatRecord || cat == kCatNodata || cat == kCatPass) return;  // per operator: the rest
     std::lock_guard<std::mutex> lock(g_byop_mu);
     auto [it, fresh] = g_byop.try_emplace(&op.schema());
     if (fresh) it->second.name = c10::toString(op.operator_name());

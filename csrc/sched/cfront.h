@@ -42,8 +42,8 @@ bool cfront_number(const c10::IValue& v, double* out);
 // Time each front pass by what it did with the op (on: the counters restart). cfront_times(): {"timing",
 // "by_category": {cat: (passes, own ns)}, "by_op": {operator: {cat: (passes, own ns)}}} -- cats pass (the scheduler
 // not the innermost mode: its own handler's calls, ...), composite (left to decompose), record, nodata, direct,
-// native, handed (to the dispatch mode: in place, refused, ...); by_op for composite, direct and handed. Own time:
-// less the passes nested in it (a composite's parts are timed as themselves).
+// native, handed (to the dispatch mode: in place, refused, ...); by_op for composite, direct, native and handed.
+// Own time: less the passes nested in it (a composite's parts are timed as themselves).
 void cfront_set_timing(bool on);
 pybind11::dict cfront_times();
 

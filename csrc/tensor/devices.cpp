@@ -134,10 +134,18 @@ void release_keep(int dev) {
   drain_release();
 }
 
+std::atomic<uint64_t> g_rt_lock_waits{0}, g_rt_lock_wait_ns{0};
+
 RtLock::RtLock(Runtime& rt) : lk(rt.mu, std::try_to_lock) {
   if (!lk.owns_lock()) {
-    py::gil_scoped_release nogil;
-    lk.lock();
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      py::gil_scoped_release nogil;
+      lk.lock();
+    }
+    g_rt_lock_waits.fetch_add(1, std::memory_order_relaxed);
+    g_rt_lock_wait_ns.fetch_add(
+        (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count(), std::memory_order_relaxed);
   }
 }
 

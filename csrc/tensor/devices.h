@@ -8,6 +8,7 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <atomic>
 #include <functional>
 #include <initializer_list>
 #include <mutex>
@@ -79,6 +80,9 @@ void record_keeping(int dev, std::initializer_list<PyObject*> objs, Record&& rec
 }
 void release_keep(int dev);  // everything kept on `dev` goes now (after shutdown)
 void drain_release();        // drop references whose work is published (never under a runtime's lock)
+
+// Times a runtime's lock was found held (by the timer's flush, another thread's record) and the host ns waited.
+extern std::atomic<uint64_t> g_rt_lock_waits, g_rt_lock_wait_ns;
 
 // Holds a runtime's lock for a binding call (waiting without the GIL); drops released references after.
 // While it is held, torch calls made under the lock (allocating outputs, the output pool) skip Python
