@@ -2,7 +2,7 @@
 
     python tools/sched_model_probe.py [label ...]  # on a GPU machine; default llama-small-fp16-sdpa-static
     env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows),
-         PROBE_FRONT_TOP (12 rows of the front's own time per operator),
+         PROBE_FRONT_TOP (12 rows of the front's own time per operator), PROBE_FLUSH_MS (2.0: auto_flush_ms),
          PROBE_CONFIGS (a comma list of the configs below to run; default all)
 
 W7's model of each label (benchmarks/bench_models.py: random weights, teacher-forced tokens; several labels run one
@@ -156,10 +156,13 @@ def main() -> int:
         import gpuos_ext
         gpuos.init()
 
+        flush_ms = float(os.environ.get("PROBE_FLUSH_MS", "2.0"))  # the scheduler's timer period
+
         def sched(worker: bool, cfront: bool = True, front=None, native: bool = True, direct: bool = True):
             @contextlib.contextmanager
             def ctx():
-                with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront, front=front):
+                with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront, front=front,
+                                                                                   auto_flush_ms=flush_ms):
                     if not native and hasattr(gpuos_ext, "sched_set_cfront_native"):
                         gpuos_ext.sched_set_cfront_native([], {})
                     if not direct and hasattr(gpuos_ext, "cfront_set_direct"):
