@@ -7,10 +7,11 @@
 
 W7's model of each label (benchmarks/bench_models.py: random weights, teacher-forced tokens; several labels run one
 after another in one process, e.g. `llama-small-fp16-sdpa-static gpt2-small-fp16-sdpa-static
-llama-small-bf16-eager-static`), the same steps under each config; per config, medians over the runs of: the host
-time of one step (until the model's forward returned) and the whole run per step (synchronized at the end; the
-scheduler's exit flush included), what each config adds per aten op of the step (counted once by a counting mode),
-and how many of its greedy tokens are eager's:
+llama-small-bf16-eager-static`), the same steps under each config, the timed runs interleaved (one of each config
+per round); per config, medians over the runs of: the host time of one step (until the model's forward returned)
+and the whole run per step (synchronized at the end; the scheduler's exit flush included), its speed against eager
+(the median over rounds of eager's time over its own), what it adds per aten op of the step (counted once by a
+counting mode), and how many of its greedy tokens are eager's:
   eager          no mode
   noop_mode      a TorchDispatchMode that runs every op as it comes: PyTorch's cost of a Python mode written the
                  usual way (a class method, which PyTorch wraps in a Dynamo-disable call per op)
@@ -199,16 +200,23 @@ def probe(label, configs, steps, runs, top, device, gpuos) -> None:
     run_steps(d, cache, lambda: counter, device)
     ops = counter.ops / steps
     print(f"  {ops:.1f} aten ops per step (a counting TorchDispatchMode)")
-    totals = {}
-    for name, ctx in configs.items():
+    # Interleaved rounds (each config once per round, eager first): a host whose speed drifts during the probe
+    # (measured: eager 3.8 vs 6.9 ms/step in two probes of one H200 machine) moves every config alike; each
+    # config's ratio is the median over rounds of eager's time in that round over its own.
+    for ctx in configs.values():
         run_steps(d, cache, ctx, device)  # warm: first compiles, generations, allocator
-        res = [run_steps(d, cache, ctx, device) for _ in range(runs)]
-        host, total = statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
-        totals[name] = total
-        extra = f", {(total - totals['eager']) / ops:+.1f} us per aten op" if name != "eager" else ""
-        same = min(int((r[2] == case.ref[0]).sum()) for r in res)  # eager's greedy tokens (bench_models' ref)
-        print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({totals['eager'] / total:.2f}x "
-              f"eager{extra}; tokens {same}/{steps} eager's)", flush=True)
+    res = {name: [] for name in configs}
+    for _ in range(runs):
+        for name, ctx in configs.items():
+            res[name].append(run_steps(d, cache, ctx, device))
+    eager_all = [r[1] for r in res["eager"]]
+    for name, rs in res.items():
+        host, total = statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
+        ratio = statistics.median(e / r[1] for e, r in zip(eager_all, rs))
+        extra = f", {(total - statistics.median(eager_all)) / ops:+.1f} us per aten op" if name != "eager" else ""
+        same = min(int((r[2] == case.ref[0]).sum()) for r in rs)  # eager's greedy tokens (bench_models' ref)
+        print(f"  {name:13s} host {host:9.1f} us/step  all {total:9.1f} us/step  ({ratio:.2f}x eager{extra}; "
+              f"tokens {same}/{steps} eager's)", flush=True)
     if gpuos is not None:
         for name in [n for n in ("sched_worker", "sched_worker_nonative", "sched_worker_nodirect") if n in configs]:
             s0, c0 = gpuos.stats(), gpuos_ext.cfront_info()
