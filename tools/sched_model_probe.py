@@ -3,6 +3,8 @@
     python tools/sched_model_probe.py [label ...]  # on a GPU machine; default llama-small-fp16-sdpa-static
     env: PROBE_STEPS (16 decode steps per run), PROBE_RUNS (3 timed runs per config), PROBE_TOP (25 profile rows),
          PROBE_FRONT_TOP (12 rows of the front's own time per operator), PROBE_FLUSH_MS (2.0: auto_flush_ms),
+         PROBE_SAMPLE=1 (one sched_worker run's host stacks sampled: tools/host_profile.py; PROBE_SAMPLE_HZ 4000,
+         PROBE_SAMPLE_TOP 30 rows),
          PROBE_CONFIGS (a comma list of the configs below to run; default all)
 
 W7's model of each label (benchmarks/bench_models.py: random weights, teacher-forced tokens; several labels run one
@@ -42,6 +44,7 @@ import types as _types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # (host_profile)
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -233,6 +236,12 @@ def probe(label, configs, steps, runs, top, device, gpuos) -> None:
                                   int(os.environ.get("PROBE_FRONT_TOP", "12"))))
     if top > 0:
         print(profile(d, cache, configs["sched_worker" if gpuos is not None else "noop_mode"], device, top))
+    if os.environ.get("PROBE_SAMPLE") == "1":  # the C++ and interpreter frames of one run (tools/host_profile.py)
+        import host_profile
+        name = "sched_worker" if gpuos is not None else "noop_mode"
+        prof = host_profile.sample(lambda: run_steps(d, cache, configs[name], device),
+                                   hz=float(os.environ.get("PROBE_SAMPLE_HZ", "4000")))
+        print(f"{name}, one run sampled: " + prof.report(top=int(os.environ.get("PROBE_SAMPLE_TOP", "30")), per=steps))
     del case, d, cache
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -132,6 +132,7 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
   set_generation_ready_hook([](uint32_t) { adopt_generation_everywhere(); });
   init_deferred();
   add_injection_bindings(m);
+  add_host_sampler_bindings(m);
   // NVRTC (and nvJitLink) may come from the nvidia-cuda-nvrtc / nvidia-nvjitlink wheels (CUDA builds of torch install it): find its lib dirs.
   try {
     py::object spec = py::module_::import("importlib.util").attr("find_spec")("nvidia");
