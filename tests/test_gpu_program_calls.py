@@ -154,8 +154,13 @@ def test_programs_larger_than_the_arena_or_the_ring(images_restored):
 
     def wide(a, b, c):  # 24 independent chains of 256 tiles each: one level of ~6,000 descriptors
         return [a * (k + 1.0) + b - c for k in range(24)]
+    full = gpuos.stats()["fusion_table_full"]
     prog = gpuos.capture(wide, *big)
-    assert prog.info()["tiles"] > 4096 and prog.info()["levels"] == [1]
+    # Where the process's fused-program table (1,024 programs, never evicted) is full -- after many other test
+    # files in one process (19 GPU files, H200, 9dcc2da: [3] levels of 18,432 tiles) -- the chains run unfused
+    # and that is counted: their three ops are three levels.
+    fused = gpuos.stats()["fusion_table_full"] == full
+    assert prog.info()["tiles"] > 4096 and prog.info()["levels"] == ([1] if fused else [3]), prog.info()
     _one_image_replay_equals_eager(prog, wide, big)
 
 
