@@ -54,3 +54,22 @@ def test_misuse_raises_typed_errors_and_leaves_no_sampler_running():
         gpuos_ext._host_sampler_stop()
     with pytest.raises(RuntimeError, match="not running"):
         gpuos_ext._host_sampler_stop()
+
+
+def test_stop_from_another_thread_is_refused():
+    import threading
+    gpuos_ext._host_sampler_start(100.0)
+    err = []
+    t = threading.Thread(target=lambda: err.append(_stop_error()))
+    t.start()
+    t.join()
+    gpuos_ext._host_sampler_stop()  # the starting thread may
+    assert err and "thread that started it" in err[0], err
+
+
+def _stop_error():
+    try:
+        gpuos_ext._host_sampler_stop()
+    except RuntimeError as e:
+        return str(e)
+    return ""

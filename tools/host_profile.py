@@ -119,7 +119,7 @@ _PLUMBING = ("_Py", "Py", "method_vectorcall", "slot_tp_call", "cfunction_", "_s
              "vectorcall", "builtin_", "object_vacall")
 
 
-def sample(fn, hz: float = 4000.0, max_samples: int = 1_000_000) -> Profile:
+def sample(fn, hz: float = 4000.0, max_samples: int = 200_000) -> Profile:
     """Run fn() with this thread sampled hz times a second; the samples named (Profile)."""
     import gpuos_ext
     gpuos_ext._host_sampler_start(hz, max_samples)

@@ -46,6 +46,7 @@ struct Sampler {
   timer_t timer{};
   struct sigaction old {};
   bool running = false;
+  pid_t tid = 0;  // the sampled thread: stop() must run on it (the handler interrupts only it)
 };
 
 Sampler g_s;
@@ -78,7 +79,8 @@ void start(double hz, size_t max_samples) {
   struct sigevent ev {};
   ev.sigev_notify = SIGEV_THREAD_ID;
   ev.sigev_signo = SIGPROF;
-  ev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+  g_s.tid = (pid_t)syscall(SYS_gettid);
+  ev._sigev_un._tid = g_s.tid;
   if (timer_create(CLOCK_MONOTONIC, &ev, &g_s.timer) != 0) {
     sigaction(SIGPROF, &g_s.old, nullptr);
     throw std::runtime_error("host sampler: timer_create failed");
@@ -100,6 +102,10 @@ void start(double hz, size_t max_samples) {
 
 py::dict stop() {
   if (!g_s.running) throw std::runtime_error("host sampler: not running (call _host_sampler_start first)");
+  // On the sampled thread, a handler never runs beside this code: one that began before the disarm below
+  // finished before the thread came back here; from another thread, one might still be writing the buffer.
+  if ((pid_t)syscall(SYS_gettid) != g_s.tid)
+    throw std::runtime_error("host sampler: stop it on the thread that started it");
   timer_delete(g_s.timer);  // no new expirations; one already queued finds the handler disarmed
   g_s.armed.store(false, std::memory_order_release);
   // An expiration still pending finds the disarmed handler; under the default action (terminate) it would end
@@ -149,9 +155,10 @@ py::dict stop() {
 }  // namespace
 
 void add_host_sampler_bindings(py::module_& m) {
-  m.def("_host_sampler_start", &start, py::arg("hz") = 4000.0, py::arg("max_samples") = 1'000'000,
+  m.def("_host_sampler_start", &start, py::arg("hz") = 4000.0, py::arg("max_samples") = 200'000,
         "Sample this thread's C++ stack hz times a second of wall-clock time (SIGPROF, its own POSIX timer) until "
-        "_host_sampler_stop(); one sampler at a time. tools/host_profile.py names the frames.");
+        "_host_sampler_stop() on the same thread; one sampler at a time. Each sample takes 520 bytes of the buffer "
+        "(200,000: 50 s at 4 kHz). tools/host_profile.py names the frames.");
   m.def("_host_sampler_stop", &stop,
         "Stop the sampler: {'modules': [path], 'stacks': [(count, [(module index, offset), ...innermost first])], "
         "'samples', 'dropped' (past max_samples)}.");
