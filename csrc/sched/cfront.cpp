@@ -123,8 +123,8 @@ std::atomic<bool> g_direct_on{true};
 
 // cfront_set_timing(true): each pass's own time (less the front passes nested in it: a composite's parts, a
 // handler's calls that came back through the front) by what the front did with the op, and per operator for the
-// ops it recorded natively, sent to Python or handed on -- where a step's host time under the scheduler goes. Off: one relaxed
-// load per pass.
+// ops it recorded natively, sent to Python or handed on -- where a step's host time under the scheduler goes.
+// Off: one relaxed load per pass.
 enum Cat : int { kCatPass, kCatComposite, kCatRecord, kCatNodata, kCatDirect, kCatNative, kCatHanded, kCats };
 constexpr const char* kCatNames[kCats] = {"pass", "composite", "record", "nodata", "direct", "native", "handed"};
 std::atomic<bool> g_timing{false};
