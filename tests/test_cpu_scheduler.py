@@ -657,3 +657,23 @@ def test_casts_and_copies_have_handlers():
     assert torch.equal(c, torch.cat([a, a], -1)) and torch.equal(s, torch.stack([a, a]))
     assert after.get("unsupported_args", 0) - before.get("unsupported_args", 0) >= 1, after
     assert torch.equal(h, a.half()) and torch.equal(dst, a.half()) and m.device.type == "meta"
+
+
+def test_timer_off_gil_switch_and_environment():
+    """The flush timer publishes without the GIL by default; the switch and GPUOS_TIMER_OFF_GIL=0 turn that off (the
+    A/B of sched/flush.cpp sched_flush_due); with no CUDA work, a timer call with nothing deferred publishes nothing."""
+    import gpuos_ext
+    from _helpers import describe, run_python
+    was = gpuos_ext.sched_timer_off_gil()
+    try:
+        gpuos_ext.sched_set_timer_off_gil(False)
+        assert gpuos_ext.sched_timer_off_gil() is False
+        gpuos_ext.sched_set_timer_off_gil(True)
+        assert gpuos_ext.sched_timer_off_gil() is True
+        assert gpuos_ext.sched_flush_due(0.0) == 0
+    finally:
+        gpuos_ext.sched_set_timer_off_gil(was)
+    code = "import gpuos_ext; print(gpuos_ext.sched_timer_off_gil())"
+    for env, want in (({}, "True"), ({"GPUOS_TIMER_OFF_GIL": "0"}, "False"), ({"GPUOS_TIMER_OFF_GIL": "1"}, "True")):
+        p = run_python(code, env_extra=env)
+        assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == want, (env, describe(p))

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import gpuos
+import gpuos_ext
 
 pytestmark = pytest.mark.gpu
 
@@ -424,6 +425,98 @@ def test_four_threads_independent_chains(rt):
         _compare(got, expected[i], "f32_mm", what=f"thread {i}")
         assert math.isclose(probe, expected[i][1][0].item(), rel_tol=1e-4, abs_tol=1e-4)
     assert gpuos.stats()["ops_intercepted"] - before >= nthreads * steps * 3
+
+
+# ============================================================================ the timer without the GIL
+
+def _timer_race_run(x0, w, g, cache0, steps=240):
+    """A decoder-like loop: a row program, a small matmul and a chain, an in-place cache write, eager cuBLAS reads of
+    the deferred results every 5th step and host reads every 7th (dependency flushes), new index tensors from the
+    host: what the timer's publications interleave with."""
+    x, cache, reads = x0.clone(), cache0.clone(), []
+    for k in range(steps):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+        x = torch.tanh(h @ w) + 0.01 * (k % 5)
+        cache.index_copy_(0, torch.tensor([k % cache.shape[0]], device=x.device), x[:1])
+        if k % 5 == 4:  # M = 8 * 16 rows: eager cuBLAS, after the batch it reads was published
+            x = x + (x.repeat(16, 1) @ w)[: x.shape[0]] * 0.01
+        if k % 7 == 0:
+            reads.append(float(x.sum()))
+    return x, cache, reads
+
+
+def _timer_race_inputs():
+    return randn(8, 256), randn(256, 256, scale=0.05), randn(256), torch.zeros(64, 256, device=DEV)
+
+
+def _timer_race_check(got, exp, what):
+    assert_close(got[0], exp[0], rtol=1e-3, atol=1e-4, msg=lambda m: f"{what}: x differs from eager: {m}")
+    assert_close(got[1], exp[1], rtol=1e-3, atol=1e-4, msg=lambda m: f"{what}: the cache differs from eager: {m}")
+    assert len(got[2]) == len(exp[2])
+    for i, (a, b) in enumerate(zip(got[2], exp[2])):
+        assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-3), f"{what}: host read {i}: {a} vs eager {b}"
+
+
+@pytest.fixture
+def timer_gil_mode():
+    was = gpuos_ext.sched_timer_off_gil()
+    yield gpuos_ext.sched_set_timer_off_gil
+    gpuos_ext.sched_set_timer_off_gil(was)
+
+
+@pytest.mark.watchdog(120)
+@pytest.mark.parametrize("off_gil", [True, False], ids=["off_gil", "gil"])
+def test_timer_publications_race_the_recording_thread(rt, timer_gil_mode, off_gil):
+    """The timer publishes every 0.2 ms while this thread records: without the GIL (the default) its emission and
+    publication overlap the recording; results, cache writes and host reads equal eager's either way."""
+    timer_gil_mode(off_gil)
+    assert gpuos_ext.sched_timer_off_gil() == off_gil
+    inputs = _timer_race_inputs()
+    exp = _timer_race_run(*inputs)
+    torch.cuda.synchronize()
+    before = gpuos.stats()
+    with gpuos.scheduler_context(auto_flush_ms=0.2):
+        got = _timer_race_run(*inputs)
+    after = gpuos.stats()
+    timer = after["flushes_by_cause"].get("timer", 0) - before["flushes_by_cause"].get("timer", 0)
+    assert timer > 0, f"the timer never published ({after['flushes_by_cause']})"
+    assert after["ops_intercepted"] - before["ops_intercepted"] >= 240 * 5
+    _timer_race_check(got, exp, f"off_gil={off_gil}")
+
+
+@pytest.mark.watchdog(120)
+def test_timer_publications_race_two_recording_threads(rt, timer_gil_mode):
+    """Two threads record on one device, each in its own context with its own timer publishing without the GIL:
+    a timer may publish the other thread's ops; every thread's results equal eager's."""
+    timer_gil_mode(True)
+    nthreads = 2
+    inputs = [_timer_race_inputs() for _ in range(nthreads)]
+    expected = [_timer_race_run(*inp) for inp in inputs]
+    torch.cuda.synchronize()
+    results, errors = [None] * nthreads, []
+    barrier = threading.Barrier(nthreads)
+    device = torch.cuda.current_device()
+
+    def worker(i):
+        try:
+            torch.cuda.set_device(device)
+            barrier.wait(timeout=30)
+            with gpuos.scheduler_context(auto_flush_ms=0.2):
+                r = _timer_race_run(*inputs[i])
+            torch.cuda.current_stream().synchronize()
+            results[i] = r
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"timer-race-{i}") for i in range(nthreads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads), "a recording thread hung"
+    assert not errors, errors
+    for i in range(nthreads):
+        _timer_race_check(results[i], expected[i], f"thread {i}")
 
 
 # ============================================================================ counters

@@ -26,6 +26,7 @@ counting mode), and how many of its greedy tokens are eager's:
   sched_worker_nonative  sched_worker with the front's own records (cfront_native.cpp) off: those ops go to
                          the Python handlers by direct calls
   sched_worker_nodirect  ... and direct calls off too (gpuos_ext.cfront_set_direct): through the mode machinery
+  sched_worker_gil  sched_worker with the flush timer publishing under the GIL (GPUOS_TIMER_OFF_GIL=0's A/B)
 Then sched_worker's gpuos.stats() per step (intercepted ops, flushes by cause, launches, host publication time),
 and cProfile over one sched_worker run: the top functions by own time and by cumulative time -- the model's
 Python, the scheduler's Python handlers, PyTorch's mode machinery. (The C++ dispatch -- sched_dispatch -- is not a
@@ -162,9 +163,13 @@ def main() -> int:
 
         flush_ms = float(os.environ.get("PROBE_FLUSH_MS", "2.0"))  # the scheduler's timer period
 
-        def sched(worker: bool, cfront: bool = True, front=None, native: bool = True, direct: bool = True):
+        def sched(worker: bool, cfront: bool = True, front=None, native: bool = True, direct: bool = True,
+                  off_gil: bool = True):
             @contextlib.contextmanager
             def ctx():
+                was_off = gpuos_ext.sched_timer_off_gil() if hasattr(gpuos_ext, "sched_timer_off_gil") else None
+                if was_off is not None:
+                    gpuos_ext.sched_set_timer_off_gil(off_gil)
                 with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront, front=front,
                                                                                    auto_flush_ms=flush_ms):
                     if not native and hasattr(gpuos_ext, "sched_set_cfront_native"):
@@ -178,11 +183,14 @@ def main() -> int:
                             gpuos_ext.cfront_set_direct(True)
                         if not native:
                             gpuos.scheduler._push_tables()
+                if was_off is not None:
+                    gpuos_ext.sched_set_timer_off_gil(was_off)
             return ctx
         configs |= {"sched": sched(False), "sched_worker": sched(True), "sched_worker_nocfront": sched(True, False),
                     "sched_worker_front": sched(True, True, True),
                     "sched_worker_nonative": sched(True, native=False),
-                    "sched_worker_nodirect": sched(True, native=False, direct=False)}
+                    "sched_worker_nodirect": sched(True, native=False, direct=False),
+                    "sched_worker_gil": sched(True, off_gil=False)}
     if os.environ.get("PROBE_CONFIGS"):  # e.g. PROBE_CONFIGS=eager,sched_worker (eager is always kept: the ratios)
         keep = {"eager", *os.environ["PROBE_CONFIGS"].split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}

@@ -73,6 +73,7 @@ EnvConfig read_env() {
   if (const char* m = get("GPUOS_MM_SPREAD")) c.mm_spread = std::string(m) != "0";
   if (const char* m = get("GPUOS_MM_EPILOGUE")) c.mm_epilogue = std::string(m) != "0";
   if (const char* m = get("GPUOS_MM_PROLOGUE")) c.mm_prologue = std::string(m) != "0";
+  if (const char* m = get("GPUOS_TIMER_OFF_GIL")) c.timer_off_gil = std::string(m) != "0";
   if (const char* h = get("CUDA_HOME")) c.cuda_home = h;
   else if (const char* h2 = get("CUDA_PATH")) c.cuda_home = h2;
   return c;
@@ -119,6 +120,7 @@ std::string describe_env_config() {
          "\nGPUOS_LOCAL_COMBINE=" + (c.local_combine ? "1" : "0") +
          "\nGPUOS_MM_EPILOGUE=" + (c.mm_epilogue ? "1" : "0") +
          "\nGPUOS_MM_PROLOGUE=" + (c.mm_prologue ? "1" : "0") +
+         "\nGPUOS_TIMER_OFF_GIL=" + (c.timer_off_gil ? "1" : "0") +
          "\nGPUOS_HOME_LEVELS=" + std::to_string(c.home_levels) +
          "\nGPUOS_KICKS=" + (c.kicks ? "1" : "0") + "\nGPUOS_KICK_ALONE=" + std::to_string(c.kick_alone) +
          "\nGPUOS_KICK_WAIT=" + (c.kick_wait ? "1" : "0") +

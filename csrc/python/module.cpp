@@ -294,6 +294,9 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "pending on the devices of its tensors); returns [(device, stream)]. yield_worker: then ask the workers of "
         "those devices to yield their SMs (before a heavy or collective kernel).");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
+  m.def("sched_set_timer_off_gil", &set_timer_off_gil, py::arg("on"),
+        "The flush timer emits and publishes without the GIL (default; GPUOS_TIMER_OFF_GIL=0: with it).");
+  m.def("sched_timer_off_gil", &timer_off_gil);
   m.def("sched_stats", &sched_stats);
   m.def("sched_fast_ops", &sched_fast_ops,
         "The overloads sched_dispatch records without calling Python (sorted names).");

@@ -139,7 +139,10 @@ py::dict stats() {
 size_t pending_devices() {
   size_t n = 0;
   for (int dev = 0; dev < kMaxDevices; ++dev)
-    if (Runtime* rt = runtime_if(dev)) n += rt->has_pending() || !deferred_of(dev).ops.empty() ? 1 : 0;
+    if (Runtime* rt = runtime_if(dev)) {
+      RtLock lk(*rt);  // (the timer may be publishing without the GIL)
+      n += rt->has_pending() || !deferred_of(dev).ops.empty() ? 1 : 0;
+    }
   return n;
 }
 

@@ -9,6 +9,7 @@ Deferred g_def[kMaxDevices];
 thread_local uint64_t t_devices = 0;  // take_thread_devices
 int g_worker_matmul = -1;  // -1: not chosen yet (the environment's setting applies)
 int g_worker_attention = -1;
+int g_timer_off_gil = -1;
 }  // namespace
 
 SchedStats g_sched;
@@ -27,6 +28,11 @@ bool worker_attention_enabled() {
   return g_worker_attention != 0;
 }
 void set_worker_attention(bool on) { g_worker_attention = on ? 1 : 0; }
+bool timer_off_gil() {
+  if (g_timer_off_gil < 0) g_timer_off_gil = env_config().timer_off_gil ? 1 : 0;
+  return g_timer_off_gil != 0;
+}
+void set_timer_off_gil(bool on) { g_timer_off_gil = on ? 1 : 0; }
 
 Deferred& deferred_of(int dev) { return g_def[dev]; }
 
@@ -52,31 +58,50 @@ void init_deferred() {
   });
 }
 
-void sched_publish(int dev, Runtime& rt, const char* cause) {
+void sched_publish(int dev, Runtime& rt, const char* cause, RtLock* off_gil) {
   Deferred& D = deferred_of(dev);
   if (D.ops.empty()) return;
-  CUstream s = D.stream;
-  lower_deferred(dev, rt);
-  const auto t0 = std::chrono::steady_clock::now();
-  flush_counted(rt, s, cause);
-  g_sched.publish_ns += (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count();
+  FlushCount fc;
+  const auto publish = [&](CUstream s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fc = flush_measured(rt, s);
+    g_sched.publish_ns += (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (off_gil) {
+    const OffGilPublish off{off_gil, publish};
+    lower_deferred(dev, rt, &off);
+  } else {
+    const CUstream s = D.stream;
+    lower_deferred(dev, rt);
+    publish(s);
+  }
+  count_flush(cause, fc);
 }
 
-void flush_counted(Runtime& rt, CUstream s, const char* cause) {
+FlushCount flush_measured(Runtime& rt, CUstream s) {
   const RuntimeStats before = rt.stats();
   rt.flush(s);
   const RuntimeStats after = rt.stats();
+  return FlushCount{after.batches - before.batches, after.worker_launches - before.worker_launches};
+}
+
+void count_flush(const char* cause, const FlushCount& fc) {
   SchedStats::Cause& c = g_sched.by_cause[cause];
   g_sched.flushes++;
   c.flushes++;
-  c.batches += after.batches - before.batches;
-  c.launches += after.worker_launches - before.worker_launches;
+  c.batches += fc.batches;
+  c.launches += fc.launches;
 }
+
+void flush_counted(Runtime& rt, CUstream s, const char* cause) { count_flush(cause, flush_measured(rt, s)); }
 
 DeferredOp& defer(int dev, Runtime& rt, CUstream s) {
   Deferred& D = deferred_of(dev);
   t_devices |= 1ull << dev;
-  if (!D.ops.empty() && D.stream != s) sched_publish(dev, rt, "stream_change");
+  if (!D.ops.empty() && D.stream != s) {
+    RtLock lk(rt);  // (waits without the GIL: another thread may record meanwhile; it publishes those too)
+    sched_publish(dev, rt, "stream_change");
+  }
   if (D.ops.empty()) {
     D.stream = s;
     D.oldest = std::chrono::steady_clock::now();
@@ -88,7 +113,9 @@ DeferredOp& defer(int dev, Runtime& rt, CUstream s) {
 // Count the op; publish when the deferred ops could fill the ring (ops up to size_threshold use up to 8 tiles).
 void note_deferred(int dev, Runtime& rt) {
   g_sched.intercepted++;
-  if (deferred_of(dev).ops.size() * 8 >= rt.config().capacity) sched_publish(dev, rt, "size");
+  if (deferred_of(dev).ops.size() * 8 < rt.config().capacity) return;
+  RtLock lk(rt);
+  sched_publish(dev, rt, "size");
 }
 
 }  // namespace gpuos

@@ -2,11 +2,17 @@
 // sched_reduce (sched/record.cpp): one C++ call validates, allocates the output and defers the op. Deferred ops
 // are lowered into runtime sub-ops (sched/lower.cpp) when they are flushed, or before anything else is recorded
 // on the device; lowering fuses chains of elementwise ops whose intermediates nothing else can read into one
-// interpreter sub-op. Everything here runs under Runtime::mu except the argument checks.
+// interpreter sub-op.
+// Locks: the queue (Deferred) belongs to the GIL -- recording appends to it holding the GIL alone. Lowering and
+// publishing hold the GIL and Runtime::mu; so does every reader of `touched` (a dependency check), so no eager op
+// runs ahead of deferred work it depends on. The flush timer (sched_flush_due) takes the ops out of the queue under
+// both, analyses them, then emits and publishes them without the GIL (mu held): recording goes on meanwhile into
+// the emptied queue, and whatever must see the taken ops waits for mu.
 #pragma once
 #include <torch/extension.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -104,14 +110,32 @@ constexpr int64_t kWorkerMatmulMaxRows = 64;
 void calibrate_liveness();
 bool dead_to_python(const at::TensorBase& t, long ours);
 
-// Lower the device's deferred ops into sub-ops (sched/lower.cpp). mu held.
-void lower_deferred(int dev, Runtime& rt);
-// Lower and publish the device's deferred ops on the stream they were recorded under (cause counted). mu held.
-void sched_publish(int dev, Runtime& rt, const char* cause);
-// Runtime::flush(s) counted under `cause` (flushes, batches, worker launches). mu held.
-void flush_counted(Runtime& rt, CUstream s, const char* cause);
+// A publication without the GIL (the flush timer's): lower_deferred emits the ops, calls `publish` with the stream
+// they were recorded under, unlocks `lk` (the caller's RtLock: mu) and only then retakes the GIL, for the
+// references (straight to the release lists: published) and the output pool.
+struct OffGilPublish {
+  RtLock* lk;
+  std::function<void(CUstream)> publish;
+};
+// Lower the device's deferred ops into sub-ops (sched/lower.cpp). GIL and mu held (`off`: see OffGilPublish).
+void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off = nullptr);
+// Lower and publish the device's deferred ops on the stream they were recorded under (cause counted). GIL and mu
+// held; with `off_gil` (the caller's lock of mu) emission and publication run without the GIL, and mu is
+// released on return.
+void sched_publish(int dev, Runtime& rt, const char* cause, RtLock* off_gil = nullptr);
+// Runtime::flush(s) and what it published (batches, worker launches). mu held.
+struct FlushCount {
+  uint64_t batches = 0, launches = 0;
+};
+FlushCount flush_measured(Runtime& rt, CUstream s);
+void count_flush(const char* cause, const FlushCount& c);  // into g_sched (GIL held)
+void flush_counted(Runtime& rt, CUstream s, const char* cause);  // both
+// The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL, default on; gpuos_ext.sched_set_timer_off_gil).
+bool timer_off_gil();
+void set_timer_off_gil(bool on);
 // A new deferred op on `dev` recorded under stream `s` (work deferred under another stream is published
-// first: batches are per stream). The caller fills it in, then calls note_deferred(). mu held.
+// first: batches are per stream). The caller fills it in, then calls note_deferred(), which publishes when the
+// queue could fill the ring. GIL held, mu not held (either takes it to publish).
 DeferredOp& defer(int dev, Runtime& rt, CUstream s);
 void note_deferred(int dev, Runtime& rt);
 // Installs lower_deferred as the explicit API's before-record hook (module init).

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 
 #include "config/config.h"
@@ -282,13 +283,24 @@ bool is_row_of(at::IntArrayRef row, at::IntArrayRef full) {
 
 }  // namespace
 
-void lower_deferred(int dev, Runtime& rt) {
+void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
   Deferred& D = deferred_of(dev);
-  auto& ops = D.ops;
-  if (ops.empty()) return;
+  if (D.ops.empty()) return;
+  // Taken out of the queue (GIL and mu held): the queue is empty for the ops recorded from here on.
+  std::vector<DeferredOp> ops;
+  ops.swap(D.ops);
+  D.touched.clear();
+  const CUstream stream = D.stream;
   // Publications during lowering (ring full, early) go on the stream these ops were recorded under.
-  rt.set_record_stream(true, D.stream);
-  struct Reset { Runtime& rt; ~Reset() { rt.set_record_stream(false); } } reset{rt};
+  rt.set_record_stream(true, stream);
+  struct Reset {
+    Runtime& rt;
+    bool on = true;
+    void now() {
+      if (on) rt.set_record_stream(false), on = false;
+    }
+    ~Reset() { now(); }
+  } reset{rt};
   using clk = std::chrono::steady_clock;
   const auto ns_since = [](clk::time_point t) { return (uint64_t)std::chrono::nanoseconds(clk::now() - t).count(); };
   auto t0 = clk::now();
@@ -432,17 +444,21 @@ void lower_deferred(int dev, Runtime& rt) {
       if (rows[root].empty()) rows[root] = rows[i];
     }
   }
-  g_sched.analyse_ns += ns_since(t0);
-  t0 = clk::now();
   // Units (a plain op, or a fused root with its subtree) in recording order: the runtime gives each sub-op its
   // dependency level (core/hazards.h), so independent chains share levels whatever the order.
   std::vector<char> elided(n, 0);  // fused away into an emitted interpreter sub-op: never written
   // Keep every tensor alive until publication (the publish hook moves them to the release list): moved, as
-  // the ops are cleared (no reference-count traffic). Also done when lowering throws: the sub-ops staged
-  // before the failing one still reference them, and the failed ops must leave the queue, or every later
-  // flush (any thread's context exit, the timer, shutdown) would raise the same error again.
+  // the ops are dropped (no reference-count traffic). Also done when lowering throws: the sub-ops staged
+  // before the failing one still reference them (the failed ops have left the queue, or every later flush --
+  // any thread's context exit, the timer, shutdown -- would raise the same error again). After a publication
+  // without the GIL they are published already: straight to the release lists.
   DeviceState& ds = device_state(dev);
+  bool published = false;
   const auto release = [&] {
+    const auto keep = [&](at::Tensor&& t) {
+      if (published) release_tensor(dev, std::move(t));
+      else keep_tensor(dev, std::move(t));
+    };
     for (int j = 0; j < n; ++j) {
       DeferredOp& o = ops[j];
       if (ds.capture && o.fresh && o.out.defined() && o.out.has_storage()) {  // a program's own buffer
@@ -450,14 +466,22 @@ void lower_deferred(int dev, Runtime& rt) {
         ds.fresh.emplace_back(lo, lo + (uint64_t)o.out.storage().nbytes());
       }
       // (Not while capturing: the program keeps the storage, and a later op must not be handed it.)
-      if ((elided[j] || dropped[j]) && o.fresh && !ds.capture) pool_put(dev, D.stream, o.out.storage());
-      if (o.out.defined()) keep_tensor(dev, std::move(o.out));
-      for (auto& t : o.in) if (t.defined()) keep_tensor(dev, std::move(t));
-      if (o.written.defined()) keep_tensor(dev, std::move(o.written));
-      if (o.lse.defined()) keep_tensor(dev, std::move(o.lse));
+      if ((elided[j] || dropped[j]) && o.fresh && !ds.capture) pool_put(dev, stream, o.out.storage());
+      if (o.out.defined()) keep(std::move(o.out));
+      for (auto& t : o.in) if (t.defined()) keep(std::move(t));
+      if (o.written.defined()) keep(std::move(o.written));
+      if (o.lse.defined()) keep(std::move(o.lse));
     }
     ops.clear();
-    D.touched.clear();
+  };
+  // Without the GIL from the emission to the publication (`off`): recording goes on into the emptied queue. The
+  // lock is let go before the GIL is retaken (a thread holding the GIL may be waiting for it, devices.h).
+  std::optional<py::gil_scoped_release> nogil;
+  const auto regain = [&] {
+    if (!nogil) return;
+    reset.now();
+    off->lk->lk.unlock();
+    nogil.reset();
   };
   std::vector<char> emitted(n, 0);  // emit_unfused: ops of a group already emitted one by one
   // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j);
@@ -506,6 +530,10 @@ void lower_deferred(int dev, Runtime& rt) {
     g_sched.fused_ops += members;
     g_sched.row_groups += row ? 1 : 0;
   };
+  // Everything above reads Python's view of the tensors (dead_to_python): the analysis, counted as such.
+  g_sched.analyse_ns += ns_since(t0);
+  t0 = clk::now();
+  if (off) nogil.emplace();
   int j = 0;
   try {
     for (; j < n; ++j) {
@@ -556,10 +584,23 @@ void lower_deferred(int dev, Runtime& rt) {
       else emit_unfused(rt, ops, child, j, emitted);
     }
   } catch (...) {
+    regain();
     release();  // the sub-ops staged before the failing unit are published by the next flush
     throw;
   }
   g_sched.emit_ns += ns_since(t0);
+  if (off) {
+    try {
+      reset.now();  // (as sched_publish's own publication: after lowering)
+      off->publish(stream);
+    } catch (...) {
+      regain();
+      release();  // (staged, not published: kept for the next flush)
+      throw;
+    }
+    published = true;
+    regain();
+  }
   t0 = clk::now();
   g_sched.flushed_ops += ops.size();
   release();

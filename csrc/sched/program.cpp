@@ -78,10 +78,7 @@ std::shared_ptr<CapturedTape> capture_end(int dev) {
     DeviceState& ds;
     ~Detach() {  // on failure, what the capture held is released like any published work's references
       rt.set_tape(nullptr);
-      ds.release.insert(ds.release.end(), ds.hold.begin(), ds.hold.end());
-      ds.hold.clear();
-      for (auto& t : ds.hold_t) ds.release_t.push_back(std::move(t));
-      ds.hold_t.clear();
+      release_held(ds);
       ds.fresh.clear();
       delete ds.capture;
       ds.capture = nullptr;

@@ -15,13 +15,18 @@
 namespace gpuos {
 
 // Defer one op on `dev` (its current stream): `fill` sets the DeferredOp; its out and defined inputs are noted as
-// the op's write and reads (the hazard model of the deferred work).
+// the op's write and reads (the hazard model of the deferred work). The GIL alone guards the queue (deferred.h):
+// no runtime lock unless the op publishes, so recording goes on while the flush timer emits without the GIL.
 namespace {
 template <class Fill>
 void defer_op(int dev, Fill&& fill) {
+  if (!PyGILState_Check())
+    throw std::logic_error("gpuos internal error: an op was recorded without the GIL (the deferred queue's lock)");
   Runtime& rt = runtime_for(dev);
   CUstream s = current_stream(dev);
-  RtLock lk(rt);
+  // As under RtLock: what `fill` allocates must not reach the dispatch mode (it would record again, here).
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   Deferred& D = deferred_of(dev);
   DeferredOp& d = defer(dev, rt, s);
   fill(d);

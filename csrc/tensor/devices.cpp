@@ -15,9 +15,11 @@ std::mutex g_life;  // g_dev[].rt changes (create / delete) under it: the compil
 Config g_cfg;       // configuration of runtimes created from now on
 bool g_cfg_set = false;  // set_runtime_config (gpuos.init) was called: g_cfg holds its arguments
 std::function<void(int, Runtime&)> g_before_record;
+std::mutex g_keep_mu;  // every device's keep / release / hold lists (devices.h)
 
 void move_keep_to_release(int dev) {
   DeviceState& d = g_dev[dev];
+  std::lock_guard<std::mutex> g(g_keep_mu);
   if (d.capture) {  // a capture keeps them (its program's tape points at them)
     d.hold.insert(d.hold.end(), d.keep.begin(), d.keep.end());
     d.keep.clear();
@@ -87,8 +89,11 @@ void abandon_runtime(int dev, const std::string& why) {
   static std::vector<DeviceState>* graveyard = new std::vector<DeviceState>();  // never freed, by design
   DeviceState dead;
   dead.rt = d.rt;
-  dead.keep.swap(d.keep);
-  dead.keep_t.swap(d.keep_t);
+  {
+    std::lock_guard<std::mutex> g(g_keep_mu);
+    dead.keep.swap(d.keep);
+    dead.keep_t.swap(d.keep_t);
+  }
   graveyard->push_back(std::move(dead));
   std::lock_guard<std::mutex> life(g_life);
   d.rt = nullptr;
@@ -111,22 +116,41 @@ void before_record(int dev, Runtime& rt) {
 
 void keep_object(int dev, PyObject* o) {
   Py_INCREF(o);
+  std::lock_guard<std::mutex> g(g_keep_mu);
   g_dev[dev].keep.push_back(o);
 }
-void keep_tensor(int dev, at::Tensor&& t) { g_dev[dev].keep_t.push_back(std::move(t)); }
+void keep_tensor(int dev, at::Tensor&& t) {
+  std::lock_guard<std::mutex> g(g_keep_mu);
+  g_dev[dev].keep_t.push_back(std::move(t));
+}
+void release_tensor(int dev, at::Tensor&& t) {
+  std::lock_guard<std::mutex> g(g_keep_mu);
+  g_dev[dev].release_t.push_back(std::move(t));
+}
 
+// The lists are taken under g_keep_mu and dropped outside it (a dealloc can run Python, which may publish).
 void drain_release() {
+  std::vector<PyObject*> objs;
+  std::vector<at::Tensor> ts;
   for (auto& d : g_dev) {
-    if (!d.release.empty()) {
-      std::vector<PyObject*> batch;
-      batch.swap(d.release);
-      for (PyObject* o : batch) Py_DECREF(o);
+    {
+      std::lock_guard<std::mutex> g(g_keep_mu);
+      if (d.release.empty() && d.release_t.empty()) continue;
+      objs.swap(d.release);
+      ts.swap(d.release_t);
     }
-    if (!d.release_t.empty()) {
-      std::vector<at::Tensor> batch;
-      batch.swap(d.release_t);
-    }
+    for (PyObject* o : objs) Py_DECREF(o);
+    objs.clear();
+    ts.clear();
   }
+}
+
+void release_held(DeviceState& d) {
+  std::lock_guard<std::mutex> g(g_keep_mu);
+  d.release.insert(d.release.end(), d.hold.begin(), d.hold.end());
+  d.hold.clear();
+  for (auto& t : d.hold_t) d.release_t.push_back(std::move(t));
+  d.hold_t.clear();
 }
 
 void release_keep(int dev) {

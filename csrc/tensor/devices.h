@@ -5,6 +5,9 @@
 // while waiting), and code holding mu never runs Python that could hand the GIL to another thread. So
 // keep-alive references are not dropped under mu (a tensor's dealloc can run arbitrary Python, e.g. GC):
 // publication moves them to the release lists, and RtLock's destructor drops them after mu is released.
+// The keep / release / hold lists have a lock of their own (devices.cpp g_keep_mu): the flush timer publishes
+// without the GIL (sched/flush.cpp sched_flush_due), so the publish hook moves them while another thread, holding
+// the GIL, drains or appends.
 #pragma once
 #include <torch/extension.h>
 
@@ -62,6 +65,7 @@ void before_record(int dev, Runtime& rt);
 // Keep-alive references (GIL held).
 void keep_object(int dev, PyObject* o);  // new strong reference
 void keep_tensor(int dev, at::Tensor&& t);
+void release_tensor(int dev, at::Tensor&& t);  // a reference of work already published: dropped by drain_release
 // Run `record` (it stages sub-ops reading / writing `objs`), then keep `objs` alive until publication. Kept
 // after recording, not before: a ring-full flush inside the recording releases what is kept at that moment,
 // while the rest of this op's tiles are still unpublished. Kept also when recording throws: the tiles staged
@@ -79,6 +83,7 @@ void record_keeping(int dev, std::initializer_list<PyObject*> objs, Record&& rec
     if (o) keep_object(dev, o);
 }
 void release_keep(int dev);  // everything kept on `dev` goes now (after shutdown)
+void release_held(DeviceState& d);  // a failed capture's references join the release lists
 void drain_release();        // drop references whose work is published (never under a runtime's lock)
 
 // Times a runtime's lock was found held (by the timer's flush, another thread's record) and the host ns waited.
