@@ -429,32 +429,36 @@ def test_four_threads_independent_chains(rt):
 
 # ============================================================================ the timer without the GIL
 
-def _timer_race_run(x0, w, g, cache0, steps=240):
-    """A decoder-like loop: a row program, a small matmul and a chain, an in-place cache write, eager cuBLAS reads of
-    the deferred results every 5th step and host reads every 7th (dependency flushes), new index tensors from the
-    host: what the timer's publications interleave with."""
-    x, cache, reads = x0.clone(), cache0.clone(), []
+def _timer_race_run(x0, w, g, steps=240):
+    """A decoder-like loop: a row program, a small matmul and a chain, an in-place write of every step's state
+    (indexed by a tensor made from the host), eager cuBLAS reads of the deferred results every 5th step and host
+    reads every 7th (dependency flushes): what the timer's publications interleave with. The update is contractive
+    (a rounding difference does not grow: an earlier form amplified 1e-6 to 1e-2 in 240 steps on some seeds) and
+    each step moves x by ~0.2, so a stale read shows in that step's snapshot."""
+    x, snaps, reads = x0.clone(), x0.new_zeros(steps, *x0.shape), []
     for k in range(steps):
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
-        x = torch.tanh(h @ w) + 0.01 * (k % 5)
-        cache.index_copy_(0, torch.tensor([k % cache.shape[0]], device=x.device), x[:1])
+        x = 0.5 * (x + x0) + 0.05 * torch.tanh(h @ w) + 0.2 * (k % 5)
+        snaps.index_copy_(0, torch.tensor([k], device=x.device), x.unsqueeze(0))
         if k % 5 == 4:  # M = 8 * 16 rows: eager cuBLAS, after the batch it reads was published
             x = x + (x.repeat(16, 1) @ w)[: x.shape[0]] * 0.01
         if k % 7 == 0:
             reads.append(float(x.sum()))
-    return x, cache, reads
+    return x, snaps, reads
 
 
 def _timer_race_inputs():
-    return randn(8, 256), randn(256, 256, scale=0.05), randn(256), torch.zeros(64, 256, device=DEV)
+    return randn(8, 256), randn(256, 256, scale=0.05), randn(256)
 
 
 def _timer_race_check(got, exp, what):
-    assert_close(got[0], exp[0], rtol=1e-3, atol=1e-4, msg=lambda m: f"{what}: x differs from eager: {m}")
-    assert_close(got[1], exp[1], rtol=1e-3, atol=1e-4, msg=lambda m: f"{what}: the cache differs from eager: {m}")
+    d = (got[1] - exp[1]).abs().flatten(1).amax(1)
+    bad = (d > 1e-4 + 1e-4 * exp[1].abs().flatten(1).amax(1)).nonzero().flatten().tolist()
+    assert not bad, f"{what}: state of step {bad[0]} differs from eager by {d[bad[0]]:.3g} ({len(bad)} steps differ)"
+    assert_close(got[0], exp[0], rtol=1e-4, atol=1e-4, msg=lambda m: f"{what}: the final x differs from eager: {m}")
     assert len(got[2]) == len(exp[2])
     for i, (a, b) in enumerate(zip(got[2], exp[2])):
-        assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-3), f"{what}: host read {i}: {a} vs eager {b}"
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-3), f"{what}: host read {i}: {a} vs eager {b}"
 
 
 @pytest.fixture
@@ -466,9 +470,10 @@ def timer_gil_mode():
 
 @pytest.mark.watchdog(120)
 @pytest.mark.parametrize("off_gil", [True, False], ids=["off_gil", "gil"])
-def test_timer_publications_race_the_recording_thread(rt, timer_gil_mode, off_gil):
+def test_timer_publications_race_the_recording_thread(rt, worker_matmul, timer_gil_mode, off_gil):
     """The timer publishes every 0.2 ms while this thread records: without the GIL (the default) its emission and
-    publication overlap the recording; results, cache writes and host reads equal eager's either way."""
+    publication overlap the recording; every step's state and the host reads equal eager's either way. (The worker's
+    matmul keeps the queue long between dependency flushes: the timer publishes most of it.)"""
     timer_gil_mode(off_gil)
     assert gpuos_ext.sched_timer_off_gil() == off_gil
     inputs = _timer_race_inputs()
@@ -485,7 +490,7 @@ def test_timer_publications_race_the_recording_thread(rt, timer_gil_mode, off_gi
 
 
 @pytest.mark.watchdog(120)
-def test_timer_publications_race_two_recording_threads(rt, timer_gil_mode):
+def test_timer_publications_race_two_recording_threads(rt, worker_matmul, timer_gil_mode):
     """Two threads record on one device, each in its own context with its own timer publishing without the GIL:
     a timer may publish the other thread's ops; every thread's results equal eager's."""
     timer_gil_mode(True)
