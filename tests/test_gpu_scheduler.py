@@ -381,6 +381,33 @@ def test_timer_disabled_with_zero(rt):
 
 # ============================================================================ threads
 
+def _in_threads(nthreads, body, name, join_s):
+    """body(i) in thread i (the test's device, started together), then its stream synchronized; the results in
+    thread order. A hung thread or an exception in any fails the test."""
+    results, errors = [None] * nthreads, []
+    barrier = threading.Barrier(nthreads)
+    device = torch.cuda.current_device()
+
+    def worker(i):
+        try:
+            torch.cuda.set_device(device)
+            barrier.wait(timeout=30)
+            r = body(i)
+            torch.cuda.current_stream().synchronize()
+            results[i] = r
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"{name}-{i}") for i in range(nthreads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=join_s)
+    assert not any(t.is_alive() for t in threads), f"a {name} thread hung"
+    assert not errors, errors
+    return results
+
+
 @pytest.mark.watchdog(90)
 def test_four_threads_independent_chains(rt):
     nthreads, steps = 4, 40
@@ -396,30 +423,15 @@ def test_four_threads_independent_chains(rt):
 
     expected = [chain(xs[i], bs[i], i) for i in range(nthreads)]
     torch.cuda.synchronize()
-    results, errors = [None] * nthreads, []
-    barrier = threading.Barrier(nthreads)
-    device = torch.cuda.current_device()
 
-    def worker(i):
-        try:
-            torch.cuda.set_device(device)
-            barrier.wait(timeout=30)
-            with gpuos.scheduler_context():
-                r = chain(xs[i], bs[i], i)
-                probe = r[1][0].item()   # a host read from this thread inside its context
-            torch.cuda.current_stream().synchronize()
-            results[i] = (r, probe)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((i, repr(e)))
+    def body(i):
+        with gpuos.scheduler_context():
+            r = chain(xs[i], bs[i], i)
+            probe = r[1][0].item()   # a host read from this thread inside its context
+        return r, probe
 
     before = gpuos.stats()["ops_intercepted"]
-    threads = [threading.Thread(target=worker, args=(i,), name=f"sched-{i}") for i in range(nthreads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a scheduler thread hung"
-    assert not errors, errors
+    results = _in_threads(nthreads, body, "sched", join_s=60)
     for i in range(nthreads):
         (got, probe) = results[i]
         _compare(got, expected[i], "f32_mm", what=f"thread {i}")
@@ -498,28 +510,11 @@ def test_timer_publications_race_two_recording_threads(rt, worker_matmul, timer_
     inputs = [_timer_race_inputs() for _ in range(nthreads)]
     expected = [_timer_race_run(*inp) for inp in inputs]
     torch.cuda.synchronize()
-    results, errors = [None] * nthreads, []
-    barrier = threading.Barrier(nthreads)
-    device = torch.cuda.current_device()
+    def body(i):
+        with gpuos.scheduler_context(auto_flush_ms=0.2):
+            return _timer_race_run(*inputs[i])
 
-    def worker(i):
-        try:
-            torch.cuda.set_device(device)
-            barrier.wait(timeout=30)
-            with gpuos.scheduler_context(auto_flush_ms=0.2):
-                r = _timer_race_run(*inputs[i])
-            torch.cuda.current_stream().synchronize()
-            results[i] = r
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((i, repr(e)))
-
-    threads = [threading.Thread(target=worker, args=(i,), name=f"timer-race-{i}") for i in range(nthreads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=90)
-    assert not any(t.is_alive() for t in threads), "a recording thread hung"
-    assert not errors, errors
+    results = _in_threads(nthreads, body, "timer-race", join_s=90)
     for i in range(nthreads):
         _timer_race_check(results[i], expected[i], f"thread {i}")
 
