@@ -444,13 +444,18 @@ def test_four_threads_independent_chains(rt):
 def _timer_race_run(x0, w, g, steps=240):
     """A decoder-like loop: a row program, a small matmul and a chain, an in-place write of every step's state
     (indexed by a tensor made from the host), eager cuBLAS reads of the deferred results every 5th step and host
-    reads every 7th (dependency flushes): what the timer's publications interleave with. The update is contractive
-    (a rounding difference does not grow: an earlier form amplified 1e-6 to 1e-2 in 240 steps on some seeds) and
-    each step moves x by ~0.2, so a stale read shows in that step's snapshot."""
+    reads every 7th (dependency flushes): what the timer's publications interleave with. Every 3rd step an eager
+    cuBLAS product of the inputs alone (no storage shared with deferred work: it may run ahead of a publication in
+    flight) feeds the next step. The update is contractive (a rounding difference does not grow: an earlier form
+    amplified 1e-6 to 1e-2 in 240 steps on some seeds) and each step moves x by ~0.2, so a stale read shows in that
+    step's snapshot."""
     x, snaps, reads = x0.clone(), x0.new_zeros(steps, *x0.shape), []
+    side = torch.zeros_like(x0)
     for k in range(steps):
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
-        x = 0.5 * (x + x0) + 0.05 * torch.tanh(h @ w) + 0.2 * (k % 5)
+        x = 0.5 * (x + x0) + 0.05 * torch.tanh(h @ w) + 0.2 * (k % 5) + 0.01 * side
+        if k % 3 == 1:  # M = 8 * 16 rows of the inputs only: eager, independent of everything deferred
+            side = (x0.repeat(16, 1) * (1 + 0.01 * (k % 11)) @ w)[: x0.shape[0]]
         snaps.index_copy_(0, torch.tensor([k], device=x.device), x.unsqueeze(0))
         if k % 5 == 4:  # M = 8 * 16 rows: eager cuBLAS, after the batch it reads was published
             x = x + (x.repeat(16, 1) @ w)[: x.shape[0]] * 0.01
@@ -517,6 +522,54 @@ def test_timer_publications_race_two_recording_threads(rt, worker_matmul, timer_
     results = _in_threads(nthreads, body, "timer-race", join_s=90)
     for i in range(nthreads):
         _timer_race_check(results[i], expected[i], f"thread {i}")
+
+
+@pytest.mark.watchdog(60)
+def test_dependency_checks_while_the_timer_publishes(rt, timer_gil_mode):
+    """The timer's publication held in flight (mu held, no GIL; a test hook): a dependency check of a tensor that
+    shares no storage with it returns at once, a large op reading the cache it writes is recorded behind it (no
+    size fallback, no wait), and a check of a tensor it writes waits until it is published. Results equal eager."""
+    timer_gil_mode(True)
+    a, z, rows = randn(32, 32), randn(64, 64), randn(1, 64)
+    idx = torch.tensor([5], device=a.device)
+    exp_cache = torch.zeros(64, 64, device=a.device).index_copy_(0, idx, rows)
+    exp = (exp_cache * 2, a * 2 + 1, z @ z)
+    torch.cuda.synchronize()
+    hold = gpuos_ext._testing.hold_timer_publication
+    with gpuos.scheduler_context(auto_flush_ms=0, size_threshold=1024):
+        cache = torch.zeros(64, 64, device=a.device)   # 4,096 elements: over the threshold
+        cache.index_copy_(0, idx, rows)                # deferred (64 elements of work)
+        h = a * 2 + 1
+        assert gpuos_ext.sched_stats()["deferred"] >= 2
+        hold(True)
+        timer = threading.Thread(target=gpuos_ext.sched_flush_due, args=(0.0,), name="timer-held")
+        timer.start()
+        dependent = None
+        try:
+            assert gpuos_ext._testing.timer_publication_held(10), "the timer's publication never reached the hold"
+            assert gpuos_ext.sched_stats()["deferred"] == 0      # taken out of the queue: in flight
+            before = gpuos_ext.sched_stats()
+            assert gpuos_ext.sched_flush_for((z,), {}, "dependency") == []   # shares nothing: no wait
+            mid = gpuos_ext.sched_stats()
+            assert mid["inflight_skips"] == before["inflight_skips"] + 1
+            m = z @ z                                        # an eager op beside the publication in flight
+            c2 = cache * 2                                   # over the threshold, reads the cache in flight
+            after = gpuos_ext.sched_stats()
+            assert after["deferred"] == 1, "the large read of the cache in flight was not recorded"
+            dependent = threading.Thread(target=gpuos_ext.sched_flush_for, args=((h,), {}, "dependency"),
+                                         name="dependent")
+            dependent.start()
+            dependent.join(0.2)
+            assert dependent.is_alive(), "a dependency check of a tensor in flight returned before its publication"
+        finally:
+            hold(False)
+            timer.join(15)
+            if dependent is not None:
+                dependent.join(15)
+        assert not timer.is_alive() and not (dependent and dependent.is_alive()), "a thread hung after the hold"
+    for got, want, what in zip((c2, h, m), exp, ("cache * 2", "a * 2 + 1", "z @ z")):
+        assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda msg: f"{what}: {msg}")
+    assert_close(cache, exp_cache, rtol=0, atol=0)
 
 
 # ============================================================================ counters

@@ -1,6 +1,9 @@
 // csrc/sched/deferred.cpp -- see deferred.h.
 #include "sched/deferred.h"
 
+#include <condition_variable>
+#include <mutex>
+
 #include "config/config.h"
 
 namespace gpuos {
@@ -58,6 +61,36 @@ void init_deferred() {
   });
 }
 
+namespace {
+// Tests: hold the timer's off-GIL publication at its start (a dependency check can then be made while it is in
+// flight, deterministically). Bounded: a hold not released in 10 s lets the publication go on.
+struct TimerHold {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool armed = false, reached = false;
+} g_hold;
+
+void timer_hold_point() {
+  std::unique_lock<std::mutex> g(g_hold.mu);
+  if (!g_hold.armed) return;
+  g_hold.reached = true;
+  g_hold.cv.notify_all();
+  g_hold.cv.wait_for(g, std::chrono::seconds(10), [] { return !g_hold.armed; });
+}
+}  // namespace
+
+void hold_timer_publication(bool on) {
+  std::lock_guard<std::mutex> g(g_hold.mu);
+  g_hold.armed = on;
+  g_hold.reached = false;
+  g_hold.cv.notify_all();
+}
+
+bool timer_publication_held(double timeout_s) {
+  std::unique_lock<std::mutex> g(g_hold.mu);
+  return g_hold.cv.wait_for(g, std::chrono::duration<double>(timeout_s), [] { return g_hold.reached; });
+}
+
 void sched_publish(int dev, Runtime& rt, const char* cause, RtLock* off_gil) {
   Deferred& D = deferred_of(dev);
   if (D.ops.empty()) return;
@@ -68,7 +101,10 @@ void sched_publish(int dev, Runtime& rt, const char* cause, RtLock* off_gil) {
     g_sched.publish_ns += (uint64_t)std::chrono::nanoseconds(std::chrono::steady_clock::now() - t0).count();
   };
   if (off_gil) {
-    const OffGilPublish off{off_gil, publish};
+    const OffGilPublish off{off_gil, [&](CUstream s) {
+                              timer_hold_point();
+                              publish(s);
+                            }};
     lower_deferred(dev, rt, &off);
   } else {
     const CUstream s = D.stream;

@@ -4,10 +4,11 @@
 // on the device; lowering fuses chains of elementwise ops whose intermediates nothing else can read into one
 // interpreter sub-op.
 // Locks: the queue (Deferred) belongs to the GIL -- recording appends to it holding the GIL alone. Lowering and
-// publishing hold the GIL and Runtime::mu; so does every reader of `touched` (a dependency check), so no eager op
-// runs ahead of deferred work it depends on. The flush timer (sched_flush_due) takes the ops out of the queue under
+// publishing hold the GIL and Runtime::mu. A dependency check (does an eager op share storage with deferred
+// work?) reads `touched` under the GIL; so no eager op runs ahead of deferred work it depends on. The flush timer (sched_flush_due) takes the ops out of the queue under
 // both, analyses them, then emits and publishes them without the GIL (mu held): recording goes on meanwhile into
-// the emptied queue, and whatever must see the taken ops waits for mu.
+// the emptied queue. Their storages stay visible to GIL holders (Deferred::inflight_touched) until the timer has
+// the GIL back, so only a check that touches them waits for mu.
 #pragma once
 #include <torch/extension.h>
 
@@ -59,6 +60,11 @@ struct DeferredOp {
 struct Deferred {
   std::vector<DeferredOp> ops;
   Hazards touched;  // every storage the deferred ops read or write (the hazard model; levels unused here)
+  // While the timer emits and publishes taken ops without the GIL (`inflight`): the storages they touch, and
+  // whether explicit-API work (tracked by no storage) was staged with them. Set and cleared by the timer holding
+  // the GIL, so a GIL holder reads them without mu: a dependency check that touches neither needs no wait.
+  Hazards inflight_touched;
+  bool inflight = false, inflight_untracked = false;
   CUstream stream = nullptr;
   std::chrono::steady_clock::time_point oldest;
 };
@@ -77,6 +83,7 @@ struct SchedStats {
   uint64_t copies_folded = 0;      // copies whose producer writes their destination (sched/rewrite.cpp)
   uint64_t dead_ops = 0;           // ops dropped because nobody could read their output (sched/rewrite.cpp)
   uint64_t gqa_reads = 0;          // attention k / v read from repeat_kv's source (sched/rewrite.cpp gqa_source)
+  uint64_t inflight_skips = 0;     // dependency checks answered without waiting for the timer's publication
   // Host time of publication (steady clock, ns): fusion analysis, emitting sub-ops, keep-alive, Runtime::flush.
   uint64_t analyse_ns = 0, emit_ns = 0, keep_ns = 0, publish_ns = 0;
   // Per flush cause ("exit", "dependency", "timer", "size", "explicit", "stream_change", ...): flushes, the
@@ -130,6 +137,10 @@ struct FlushCount {
 FlushCount flush_measured(Runtime& rt, CUstream s);
 void count_flush(const char* cause, const FlushCount& c);  // into g_sched (GIL held)
 void flush_counted(Runtime& rt, CUstream s, const char* cause);  // both
+// Tests (gpuos_ext._testing): hold the timer's next off-GIL publication before Runtime::flush until released
+// (at most 10 s); wait (GIL released) until a publication is held there.
+void hold_timer_publication(bool on);
+bool timer_publication_held(double timeout_s);
 // The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL, default on; gpuos_ext.sched_set_timer_off_gil).
 bool timer_off_gil();
 void set_timer_off_gil(bool on);

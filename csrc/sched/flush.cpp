@@ -84,8 +84,21 @@ py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& 
   for (int dev = 0; dev < kMaxDevices; ++dev) {
     Runtime* rt = runtime_if(dev);
     if (!rt || !(devs >> dev & 1)) continue;  // an op with no tensor on `dev` cannot read or write its memory
-    RtLock lk(*rt);
     const Deferred& D = deferred_of(dev);
+    if (D.inflight && !D.inflight_untracked) {
+      // The timer is publishing without the GIL, mu held: an op that shares no storage with the queue or the ops
+      // in flight runs at once instead of waiting for it (ordering only matters between sharers).
+      bool touch = false;
+      for (auto& u : used)
+        touch |= u.first == dev && (u.second == nullptr || D.touched.touches((uintptr_t)u.second) ||
+                                    D.inflight_touched.touches((uintptr_t)u.second));
+      if (!touch) {
+        g_sched.independent_eager++;
+        g_sched.inflight_skips++;
+        continue;
+      }
+    }
+    RtLock lk(*rt);
     if (D.ops.empty() && !rt->has_pending()) continue;
     // Explicit-API work pending there is not tracked by storage: publish (conservative).
     bool touch = rt->has_pending();
@@ -141,6 +154,7 @@ py::dict sched_stats() {
   d["copies_folded"] = g_sched.copies_folded;
   d["dead_ops"] = g_sched.dead_ops;
   d["gqa_reads"] = g_sched.gqa_reads;
+  d["inflight_skips"] = g_sched.inflight_skips;
   py::dict h;  // host time spent publishing deferred ops, in microseconds
   h["analyse_us"] = g_sched.analyse_ns / 1e3;
   h["emit_us"] = g_sched.emit_ns / 1e3;

@@ -289,7 +289,12 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
   // Taken out of the queue (GIL and mu held): the queue is empty for the ops recorded from here on.
   std::vector<DeferredOp> ops;
   ops.swap(D.ops);
-  D.touched.clear();
+  if (off) {  // their storages, in flight (D.inflight) once the GIL is let go, until it is back
+    D.inflight_touched.clear();
+    std::swap(D.inflight_touched, D.touched);
+  } else {
+    D.touched.clear();
+  }
   const CUstream stream = D.stream;
   // Publications during lowering (ring full, early) go on the stream these ops were recorded under.
   rt.set_record_stream(true, stream);
@@ -482,6 +487,8 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
     reset.now();
     off->lk->lk.unlock();
     nogil.reset();
+    D.inflight = false;  // published (or staged for the next flush, which a dependency check then takes mu for)
+    D.inflight_touched.clear();
   };
   std::vector<char> emitted(n, 0);  // emit_unfused: ops of a group already emitted one by one
   // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j);
@@ -533,7 +540,11 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
   // Everything above reads Python's view of the tensors (dead_to_python): the analysis, counted as such.
   g_sched.analyse_ns += ns_since(t0);
   t0 = clk::now();
-  if (off) nogil.emplace();
+  if (off) {
+    D.inflight = true;
+    D.inflight_untracked = rt.has_pending();  // explicit-API work staged: a dependency check must wait for it
+    nogil.emplace();
+  }
   int j = 0;
   try {
     for (; j < n; ++j) {

@@ -54,12 +54,14 @@ void defer_filled(int dev, DeferredOp&& op) {
   defer_op(dev, [&](DeferredOp& d) { d = std::move(op); });
 }
 
-// Whether deferred work on t's device reads or writes t's storage: an eager op reading t would flush it first.
+// Whether deferred work on t's device -- queued, or in flight from the timer -- reads or writes t's storage: an
+// eager op reading t would flush it first (or wait for the timer's publication). GIL held; no runtime lock: an
+// op recorded now is published after the one in flight.
 bool touches_pending(const at::Tensor& t) {
-  Runtime* rt = runtime_if(t.get_device());
-  if (!rt) return false;
-  RtLock lk(*rt);
-  return deferred_of(t.get_device()).touched.touches((uintptr_t)storage_of(t));
+  if (!runtime_if(t.get_device())) return false;
+  const Deferred& D = deferred_of(t.get_device());
+  const uintptr_t s = (uintptr_t)storage_of(t);
+  return D.touched.touches(s) || (D.inflight && D.inflight_touched.touches(s));
 }
 
 EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const at::Tensor* pout, float s0, float s1,
