@@ -572,6 +572,50 @@ def test_dependency_checks_while_the_timer_publishes(rt, timer_gil_mode):
     assert_close(cache, exp_cache, rtol=0, atol=0)
 
 
+_ANALYSIS_KEYS = ("flushed_ops", "fused_groups", "fused_ops", "row_groups", "epilogues", "act_epilogues",
+                  "dual_epilogues", "prologues", "dead_ops", "copies_folded")
+
+
+def _analysis_block(x, w1, w2, w3, g):
+    """A Llama-like MLP block with an intermediate Python keeps (t1: it must be written, not fused away)."""
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g   # a row program, the matmuls' prologue
+    t1 = torch.tanh(x) * 3                                               # kept by the caller
+    y = F.silu(h @ w1) * (h @ w3)                                        # a dual epilogue
+    return x + y @ w2 + (t1 + 1) * 0.5, t1                               # a residual epilogue; t1 read again
+
+
+@pytest.mark.watchdog(60)
+def test_timer_analysis_without_the_gil_decides_as_with_it(rt, worker_matmul, timer_gil_mode):
+    """The timer analyses the taken ops without the GIL, reading Python's side of liveness from a snapshot taken
+    under it: the same block flushed by the timer and by an explicit flush (with the GIL) fuses, folds and drops
+    exactly the same, and what Python still holds is written."""
+    timer_gil_mode(True)
+    x, g = randn(4, 256), randn(256)
+    w1, w3, w2 = randn(256, 512, scale=0.05), randn(256, 512, scale=0.05), randn(512, 256, scale=0.05)
+    exp = _analysis_block(x, w1, w2, w3, g)
+    torch.cuda.synchronize()
+    full = gpuos.stats()["fusion_table_full"]   # (a process's fused-program table never evicts: past it, unfused)
+    deltas = {}
+    for how in ("explicit", "timer"):
+        with gpuos.scheduler_context(auto_flush_ms=0):
+            before = gpuos_ext.sched_stats()
+            got = _analysis_block(x, w1, w2, w3, g)
+            assert gpuos_ext.sched_stats()["deferred"] > 0
+            if how == "timer":
+                assert gpuos_ext.sched_flush_due(0.0) == 1
+            else:
+                gpuos.flush()
+            after = gpuos_ext.sched_stats()
+            assert after["deferred"] == 0
+        deltas[how] = {k: after[k] - before[k] for k in _ANALYSIS_KEYS}
+        cause = "timer" if how == "timer" else "explicit"
+        assert after["flushes_by_cause"].get(cause, 0) > before["flushes_by_cause"].get(cause, 0)
+        _compare(got, exp, "f32_mm", what=f"{how} flush")
+    assert deltas["timer"] == deltas["explicit"], deltas
+    if gpuos.stats()["fusion_table_full"] == full:
+        assert deltas["timer"]["fused_groups"] > 0 and deltas["timer"]["act_epilogues"] > 0, deltas
+
+
 # ============================================================================ counters
 
 def test_ops_intercepted_and_size_fallback(rt):

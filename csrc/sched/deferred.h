@@ -5,10 +5,12 @@
 // interpreter sub-op.
 // Locks: the queue (Deferred) belongs to the GIL -- recording appends to it holding the GIL alone. Lowering and
 // publishing hold the GIL and Runtime::mu. A dependency check (does an eager op share storage with deferred
-// work?) reads `touched` under the GIL; so no eager op runs ahead of deferred work it depends on. The flush timer (sched_flush_due) takes the ops out of the queue under
-// both, analyses them, then emits and publishes them without the GIL (mu held): recording goes on meanwhile into
-// the emptied queue. Their storages stay visible to GIL holders (Deferred::inflight_touched) until the timer has
-// the GIL back, so only a check that touches them waits for mu.
+// work?) reads `touched` under the GIL, so no eager op runs ahead of deferred work it depends on. The flush timer
+// (sched_flush_due) takes the ops out of the queue under both and reads Python's side of their tensors' liveness
+// (a snapshot), then analyses, emits and publishes them without the GIL (mu held): recording goes on meanwhile
+// into the emptied queue. Their storages stay visible to GIL holders (Deferred::inflight_touched) until the timer
+// has the GIL back, so only a check that touches them waits for mu. The lowering's counters in g_sched are
+// written by whoever holds mu.
 #pragma once
 #include <torch/extension.h>
 
@@ -113,7 +115,8 @@ void set_worker_attention(bool on);
 constexpr int64_t kWorkerMatmulMaxRows = 64;
 
 // Does Python still see the tensor (sched/lower.cpp)? True when its only references are `ours` (plus the
-// preserved Python object, whose own refcount is then 1). calibrate_liveness() first, once.
+// preserved Python object, whose own refcount is then 1). calibrate_liveness() first, once. GIL held, or inside
+// the timer's lowering, which answers from a snapshot of Python's side taken under the GIL (dead stays dead).
 void calibrate_liveness();
 bool dead_to_python(const at::TensorBase& t, long ours);
 

@@ -38,11 +38,58 @@ void calibrate_liveness() {
   g_pyobj_holds_impl = held.use_count() >= 2 ? 1 : 0;
 }
 
+namespace {
+// Python's side of a tensor's liveness: 0 no Python object, 1 only the preserved one (refcount 1), 2 Python holds it.
+int8_t py_side(const c10::TensorImpl* impl) {
+  PyObject* po = impl->pyobj_slot()->load_pyobj();
+  return !po ? 0 : Py_REFCNT(po) == 1 ? 1 : 2;
+}
+
+// The timer's analysis runs without the GIL: Python's side of every tensor of the taken ops is read first, under
+// the GIL (PySnapshot::take), and dead_to_python answers from it. Sound because dead stays dead: Python cannot
+// regain a tensor it holds no object for (a view's base is counted in the tensor's use_count, which is read live).
+// A tensor not in the snapshot counts as alive.
+struct PySide {
+  const c10::TensorImpl* impl;
+  int8_t side;
+  bool operator<(const PySide& o) const { return impl < o.impl; }
+};
+thread_local const std::vector<PySide>* t_py_snapshot = nullptr;
+
+struct PySnapshot {
+  std::vector<PySide> sides;
+  void take(const std::vector<DeferredOp>& ops) {
+    sides.reserve(ops.size() * 3);
+    const auto add = [&](const at::Tensor& t) {
+      if (t.defined()) sides.push_back({t.unsafeGetTensorImpl(), py_side(t.unsafeGetTensorImpl())});
+    };
+    for (const DeferredOp& o : ops) {
+      add(o.out);
+      for (const at::Tensor& t : o.in) add(t);
+      add(o.written);
+      add(o.lse);
+    }
+    std::sort(sides.begin(), sides.end());
+  }
+};
+struct SnapshotScope {  // dead_to_python reads `s` on this thread while in scope (nullptr: live reads)
+  explicit SnapshotScope(const std::vector<PySide>* s) { t_py_snapshot = s; }
+  ~SnapshotScope() { t_py_snapshot = nullptr; }
+};
+}  // namespace
+
 bool dead_to_python(const at::TensorBase& t, long ours) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  PyObject* po = impl->pyobj_slot()->load_pyobj();
-  if (!po) return (long)t.use_count() == ours;
-  return Py_REFCNT(po) == 1 && (long)t.use_count() == ours + g_pyobj_holds_impl;
+  int8_t side;
+  if (const std::vector<PySide>* snap = t_py_snapshot) {
+    const auto it = std::lower_bound(snap->begin(), snap->end(), PySide{impl, 0});
+    if (it == snap->end() || it->impl != impl) return false;
+    side = it->side;
+  } else {
+    side = py_side(impl);
+  }
+  if (side == 2) return false;
+  return (long)t.use_count() == ours + (side == 1 ? g_pyobj_holds_impl : 0);
 }
 
 namespace {
@@ -310,6 +357,32 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
   const auto ns_since = [](clk::time_point t) { return (uint64_t)std::chrono::nanoseconds(clk::now() - t).count(); };
   auto t0 = clk::now();
   const int n = (int)ops.size();
+  // Without the GIL from the analysis to the publication (`off`): recording goes on into the emptied queue. The
+  // lock is let go before the GIL is retaken (a thread holding the GIL may be waiting for it, devices.h).
+  std::optional<py::gil_scoped_release> nogil;
+  const auto regain = [&] {
+    if (!nogil) return;
+    reset.now();
+    off->lk->lk.unlock();
+    nogil.reset();
+    D.inflight = false;  // published (or staged for the next flush, which a dependency check then takes mu for)
+    D.inflight_touched.clear();
+  };
+  PySnapshot snap;
+  if (off) {
+    snap.take(ops);  // (the analysis's only reads of Python state)
+    D.inflight = true;
+    D.inflight_untracked = rt.has_pending();  // explicit-API work staged: a dependency check must wait for it
+    nogil.emplace();
+  }
+  struct RegainOnThrow {  // an exception out of the analysis: the GIL back, mu let go first
+    const std::function<void()> f;
+    bool armed;
+    ~RegainOnThrow() {
+      if (armed) f();
+    }
+  } analysis_guard{regain, off != nullptr};
+  SnapshotScope snapshot_scope(off ? &snap.sides : nullptr);
   std::vector<std::array<int, kDeferredMaxIn>> child(n, {-1, -1, -1, -1});
   // Folded into another op or unobservable (sched/rewrite.h): neither emitted nor fused.
   const std::vector<char> dropped = g_fusion ? rewrite_deferred(ops, g_sched) : std::vector<char>(n, 0);
@@ -479,17 +552,6 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
     }
     ops.clear();
   };
-  // Without the GIL from the emission to the publication (`off`): recording goes on into the emptied queue. The
-  // lock is let go before the GIL is retaken (a thread holding the GIL may be waiting for it, devices.h).
-  std::optional<py::gil_scoped_release> nogil;
-  const auto regain = [&] {
-    if (!nogil) return;
-    reset.now();
-    off->lk->lk.unlock();
-    nogil.reset();
-    D.inflight = false;  // published (or staged for the next flush, which a dependency check then takes mu for)
-    D.inflight_touched.clear();
-  };
   std::vector<char> emitted(n, 0);  // emit_unfused: ops of a group already emitted one by one
   // Activation epilogues: epi_src[j] = i when group j runs as matmul i's epilogue (i is then emitted at j);
   // epi_src2[j] = i2 >= 0 when it is a dual item's (products i and i2, both emitted at j).
@@ -537,14 +599,11 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
     g_sched.fused_ops += members;
     g_sched.row_groups += row ? 1 : 0;
   };
-  // Everything above reads Python's view of the tensors (dead_to_python): the analysis, counted as such.
+  // Everything above reads Python's view of the tensors (dead_to_python, from the snapshot without the GIL): the
+  // analysis, counted as such.
+  analysis_guard.armed = false;
   g_sched.analyse_ns += ns_since(t0);
   t0 = clk::now();
-  if (off) {
-    D.inflight = true;
-    D.inflight_untracked = rt.has_pending();  // explicit-API work staged: a dependency check must wait for it
-    nogil.emplace();
-  }
   int j = 0;
   try {
     for (; j < n; ++j) {
