@@ -36,6 +36,7 @@ _NO_DATA = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.t
             aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.unbind.int,
             aten.split.Tensor, aten.chunk.default, aten.reshape.default, aten.view_as.default}
 _HEAVY = _handler_base.HEAVY
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default  # .item(): a host read, a copy and no kernel
 # What the dispatcher front records itself, from C++ (csrc/sched/cfront_native.cpp, cfront_data.cpp), unless a
 # registered op took the overload: the worker matmuls, casts, clones, joins, the mask builders' data ops (comparisons,
 # fills among them), embedding, argmax, layer norm and KV cache writes (index_copy_, in place: the front bumps the
@@ -96,6 +97,9 @@ class _Stats:
             "dead_ops": c["dead_ops"],    # ops dropped: nobody could read their output any more
             "gqa_reads": c["gqa_reads"],  # attention k / v read from repeat_kv's source, not its copy
             "flush_host_us": c["flush_host_us"],  # host time of publication by phase (analyse/emit/keep/publish)
+            "inflight_skips": c["inflight_skips"],  # dependency checks not waiting for the timer's publication
+            "live_idle_us": c["live_idle_us"],  # the live window now (0: no scheduler context's timer runs)
+            "live_yields": c["live_yields"],  # eager kernels that asked the worker the window kept to leave
         }
 
 
@@ -118,6 +122,13 @@ class GpuosScheduler(TorchDispatchMode):
         (csrc/sched/record.h kPendingSizeCap; HF repeat_kv's clone of a static cache).
     auto_flush_ms
         Pending work older than this is flushed by a background timer (0 disables the timer).
+    live_idle_us
+        While the timer runs, a worker the scheduler's flushes launch stays resident this long without work (the
+        live window), so one worker serves flush after flush instead of a launch per flush; the context's exit asks
+        it to leave, and an eager op's kernel inside the context asks it first (it would get one SM beside it).
+        None (the default): 2 x ``auto_flush_ms`` + 1 ms, or ``GPUOS_LIVE_IDLE_US``; 0: the runtime's idle time
+        (200 us). A ``torch.cuda.synchronize()`` inside the context waits for the resident worker to leave: up to
+        this long after the last flush.
     front
         Also intercept plain functional elementwise calls (``a + b``, ``torch.sigmoid(x)``, ...) at the
         ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an
@@ -140,8 +151,12 @@ class GpuosScheduler(TorchDispatchMode):
     """
 
     def __init__(self, capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                 auto_flush_ms: float = 2.0, front: bool | None = None, cfront: bool = True) -> None:
+                 auto_flush_ms: float = 2.0, front: bool | None = None, cfront: bool = True,
+                 live_idle_us: float | None = None) -> None:
         super().__init__()
+        if live_idle_us is not None and not live_idle_us >= 0:
+            raise ValueError(f"scheduler_context(live_idle_us={live_idle_us!r}): a worker's idle window in "
+                             "microseconds is >= 0 (0: the runtime's idle time; None: 2 x auto_flush_ms + 1 ms)")
         self.capacity = capacity
         self.threads_per_block = threads_per_block
         self.size_threshold = size_threshold
@@ -151,7 +166,9 @@ class GpuosScheduler(TorchDispatchMode):
         self._fronts: list = []  # one per __enter__ that pushed one (the same instance may be entered nested)
         self._cfronts: list = []  # per __enter__: whether it turned the dispatcher front on (exit turns it off)
         self._lock = threading.RLock()
+        self.live_idle_us = live_idle_us
         self._timer: threading.Thread | None = None
+        self._live_window = 0.0  # what sched_live_window_open applied while the timer runs (0: none)
         self._timer_error: BaseException | None = None  # raised by the context's exit (the timer has no caller)
         self._stop = threading.Event()
         self._depth = 0
@@ -175,6 +192,8 @@ class GpuosScheduler(TorchDispatchMode):
                     self._stop.clear()
                     self._timer = threading.Thread(target=self._timer_loop, name="gpuos-flush-timer", daemon=True)
                     self._timer.start()
+                    live = 2000.0 * self.auto_flush_ms + 1000.0 if self.live_idle_us is None else self.live_idle_us
+                    self._live_window = _ext.sched_live_window_open(float(live))
         r = super().__enter__()
         cfront = bool(self.cfront) and _ext.sched_cfront_enter(self, self.size_threshold)
         self._cfronts.append(cfront)
@@ -196,6 +215,8 @@ class GpuosScheduler(TorchDispatchMode):
                 self._stop.set()
                 self._timer.join()
                 self._timer = None
+                window, self._live_window = self._live_window, 0.0
+                _ext.sched_live_window_close(window)  # the last one asks the resident worker to leave
             front = self._fronts.pop() if self._fronts else None
             if front is not None:
                 front.__exit__(exc_type, exc, tb)
@@ -268,8 +289,11 @@ class GpuosScheduler(TorchDispatchMode):
         # An eager op (incl. host reads: .item(), .cpu(), print) that touches memory of deferred ops runs after
         # them: the batch is published first, in stream order. Eager ops on unrelated tensors run ahead and the
         # batch keeps growing. Heavy kernels and collectives get the SMs of their devices back from the worker.
+        # (A host read's copy needs no SMs: a worker the live window keeps stays; yield_worker 0 / 1 / 2: never /
+        # always / only while a live window keeps it resident.)
         heavy = func in _HEAVY or _collectives.kind(func) == "collective"
-        self._wait_for(_log.traced("dependency", _ext.sched_flush_for, args, kwargs, "dependency", heavy))
+        yield_worker = 1 if heavy else 0 if func is _LOCAL_SCALAR else 2
+        self._wait_for(_log.traced("dependency", _ext.sched_flush_for, args, kwargs, "dependency", yield_worker))
         cap = _programs.active()
         if cap is not None:  # capturing a program: the op becomes one of its eager steps
             return cap.eager(func, args, kwargs)
@@ -526,10 +550,11 @@ _push_tables()
 
 
 def scheduler_context(capacity: int = 8192, threads_per_block: int = 256, size_threshold: int = 1 << 15,
-                      auto_flush_ms: float = 2.0, front: bool | None = None, cfront: bool = True) -> GpuosScheduler:
+                      auto_flush_ms: float = 2.0, front: bool | None = None, cfront: bool = True,
+                      live_idle_us: float | None = None) -> GpuosScheduler:
     """Context manager: ``with gpuos.scheduler_context(): ...`` batches supported small ops (see module doc)."""
     return GpuosScheduler(capacity=capacity, threads_per_block=threads_per_block, size_threshold=size_threshold,
-                          auto_flush_ms=auto_flush_ms, front=front, cfront=cfront)
+                          auto_flush_ms=auto_flush_ms, front=front, cfront=cfront, live_idle_us=live_idle_us)
 
 
 def scheduler_stats() -> dict:

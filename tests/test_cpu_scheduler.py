@@ -365,8 +365,10 @@ def test_flush_without_pending_is_noop():
 def test_scheduler_context_signature():
     sig = inspect.signature(gpuos.scheduler_context)
     params = sig.parameters
-    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front", "cfront"]
+    assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front", "cfront",
+                            "live_idle_us"]
     assert params["front"].default is None and params["cfront"].default is True  # None: where cfront is off
+    assert params["live_idle_us"].default is None  # None: 2 x auto_flush_ms + 1 ms
     assert params["capacity"].default == 8192
     assert params["threads_per_block"].default == 256
     assert params["size_threshold"].default == 1 << 15
@@ -677,3 +679,29 @@ def test_timer_off_gil_switch_and_environment():
     for env, want in (({}, "True"), ({"GPUOS_TIMER_OFF_GIL": "0"}, "False"), ({"GPUOS_TIMER_OFF_GIL": "1"}, "True")):
         p = run_python(code, env_extra=env)
         assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == want, (env, describe(p))
+
+
+def test_live_window_argument_and_bookkeeping():
+    """scheduler_context(live_idle_us=...) takes a window >= 0 (a clear error otherwise); the windows open at once
+    (threads, nested contexts) apply their longest, and closing them all leaves none (gpuos.stats()'s
+    live_idle_us)."""
+    import os
+
+    import gpuos_ext
+
+    with pytest.raises(ValueError, match=r"scheduler_context\(live_idle_us=-1\): .* >= 0"):
+        gpuos.scheduler_context(live_idle_us=-1)
+    with pytest.raises(ValueError, match=r"live_idle_us=nan"):
+        gpuos.scheduler_context(live_idle_us=float("nan"))
+    if os.environ.get("GPUOS_LIVE_IDLE_US"):
+        pytest.skip("GPUOS_LIVE_IDLE_US replaces every context's window")
+    assert gpuos_ext.sched_live_window_open(0.0) == 0.0       # 0: no window
+    a = gpuos_ext.sched_live_window_open(5000.0)
+    b = gpuos_ext.sched_live_window_open(3000.0)
+    assert (a, b) == (5000.0, 3000.0)
+    assert gpuos.stats()["live_idle_us"] == 5000.0             # the longest open one
+    gpuos_ext.sched_live_window_close(a)
+    assert gpuos.stats()["live_idle_us"] == 3000.0
+    gpuos_ext.sched_live_window_close(b)
+    gpuos_ext.sched_live_window_close(b)                       # not open: ignored
+    assert gpuos.stats()["live_idle_us"] == 0.0

@@ -710,6 +710,71 @@ def test_fallbacks_by_op_and_batches_launches_by_cause(rt):
     assert_close(m2, a @ a)
 
 
+def _flushes_apart(x, live_idle_us, n=12):
+    """n flushes of a small chain, each completed on the stream and followed by 1 ms without work (over the runtime's
+    200 us idle time, under the context's 3 ms window), inside a context with a 1 ms timer; the worker launches
+    they cost."""
+    gpuos_ext.flush(sync=True)
+    before = gpuos.stats()["worker_launches"]
+    with gpuos.scheduler_context(auto_flush_ms=1.0, live_idle_us=live_idle_us) as sched:
+        y = x
+        for _ in range(n):
+            y = y * 0.5 + 1.0                      # recorded
+            sched.flush()
+            torch.cuda.current_stream().synchronize()   # the stream waits for the batch; the worker may stay
+            time.sleep(0.001)                      # the workload's gap between flushes, not a synchronization
+    torch.cuda.synchronize()
+    return gpuos.stats()["worker_launches"] - before, y
+
+
+def test_the_live_window_keeps_one_worker_across_flushes(rt):
+    """While a scheduler context's timer runs, the worker a flush launches stays resident for the live window
+    (2 x auto_flush_ms + 1 ms by default) instead of the runtime's 200 us: flushes 1 ms apart launch it about once,
+    not once per flush (live_idle_us=0: the runtime's idle time, the A/B)."""
+    x = randn(4096)
+    ref = x
+    for _ in range(12):
+        ref = ref * 0.5 + 1.0
+    kept, y = _flushes_apart(x, None)
+    assert_close(y, ref)
+    each, y = _flushes_apart(x, 0.0)
+    assert_close(y, ref)
+    assert each >= 10, each                        # without the window: one launch per flush (12)
+    assert kept <= 2, (kept, each)
+    assert gpuos.stats()["live_idle_us"] == 0.0    # no context open: no window
+
+
+def _synchronize_s():
+    t = time.perf_counter()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def test_the_context_exit_and_eager_kernels_send_the_resident_worker_away(rt):
+    """A worker the live window keeps (here 2 s) must not hold up what follows: the context's exit asks it to
+    leave, so a device synchronize after it returns at once (it waits for every resident kernel: DESIGN F3); an
+    eager op's kernel inside the context asks it to leave first (beside it the kernel would get one SM); a host
+    read (.item()) needs no SMs and keeps it."""
+    x = randn(4096)
+    with gpuos.scheduler_context(live_idle_us=2e6) as sched:
+        assert gpuos.stats()["live_idle_us"] == 2e6
+        y = x * 2.0 + 1.0
+        sched.flush()
+        torch.cuda.current_stream().synchronize()
+        yields = gpuos.stats()["live_yields"]
+        total = (y * 3.0).sum().item()             # a host read: no yield
+        assert gpuos.stats()["live_yields"] == yields
+        assert math.isclose(total, float(((x * 2.0 + 1.0) * 3.0).sum()), rel_tol=1e-4, abs_tol=1e-3)
+        z = torch.cumsum(y, 0)                     # eager (no worker task): its kernel wants the SMs
+        assert gpuos.stats()["live_yields"] == yields + 1
+        assert _synchronize_s() < 1.0              # the worker left (the window is 2 s)
+        w = z * 0.5                                # recorded: a worker again, resident for the window
+        sched.flush()
+    assert _synchronize_s() < 1.0                  # the exit sent it away
+    assert gpuos.stats()["live_idle_us"] == 0.0
+    assert_close(w, torch.cumsum(x * 2.0 + 1.0, 0) * 0.5)
+
+
 def test_profiler_trace_shows_gpuos_flushes(rt):
     """While torch.profiler records, GPUOS flushes are ranges in its trace: gpuos.flush[<cause>] (context exit,
     dependency of an eager op, explicit gpuos.flush)."""

@@ -31,6 +31,7 @@ EnvConfig read_env() {
   read_u32("GPUOS_WORKER_BLOCKS", c.worker_blocks);
   read_f64("GPUOS_IDLE_US", c.idle_us);
   read_f64("GPUOS_PROGRAM_IDLE_US", c.program_idle_us);
+  read_f64("GPUOS_LIVE_IDLE_US", c.live_idle_us);
   read_u32("GPUOS_BURST_MIN", c.burst_min);
   read_u32("GPUOS_BURST_BLOCKS", c.burst_blocks);
   read_u32("GPUOS_PUBLISH_MIN", c.publish_min);
@@ -108,6 +109,7 @@ std::string describe_env_config() {
   return "GPUOS_WORKER_BLOCKS=" + std::to_string(c.worker_blocks) + "\nGPUOS_IDLE_US=" +
          (c.idle_us < 0 ? std::string("(init argument)") : num(c.idle_us)) +
          "\nGPUOS_PROGRAM_IDLE_US=" + (c.program_idle_us < 0 ? std::string("(idle_us)") : num(c.program_idle_us)) +
+         "\nGPUOS_LIVE_IDLE_US=" + (c.live_idle_us < 0 ? std::string("(the context's)") : num(c.live_idle_us)) +
          "\nGPUOS_BURST_MIN=" + std::to_string(c.burst_min) + "\nGPUOS_BURST_BLOCKS=" +
          std::to_string(c.burst_blocks) + "\nGPUOS_PUBLISH_MIN=" + std::to_string(c.publish_min) +
          "\nGPUOS_JOIN_LEVELS=" + (c.join_levels ? "1" : "0") +

@@ -1,6 +1,7 @@
 // csrc/core/launch.cpp -- launching the elastic worker on the side stream and the kicks on publishing streams
 // (docs/design/programs.md *Kicks*), their parameters, and the wait for every kick's exit. core/publish.cpp
 // decides when (its step 1b).
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -11,6 +12,10 @@ namespace gpuos {
 static std::atomic<bool> g_standby_first_look{true};
 void set_standby_first_look(bool on) { g_standby_first_look.store(on, std::memory_order_relaxed); }
 bool standby_first_look() { return g_standby_first_look.load(std::memory_order_relaxed); }
+
+static std::atomic<double> g_live_idle_us{0.0};
+void set_live_idle_us(double us) { g_live_idle_us.store(us > 0 ? us : 0.0, std::memory_order_relaxed); }
+double live_idle_us() { return g_live_idle_us.load(std::memory_order_relaxed); }
 
 void Runtime::maybe_launch_worker(uint32_t grid) {
   if (__atomic_load_n(&hc_->worker_state, __ATOMIC_SEQ_CST) != kWorkerExiting) return;
@@ -64,8 +69,9 @@ WorkerArgs Runtime::worker_args(uint32_t gen, uint32_t standby) const {
   args.ring_dev = ring_dev_;
   args.capacity = cfg_.capacity;
   args.gen = gen;
-  args.idle_ns = (uint64_t)((program_launches_ && cfg_.program_idle_us >= 0 ? cfg_.program_idle_us : cfg_.idle_us) *
-                            1000.0);
+  const double idle_us = program_launches_ && cfg_.program_idle_us >= 0 ? cfg_.program_idle_us
+                                                                         : std::max(cfg_.idle_us, live_idle_us());
+  args.idle_ns = (uint64_t)(idle_us * 1000.0);
   args.progs = progs_d_;
   args.trace = trace_d_;
   args.trace_records = trace_d_ ? cfg_.trace_records : 0u;

@@ -29,6 +29,11 @@ void fail_next_module_loads(int n);
 // A/B measurements (gpuos_ext._testing.set_standby_first_look).
 void set_standby_first_look(bool on);
 bool standby_first_look();
+// The live window (sched/flush.cpp sched_live_window: a scheduler context's flush timer runs): worker launches
+// other than a program call's idle at least this long, so one worker stays resident across the timer's flushes
+// instead of one launch per flush (the timer flushes every ~2-3 ms; Config::idle_us is 200 us). 0: off.
+void set_live_idle_us(double us);
+double live_idle_us();
 
 struct Config {
   uint32_t capacity = 4096;        // descriptor ring slots

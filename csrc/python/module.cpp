@@ -289,10 +289,17 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "Publish the scheduler's deferred ops (lowered, fused) on the streams they were recorded on; returns "
         "[(device, stream)]. this_thread: only the devices this thread deferred ops on since its last such flush.");
   m.def("sched_flush_for", &sched_flush_for, py::arg("args"), py::arg("kwargs"), py::arg("cause") = "dependency",
-        py::arg("yield_worker") = false,
+        py::arg("yield_worker") = 0,
         "Before an eager op: publish deferred ops that share storage with the op's tensors (and explicit-API work "
         "pending on the devices of its tensors); returns [(device, stream)]. yield_worker: then ask the workers of "
-        "those devices to yield their SMs (before a heavy or collective kernel).");
+        "those devices to yield their SMs: 1 always (before a heavy or collective kernel), 2 only while a live "
+        "window keeps a worker resident (before any other kernel).");
+  m.def("sched_live_window_open", &sched_live_window_open, py::arg("us"),
+        "A scheduler context's flush timer starts: worker launches idle at least `us` (GPUOS_LIVE_IDLE_US, when "
+        "set, instead) until the matching close, so one worker stays resident across the timer's flushes; "
+        "returns the window applied (0: none).");
+  m.def("sched_live_window_close", &sched_live_window_close, py::arg("us"),
+        "Close a window sched_live_window_open returned; the last close asks the resident workers to leave.");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
   m.def("sched_set_timer_off_gil", &set_timer_off_gil, py::arg("on"),
         "The flush timer emits and publishes without the GIL (default; GPUOS_TIMER_OFF_GIL=0: with it).");

@@ -86,6 +86,7 @@ struct SchedStats {
   uint64_t dead_ops = 0;           // ops dropped because nobody could read their output (sched/rewrite.cpp)
   uint64_t gqa_reads = 0;          // attention k / v read from repeat_kv's source (sched/rewrite.cpp gqa_source)
   uint64_t inflight_skips = 0;     // dependency checks answered without waiting for the timer's publication
+  uint64_t live_yields = 0;        // eager ops that asked a worker to leave because the live window kept it
   // Host time of publication (steady clock, ns): fusion analysis, emitting sub-ops, keep-alive, Runtime::flush.
   uint64_t analyse_ns = 0, emit_ns = 0, keep_ns = 0, publish_ns = 0;
   // Per flush cause ("exit", "dependency", "timer", "size", "explicit", "stream_change", ...): flushes, the
@@ -158,10 +159,18 @@ void init_deferred();
 // Flushes (sched/flush.cpp): every device / only devices whose deferred work shares storage with the tensors in
 // args and kwargs / work older than age_s.
 // The first two return [(device, raw stream published on)]; sched_flush(this_thread) flushes only the devices the
-// calling thread deferred ops on; sched_flush_for(yield_worker) also asks the workers of the op's devices to yield.
+// calling thread deferred ops on; sched_flush_for(yield_worker) then asks the workers of the op's devices to yield:
+// kYieldAlways (a heavy kernel: cuBLAS, cuDNN, a collective), or kYieldInLiveWindow (any other kernel: only while a
+// live window keeps the worker resident, on every SM but one).
+enum SchedYield : int { kYieldNever = 0, kYieldAlways = 1, kYieldInLiveWindow = 2 };
 pybind11::list sched_flush(const std::string& cause, bool this_thread = false);
 pybind11::list sched_flush_for(pybind11::handle args, pybind11::handle kwargs, const std::string& cause,
-                               bool yield_worker = false);
+                               int yield_worker = kYieldNever);
+// The live window of a scheduler context with a flush timer (core/runtime.h live_idle_us): open returns the window
+// applied (GPUOS_LIVE_IDLE_US, when set, instead of `us`; 0: none), which close takes back. The last close asks the
+// resident workers to leave.
+double sched_live_window_open(double us);
+void sched_live_window_close(double us);
 // Bit d: the calling thread deferred ops or recorded explicit-API work on device d since its last take (which
 // clears them).
 uint64_t take_thread_devices();

@@ -2,6 +2,10 @@
 // an eager op that shares storage with it (dependency), and by the timer (age).
 #include "sched/deferred.h"
 
+#include <mutex>
+#include <set>
+
+#include "config/config.h"
 #include "inject/specialize.h"
 #include "tensor/tensor.h"
 
@@ -73,7 +77,7 @@ static void collect_storages(PyObject* o, std::vector<std::pair<int, const void*
   }
 }
 
-py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& cause, bool yield_worker) {
+py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& cause, int yield_worker) {
   std::vector<std::pair<int, const void*>> used;
   collect_storages(args.ptr(), used);
   if (!kwargs.is_none()) collect_storages(kwargs.ptr(), used);
@@ -110,11 +114,46 @@ py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& 
     }
     publish_device(dev, *rt, cause, streams);
   }
-  if (yield_worker)  // the op's kernel (cuBLAS, cuDNN, an NCCL collective) needs SMs: only its devices' workers go
+  // The op's kernel needs SMs: a heavy one (cuBLAS, cuDNN, an NCCL collective) always, any other while the live
+  // window keeps a worker resident on every SM but one. Only its devices' workers go.
+  const bool live = yield_worker == kYieldInLiveWindow && live_idle_us() > 0;
+  if (yield_worker == kYieldAlways || live)
     for (int dev = 0; dev < kMaxDevices; ++dev)
       if (devs >> dev & 1)
-        if (Runtime* rt = runtime_if(dev)) rt->request_yield();
+        if (Runtime* rt = runtime_if(dev)) {
+          rt->request_yield();
+          g_sched.live_yields += live;
+        }
   return streams;
+}
+
+// The live window: each scheduler context whose flush timer runs holds one while entered (any thread, nested);
+// the longest open one applies (core/runtime.h live_idle_us). When the last closes, resident workers are asked to
+// leave: a torch.cuda.synchronize() after the context would otherwise wait out the window (DESIGN F3).
+namespace {
+std::mutex g_live_mu;
+std::multiset<double> g_live_windows;
+void apply_live_windows() { set_live_idle_us(g_live_windows.empty() ? 0.0 : *g_live_windows.rbegin()); }
+}  // namespace
+
+double sched_live_window_open(double us) {
+  if (env_config().live_idle_us >= 0) us = env_config().live_idle_us;
+  if (!(us > 0)) return 0.0;
+  std::lock_guard<std::mutex> g(g_live_mu);
+  g_live_windows.insert(us);
+  apply_live_windows();
+  return us;
+}
+
+void sched_live_window_close(double us) {
+  if (!(us > 0)) return;
+  std::lock_guard<std::mutex> g(g_live_mu);
+  const auto it = g_live_windows.find(us);
+  if (it == g_live_windows.end()) return;
+  g_live_windows.erase(it);
+  apply_live_windows();
+  if (g_live_windows.empty())
+    for (Runtime* rt : runtimes()) rt->request_yield();
 }
 
 // Timer: publish deferred ops older than age_s. Returns how many devices were flushed. Emission and publication
@@ -155,6 +194,8 @@ py::dict sched_stats() {
   d["dead_ops"] = g_sched.dead_ops;
   d["gqa_reads"] = g_sched.gqa_reads;
   d["inflight_skips"] = g_sched.inflight_skips;
+  d["live_yields"] = g_sched.live_yields;
+  d["live_idle_us"] = live_idle_us();
   py::dict h;  // host time spent publishing deferred ops, in microseconds
   h["analyse_us"] = g_sched.analyse_ns / 1e3;
   h["emit_us"] = g_sched.emit_ns / 1e3;
