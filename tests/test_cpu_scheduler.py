@@ -368,7 +368,7 @@ def test_scheduler_context_signature():
     assert list(params) == ["capacity", "threads_per_block", "size_threshold", "auto_flush_ms", "front", "cfront",
                             "live_idle_us"]
     assert params["front"].default is None and params["cfront"].default is True  # None: where cfront is off
-    assert params["live_idle_us"].default is None  # None: 2 x auto_flush_ms + 1 ms
+    assert params["live_idle_us"].default is None  # None: GPUOS_LIVE_IDLE_US, else off (experimental)
     assert params["capacity"].default == 8192
     assert params["threads_per_block"].default == 256
     assert params["size_threshold"].default == 1 << 15

@@ -13,7 +13,7 @@ struct EnvConfig {
   double idle_us = -1.0;          // GPUOS_IDLE_US (< 0: init()'s argument)
   double program_idle_us = 20.0;  // GPUOS_PROGRAM_IDLE_US: the same for a worker a program call launches (< 0: idle_us)
   double live_idle_us = -1.0;     // GPUOS_LIVE_IDLE_US: the same while a scheduler context's flush timer runs (the
-                                  // live window, sched/flush.cpp; < 0: the context's, 2 x auto_flush_ms + 1 ms; 0: off)
+                                  // live window, sched/flush.cpp; < 0: the context's live_idle_us, default off; 0: off)
   uint32_t burst_min = 2048;      // GPUOS_BURST_MIN: flushes of >= this many sub-ops launch on the burst grid
   uint32_t burst_blocks = 0;      // GPUOS_BURST_BLOCKS (0: every SM)
   uint32_t publish_min = 1024;    // GPUOS_PUBLISH_MIN: publish during recording after this many sub-ops
