@@ -662,8 +662,9 @@ def test_casts_and_copies_have_handlers():
 
 
 def test_timer_off_gil_switch_and_environment():
-    """The flush timer publishes without the GIL by default; the switch and GPUOS_TIMER_OFF_GIL=0 turn that off (the
-    A/B of sched/flush.cpp sched_flush_due); with no CUDA work, a timer call with nothing deferred publishes nothing."""
+    """The flush timer publishes holding the GIL by default (the off-GIL way is off until its stress fix has run on a
+    GPU); the switch and GPUOS_TIMER_OFF_GIL=1 turn it on (the A/B of sched/flush.cpp sched_flush_due); with no
+    CUDA work, a timer call with nothing deferred publishes nothing."""
     import gpuos_ext
     from _helpers import describe, run_python
     was = gpuos_ext.sched_timer_off_gil()
@@ -676,7 +677,7 @@ def test_timer_off_gil_switch_and_environment():
     finally:
         gpuos_ext.sched_set_timer_off_gil(was)
     code = "import gpuos_ext; print(gpuos_ext.sched_timer_off_gil())"
-    for env, want in (({}, "True"), ({"GPUOS_TIMER_OFF_GIL": "0"}, "False"), ({"GPUOS_TIMER_OFF_GIL": "1"}, "True")):
+    for env, want in (({}, "False"), ({"GPUOS_TIMER_OFF_GIL": "0"}, "False"), ({"GPUOS_TIMER_OFF_GIL": "1"}, "True")):
         p = run_python(code, env_extra=env)
         assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == want, (env, describe(p))
 

@@ -26,7 +26,8 @@ counting mode), and how many of its greedy tokens are eager's:
   sched_worker_nonative  sched_worker with the front's own records (cfront_native.cpp) off: those ops go to
                          the Python handlers by direct calls
   sched_worker_nodirect  ... and direct calls off too (gpuos_ext.cfront_set_direct): through the mode machinery
-  sched_worker_gil  sched_worker with the flush timer publishing under the GIL (GPUOS_TIMER_OFF_GIL=0's A/B)
+  sched_worker_gil  sched_worker with the flush timer publishing under the GIL (the default since the fifty-third
+                 session; the sched_worker configs set the off-GIL timer, GPUOS_TIMER_OFF_GIL=1)
   sched_worker_live  sched_worker with the live window (experimental, off by default): live_idle_us = 2 x the timer's
                  period + 1 ms, so one worker stays resident across the timer's flushes (without it the worker idles
                  out 200 us after each flush and the next one launches it again)

@@ -399,8 +399,9 @@ void add_testing_module(py::module_& m) {
         "Evaluate a reduction's row rule on the CPU (x: contiguous 2-D).");
   t.def("hang_report", &hang_report, py::call_guard<py::gil_scoped_release>(),
         "Each runtime's control words and the driver call it is in, and each thread's kernel wait (no locks).");
-  t.def("hold_timer_publication", &hold_timer_publication, py::arg("on"),
-        "Hold the flush timer's next off-GIL publication (mu held, ops in flight) until hold_timer_publication(False).");
+  t.def("hold_timer_publication", &hold_timer_publication, py::arg("where"),
+        "Hold the flush timer's next off-GIL publication until hold_timer_publication(0): 1 (True) before it "
+        "publishes (mu held, ops in flight), 2 once published and mu let go, before it retakes the GIL.");
   t.def("timer_publication_held", &timer_publication_held, py::arg("timeout_s"),
         py::call_guard<py::gil_scoped_release>(), "Wait until a timer publication is held; False on timeout.");
   t.def("watchdog", [](double seconds) {

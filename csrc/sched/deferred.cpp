@@ -67,21 +67,22 @@ namespace {
 struct TimerHold {
   std::mutex mu;
   std::condition_variable cv;
-  bool armed = false, reached = false;
+  int armed = 0;  // the point held (kTimerHold*), 0: none
+  bool reached = false;
 } g_hold;
-
-void timer_hold_point() {
-  std::unique_lock<std::mutex> g(g_hold.mu);
-  if (!g_hold.armed) return;
-  g_hold.reached = true;
-  g_hold.cv.notify_all();
-  g_hold.cv.wait_for(g, std::chrono::seconds(10), [] { return !g_hold.armed; });
-}
 }  // namespace
 
-void hold_timer_publication(bool on) {
+void timer_hold_point(int here) {
+  std::unique_lock<std::mutex> g(g_hold.mu);
+  if (g_hold.armed != here) return;
+  g_hold.reached = true;
+  g_hold.cv.notify_all();
+  g_hold.cv.wait_for(g, std::chrono::seconds(10), [] { return g_hold.armed == 0; });
+}
+
+void hold_timer_publication(int where) {
   std::lock_guard<std::mutex> g(g_hold.mu);
-  g_hold.armed = on;
+  g_hold.armed = where;
   g_hold.reached = false;
   g_hold.cv.notify_all();
 }
@@ -102,7 +103,7 @@ void sched_publish(int dev, Runtime& rt, const char* cause, RtLock* off_gil) {
   };
   if (off_gil) {
     const OffGilPublish off{off_gil, [&](CUstream s) {
-                              timer_hold_point();
+                              timer_hold_point(kTimerHoldPublish);
                               publish(s);
                             }};
     lower_deferred(dev, rt, &off);

@@ -14,6 +14,7 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -63,10 +64,16 @@ struct Deferred {
   std::vector<DeferredOp> ops;
   Hazards touched;  // every storage the deferred ops read or write (the hazard model; levels unused here)
   // While the timer emits and publishes taken ops without the GIL (`inflight`): the storages they touch, and
-  // whether explicit-API work (tracked by no storage) was staged with them. Set and cleared by the timer holding
-  // the GIL, so a GIL holder reads them without mu: a dependency check that touches neither needs no wait.
+  // whether explicit-API work (tracked by no storage) was staged with them. inflight_touched / inflight_untracked
+  // are written by the timer holding the GIL, so a GIL holder reads them without mu: a dependency check that
+  // touches neither needs no wait. `inflight` is true only while the timer holds mu -- set with the GIL and mu,
+  // cleared before mu is let go -- so while a GIL holder sees it, no one else can have lowered or staged work
+  // since the take (that takes mu): e.g. the explicit API's before-record hook stages newer deferred ops, tracked
+  // by no storage until published (the fifty-third session's stress mismatches, when it was cleared only once the
+  // timer had the GIL back).
   Hazards inflight_touched;
-  bool inflight = false, inflight_untracked = false;
+  std::atomic<bool> inflight{false};
+  bool inflight_untracked = false;
   CUstream stream = nullptr;
   std::chrono::steady_clock::time_point oldest;
 };
@@ -141,10 +148,13 @@ struct FlushCount {
 FlushCount flush_measured(Runtime& rt, CUstream s);
 void count_flush(const char* cause, const FlushCount& c);  // into g_sched (GIL held)
 void flush_counted(Runtime& rt, CUstream s, const char* cause);  // both
-// Tests (gpuos_ext._testing): hold the timer's next off-GIL publication before Runtime::flush until released
-// (at most 10 s); wait (GIL released) until a publication is held there.
-void hold_timer_publication(bool on);
+// Tests (gpuos_ext._testing): hold the timer's next off-GIL publication until released (at most 10 s) at one
+// point -- kTimerHoldPublish: before Runtime::flush (mu held, ops in flight); kTimerHoldUnlocked: published, mu let
+// go, the GIL not yet retaken -- and wait (GIL released) until a publication is held there.
+enum TimerHold : int { kTimerHoldNone = 0, kTimerHoldPublish = 1, kTimerHoldUnlocked = 2 };
+void hold_timer_publication(int where);
 bool timer_publication_held(double timeout_s);
+void timer_hold_point(int here);  // (the timer, without the GIL)
 // The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL, default on; gpuos_ext.sched_set_timer_off_gil).
 bool timer_off_gil();
 void set_timer_off_gil(bool on);

@@ -89,7 +89,7 @@ py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& 
     Runtime* rt = runtime_if(dev);
     if (!rt || !(devs >> dev & 1)) continue;  // an op with no tensor on `dev` cannot read or write its memory
     const Deferred& D = deferred_of(dev);
-    if (D.inflight && !D.inflight_untracked) {
+    if (D.inflight.load(std::memory_order_acquire) && !D.inflight_untracked) {
       // The timer is publishing without the GIL, mu held: an op that shares no storage with the queue or the ops
       // in flight runs at once instead of waiting for it (ordering only matters between sharers).
       bool touch = false;

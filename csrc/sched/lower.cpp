@@ -363,15 +363,18 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
   const auto regain = [&] {
     if (!nogil) return;
     reset.now();
+    // Before mu goes: from then on another thread may lower or stage work no storage tracks (published, or
+    // staged for the next flush: a dependency check takes mu for it again).
+    D.inflight.store(false, std::memory_order_release);
     off->lk->lk.unlock();
+    timer_hold_point(kTimerHoldUnlocked);
     nogil.reset();
-    D.inflight = false;  // published (or staged for the next flush, which a dependency check then takes mu for)
     D.inflight_touched.clear();
   };
   PySnapshot snap;
   if (off) {
     snap.take(ops);  // (the analysis's only reads of Python state)
-    D.inflight = true;
+    D.inflight.store(true, std::memory_order_release);
     D.inflight_untracked = rt.has_pending();  // explicit-API work staged: a dependency check must wait for it
     nogil.emplace();
   }
