@@ -8,8 +8,9 @@
 // work?) reads `touched` under the GIL, so no eager op runs ahead of deferred work it depends on. The flush timer
 // (sched_flush_due) takes the ops out of the queue under both and reads Python's side of their tensors' liveness
 // (a snapshot), then analyses, emits and publishes them without the GIL (mu held): recording goes on meanwhile
-// into the emptied queue. Their storages stay visible to GIL holders (Deferred::inflight_touched) until the timer
-// has the GIL back, so only a check that touches them waits for mu. The lowering's counters in g_sched are
+// into the emptied queue. While it holds mu (Deferred::inflight) their storages stay visible to GIL holders
+// (Deferred::inflight_touched), so only a check that touches them waits for mu; once mu is let go every check
+// takes mu (work lowered since may be staged, which no storage tracks). The lowering's counters in g_sched are
 // written by whoever holds mu.
 #pragma once
 #include <torch/extension.h>
@@ -155,7 +156,8 @@ enum TimerHold : int { kTimerHoldNone = 0, kTimerHoldPublish = 1, kTimerHoldUnlo
 void hold_timer_publication(int where);
 bool timer_publication_held(double timeout_s);
 void timer_hold_point(int here);  // (the timer, without the GIL)
-// The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL, default on; gpuos_ext.sched_set_timer_off_gil).
+// The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL=1; default off since the fifty-third session, until
+// the fix of its race with staged work has run on a GPU; gpuos_ext.sched_set_timer_off_gil).
 bool timer_off_gil();
 void set_timer_off_gil(bool on);
 // A new deferred op on `dev` recorded under stream `s` (work deferred under another stream is published
