@@ -110,7 +110,8 @@ def run_steps(d, cache, ctx, device: str) -> tuple:
 def per_step_stats(s0: dict, s1: dict, steps: int) -> dict:
     """bench_models' per-step figures of the scheduler, with the record and publication counters beside them."""
     counters = [k for k in ("ops_intercepted", "front_ops", "subops", "flushes", "publications", "gated_launches",
-                            "working_launches", "dma_batches", "lock_waits") if k in s0 and k in s1]
+                            "working_launches", "dma_batches", "lock_waits", "handovers", "busy_adoptions",
+                            "idle_adoptions", "lazy_drains") if k in s0 and k in s1]
     ns = ("publish_ns", "publish_copy_ns", "publish_launch_ns", "publish_memop_ns", "publish_gen_ns",
           "publish_wait_ns", "publish_hook_ns", "lock_wait_ns")
     h0, h1 = s0.get("flush_host_us") or {}, s1.get("flush_host_us") or {}  # the scheduler's lowering, whole flushes
