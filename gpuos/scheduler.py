@@ -124,12 +124,13 @@ class GpuosScheduler(TorchDispatchMode):
         Pending work older than this is flushed by a background timer (0 disables the timer).
     live_idle_us
         While the timer runs, a worker the scheduler's flushes launch stays resident this long without work (the
-        live window), so one worker serves flush after flush instead of a launch per flush (Llama-small decode on an
-        H200: 0.38 against 1.12 worker launches per step); the context's exit asks it to leave, and an eager op's
-        kernel inside the context asks it first (it would get one SM beside it). A ``torch.cuda.synchronize()``
-        inside the context waits for the resident worker to leave: up to this long after the last flush. None (the
-        default): 2 x ``auto_flush_ms`` + 1 ms (5 ms at the default 2 ms), so the worker outlives the gap between
-        two timer flushes; 0: no window (the runtime's 200 us idle time). ``GPUOS_LIVE_IDLE_US`` overrides both.
+        live window), so one worker serves flush after flush instead of a launch per flush (e.g. 2 x
+        ``auto_flush_ms`` + 1 ms: decode steps of Llama-small 0.38 against 1.12 worker launches per step on an
+        H200); the context's exit asks it to leave, and an eager op's kernel inside the context asks it first (it
+        would get one SM beside it). A ``torch.cuda.synchronize()`` inside the context waits for the resident
+        worker to leave: up to this long after the last flush. **Experimental, off by default** (None:
+        ``GPUOS_LIVE_IDLE_US`` if set, else the runtime's 200 us idle time): the 6-thread stress test found wrong
+        results with it on (2 of 3 runs, 0 of 2 without; docs/design/limitations.md).
     front
         Also intercept plain functional elementwise calls (``a + b``, ``torch.sigmoid(x)``, ...) at the
         ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an
@@ -157,7 +158,7 @@ class GpuosScheduler(TorchDispatchMode):
         super().__init__()
         if live_idle_us is not None and not live_idle_us >= 0:
             raise ValueError(f"scheduler_context(live_idle_us={live_idle_us!r}): a worker's idle window in "
-                             "microseconds is >= 0 (0: none, the runtime's idle time; None: 2 x auto_flush_ms + 1 ms)")
+                             "microseconds is >= 0 (0 or None: the runtime's idle time)")
         self.capacity = capacity
         self.threads_per_block = threads_per_block
         self.size_threshold = size_threshold
@@ -193,9 +194,7 @@ class GpuosScheduler(TorchDispatchMode):
                     self._stop.clear()
                     self._timer = threading.Thread(target=self._timer_loop, name="gpuos-flush-timer", daemon=True)
                     self._timer.start()
-                    live = self.live_idle_us
-                    if live is None:  # the worker outlives the gap between two timer flushes
-                        live = 2e3 * self.auto_flush_ms + 1e3
+                    live = 0.0 if self.live_idle_us is None else self.live_idle_us  # (0: GPUOS_LIVE_IDLE_US or none)
                     self._live_window = _ext.sched_live_window_open(float(live))
         r = super().__enter__()
         cfront = bool(self.cfront) and _ext.sched_cfront_enter(self, self.size_threshold)

@@ -26,11 +26,11 @@ counting mode), and how many of its greedy tokens are eager's:
   sched_worker_nonative  sched_worker with the front's own records (cfront_native.cpp) off: those ops go to
                          the Python handlers by direct calls
   sched_worker_nodirect  ... and direct calls off too (gpuos_ext.cfront_set_direct): through the mode machinery
-  sched_worker_gil  sched_worker with the flush timer publishing under the GIL (GPUOS_TIMER_OFF_GIL=0; the other
-                 sched_worker configs set the off-GIL timer, the default)
-  sched_worker_nolive  sched_worker without the live window (live_idle_us=0): the worker idles out 200 us after each
-                 flush and the next one launches it again (the default window, 2 x the timer's period + 1 ms, keeps
-                 one worker resident across the timer's flushes)
+  sched_worker_gil  sched_worker with the flush timer publishing under the GIL (the default since the fifty-third
+                 session; the sched_worker configs set the off-GIL timer, GPUOS_TIMER_OFF_GIL=1)
+  sched_worker_live  sched_worker with the live window (experimental, off by default): live_idle_us = 2 x the timer's
+                 period + 1 ms, so one worker stays resident across the timer's flushes (without it the worker idles
+                 out 200 us after each flush and the next one launches it again)
 Then sched_worker's gpuos.stats() per step (intercepted ops, flushes by cause, launches, host publication time),
 and cProfile over one sched_worker run: the top functions by own time and by cumulative time -- the model's
 Python, the scheduler's Python handlers, PyTorch's mode machinery. (The C++ dispatch -- sched_dispatch -- is not a
@@ -169,13 +169,13 @@ def main() -> int:
         flush_ms = float(os.environ.get("PROBE_FLUSH_MS", "2.0"))  # the scheduler's timer period
 
         def sched(worker: bool, cfront: bool = True, front=None, native: bool = True, direct: bool = True,
-                  off_gil: bool = True, live: bool = True):
+                  off_gil: bool = True, live: bool = False):
             @contextlib.contextmanager
             def ctx():
                 was_off = gpuos_ext.sched_timer_off_gil() if hasattr(gpuos_ext, "sched_timer_off_gil") else None
                 if was_off is not None:
                     gpuos_ext.sched_set_timer_off_gil(off_gil)
-                live_kw = {} if live else {"live_idle_us": 0.0}  # (the default: 2 x flush_ms + 1 ms)
+                live_kw = {"live_idle_us": 2000.0 * flush_ms + 1000.0} if live else {}  # (scheduler_context's doc)
                 with H.worker_tasks(gpuos, worker, worker), gpuos.scheduler_context(cfront=cfront, front=front,
                                                                                    auto_flush_ms=flush_ms, **live_kw):
                     if not native and hasattr(gpuos_ext, "sched_set_cfront_native"):
@@ -197,7 +197,7 @@ def main() -> int:
                     "sched_worker_nonative": sched(True, native=False),
                     "sched_worker_nodirect": sched(True, native=False, direct=False),
                     "sched_worker_gil": sched(True, off_gil=False),
-                    "sched_worker_nolive": sched(True, live=False)}
+                    "sched_worker_live": sched(True, live=True)}
     if os.environ.get("PROBE_CONFIGS"):  # e.g. PROBE_CONFIGS=eager,sched_worker (eager is always kept: the ratios)
         keep = {"eager", *os.environ["PROBE_CONFIGS"].split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -237,7 +237,7 @@ def probe(label, configs, steps, runs, top, device, gpuos) -> None:
               f"tokens {same}/{steps} eager's)", flush=True)
     if gpuos is not None:
         for name in [n for n in ("sched_worker", "sched_worker_nonative", "sched_worker_nodirect",
-                                 "sched_worker_nolive") if n in configs]:
+                                 "sched_worker_live") if n in configs]:
             s0, c0 = gpuos.stats(), gpuos_ext.cfront_info()
             run_steps(d, cache, configs[name], device)
             c1, s1 = gpuos_ext.cfront_info(), gpuos.stats()

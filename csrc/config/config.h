@@ -35,10 +35,10 @@ struct EnvConfig {
                                   // level instead of running as its epilogue (sched/epilogue.cpp; the A/B)
   bool mm_prologue = true;        // GPUOS_MM_PROLOGUE=0: a row program read only by matmuls stays its own level
                                   // instead of running as their prologue (sched/prologue.cpp; the A/B)
-  bool timer_off_gil = true;      // GPUOS_TIMER_OFF_GIL=0: the flush timer analyses, emits and publishes with the GIL
-                                  // held (the A/B); default: without it (sched/flush.cpp sched_flush_due). Off in the
-                                  // fifty-third session (a dependency check skipped staged work; fixed in lower.cpp
-                                  // regain), on again in the fifty-fourth after the fix ran on an H200
+  bool timer_off_gil = false;     // GPUOS_TIMER_OFF_GIL=1: the flush timer analyses, emits and publishes without the
+                                  // GIL (sched/flush.cpp sched_flush_due; fifty-second session). Off by default since
+                                  // the fifty-third: the stress test found wrong results with it (a dependency check
+                                  // skipped staged work; fixed in lower.cpp regain, not yet run on a GPU)
   uint32_t home_levels = 1;       // GPUOS_HOME_LEVELS: a program level's home blocks per claim (core/tape.cpp
                                   // piece_homes); 0: every block claims every level (no homes; the A/B)
   bool kicks = true;              // GPUOS_KICKS (default 1): every publication launches a kick behind its ready words;
