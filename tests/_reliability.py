@@ -168,6 +168,8 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=60.0, help="stress: duration")
     p.add_argument("--threads", type=int, default=6, help="stress: threads")
     p.add_argument("--no-register", action="store_true", help="stress: no injected op (no NVRTC compile)")
+    p.add_argument("--activities", default=None,
+                   help="stress: only these activities, comma-separated (_Stress.ACTIVITIES; default: all)")
     p.add_argument("--flushes", type=int, default=100_000, help="drift: flushes measured")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda")
@@ -187,7 +189,13 @@ def main(argv=None):
             res = soak(a.ops, seed=a.seed, device=a.device, max_seconds=a.max_seconds,
                        inject_fault=a.inject_fault, log=log)
         elif a.kind == "stress":
-            res = stress(a.seconds, a.threads, a.seed, a.device, register=not a.no_register, log=log)
+            acts = None if a.activities is None else tuple(x for x in a.activities.split(",") if x)
+            unknown = sorted(set(acts or ()) - set(_Stress.ACTIVITIES))
+            if unknown:
+                raise ValueError(f"--activities: unknown {unknown}; the activities are {list(_Stress.ACTIVITIES)}")
+            res = stress(a.seconds, a.threads, a.seed, a.device, activities=acts, register=not a.no_register,
+                         log=log)
+            res["modes"] = _scheduler_modes()
         else:
             res = flush_drift(a.flushes, device=a.device, log=log)
     except BaseException as e:  # noqa: BLE001 -- reported in the result
@@ -203,6 +211,13 @@ def main(argv=None):
         res["device_name"] = torch.cuda.get_device_name()
     _emit_result(res)
     os._exit(0)  # no atexit work on a possibly wedged runtime; daemon threads may be stuck
+
+
+def _scheduler_modes():
+    """The live scheduler's ways this process ran with (a stress failure names them: the A/B switches)."""
+    import gpuos_ext
+    return {"timer_off_gil": bool(gpuos_ext.sched_timer_off_gil()),
+            "GPUOS_LIVE_IDLE_US": os.environ.get("GPUOS_LIVE_IDLE_US")}
 
 
 def run_child(kind, args=(), timeout=600.0, timeout_s_env=None, env_extra=None):

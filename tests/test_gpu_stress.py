@@ -6,6 +6,10 @@ subprocess timeout, faulthandler's exit as the last resort), so a wedged runtime
 stack instead of hanging pytest, and cannot poison the tests after it. The child prints progress and one
 ``GPUOS_RESULT {json}`` line; a failure shows the first mismatches / hangs / errors in full and the child's output.
 
+The child gets no ``GPUOS_*`` setting of the caller's (tests/_helpers.run_python) but the live scheduler's A/B
+switches ``GPUOS_TIMER_OFF_GIL`` and ``GPUOS_LIVE_IDLE_US`` (the result's ``modes`` names what it ran with), and
+``GPUOS_STRESS_ACTIVITIES`` (comma-separated) runs only those activities.
+
 Sizes (environment): ``GPUOS_STRESS_S`` (default 60 s), ``GPUOS_SOAK_OPS`` (default 100,000 ops, about 25 s on an
 H100 host), ``GPUOS_DRIFT_FLUSHES`` (default 20,000 flushes). ``tools/reliability_run.py`` runs the release figures
 (1,000,000 soak ops, 100,000 flushes) the same way.
@@ -30,10 +34,14 @@ SOAK_CHILD_S = SOAK_MAX_S + 240
 DRIFT_CHILD_S = 600 + DRIFT_FLUSHES / 200.0
 
 
-def _run(kind, args, timeout, timeout_s_env):
+STRESS_AB = ("GPUOS_TIMER_OFF_GIL", "GPUOS_LIVE_IDLE_US")  # passed on to the stress child when set
+STRESS_ACTIVITIES = [a for a in os.environ.get("GPUOS_STRESS_ACTIVITIES", "").split(",") if a]
+
+
+def _run(kind, args, timeout, timeout_s_env, env_extra=None):
     """The child's result; fails with its output when it printed none (killed by the timeout, crashed)."""
     c = R.run_child(kind, [str(a) for a in args] + ["--hard-limit-s", str(int(timeout - 30))],
-                    timeout=timeout, timeout_s_env=timeout_s_env)
+                    timeout=timeout, timeout_s_env=timeout_s_env, env_extra=env_extra)
     if c["result"] is None:
         why = f"killed after {timeout:.0f} s: a hang past every bound" if c["timed_out"] else "it crashed"
         pytest.fail(f"{kind} child printed no result ({why})\n" + R.describe_child(c))
@@ -61,10 +69,12 @@ def test_stress():
     a batch (every row wholly old or new; rows recorded after the switch new), and a second op halfway. Every
     blocking call has a bound (2 x GPUOS_TIMEOUT_S + 10 s); a call past it is a hang. At the end the runtime must
     still compute (explicit and scheduler), shut down, init() again and compute."""
-    res, c = _run("stress", ["--seconds", STRESS_S, "--threads", 6, "--seed", 0], STRESS_CHILD_S, 10)
-    summary = {k: res.get(k) for k in ("seconds", "iterations", "expected_errors", "info", "mismatches", "hangs",
-                                       "errors", "stuck_threads", "timer_threads_left", "injection", "drift_chains",
-                                       "bounds_s")}
+    acts = ["--activities", ",".join(STRESS_ACTIVITIES)] if STRESS_ACTIVITIES else []
+    ab = {k: os.environ[k] for k in STRESS_AB if k in os.environ}
+    res, c = _run("stress", ["--seconds", STRESS_S, "--threads", 6, "--seed", 0, *acts], STRESS_CHILD_S, 10, ab)
+    summary = {k: res.get(k) for k in ("seconds", "modes", "iterations", "expected_errors", "info", "mismatches",
+                                       "hangs", "errors", "stuck_threads", "timer_threads_left", "injection",
+                                       "drift_chains", "bounds_s")}
     msg = ("stress summary: " + _dump(summary) + "\nmismatches: " + _dump(res.get("mismatch_details"))
            + "\nhangs: " + _dump(res.get("hang_details")) + "\nerrors: " + _dump(res.get("error_details"))
            + "\nthread errors: " + _dump(res.get("thread_errors")) + "\nfinal checks: " + _dump(res.get("final"))
@@ -74,9 +84,9 @@ def test_stress():
     assert res["errors"] == 0, msg
     assert not res["timer_threads_left"], msg
     assert res["final"].get("ok"), msg
-    missing = [a for a in R._Stress.ACTIVITIES if not res["iterations"].get(a)]
+    missing = [a for a in (STRESS_ACTIVITIES or R._Stress.ACTIVITIES) if not res["iterations"].get(a)]
     assert not missing, f"activities that never ran: {missing}\n" + msg
-    if STRESS_S >= 45:
+    if STRESS_S >= 45 and not STRESS_ACTIVITIES:
         inj = res["injection"]
         assert inj.get("ready") and inj["switches"] > 0 and inj["rows_checked"] > 0, \
             "the injected op was never used (compile not ready in time?)\n" + msg
