@@ -38,7 +38,8 @@ struct EnvConfig {
   bool timer_off_gil = false;     // GPUOS_TIMER_OFF_GIL=1: the flush timer analyses, emits and publishes without the
                                   // GIL (sched/flush.cpp sched_flush_due; fifty-second session). Off by default since
                                   // the fifty-third: the stress test found wrong results with it (a dependency check
-                                  // skipped staged work; fixed in lower.cpp regain, not yet run on a GPU)
+                                  // skipped staged work; fixed in lower.cpp regain), and with the live window beside
+                                  // it still does (fifty-fourth; docs/design/limitations.md)
   uint32_t home_levels = 1;       // GPUOS_HOME_LEVELS: a program level's home blocks per claim (core/tape.cpp
                                   // piece_homes); 0: every block claims every level (no homes; the A/B)
   bool kicks = true;              // GPUOS_KICKS (default 1): every publication launches a kick behind its ready words;

@@ -302,8 +302,8 @@ PYBIND11_MODULE(_gpuos_C, m) {  // imported through gpuos_ext.py (torch first, b
         "Close a window sched_live_window_open returned; the last close asks the resident workers to leave.");
   m.def("sched_flush_due", &sched_flush_due, py::arg("age_s"), "Timer flush: publish deferred ops older than age_s.");
   m.def("sched_set_timer_off_gil", &set_timer_off_gil, py::arg("on"),
-        "The flush timer analyses, emits and publishes without the GIL (GPUOS_TIMER_OFF_GIL=1; off by default "
-        "until its race fix has run on a GPU).");
+        "The flush timer analyses, emits and publishes without the GIL (GPUOS_TIMER_OFF_GIL=1; off by default: "
+        "docs/design/limitations.md).");
   m.def("sched_timer_off_gil", &timer_off_gil);
   m.def("sched_stats", &sched_stats);
   m.def("sched_fast_ops", &sched_fast_ops,
