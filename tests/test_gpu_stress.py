@@ -79,6 +79,9 @@ def test_stress():
            + "\nhangs: " + _dump(res.get("hang_details")) + "\nerrors: " + _dump(res.get("error_details"))
            + "\nthread errors: " + _dump(res.get("thread_errors")) + "\nfinal checks: " + _dump(res.get("final"))
            + "\n" + R.describe_child(c))
+    if "GPUOS_TIMER_OFF_GIL" in ab:  # the A/B the caller asked for is the one that ran
+        assert res["modes"]["timer_off_gil"] == (ab["GPUOS_TIMER_OFF_GIL"] != "0"), msg
+    assert res["modes"]["GPUOS_LIVE_IDLE_US"] == ab.get("GPUOS_LIVE_IDLE_US"), msg
     assert res["mismatches"] == 0, msg
     assert res["hangs"] == 0 and not res["stuck_threads"], msg
     assert res["errors"] == 0, msg

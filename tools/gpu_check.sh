@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One full GPU verification in one device call (build, GPU test suite, examples, benchmarks), logs under
 # $OUT (or ./gpu_logs). Budget about 8 minutes on an H100/H200 when the NVRTC cache is cold.
-#   device run: bash tools/gpu_check.sh [build|tests|tests1|tests2|bench|all|stress|sanitize|w7ab|hops]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
+#   device run: bash tools/gpu_check.sh [build|tests|tests1|tests2|bench|all|stress|stressab|sanitize|w7ab|hops]   (set GPUOS_GIT_SHA=<sha> so results name the commit)
 #   env: BENCHES="reduce injection" (benchmarks/bench_<name>.py), PROBES="sched_cost_probe reduce_probe rowsum_baseline worker_trace"
 # A device command may run 10 minutes: with a cold machine, run `tests` and `bench` as two back-to-back calls.
 set -u
@@ -100,6 +100,24 @@ if [ "$MODE" = stress ]; then
 GPUOS_FAIL_LOG="$FINAL/failures.log" timeout ${PYTEST_TIMEOUT:-480} python3 -m pytest -q --tb=short tests/test_gpu_stress.py \
   -p no:cacheprovider > "$OUT/pytest.log" 2>&1; echo "stress pytest rc=$?"; tail -3 "$OUT/pytest.log"
 [ "${RELIABILITY:-0}" = 1 ] && timeout 560 python3 tools/reliability_run.py 2>&1 | tail -12
+exit 0
+fi
+if [ "$MODE" = stressab ]; then
+# The live scheduler's ways under test_stress, rotated until STRESSAB_S (default 420 s) is spent: configs of
+# STRESSAB_CONFIGS separated by spaces, each VAR=VALUE[,VAR=VALUE...] passed to the stress child (test_gpu_stress.py
+# STRESS_AB), e.g. "GPUOS_TIMER_OFF_GIL=1,GPUOS_LIVE_IDLE_US=5000 GPUOS_LIVE_IDLE_US=5000"; GPUOS_STRESS_S per run
+# (default 30), GPUOS_STRESS_ACTIVITIES a subset. One line per run: the config, pytest's summary and the first
+# mismatch's activity (the test asserts that the child ran with the config's switches; logs: stressab_<n>.log).
+n=0; end=$(( $(date +%s) + ${STRESSAB_S:-420} ))
+while [ $(( $(date +%s) + ${GPUOS_STRESS_S:-30} + 15 )) -lt $end ]; do
+  for cfg in ${STRESSAB_CONFIGS:-GPUOS_TIMER_OFF_GIL=1,GPUOS_LIVE_IDLE_US=5000}; do
+    [ $(( $(date +%s) + ${GPUOS_STRESS_S:-30} + 15 )) -ge $end ] && break
+    n=$((n + 1)); log="$OUT/stressab_$n.log"
+    env ${cfg//,/ } GPUOS_STRESS_S=${GPUOS_STRESS_S:-30} timeout $(( ${GPUOS_STRESS_S:-30} + 120 )) python3 -m pytest -q \
+      --tb=short -p no:cacheprovider tests/test_gpu_stress.py::test_stress > "$log" 2>&1
+    echo "run $n [$cfg]: $(tail -1 "$log")" "$(grep -m1 '"activity"' "$log" | tr -d ' ')"
+  done
+done
 exit 0
 fi
 if [ "$MODE" = w7ab ]; then
