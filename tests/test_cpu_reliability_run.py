@@ -49,16 +49,11 @@ def test_merged_rows_keep_where_they_were_measured(tmp_path):
     assert rows["y"]["measured_at"] == {"gpuos": "bbbbbbb", "device": "GPU two", "date": "d2"}
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_stress_child_runs_chosen_activities_and_names_its_modes():
     """The stress child (tests/_reliability.py, as test_gpu_stress.py runs it) takes --activities, refuses an
     unknown one with the list, gets the live scheduler's A/B switches from env_extra (every other GPUOS_* setting
     of the caller is stripped) and names the ways it ran with in the result's `modes`."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__)))
-    import _reliability as REL
+    import _reliability as REL  # (tests/ is on sys.path, as for test_gpu_stress.py)
     c = REL.run_child("stress", ["--seconds", "0.5", "--threads", "2", "--device", "cpu", "--no-register",
                                  "--activities", "nested"], timeout=120,
                       env_extra={"GPUOS_TIMER_OFF_GIL": "1", "GPUOS_LIVE_IDLE_US": "5000"})
@@ -70,3 +65,8 @@ def test_stress_child_runs_chosen_activities_and_names_its_modes():
                       timeout=120)
     assert c["result"] is not None and "unknown ['x']" in c["result"]["error"] and "'nested'" in \
         c["result"]["error"], REL.describe_child(c)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
+
