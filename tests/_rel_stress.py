@@ -254,14 +254,18 @@ class _Stress:
                              **{k: v for k, v in d.items()}, "max_abs_diff": d.get("max_abs_diff")})
         return False
 
-    def ctx(self, tc, **kw):
+    def ctx_kw(self, tc, **kw):
+        """A context's random settings (auto_flush_ms, sometimes front off or a small size_threshold)."""
         r = tc.rng
         kw.setdefault("auto_flush_ms", r.choice([0.0, 0.5, 2.0]))
         if r.random() < 0.15:
             kw.setdefault("front", False)
         if r.random() < 0.08:
             kw.setdefault("size_threshold", 1024)
-        return self.gpuos.scheduler_context(**kw)
+        return kw
+
+    def ctx(self, tc, **kw):
+        return self.gpuos.scheduler_context(**self.ctx_kw(tc, **kw))
 
     def randn(self, tc, *shape, dtype=F32, scale=1.0):
         return (torch.randn(*shape, device=self.dev, generator=tc.g) * scale).to(dtype)
@@ -540,19 +544,25 @@ class _Stress:
     def a_nested(self, tc):
         r = tc.rng
         x = self.randn(tc, 32, 128)
-        s = self.ctx(tc)
+        kw_outer = self.ctx_kw(tc)
+        s = self.gpuos.scheduler_context(**kw_outer)
+        kw_inner = None if r.random() < 0.5 else self.ctx_kw(tc)  # the same instance re-entered, or another
         with self.watch.call("nested: contexts", self.block_s):
             with s:
                 y = x * 2
-                with (s if r.random() < 0.5 else self.ctx(tc)):  # the same instance re-entered, or another
+                with (s if kw_inner is None else self.gpuos.scheduler_context(**kw_inner)):
                     z = y + 1
                 self.gpuos.flush()          # explicit flush inside a context
                 v = z.sum(-1)[0].item()     # host read of deferred work
                 w = z * y
-        self.close("nested w", w, (x * 2 + 1) * (x * 2), 1e-6, 1e-6)
+        # y and z after the exit as well: wrong there means their batch was lost or ran late; right there with v or
+        # w wrong means a reader inside did not wait for the batch that wrote them.
+        ok = [self.close(what, t, e, 1e-6, 1e-6)
+              for what, t, e in (("nested w", w, (x * 2 + 1) * (x * 2)), ("nested y", y, x * 2), ("nested z", z, x * 2 + 1))]
         ev = float((x * 2 + 1).sum(-1)[0])
-        if not math.isclose(v, ev, rel_tol=1e-4, abs_tol=1e-3):
-            self.mismatch("nested item", {"got": v, "eager": ev})
+        if not math.isclose(v, ev, rel_tol=1e-4, abs_tol=1e-3) or not all(ok):
+            self.mismatch("nested item", {"got": v, "eager": ev, "w_y_z_ok": ok, "outer": kw_outer,
+                                          "inner": "same" if kw_inner is None else kw_inner})
 
     # ---------------------------------------------------------------- injection (thread 0)
     def inj_register(self, tc, which):

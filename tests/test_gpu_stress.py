@@ -34,7 +34,10 @@ SOAK_CHILD_S = SOAK_MAX_S + 240
 DRIFT_CHILD_S = 600 + DRIFT_FLUSHES / 200.0
 
 
-STRESS_AB = ("GPUOS_TIMER_OFF_GIL", "GPUOS_LIVE_IDLE_US")  # passed on to the stress child when set
+# Passed on to the stress child when set (the child gets no other GPUOS_* setting of the caller's:
+# _helpers.GPUOS_ENV_VARS); tools/gpu_check.sh stressab rotates configs of them.
+STRESS_AB = ("GPUOS_TIMER_OFF_GIL", "GPUOS_LIVE_IDLE_US", "GPUOS_SPECIALIZE_AFTER", "GPUOS_KICKS", "GPUOS_KICK_WAIT",
+             "GPUOS_IDLE_US")
 STRESS_ACTIVITIES = [a for a in os.environ.get("GPUOS_STRESS_ACTIVITIES", "").split(",") if a]
 
 
