@@ -603,6 +603,52 @@ def test_work_staged_after_the_timers_publication_is_waited_for(rt, timer_gil_mo
     assert_close(out, a + b)
 
 
+def test_a_timer_back_from_its_publication_keeps_the_next_timers_flight(rt, timer_gil_mode):
+    """Two timers publishing without the GIL: the first, published and waiting for the GIL, must leave the in-flight
+    storages of a second one that took the queue meanwhile (the fifty-fifth session's stress mismatches, 1 run in
+    7: the first's regain cleared the set, and eager ops on the second's outputs ran ahead of its publication).
+    Held: the first after its publication, the second before its own; the first let go and joined; a dependency
+    check must still see the second's op, and the eager op after it equals eager."""
+    timer_gil_mode(True)
+    w, x = randn(1000), randn(1000)
+    hold, held = gpuos_ext._testing.hold_timer_publication, gpuos_ext._testing.timer_publication_held
+    may_touch = gpuos_ext._testing.deferred_may_touch
+    torch.cuda.synchronize()
+    timers = []
+
+    def timer(name):
+        timers.append(threading.Thread(target=gpuos_ext.sched_flush_due, args=(0.0,), name=name))
+        timers[-1].start()
+        return timers[-1]
+
+    with gpuos.scheduler_context(auto_flush_ms=0):
+        h = w * 3.0                                    # the first timer's op
+        try:
+            hold(2)
+            first = timer("timer-first")
+            assert held(10, 2), "the first timer never reached its hold after publishing"
+            y = x * 2.0 + 1.0                          # the second timer's op
+            assert may_touch(y) and not may_touch(w)   # (queued; the first's op is published)
+            hold(3)
+            timer("timer-second")
+            assert held(10, 1), "the second timer never reached its hold before publishing"
+            assert may_touch(y), "the second timer's op is not in flight"
+            hold(1)                                    # the first goes on: it retakes the GIL, which join lets go
+            first.join(15)
+            assert not first.is_alive(), "the first timer hung"
+            assert may_touch(y), "the first timer cleared the in-flight storages of the second"
+            assert not may_touch(w)
+        finally:
+            hold(0)
+        c = torch.cumsum(y, 0)                         # eager: ordered after the second timer's publication
+        for t in timers:
+            t.join(15)
+        assert not any(t.is_alive() for t in timers), "a timer hung after the holds"
+        gpuos_ext.flush(sync=True)
+    assert_close(c, torch.cumsum(x * 2.0 + 1.0, 0), rtol=1e-5, atol=1e-4)
+    assert_close(h, w * 3.0)
+
+
 _ANALYSIS_KEYS = ("flushed_ops", "fused_groups", "fused_ops", "row_groups", "epilogues", "act_epilogues",
                   "dual_epilogues", "prologues", "dead_ops", "copies_folded")
 

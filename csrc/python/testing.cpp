@@ -400,10 +400,18 @@ void add_testing_module(py::module_& m) {
   t.def("hang_report", &hang_report, py::call_guard<py::gil_scoped_release>(),
         "Each runtime's control words and the driver call it is in, and each thread's kernel wait (no locks).");
   t.def("hold_timer_publication", &hold_timer_publication, py::arg("where"),
-        "Hold the flush timer's next off-GIL publication until hold_timer_publication(0): 1 (True) before it "
-        "publishes (mu held, ops in flight), 2 once published and mu let go, before it retakes the GIL.");
-  t.def("timer_publication_held", &timer_publication_held, py::arg("timeout_s"),
-        py::call_guard<py::gil_scoped_release>(), "Wait until a timer publication is held; False on timeout.");
+        "Hold flush timers' off-GIL publications at the points of a mask until a call without them: 1 (True) before "
+        "one publishes (mu held, ops in flight), 2 once published and mu let go, before it retakes the GIL; 3 both "
+        "(two timers, one at each). hold_timer_publication(0) releases every point.");
+  t.def("timer_publication_held", &timer_publication_held, py::arg("timeout_s"), py::arg("point") = 3,
+        py::call_guard<py::gil_scoped_release>(),
+        "Wait until a timer publication is held at one of `point`'s points (a mask); False on timeout.");
+  t.def("deferred_may_touch", [](const at::Tensor& t) {
+          // The dependency check's answer without its wait (GIL held): does deferred work -- queued, or in flight
+          // from a timer publishing without the GIL -- read or write t's storage?
+          return t.is_cuda() && runtime_if(t.get_device()) &&
+                 deferred_of(t.get_device()).may_touch((uintptr_t)storage_of(t));
+        }, py::arg("t"), "Whether deferred work, queued or in the timer's flight, touches t's storage.");
   t.def("watchdog", [](double seconds) {
     // A one-shot report timer for tests that may wedge (a deadline, not a synchronization): faulthandler shows
     // where Python threads are; this shows where the native side is.

@@ -62,34 +62,34 @@ void init_deferred() {
 }
 
 namespace {
-// Tests: hold the timer's off-GIL publication at its start (a dependency check can then be made while it is in
-// flight, deterministically). Bounded: a hold not released in 10 s lets the publication go on.
+// Tests: hold timers' off-GIL publications at chosen points (a dependency check can then be made while one is
+// in flight, deterministically; two timers at two points). Bounded: a hold not released in 10 s lets it go on.
 struct TimerHold {
   std::mutex mu;
   std::condition_variable cv;
-  int armed = 0;  // the point held (kTimerHold*), 0: none
-  bool reached = false;
+  int armed = 0;    // the points held (kTimerHold* bits), 0: none
+  int reached = 0;  // the armed points a timer has reached since they were armed
 } g_hold;
 }  // namespace
 
 void timer_hold_point(int here) {
   std::unique_lock<std::mutex> g(g_hold.mu);
-  if (g_hold.armed != here) return;
-  g_hold.reached = true;
+  if (!(g_hold.armed & here)) return;
+  g_hold.reached |= here;
   g_hold.cv.notify_all();
-  g_hold.cv.wait_for(g, std::chrono::seconds(10), [] { return g_hold.armed == 0; });
+  g_hold.cv.wait_for(g, std::chrono::seconds(10), [here] { return !(g_hold.armed & here); });
 }
 
 void hold_timer_publication(int where) {
   std::lock_guard<std::mutex> g(g_hold.mu);
   g_hold.armed = where;
-  g_hold.reached = false;
+  g_hold.reached &= where;
   g_hold.cv.notify_all();
 }
 
-bool timer_publication_held(double timeout_s) {
+bool timer_publication_held(double timeout_s, int point) {
   std::unique_lock<std::mutex> g(g_hold.mu);
-  return g_hold.cv.wait_for(g, std::chrono::duration<double>(timeout_s), [] { return g_hold.reached; });
+  return g_hold.cv.wait_for(g, std::chrono::duration<double>(timeout_s), [point] { return (g_hold.reached & point) != 0; });
 }
 
 void sched_publish(int dev, Runtime& rt, const char* cause, RtLock* off_gil) {

@@ -72,9 +72,17 @@ struct Deferred {
   // since the take (that takes mu): e.g. the explicit API's before-record hook stages newer deferred ops, tracked
   // by no storage until published (the fifty-third session's stress mismatches, when it was cleared only once the
   // timer had the GIL back).
+  // inflight_touched belongs to the timer whose `inflight` is set: a timer that has let mu go and waits for the
+  // GIL must not clear it, for another timer may have taken the queue meanwhile (the fifty-fifth session's stress
+  // mismatches: one timer's regain wiped the next one's set, and eager ops ran ahead of its publication).
   Hazards inflight_touched;
   std::atomic<bool> inflight{false};
   bool inflight_untracked = false;
+  // A GIL holder's dependency question: may the deferred ops -- queued, or taken by a timer publishing without
+  // the GIL -- read or write storage s?
+  bool may_touch(uintptr_t s) const {
+    return touched.touches(s) || (inflight.load(std::memory_order_acquire) && inflight_touched.touches(s));
+  }
   CUstream stream = nullptr;
   std::chrono::steady_clock::time_point oldest;
 };
@@ -149,12 +157,12 @@ struct FlushCount {
 FlushCount flush_measured(Runtime& rt, CUstream s);
 void count_flush(const char* cause, const FlushCount& c);  // into g_sched (GIL held)
 void flush_counted(Runtime& rt, CUstream s, const char* cause);  // both
-// Tests (gpuos_ext._testing): hold the timer's next off-GIL publication until released (at most 10 s) at one
-// point -- kTimerHoldPublish: before Runtime::flush (mu held, ops in flight); kTimerHoldUnlocked: published, mu let
-// go, the GIL not yet retaken -- and wait (GIL released) until a publication is held there.
+// Tests (gpuos_ext._testing): hold off-GIL timer publications until released (at most 10 s) at the points of a
+// mask -- kTimerHoldPublish: before Runtime::flush (mu held, ops in flight); kTimerHoldUnlocked: published, mu let
+// go, the GIL not yet retaken -- and wait (GIL released) until a publication is held at one of `point`'s.
 enum TimerHold : int { kTimerHoldNone = 0, kTimerHoldPublish = 1, kTimerHoldUnlocked = 2 };
 void hold_timer_publication(int where);
-bool timer_publication_held(double timeout_s);
+bool timer_publication_held(double timeout_s, int point = kTimerHoldPublish | kTimerHoldUnlocked);
 void timer_hold_point(int here);  // (the timer, without the GIL)
 // The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL=1, gpuos_ext.sched_set_timer_off_gil; off by default:
 // the stress test still finds wrong results with it and the live window on, docs/design/limitations.md).

@@ -94,8 +94,7 @@ py::list sched_flush_for(py::handle args, py::handle kwargs, const std::string& 
       // in flight runs at once instead of waiting for it (ordering only matters between sharers).
       bool touch = false;
       for (auto& u : used)
-        touch |= u.first == dev && (u.second == nullptr || D.touched.touches((uintptr_t)u.second) ||
-                                    D.inflight_touched.touches((uintptr_t)u.second));
+        touch |= u.first == dev && (u.second == nullptr || D.may_touch((uintptr_t)u.second));
       if (!touch) {
         g_sched.independent_eager++;
         g_sched.inflight_skips++;

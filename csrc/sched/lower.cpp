@@ -369,7 +369,9 @@ void lower_deferred(int dev, Runtime& rt, const OffGilPublish* off) {
     off->lk->lk.unlock();
     timer_hold_point(kTimerHoldUnlocked);
     nogil.reset();
-    D.inflight_touched.clear();
+    // (GIL held: `inflight` is set only with the GIL. Set again, another timer took the queue while this one
+    // waited for the GIL, and the set is its own.)
+    if (!D.inflight.load(std::memory_order_acquire)) D.inflight_touched.clear();
   };
   PySnapshot snap;
   if (off) {

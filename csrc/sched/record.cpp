@@ -60,8 +60,7 @@ void defer_filled(int dev, DeferredOp&& op) {
 bool touches_pending(const at::Tensor& t) {
   if (!runtime_if(t.get_device())) return false;
   const Deferred& D = deferred_of(t.get_device());
-  const uintptr_t s = (uintptr_t)storage_of(t);
-  return D.touched.touches(s) || (D.inflight.load(std::memory_order_acquire) && D.inflight_touched.touches(s));
+  return D.may_touch((uintptr_t)storage_of(t));
 }
 
 EwRecorded ew_record(uint32_t op, uint32_t nin, int mode, const EwIn* ins, const at::Tensor* pout, float s0, float s1,
