@@ -130,7 +130,8 @@ class GpuosScheduler(TorchDispatchMode):
         would get one SM beside it). A ``torch.cuda.synchronize()`` inside the context waits for the resident
         worker to leave: up to this long after the last flush. **Experimental, off by default** (None:
         ``GPUOS_LIVE_IDLE_US`` if set, else the runtime's 200 us idle time): the 6-thread stress test found wrong
-        results with it and the off-GIL timer on (docs/design/limitations.md).
+        results with it and the off-GIL timer on; the cause found since is fixed, and both stay off until a long
+        stress A/B is clean (docs/design/limitations.md).
     front
         Also intercept plain functional elementwise calls (``a + b``, ``torch.sigmoid(x)``, ...) at the
         ``__torch_function__`` level, before PyTorch boxes them for the dispatch mode (~1.3 us per op less on an

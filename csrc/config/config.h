@@ -39,7 +39,8 @@ struct EnvConfig {
                                   // GIL (sched/flush.cpp sched_flush_due; fifty-second session). Off by default since
                                   // the fifty-third: the stress test found wrong results with it (a dependency check
                                   // skipped staged work; fixed in lower.cpp regain), and with the live window beside
-                                  // it still does (fifty-fourth; docs/design/limitations.md)
+                                  // it still did (fifty-fourth; two timers' flights, fixed in the fifty-fifth): on
+                                  // once a long stress A/B is clean (docs/design/limitations.md)
   uint32_t home_levels = 1;       // GPUOS_HOME_LEVELS: a program level's home blocks per claim (core/tape.cpp
                                   // piece_homes); 0: every block claims every level (no homes; the A/B)
   bool kicks = true;              // GPUOS_KICKS (default 1): every publication launches a kick behind its ready words;

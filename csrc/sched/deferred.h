@@ -164,8 +164,8 @@ enum TimerHold : int { kTimerHoldNone = 0, kTimerHoldPublish = 1, kTimerHoldUnlo
 void hold_timer_publication(int where);
 bool timer_publication_held(double timeout_s, int point = kTimerHoldPublish | kTimerHoldUnlocked);
 void timer_hold_point(int here);  // (the timer, without the GIL)
-// The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL=1, gpuos_ext.sched_set_timer_off_gil; off by default:
-// the stress test still finds wrong results with it and the live window on, docs/design/limitations.md).
+// The flush timer publishes without the GIL (GPUOS_TIMER_OFF_GIL=1, gpuos_ext.sched_set_timer_off_gil; off by default
+// until a long stress A/B with the live window is clean after the fifty-fifth session's fix, docs/design/limitations.md).
 bool timer_off_gil();
 void set_timer_off_gil(bool on);
 // A new deferred op on `dev` recorded under stream `s` (work deferred under another stream is published
